@@ -1,0 +1,130 @@
+//! The module API functions the commands use, resolved once at load.
+//!
+//! The bindings expose every server function as an `Option`, filled in by
+//! `RedisModule_Init` from whatever the running server offers. Checking them
+//! here, once, means the load fails with a clear log line on a server that
+//! lacks one, and the command path never has to unwrap anything.
+
+use std::os::raw::{c_char, c_int, c_long, c_longlong};
+use std::sync::OnceLock;
+
+use redis_module::raw::{
+    mstime_t, RedisModuleCtx, RedisModuleKey, RedisModuleString, RedisModule_CloseKey,
+    RedisModule_CreateString, RedisModule_CreateStringFromLongLong, RedisModule_FreeString,
+    RedisModule_HashGet, RedisModule_HashSet, RedisModule_KeyType, RedisModule_Log,
+    RedisModule_Milliseconds, RedisModule_NotifyKeyspaceEvent, RedisModule_OpenKey,
+    RedisModule_Replicate, RedisModule_ReplyWithArray, RedisModule_ReplyWithError,
+    RedisModule_ReplyWithLongLong, RedisModule_SetAbsExpire, RedisModule_SetExpire,
+    RedisModule_SignalModifiedKey, RedisModule_StringPtrLen, RedisModule_WrongArity,
+};
+
+pub struct Api {
+    pub open_key: unsafe extern "C" fn(
+        *mut RedisModuleCtx,
+        *mut RedisModuleString,
+        c_int,
+    ) -> *mut RedisModuleKey,
+    pub close_key: unsafe extern "C" fn(*mut RedisModuleKey),
+    pub key_type: unsafe extern "C" fn(*mut RedisModuleKey) -> c_int,
+    pub hash_get: unsafe extern "C" fn(*mut RedisModuleKey, c_int, ...) -> c_int,
+    pub hash_set: unsafe extern "C" fn(*mut RedisModuleKey, c_int, ...) -> c_int,
+    pub string_ptr_len: unsafe extern "C" fn(*const RedisModuleString, *mut usize) -> *const c_char,
+    pub create_string:
+        unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char, usize) -> *mut RedisModuleString,
+    pub create_string_from_long_long:
+        unsafe extern "C" fn(*mut RedisModuleCtx, c_longlong) -> *mut RedisModuleString,
+    pub free_string: unsafe extern "C" fn(*mut RedisModuleCtx, *mut RedisModuleString),
+    pub replicate:
+        unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char, *const c_char, ...) -> c_int,
+    pub notify: unsafe extern "C" fn(
+        *mut RedisModuleCtx,
+        c_int,
+        *const c_char,
+        *mut RedisModuleString,
+    ) -> c_int,
+    pub signal_modified_key:
+        unsafe extern "C" fn(*mut RedisModuleCtx, *mut RedisModuleString) -> c_int,
+    pub set_expire: unsafe extern "C" fn(*mut RedisModuleKey, mstime_t) -> c_int,
+    /// Absent on Redis 7.0.0-7.0.4 and 6.2.0-6.2.7 (registered late upstream);
+    /// there the relative `set_expire` is the fallback.
+    pub set_abs_expire: Option<unsafe extern "C" fn(*mut RedisModuleKey, mstime_t) -> c_int>,
+    pub milliseconds: unsafe extern "C" fn() -> mstime_t,
+    pub reply_with_array: unsafe extern "C" fn(*mut RedisModuleCtx, c_long) -> c_int,
+    pub reply_with_long_long: unsafe extern "C" fn(*mut RedisModuleCtx, c_longlong) -> c_int,
+    pub reply_with_error: unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char) -> c_int,
+    pub wrong_arity: unsafe extern "C" fn(*mut RedisModuleCtx) -> c_int,
+    pub log: unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char, *const c_char, ...),
+}
+
+static API: OnceLock<Api> = OnceLock::new();
+
+/// The resolved API, or `None` before a successful load.
+pub fn api() -> Option<&'static Api> {
+    API.get()
+}
+
+/// Resolves every function; on failure, returns the name of the first one
+/// this server does not provide.
+///
+/// # Safety
+/// Must run after `RedisModule_Init` (which fills in the pointers), on the
+/// main thread, as `RedisModule_OnLoad` does.
+pub unsafe fn resolve() -> Result<&'static Api, &'static str> {
+    if let Some(api) = API.get() {
+        return Ok(api);
+    }
+    macro_rules! need {
+        ($name:ident) => {
+            $name.ok_or(stringify!($name))?
+        };
+    }
+    let api = Api {
+        open_key: need!(RedisModule_OpenKey),
+        close_key: need!(RedisModule_CloseKey),
+        key_type: need!(RedisModule_KeyType),
+        hash_get: need!(RedisModule_HashGet),
+        hash_set: need!(RedisModule_HashSet),
+        string_ptr_len: need!(RedisModule_StringPtrLen),
+        create_string: need!(RedisModule_CreateString),
+        create_string_from_long_long: need!(RedisModule_CreateStringFromLongLong),
+        free_string: need!(RedisModule_FreeString),
+        replicate: need!(RedisModule_Replicate),
+        notify: need!(RedisModule_NotifyKeyspaceEvent),
+        signal_modified_key: need!(RedisModule_SignalModifiedKey),
+        set_expire: need!(RedisModule_SetExpire),
+        set_abs_expire: RedisModule_SetAbsExpire,
+        milliseconds: need!(RedisModule_Milliseconds),
+        reply_with_array: need!(RedisModule_ReplyWithArray),
+        reply_with_long_long: need!(RedisModule_ReplyWithLongLong),
+        reply_with_error: need!(RedisModule_ReplyWithError),
+        wrong_arity: need!(RedisModule_WrongArity),
+        log: need!(RedisModule_Log),
+    };
+    Ok(API.get_or_init(|| api))
+}
+
+impl Api {
+    /// Writes `message` to the server log at `level` ("warning", "notice").
+    pub fn log(&self, ctx: *mut RedisModuleCtx, level: &std::ffi::CStr, message: &str) {
+        // A message with an interior NUL is cut there rather than dropped.
+        let text = message.split('\0').next().unwrap_or_default();
+        if let Ok(text) = std::ffi::CString::new(text) {
+            // SAFETY: all pointers are valid NUL-terminated strings; a null
+            // ctx is allowed by RM_Log.
+            unsafe { (self.log)(ctx, level.as_ptr(), c"%s".as_ptr(), text.as_ptr()) };
+        }
+    }
+
+    /// The bytes of a server string, borrowed for as long as it lives.
+    ///
+    /// # Safety
+    /// `string` must be a valid RedisModuleString that outlives the slice.
+    pub unsafe fn bytes<'a>(&self, string: *const RedisModuleString) -> &'a [u8] {
+        let mut len = 0usize;
+        let ptr = (self.string_ptr_len)(string, &mut len);
+        if ptr.is_null() {
+            return &[];
+        }
+        std::slice::from_raw_parts(ptr.cast::<u8>(), len)
+    }
+}

@@ -1,0 +1,102 @@
+//! Command arguments -> a typed, validated request.
+
+use crate::bucket::Limit;
+use crate::error::TbError;
+use crate::number::{parse_decimal, Sign};
+
+/// `capacity rate [n]` of TB.TAKE / TB.PEEK, validated.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Request {
+    pub limit: Limit,
+    /// Tokens to take; finite and >= 0.
+    pub n: f64,
+}
+
+/// Parses the numbers after the key. `n` is `None` where it may be left out
+/// (TB.PEEK), and then means 1. Arguments are checked in order, so the error
+/// names the first bad one.
+pub fn parse_request(capacity: &[u8], rate: &[u8], n: Option<&[u8]>) -> Result<Request, TbError> {
+    let capacity = positive(capacity).ok_or(TbError::Capacity)?;
+    let refill_per_sec = positive(rate).ok_or(TbError::Rate)?;
+    let n = match n {
+        Some(text) => parse_decimal(text, Sign::Forbidden).ok_or(TbError::Count)?,
+        None => 1.0,
+    };
+    Ok(Request {
+        limit: Limit {
+            capacity,
+            refill_per_sec,
+        },
+        n,
+    })
+}
+
+fn positive(text: &[u8]) -> Option<f64> {
+    parse_decimal(text, Sign::Forbidden).filter(|value| *value > 0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn parse(c: &str, r: &str, n: &str) -> Result<Request, TbError> {
+        parse_request(c.as_bytes(), r.as_bytes(), Some(n.as_bytes()))
+    }
+
+    #[test]
+    fn it_parses_a_valid_request() {
+        let req = parse("20", "2.5", "1e0").unwrap();
+        assert_eq!(req.limit.capacity, 20.0);
+        assert_eq!(req.limit.refill_per_sec, 2.5);
+        assert_eq!(req.n, 1.0);
+    }
+
+    #[test]
+    fn n_defaults_to_one_where_optional() {
+        let req = parse_request(b"5", b"1", None).unwrap();
+        assert_eq!(req.n, 1.0);
+    }
+
+    #[test]
+    fn n_may_be_zero_but_capacity_and_rate_may_not() {
+        assert!(parse("1", "1", "0").is_ok());
+        assert_eq!(parse("0", "1", "1"), Err(TbError::Capacity));
+        assert_eq!(parse("1", "0.0", "1"), Err(TbError::Rate));
+        assert_eq!(parse("1e-400", "1", "1"), Err(TbError::Capacity));
+    }
+
+    #[test]
+    fn the_first_bad_argument_is_named() {
+        assert_eq!(parse("x", "y", "z"), Err(TbError::Capacity));
+        assert_eq!(parse("1", "y", "z"), Err(TbError::Rate));
+        assert_eq!(parse("1", "1", "z"), Err(TbError::Count));
+    }
+
+    #[test]
+    fn every_bad_number_is_rejected_for_every_argument() {
+        let long = "9".repeat(65);
+        for bad in [
+            "nan", "inf", "-1", "0x10", "", " 5", "1e400", "-0", "+1", "1 ", &long,
+        ] {
+            assert_eq!(parse(bad, "1", "1"), Err(TbError::Capacity), "{bad:?}");
+            assert_eq!(parse("1", bad, "1"), Err(TbError::Rate), "{bad:?}");
+            assert_eq!(parse("1", "1", bad), Err(TbError::Count), "{bad:?}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn accepted_requests_are_always_usable(
+            c in proptest::collection::vec(any::<u8>(), 0..70),
+            r in "[-+0-9.eE]{0,12}",
+            n in "\\PC{0,12}",
+        ) {
+            if let Ok(req) = parse_request(&c, r.as_bytes(), Some(n.as_bytes())) {
+                prop_assert!(req.limit.capacity.is_finite() && req.limit.capacity > 0.0);
+                prop_assert!(req.limit.refill_per_sec.is_finite() && req.limit.refill_per_sec > 0.0);
+                prop_assert!(req.n.is_finite() && req.n >= 0.0);
+            }
+        }
+    }
+}

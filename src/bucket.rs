@@ -1,0 +1,383 @@
+//! The token bucket itself: pure arithmetic on plain numbers.
+//!
+//! Nothing here knows about Redis or reads a clock. The caller passes the
+//! stored state (if any), the limit, the request and the current time, and
+//! gets back what to reply and what (if anything) to store. That keeps every
+//! rule testable without a server, and makes the glue in `store.rs` a
+//! straight line.
+
+/// The longest wait we ever report or turn into a TTL: 2^53 ms, about
+/// 285,000 years. Past this, f64 can no longer count single milliseconds,
+/// and every integer up to it survives a trip through a JavaScript client.
+pub const MAX_WAIT_MS: i64 = 1 << 53;
+
+/// A validated limit: both fields finite and strictly positive
+/// (`args.rs` guarantees it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Limit {
+    /// Tokens the bucket holds when full: the largest burst.
+    pub capacity: f64,
+    /// Tokens added per second.
+    pub refill_per_sec: f64,
+}
+
+/// What a bucket hash stores.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct State {
+    /// Tokens left at `last_refill_ms`. Hand-edited data may hold anything
+    /// finite; negative values count as empty.
+    pub tokens: f64,
+    /// Unix time in ms of the last write. May lie in the future after a clock
+    /// step backwards; then no time has elapsed.
+    pub last_refill_ms: f64,
+}
+
+/// The answer to one request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Outcome {
+    pub allowed: bool,
+    /// Whole tokens left after this call (rounded down).
+    pub remaining: i64,
+    /// 0 when allowed; -1 when `n` exceeds the capacity and can never be
+    /// granted; otherwise the fewest whole ms after which the same request
+    /// would be allowed.
+    pub retry_after_ms: i64,
+    /// The fewest whole ms until the bucket is full again (0 when it is).
+    pub reset_after_ms: i64,
+    /// The state to store, or `None` when nothing may be written: a denied
+    /// request or `n = 0` leaves the bucket, its TTL, the AOF and the
+    /// replication stream exactly as they were.
+    pub write: Option<State>,
+}
+
+impl State {
+    /// Tokens available at `now_ms`, per the formula shared with the Lua
+    /// script: `min(capacity, tokens + max(0, now - last_refill) / 1000 * rate)`.
+    ///
+    /// The operations are done in the script's order so both produce the
+    /// same doubles. With finite inputs the result is never NaN: an overflow
+    /// can only reach +inf, which `min` brings back to the capacity.
+    pub fn available_at(&self, limit: &Limit, now_ms: f64) -> f64 {
+        let elapsed_ms = (now_ms - self.last_refill_ms).max(0.0);
+        let refilled = self.tokens.max(0.0) + elapsed_ms / 1000.0 * limit.refill_per_sec;
+        refilled.min(limit.capacity)
+    }
+}
+
+/// Takes `n` tokens if the bucket holds that many at `now_ms`.
+///
+/// `state` is `None` for a missing key, which is a full bucket: the key
+/// expires exactly when the bucket would be full again, so the two are the
+/// same thing.
+pub fn take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> Outcome {
+    let now = now_ms as f64;
+    let current = state.unwrap_or(State {
+        tokens: limit.capacity,
+        last_refill_ms: now,
+    });
+    let available = current.available_at(limit, now);
+
+    if available < n {
+        let retry_after_ms = if n > limit.capacity {
+            -1
+        } else {
+            first_ms_when(&current, limit, now, n)
+        };
+        return Outcome {
+            allowed: false,
+            remaining: floor_to_i64(available),
+            retry_after_ms,
+            reset_after_ms: first_ms_when(&current, limit, now, limit.capacity),
+            write: None,
+        };
+    }
+
+    let after = State {
+        tokens: available - n,
+        last_refill_ms: now,
+    };
+    Outcome {
+        allowed: true,
+        remaining: floor_to_i64(after.tokens),
+        retry_after_ms: 0,
+        reset_after_ms: first_ms_when(&after, limit, now, limit.capacity),
+        write: (n > 0.0).then_some(after),
+    }
+}
+
+/// The fewest whole ms `w` in `[0, MAX_WAIT_MS]` such that `state` holds at
+/// least `wanted` tokens at `now + w`, or `MAX_WAIT_MS` if none does.
+///
+/// A closed formula gives the answer up to rounding; because replies promise
+/// an exact wait ("one ms less would be denied"), the guess is then checked
+/// against `available_at` itself, the very function a later call will use.
+/// `available_at` never decreases with time, so a galloping search around the
+/// guess finds the exact edge; in practice the guess is right and this costs
+/// two evaluations.
+fn first_ms_when(state: &State, limit: &Limit, now: f64, wanted: f64) -> i64 {
+    let ready = |wait_ms: i64| state.available_at(limit, now + wait_ms as f64) >= wanted;
+    if ready(0) {
+        return 0;
+    }
+    let deficit = wanted - state.available_at(limit, now);
+    let guess = clamp_wait((deficit / limit.refill_per_sec * 1000.0).ceil());
+
+    // Bracket the edge, `not_ready < edge <= is_ready`, by galloping away
+    // from the guess in steps of 1, 2, 4, ...; `ready(0)` is known false.
+    let mut step: i64 = 1;
+    let (mut not_ready, mut is_ready) = if ready(guess) {
+        let mut is_ready = guess;
+        loop {
+            let probe = is_ready.saturating_sub(step);
+            if probe <= 0 {
+                break (0, is_ready);
+            }
+            if !ready(probe) {
+                break (probe, is_ready);
+            }
+            is_ready = probe;
+            step = step.saturating_mul(2);
+        }
+    } else {
+        let mut not_ready = guess;
+        loop {
+            let probe = not_ready.saturating_add(step);
+            if probe >= MAX_WAIT_MS {
+                break (not_ready, MAX_WAIT_MS);
+            }
+            if ready(probe) {
+                break (not_ready, probe);
+            }
+            not_ready = probe;
+            step = step.saturating_mul(2);
+        }
+    };
+    // Then halve the bracket down to one ms.
+    while is_ready.saturating_sub(not_ready) > 1 {
+        let mid = not_ready.saturating_add(is_ready.saturating_sub(not_ready) / 2);
+        if ready(mid) {
+            is_ready = mid;
+        } else {
+            not_ready = mid;
+        }
+    }
+    is_ready
+}
+
+/// A wait in ms as an integer in `[0, MAX_WAIT_MS]`; NaN (impossible with
+/// validated inputs, but cheap to rule out) counts as the maximum.
+fn clamp_wait(ms: f64) -> i64 {
+    if ms.is_nan() || ms >= MAX_WAIT_MS as f64 {
+        MAX_WAIT_MS
+    } else if ms <= 0.0 {
+        0
+    } else {
+        ms as i64
+    }
+}
+
+/// Rounds down to an integer; `as` saturates at the i64 range, so a
+/// capacity of 1e300 reports i64::MAX rather than wrapping.
+fn floor_to_i64(tokens: f64) -> i64 {
+    tokens.floor() as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const NOW: i64 = 1_700_000_000_000;
+
+    fn limit(capacity: f64, refill_per_sec: f64) -> Limit {
+        Limit {
+            capacity,
+            refill_per_sec,
+        }
+    }
+
+    fn state(tokens: f64, last_refill_ms: i64) -> Option<State> {
+        Some(State {
+            tokens,
+            last_refill_ms: last_refill_ms as f64,
+        })
+    }
+
+    /// The arithmetic as a table. Each row: stored state (None = missing
+    /// key), capacity, rate per second, n, ms since last_refill, then the
+    /// expected reply and stored tokens (None = nothing written).
+    #[test]
+    fn it_follows_the_case_table() {
+        type Row = (u32, Option<f64>, f64, f64, f64, i64, [i64; 4], Option<f64>);
+        #[rustfmt::skip]
+        let rows: &[Row] = &[
+            // #  tokens      cap    rate  n     since   [ok, rem, retry, reset]      stored
+            ( 1, None,        10.0,  1.0,  1.0,     0, [1, 9, 0, 1000],              Some(9.0)),
+            ( 2, None,        10.0,  1.0, 10.0,     0, [1, 0, 0, 10000],             Some(0.0)),
+            ( 3, None,        10.0,  1.0, 11.0,     0, [0, 10, -1, 0],               None),
+            ( 4, None,        10.0,  1.0,  0.0,     0, [1, 10, 0, 0],                None),
+            ( 5, Some(0.0),   10.0,  1.0,  1.0,     0, [0, 0, 1000, 10000],          None),
+            ( 6, Some(0.0),   10.0,  1.0,  1.0,   999, [0, 0, 1, 9001],              None),
+            ( 7, Some(0.0),   10.0,  1.0,  1.0,  1000, [1, 0, 0, 10000],             Some(0.0)),
+            ( 8, Some(0.0),   10.0,  2.0,  1.0,   250, [0, 0, 250, 4750],            None),
+            ( 9, Some(2.5),   10.0,  1.0,  1.0,     0, [1, 1, 0, 8500],              Some(1.5)),
+            (10, Some(9.0),   10.0,  1.0,  1.0, 60000, [1, 9, 0, 1000],              Some(9.0)),
+            (11, Some(0.5),   10.0,  0.5,  1.0,     0, [0, 0, 1000, 19000],          None),
+            (12, Some(0.0),    5.0, 20.0,  0.0,    10, [1, 0, 0, 240],               None),
+            (13, Some(3.0),   10.0,  1.0,  3.0,     0, [1, 0, 0, 10000],             Some(0.0)),
+            // Clock stepped back: refill only starts at the future last_refill.
+            (14, Some(1.0),   10.0,  1.0,  2.0, -5000, [0, 1, 6000, 14000],          None),
+            // Hand-edited data: negative tokens count as empty, excess is capped.
+            (15, Some(-7.0),  10.0,  1.0,  1.0,     0, [0, 0, 1000, 10000],          None),
+            (16, Some(99.0),  10.0,  1.0,  1.0,     0, [1, 9, 0, 1000],              Some(9.0)),
+            // Fractional requests and rates.
+            (17, None,         1.0,  0.1,  0.25,    0, [1, 0, 0, 2500],              Some(0.75)),
+            (18, None,      1000.0, 1e-3,  1.0,     0, [1, 999, 0, 1_000_000],       Some(999.0)),
+            // Astronomic refill time is capped, never overflows.
+            (19, None,       1e300, 1e-300, 1.0,    0, [1, i64::MAX, 0, 0],          Some(1e300)),
+            (20, Some(0.0),  1e300, 1e-300, 1.0,    0, [0, 0, MAX_WAIT_MS, MAX_WAIT_MS], None),
+        ];
+        println!("#   tokens       cap  rate  n  since -> [allowed remaining retry reset] stored");
+        for &(row, tokens, capacity, rate, n, since_ms, expected, stored) in rows {
+            println!(
+                "{row:<3} {tokens:?} {capacity} {rate} {n} {since_ms} -> {expected:?} {stored:?}"
+            );
+            let prior = tokens.and_then(|t| state(t, NOW - since_ms));
+            let got = take(prior, &limit(capacity, rate), n, NOW);
+            let reply = [
+                i64::from(got.allowed),
+                got.remaining,
+                got.retry_after_ms,
+                got.reset_after_ms,
+            ];
+            assert_eq!(reply, expected, "row {row}");
+            assert_eq!(got.write.map(|s| s.tokens), stored, "row {row}");
+            if let Some(written) = got.write {
+                assert_eq!(written.last_refill_ms, NOW as f64, "row {row}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_missing_bucket_is_full() {
+        let got = take(None, &limit(20.0, 5.0), 0.0, NOW);
+        assert_eq!(got.remaining, 20);
+        assert_eq!(got.reset_after_ms, 0);
+    }
+
+    fn finite_positive() -> impl Strategy<Value = f64> {
+        prop_oneof![
+            1e-3..1e6_f64,
+            (1u32..10_000).prop_map(f64::from),
+            Just(f64::MIN_POSITIVE),
+            Just(1e300),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn tokens_stay_between_zero_and_capacity(
+            capacity in finite_positive(), rate in finite_positive(),
+            tokens in -1e6..1e7_f64, n in 0.0..1e4_f64,
+            since_ms in -1_000_000i64..1_000_000_000,
+        ) {
+            let lim = limit(capacity, rate);
+            let got = take(state(tokens, NOW - since_ms), &lim, n, NOW);
+            if let Some(written) = got.write {
+                prop_assert!(written.tokens >= 0.0 && written.tokens <= capacity);
+                prop_assert!(written.tokens.is_finite());
+            }
+            prop_assert!(got.remaining >= 0);
+            prop_assert!(got.retry_after_ms >= -1 && got.retry_after_ms <= MAX_WAIT_MS);
+            prop_assert!(got.reset_after_ms >= 0 && got.reset_after_ms <= MAX_WAIT_MS);
+        }
+
+        #[test]
+        fn granted_tokens_never_exceed_capacity_plus_refill(
+            capacity in 1.0..1000.0_f64, rate in 0.01..1000.0_f64,
+            calls in proptest::collection::vec((0i64..5_000, 0.0..50.0_f64), 1..60),
+        ) {
+            let lim = limit(capacity, rate);
+            let mut stored: Option<State> = None;
+            let mut now = NOW;
+            let mut granted = 0.0;
+            for (gap_ms, n) in calls {
+                now += gap_ms;
+                let got = take(stored, &lim, n, now);
+                if got.allowed {
+                    granted += n;
+                }
+                if let Some(written) = got.write {
+                    stored = Some(written);
+                }
+            }
+            let elapsed_s = (now - NOW) as f64 / 1000.0;
+            prop_assert!(granted <= capacity + rate * elapsed_s + 1e-6 * (1.0 + granted));
+        }
+
+        #[test]
+        fn retry_after_is_exact(
+            capacity in 1.0..1e4_f64, rate in 1e-3..1e4_f64,
+            tokens in 0.0..1e4_f64, n in 0.0..1e4_f64, since_ms in 0i64..100_000,
+        ) {
+            let lim = limit(capacity, rate);
+            let prior = state(tokens, NOW - since_ms);
+            let got = take(prior, &lim, n, NOW);
+            if !got.allowed && got.retry_after_ms > 0 && got.retry_after_ms < MAX_WAIT_MS {
+                let wait = got.retry_after_ms;
+                prop_assert!(take(prior, &lim, n, NOW + wait).allowed);
+                prop_assert!(!take(prior, &lim, n, NOW + wait - 1).allowed);
+            }
+            if got.retry_after_ms == -1 {
+                prop_assert!(n > capacity);
+            }
+        }
+
+        #[test]
+        fn reset_after_is_exact(
+            capacity in 1.0..1e4_f64, rate in 1e-3..1e4_f64,
+            tokens in 0.0..1e4_f64, n in 0.0..1e4_f64, since_ms in 0i64..100_000,
+        ) {
+            let lim = limit(capacity, rate);
+            let got = take(state(tokens, NOW - since_ms), &lim, n, NOW);
+            if let Some(written) = got.write {
+                let reset = got.reset_after_ms;
+                prop_assert!(written.available_at(&lim, (NOW + reset) as f64) >= capacity);
+                if reset > 0 {
+                    prop_assert!(written.available_at(&lim, (NOW + reset - 1) as f64) < capacity);
+                }
+            }
+        }
+
+        #[test]
+        fn denied_or_empty_requests_write_nothing(
+            capacity in finite_positive(), rate in finite_positive(),
+            tokens in 0.0..1e4_f64, n in 0.0..1e4_f64, since_ms in 0i64..100_000,
+        ) {
+            let got = take(state(tokens, NOW - since_ms), &limit(capacity, rate), n, NOW);
+            if !got.allowed || n == 0.0 {
+                prop_assert!(got.write.is_none());
+            }
+        }
+
+        #[test]
+        fn extreme_inputs_never_panic(
+            capacity in prop::num::f64::POSITIVE | prop::num::f64::SUBNORMAL,
+            rate in prop::num::f64::POSITIVE | prop::num::f64::SUBNORMAL,
+            tokens in prop::num::f64::NORMAL | prop::num::f64::SUBNORMAL | prop::num::f64::ZERO,
+            last in prop::num::f64::NORMAL | prop::num::f64::ZERO,
+            n in prop::num::f64::POSITIVE | prop::num::f64::ZERO,
+            now_ms in any::<i64>(),
+        ) {
+            prop_assume!(capacity.is_finite() && capacity > 0.0);
+            prop_assume!(rate.is_finite() && rate > 0.0 && n.is_finite());
+            let prior = Some(State { tokens, last_refill_ms: last });
+            let got = take(prior, &limit(capacity, rate), n, now_ms);
+            prop_assert!(got.reset_after_ms >= 0 && got.reset_after_ms <= MAX_WAIT_MS);
+            prop_assert!(got.retry_after_ms >= -1 && got.retry_after_ms <= MAX_WAIT_MS);
+            if let Some(written) = got.write {
+                prop_assert!(written.tokens.is_finite() && written.tokens >= 0.0);
+            }
+        }
+    }
+}

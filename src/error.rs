@@ -1,0 +1,89 @@
+//! Every error a command can reply with, each message written once.
+
+use std::ffi::CStr;
+
+/// Why a command was refused. The glue turns it into an error reply; nothing
+/// has been written when one of these is returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TbError {
+    WrongArity,
+    Capacity,
+    Rate,
+    Count,
+    WrongType,
+    /// The key holds a hash without usable `tokens`/`last_refill` fields.
+    /// The message names the key, so it is built by the glue.
+    CorruptBucket,
+    /// A bug caught by the last-resort `catch_unwind`.
+    Internal,
+}
+
+impl TbError {
+    /// The reply text for errors whose message does not depend on the
+    /// request. `WrongArity` is answered by the server's own message and
+    /// `CorruptBucket` names the key, so neither has one here.
+    pub fn message(self) -> &'static CStr {
+        match self {
+            TbError::Capacity => c"ERR capacity must be a positive finite number",
+            TbError::Rate => c"ERR rate must be a positive finite number",
+            TbError::Count => c"ERR n must be a non-negative finite number",
+            TbError::WrongType => {
+                c"WRONGTYPE Operation against a key holding the wrong kind of value"
+            }
+            TbError::CorruptBucket => {
+                c"ERR corrupt bucket: tokens and last_refill must be finite numbers"
+            }
+            TbError::WrongArity | TbError::Internal => c"ERR tb: internal error (see server log)",
+        }
+    }
+}
+
+/// The corrupt-bucket message for `key`: printable ASCII kept, everything
+/// else escaped (so the reply stays one line and NUL-free), cut to 64 bytes.
+pub fn corrupt_bucket_message(key: &[u8]) -> std::ffi::CString {
+    const SHOWN: usize = 64;
+    let shown = key.get(..SHOWN).unwrap_or(key);
+    let mut text = String::from("ERR corrupt bucket '");
+    for byte in shown {
+        match byte {
+            b'\'' | b'\\' => {
+                text.push('\\');
+                text.push(char::from(*byte));
+            }
+            0x20..=0x7e => text.push(char::from(*byte)),
+            _ => text.push_str(&format!("\\x{byte:02x}")),
+        }
+    }
+    if key.len() > SHOWN {
+        text.push_str("...");
+    }
+    text.push_str("': tokens and last_refill must be finite numbers");
+    // The escaping above leaves no NUL byte; the fallback is unreachable but
+    // keeps this function free of panics.
+    std::ffi::CString::new(text).unwrap_or_else(|_| TbError::CorruptBucket.message().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn corrupt_bucket_message_names_the_key() {
+        let msg = corrupt_bucket_message(b"rl:user:7");
+        assert_eq!(
+            msg.to_str().unwrap(),
+            "ERR corrupt bucket 'rl:user:7': tokens and last_refill must be finite numbers"
+        );
+    }
+
+    #[test]
+    fn corrupt_bucket_message_escapes_and_cuts_hostile_keys() {
+        let mut key = b"a\r\n\0'".to_vec();
+        key.extend(std::iter::repeat_n(b'x', 100));
+        let msg = corrupt_bucket_message(&key);
+        let text = msg.to_str().unwrap();
+        assert!(text.starts_with("ERR corrupt bucket 'a\\x0d\\x0a\\x00\\'xxx"));
+        assert!(text.contains("...'"));
+        assert!(!text.contains('\n'));
+    }
+}

@@ -1,0 +1,306 @@
+//! redis-tb: a token-bucket rate limiter inside Redis and Valkey.
+//!
+//! `TB.TAKE key capacity rate n` refills, caps and takes in one step. Redis
+//! runs a module command to completion on its single command thread, so no
+//! other client can read or write the bucket between the read and the write:
+//! the same atomicity a Lua script gets, without a script cache, a NOSCRIPT
+//! fallback or a clock supplied by the client.
+//!
+//! Layout: `bucket.rs` is the arithmetic (pure), `args.rs`/`number.rs` parse
+//! input, `store.rs` reads and writes the hash, `command_info.rs` registers
+//! the commands; this file holds the two handlers and the load hook.
+
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing,
+        clippy::arithmetic_side_effects
+    )
+)]
+
+mod api;
+mod args;
+pub mod bucket;
+mod command_info;
+mod error;
+pub mod number;
+mod store;
+
+use std::ffi::CStr;
+use std::os::raw::{c_int, c_long};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use redis_module::commands::KeySpecFlags;
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
+use redis_module::{redis_module, Context, RedisString, Status};
+
+use crate::api::Api;
+use crate::args::parse_request;
+use crate::bucket::Outcome;
+use crate::command_info::CommandSpec;
+use crate::error::{corrupt_bucket_message, TbError};
+use crate::store::{Access, BucketKey};
+
+/// TB.TAKE key capacity rate n
+///
+/// Refill by elapsed time, cap at capacity, take n if there are that many.
+/// Replies `[allowed, remaining, retry_after_ms, reset_after_ms]`.
+fn take(
+    api: &Api,
+    ctx: *mut RedisModuleCtx,
+    args: &[*mut RedisModuleString],
+) -> Result<Outcome, TbError> {
+    let &[_, key, capacity, rate, n] = args else {
+        return Err(TbError::WrongArity);
+    };
+    // SAFETY: argv strings live for the whole command.
+    let request =
+        unsafe { parse_request(api.bytes(capacity), api.bytes(rate), Some(api.bytes(n))) }?;
+    // SAFETY: ctx and key come straight from the server for this command.
+    let bucket = unsafe { BucketKey::open(api, ctx, key, Access::Write) }?;
+    let state = bucket.read()?;
+    // The clock is read once; the refill, the reply and the deadline all use
+    // this instant.
+    // SAFETY: a plain server function with no arguments.
+    let now_ms = unsafe { (api.milliseconds)() };
+    let outcome = bucket::take(state, &request.limit, request.n, now_ms);
+    // Only a real take writes. A denied request changes nothing, so it is
+    // neither written, nor propagated, nor seen by WATCH: a flood of denied
+    // requests leaves the AOF and the replication stream still.
+    if let Some(new_state) = outcome.write {
+        // Expire exactly when the bucket is full again: a missing key already
+        // means "full", so idle buckets cost no memory and nothing is lost.
+        // The deadline is absolute so every copy expires at the same instant.
+        let deadline_ms = now_ms.saturating_add(outcome.reset_after_ms.max(1));
+        bucket.write(&new_state, now_ms, deadline_ms);
+    }
+    Ok(outcome)
+}
+
+/// TB.PEEK key capacity rate [n]
+///
+/// The reply TB.TAKE would give, without taking or writing anything, so it
+/// is read-only and runs on replicas.
+fn peek(
+    api: &Api,
+    ctx: *mut RedisModuleCtx,
+    args: &[*mut RedisModuleString],
+) -> Result<Outcome, TbError> {
+    let (key, capacity, rate, n) = match *args {
+        [_, key, capacity, rate] => (key, capacity, rate, None),
+        [_, key, capacity, rate, n] => (key, capacity, rate, Some(n)),
+        _ => return Err(TbError::WrongArity),
+    };
+    // SAFETY: as in `take`.
+    let request = unsafe {
+        parse_request(
+            api.bytes(capacity),
+            api.bytes(rate),
+            n.map(|n| api.bytes(n)),
+        )
+    }?;
+    let bucket = unsafe { BucketKey::open(api, ctx, key, Access::Read) }?;
+    let state = bucket.read()?;
+    let now_ms = unsafe { (api.milliseconds)() };
+    Ok(bucket::take(state, &request.limit, request.n, now_ms))
+}
+
+type Handler = fn(&Api, *mut RedisModuleCtx, &[*mut RedisModuleString]) -> Result<Outcome, TbError>;
+
+/// Runs a handler and sends its reply. A panic (a bug: no input should cause
+/// one) would abort the whole server if it crossed this `extern "C"`
+/// boundary, so it is caught here, logged by the panic hook, and answered
+/// with an error instead.
+fn run(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+    handler: Handler,
+) -> c_int {
+    let Some(api) = api::api() else {
+        return raw::REDISMODULE_ERR as c_int;
+    };
+    let args: &[*mut RedisModuleString] = match usize::try_from(argc) {
+        // SAFETY: the server passes argc valid string pointers in argv.
+        Ok(len) if !argv.is_null() => unsafe { std::slice::from_raw_parts(argv, len) },
+        _ => &[],
+    };
+    let result = catch_unwind(AssertUnwindSafe(|| handler(api, ctx, args)));
+    // SAFETY: replying on the command's own context.
+    unsafe {
+        match result {
+            Ok(Ok(outcome)) => {
+                (api.reply_with_array)(ctx, 4 as c_long);
+                (api.reply_with_long_long)(ctx, i64::from(outcome.allowed));
+                (api.reply_with_long_long)(ctx, outcome.remaining);
+                (api.reply_with_long_long)(ctx, outcome.retry_after_ms);
+                (api.reply_with_long_long)(ctx, outcome.reset_after_ms);
+            }
+            Ok(Err(TbError::WrongArity)) => {
+                (api.wrong_arity)(ctx);
+            }
+            Ok(Err(TbError::CorruptBucket)) => {
+                let key = args.get(1).map(|key| api.bytes(*key)).unwrap_or_default();
+                let message = corrupt_bucket_message(key);
+                (api.reply_with_error)(ctx, message.as_ptr());
+            }
+            Ok(Err(error)) => {
+                (api.reply_with_error)(ctx, error.message().as_ptr());
+            }
+            Err(_) => {
+                (api.reply_with_error)(ctx, TbError::Internal.message().as_ptr());
+            }
+        }
+    }
+    raw::REDISMODULE_OK as c_int
+}
+
+extern "C" fn tb_take(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    run(ctx, argv, argc, take)
+}
+
+extern "C" fn tb_peek(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    run(ctx, argv, argc, peek)
+}
+
+const COMMANDS: [CommandSpec; 2] = [
+    CommandSpec {
+        name: c"tb.take",
+        handler: Some(tb_take),
+        flags: c"write deny-oom fast",
+        acl_categories: c"write fast",
+        summary: c"Takes n tokens from a token bucket if it holds that many; replies [allowed, remaining, retry_after_ms, reset_after_ms]",
+        complexity: c"O(1)",
+        arity: 5,
+        key_flags: KeySpecFlags::READ_WRITE
+            .union(KeySpecFlags::ACCESS)
+            .union(KeySpecFlags::UPDATE),
+        n_optional: false,
+    },
+    CommandSpec {
+        name: c"tb.peek",
+        handler: Some(tb_peek),
+        flags: c"readonly fast",
+        acl_categories: c"read fast",
+        summary: c"Replies what TB.TAKE would for n tokens (default 1), without taking or writing anything",
+        complexity: c"O(1)",
+        arity: -4,
+        key_flags: KeySpecFlags::READ_ONLY.union(KeySpecFlags::ACCESS),
+        n_optional: true,
+    },
+];
+
+/// `RedisModule_OnLoad`, after the crate's own setup.
+fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    let loaded = catch_unwind(AssertUnwindSafe(|| load(ctx.ctx)));
+    match loaded {
+        Ok(Ok(())) => Status::Ok,
+        Ok(Err(why)) => {
+            ctx.log_warning(&format!("tb: not loaded: {why}"));
+            Status::Err
+        }
+        Err(_) => {
+            ctx.log_warning("tb: not loaded: panic during load");
+            Status::Err
+        }
+    }
+}
+
+fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
+    // SAFETY: called from OnLoad, after RedisModule_Init.
+    let api =
+        unsafe { api::resolve() }.map_err(|missing| format!("this server lacks {missing}"))?;
+    std::panic::set_hook(Box::new(|info| {
+        if let Some(api) = api::api() {
+            api.log(
+                std::ptr::null_mut(),
+                c"warning",
+                &format!("tb: bug: {info}"),
+            );
+        }
+    }));
+    set_module_options(ctx);
+    for spec in &COMMANDS {
+        // SAFETY: OnLoad context.
+        unsafe { command_info::register(ctx, spec) }?;
+    }
+    if api.set_abs_expire.is_none() {
+        api.log(
+            ctx,
+            c"notice",
+            "tb: RM_SetAbsExpire missing (Redis < 7.0.5): deadlines are set relative to the local clock",
+        );
+    }
+    Ok(())
+}
+
+/// Valkey's option that lets `CLUSTER MIGRATESLOTS` move keys of a module
+/// that does not need to react to it (our buckets are plain hashes).
+const VALKEY_HANDLE_ATOMIC_SLOT_MIGRATION: c_int = 1 << 5;
+
+fn set_module_options(ctx: *mut RedisModuleCtx) {
+    // WATCH/tracking are signalled by `store.rs` only when a bucket is
+    // written; by default every write-open would signal, even for a denied
+    // request that changes nothing.
+    let mut options = raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED as c_int;
+    if valkey_major(ctx).is_some_and(|major| major >= 9) {
+        options |= VALKEY_HANDLE_ATOMIC_SLOT_MIGRATION;
+    }
+    // SAFETY: OnLoad context.
+    if let Some(set_options) = unsafe { raw::RedisModule_SetModuleOptions } {
+        unsafe { set_options(ctx, options) };
+    }
+}
+
+/// Valkey's major version, or `None` on Redis (which has no `server_name`).
+fn valkey_major(ctx: *mut RedisModuleCtx) -> Option<u32> {
+    // SAFETY: OnLoad context; the info data is freed before returning and
+    // the field pointers are not used after that.
+    unsafe {
+        let get_info = raw::RedisModule_GetServerInfo?;
+        let get_field = raw::RedisModule_ServerInfoGetFieldC?;
+        let free_info = raw::RedisModule_FreeServerInfo?;
+        let info = get_info(ctx, c"server".as_ptr());
+        if info.is_null() {
+            return None;
+        }
+        let field = |name: &CStr| {
+            let value = get_field(info, name.as_ptr());
+            (!value.is_null()).then(|| CStr::from_ptr(value).to_string_lossy().into_owned())
+        };
+        let is_valkey = field(c"server_name").is_some_and(|name| name == "valkey");
+        let version = field(c"valkey_version");
+        free_info(ctx, info);
+        if !is_valkey {
+            return None;
+        }
+        version?.split('.').next()?.parse().ok()
+    }
+}
+
+// Unit tests run outside a server, where the server's allocator does not
+// exist; they use the system allocator instead.
+#[cfg(not(test))]
+type ModuleAlloc = redis_module::alloc::RedisAlloc;
+#[cfg(test)]
+type ModuleAlloc = std::alloc::System;
+
+redis_module! {
+    name: "tb",
+    version: 1,
+    allocator: (ModuleAlloc, ModuleAlloc {}),
+    data_types: [],
+    init: init,
+    commands: [],
+}
