@@ -105,6 +105,97 @@ pub fn take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> Outcome
     }
 }
 
+/// Gives `n` tokens back: refill first, then add, capped at the capacity.
+///
+/// For a request that failed for reasons of the caller's own. A missing
+/// bucket is already full, so refunding into it (or refunding 0) writes
+/// nothing.
+pub fn refund(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> Outcome {
+    let now = now_ms as f64;
+    let Some(current) = state else {
+        return take(None, limit, 0.0, now_ms);
+    };
+    let available = current.available_at(limit, now);
+    // `available <= capacity` and `n` is finite, so the sum is at most
+    // capacity + n, finite; `min` brings it back to the capacity.
+    let after = State {
+        tokens: (available + n).min(limit.capacity),
+        last_refill_ms: now,
+    };
+    Outcome {
+        allowed: true,
+        remaining: floor_to_i64(after.tokens),
+        retry_after_ms: 0,
+        reset_after_ms: first_ms_when(&after, limit, now, limit.capacity),
+        write: (n > 0.0).then_some(after),
+    }
+}
+
+/// One bucket of a multi-limit request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Charge {
+    pub state: Option<State>,
+    pub limit: Limit,
+    pub n: f64,
+}
+
+/// The answer to a multi-limit request: every bucket's own outcome, and the
+/// one that decides the reply.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AllOutcome {
+    pub allowed: bool,
+    /// Index of the deciding bucket: when denied, the one that makes the
+    /// caller wait longest (one that can never allow wins); when allowed,
+    /// the one with the fewest tokens left. Ties go to the first.
+    pub decisive: usize,
+    /// Per bucket, in request order. When any bucket denies, no `write` is
+    /// set anywhere: all or nothing.
+    pub outcomes: Vec<Outcome>,
+}
+
+/// Takes from every bucket if every bucket allows, else from none.
+///
+/// Each bucket is judged exactly as a lone `take` at the same instant, so
+/// the result equals taking from each one in turn when all allow, and equals
+/// taking nothing otherwise. `charges` must not be empty (`args.rs` ensures
+/// at least one); an empty list is simply allowed with nothing written.
+pub fn take_all(charges: &[Charge], now_ms: i64) -> AllOutcome {
+    let mut outcomes: Vec<Outcome> = charges
+        .iter()
+        .map(|charge| take(charge.state, &charge.limit, charge.n, now_ms))
+        .collect();
+    let allowed = outcomes.iter().all(|outcome| outcome.allowed);
+    if !allowed {
+        for outcome in &mut outcomes {
+            outcome.write = None;
+        }
+    }
+    // A longer wait decides a denial (-1, "never", is the longest); fewer
+    // tokens left decide an allowed request.
+    let weight = |outcome: &Outcome| {
+        if allowed {
+            outcome.remaining.saturating_neg()
+        } else if outcome.retry_after_ms < 0 {
+            i64::MAX
+        } else {
+            outcome.retry_after_ms
+        }
+    };
+    let mut decisive = 0;
+    let mut heaviest = i64::MIN;
+    for (index, outcome) in outcomes.iter().enumerate() {
+        if weight(outcome) > heaviest {
+            heaviest = weight(outcome);
+            decisive = index;
+        }
+    }
+    AllOutcome {
+        allowed,
+        decisive,
+        outcomes,
+    }
+}
+
 /// The fewest whole ms `w` in `[0, MAX_WAIT_MS]` such that `state` holds at
 /// least `wanted` tokens at `now + w`, or `MAX_WAIT_MS` if none does.
 ///
@@ -265,6 +356,96 @@ mod tests {
         assert_eq!(got.reset_after_ms, 0);
     }
 
+    #[test]
+    fn refund_refills_then_adds_capped_at_capacity() {
+        let lim = limit(10.0, 1.0);
+        let got = refund(state(2.0, NOW - 1000), &lim, 3.0, NOW);
+        assert_eq!(got.write.map(|s| s.tokens), Some(6.0));
+        assert_eq!((got.remaining, got.reset_after_ms), (6, 4000));
+        let got = refund(state(9.0, NOW), &lim, 5.0, NOW);
+        assert_eq!(got.write.map(|s| s.tokens), Some(10.0));
+        assert_eq!(got.reset_after_ms, 0);
+    }
+
+    #[test]
+    fn refund_into_a_missing_bucket_writes_nothing() {
+        let got = refund(None, &limit(10.0, 1.0), 3.0, NOW);
+        assert_eq!(got.write, None);
+        assert_eq!(
+            (got.allowed, got.remaining, got.reset_after_ms),
+            (true, 10, 0)
+        );
+    }
+
+    #[test]
+    fn take_all_names_the_longest_wait_when_denied() {
+        let per_second = Charge {
+            state: state(0.0, NOW),
+            limit: limit(10.0, 10.0),
+            n: 1.0,
+        };
+        let per_day = Charge {
+            state: state(0.0, NOW),
+            limit: limit(1000.0, 1000.0 / 86_400.0),
+            n: 1.0,
+        };
+        let got = take_all(&[per_second, per_day], NOW);
+        assert!(!got.allowed);
+        assert_eq!(got.decisive, 1);
+        assert_eq!(got.outcomes[1].retry_after_ms, 86_400);
+        assert!(got.outcomes.iter().all(|o| o.write.is_none()));
+    }
+
+    #[test]
+    fn take_all_prefers_a_bucket_that_can_never_allow() {
+        let waits = Charge {
+            state: state(0.0, NOW),
+            limit: limit(10.0, 0.001),
+            n: 1.0,
+        };
+        let never = Charge {
+            state: None,
+            limit: limit(1.0, 1.0),
+            n: 2.0,
+        };
+        let got = take_all(&[waits, never], NOW);
+        assert_eq!((got.allowed, got.decisive), (false, 1));
+        assert_eq!(got.outcomes[1].retry_after_ms, -1);
+    }
+
+    #[test]
+    fn take_all_names_the_tightest_bucket_when_allowed() {
+        let roomy = Charge {
+            state: None,
+            limit: limit(100.0, 1.0),
+            n: 1.0,
+        };
+        let tight = Charge {
+            state: None,
+            limit: limit(5.0, 1.0),
+            n: 1.0,
+        };
+        let got = take_all(&[roomy, tight], NOW);
+        assert!(got.allowed);
+        assert_eq!(got.decisive, 1);
+        assert_eq!(got.outcomes[1].remaining, 4);
+        assert!(got.outcomes.iter().all(|o| o.write.is_some()));
+    }
+
+    fn charge() -> impl Strategy<Value = Charge> {
+        (
+            proptest::option::of((0.0..20.0_f64, 0i64..20_000)),
+            1.0..20.0_f64,
+            0.01..10.0_f64,
+            0.0..10.0_f64,
+        )
+            .prop_map(|(stored, capacity, rate, n)| Charge {
+                state: stored.and_then(|(tokens, since)| state(tokens, NOW - since)),
+                limit: limit(capacity, rate),
+                n,
+            })
+    }
+
     fn finite_positive() -> impl Strategy<Value = f64> {
         prop_oneof![
             1e-3..1e6_f64,
@@ -357,6 +538,38 @@ mod tests {
             let got = take(state(tokens, NOW - since_ms), &limit(capacity, rate), n, NOW);
             if !got.allowed || n == 0.0 {
                 prop_assert!(got.write.is_none());
+            }
+        }
+
+        #[test]
+        fn take_all_equals_taking_from_each_only_when_all_allow(
+            charges in proptest::collection::vec(charge(), 1..5),
+        ) {
+            let got = take_all(&charges, NOW);
+            let alone: Vec<Outcome> = charges
+                .iter()
+                .map(|c| take(c.state, &c.limit, c.n, NOW))
+                .collect();
+            let all_allow = alone.iter().all(|o| o.allowed);
+            prop_assert_eq!(got.allowed, all_allow);
+            for (together, single) in got.outcomes.iter().zip(&alone) {
+                if all_allow {
+                    prop_assert_eq!(together, single);
+                } else {
+                    prop_assert_eq!(together.write, None);
+                }
+            }
+            prop_assert!(got.decisive < charges.len());
+        }
+
+        #[test]
+        fn refund_keeps_tokens_within_capacity(
+            capacity in finite_positive(), rate in finite_positive(),
+            tokens in -1e6..1e7_f64, n in 0.0..1e7_f64, since_ms in -100_000i64..1_000_000,
+        ) {
+            let got = refund(state(tokens, NOW - since_ms), &limit(capacity, rate), n, NOW);
+            if let Some(written) = got.write {
+                prop_assert!(written.tokens >= 0.0 && written.tokens <= capacity);
             }
         }
 

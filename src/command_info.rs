@@ -30,8 +30,16 @@ pub struct CommandSpec {
     /// Positive: exact argument count; negative: at least that many.
     pub arity: c_int,
     pub key_flags: KeySpecFlags,
-    /// Whether `n` may be left out.
-    pub n_optional: bool,
+    pub shape: Shape,
+}
+
+/// How the arguments are laid out.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `key capacity rate n`, with `n` optional or not.
+    Single { n_optional: bool },
+    /// `key capacity rate n [key capacity rate n ...]`.
+    Repeated,
 }
 
 /// Creates the command and sets its info. Errors are log-ready text.
@@ -75,7 +83,10 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx, spec: &CommandSpec) -> Result<(
         None,
         KeySpecFlags::from_bits_truncate(spec.key_flags.bits()),
         BeginSearch::new_index(1),
-        FindKeys::new_range(0, 1, 0),
+        match spec.shape {
+            Shape::Single { .. } => FindKeys::new_range(0, 1, 0),
+            Shape::Repeated => FindKeys::new_range(-1, 4, 0),
+        },
     )]);
     let number = |arg: &str, summary: &str, flags: CommandArgFlags| {
         RedisModuleCommandArg::new(
@@ -91,24 +102,24 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx, spec: &CommandSpec) -> Result<(
             None,
         )
     };
-    let n_flags = if spec.n_optional {
-        CommandArgFlags::OPTIONAL
-    } else {
-        CommandArgFlags::NONE
+    let key = RedisModuleCommandArg::new(
+        "key".into(),
+        raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
+        Some(0),
+        None,
+        Some("the bucket's hash".into()),
+        None,
+        CommandArgFlags::NONE,
+        None,
+        None,
+        None,
+    );
+    let n_flags = match spec.shape {
+        Shape::Single { n_optional: true } => CommandArgFlags::OPTIONAL,
+        _ => CommandArgFlags::NONE,
     };
-    let args = get_redis_command_args(vec![
-        RedisModuleCommandArg::new(
-            "key".into(),
-            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
-            Some(0),
-            None,
-            Some("the bucket's hash".into()),
-            None,
-            CommandArgFlags::NONE,
-            None,
-            None,
-            None,
-        ),
+    let bucket = vec![
+        key,
         number(
             "capacity",
             "tokens when full (burst), > 0",
@@ -119,8 +130,23 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx, spec: &CommandSpec) -> Result<(
             "tokens added per second, > 0",
             CommandArgFlags::NONE,
         ),
-        number("n", "tokens to take, >= 0 (default 1 for TB.PEEK)", n_flags),
-    ])
+        number("n", "tokens, >= 0", n_flags),
+    ];
+    let args = get_redis_command_args(match spec.shape {
+        Shape::Single { .. } => bucket,
+        Shape::Repeated => vec![RedisModuleCommandArg::new(
+            "bucket".into(),
+            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK,
+            None,
+            None,
+            Some("one limit: key capacity rate n".into()),
+            None,
+            CommandArgFlags::MULTIPLE,
+            None,
+            Some(bucket),
+            None,
+        )],
+    })
     .ok_or("no arguments")?;
 
     // Version 1 of the struct plus our own sizes lets a 7.0 server read the

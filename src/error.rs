@@ -11,9 +11,15 @@ pub enum TbError {
     Rate,
     Count,
     WrongType,
-    /// The key holds a hash without usable `tokens`/`last_refill` fields.
-    /// The message names the key, so it is built by the glue.
-    CorruptBucket,
+    /// The key at argument `key_arg` holds a hash without usable
+    /// `tokens`/`last_refill` fields. The message names the key, so the glue
+    /// builds it with `corrupt_bucket_message`.
+    CorruptBucket {
+        key_arg: usize,
+    },
+    /// TB.TAKEALL names one key twice: the second charge would silently
+    /// overwrite the first.
+    DuplicateKey,
     /// A bug caught by the last-resort `catch_unwind`.
     Internal,
 }
@@ -30,9 +36,10 @@ impl TbError {
             TbError::WrongType => {
                 c"WRONGTYPE Operation against a key holding the wrong kind of value"
             }
-            TbError::CorruptBucket => {
+            TbError::CorruptBucket { .. } => {
                 c"ERR corrupt bucket: tokens and last_refill must be finite numbers"
             }
+            TbError::DuplicateKey => c"ERR each key may appear only once in TB.TAKEALL",
             TbError::WrongArity | TbError::Internal => c"ERR tb: internal error (see server log)",
         }
     }
@@ -60,7 +67,8 @@ pub fn corrupt_bucket_message(key: &[u8]) -> std::ffi::CString {
     text.push_str("': tokens and last_refill must be finite numbers");
     // The escaping above leaves no NUL byte; the fallback is unreachable but
     // keeps this function free of panics.
-    std::ffi::CString::new(text).unwrap_or_else(|_| TbError::CorruptBucket.message().to_owned())
+    std::ffi::CString::new(text)
+        .unwrap_or_else(|_| TbError::CorruptBucket { key_arg: 0 }.message().to_owned())
 }
 
 #[cfg(test)]

@@ -39,20 +39,39 @@ use redis_module::{redis_module, Context, RedisString, Status};
 
 use crate::api::Api;
 use crate::args::parse_request;
-use crate::bucket::Outcome;
-use crate::command_info::CommandSpec;
+use crate::bucket::{Charge, Outcome};
+use crate::command_info::{CommandSpec, Shape};
 use crate::error::{corrupt_bucket_message, TbError};
-use crate::store::{Access, BucketKey};
+use crate::store::{Access, BucketKey, Corrupt};
+
+/// What a command replies: TB.TAKE's four integers
+/// `[allowed, remaining, retry_after_ms, reset_after_ms]`, and for
+/// TB.TAKEALL a fifth, the index of the bucket those figures belong to.
+struct Reply {
+    outcome: Outcome,
+    bucket_index: Option<usize>,
+}
+
+impl From<Outcome> for Reply {
+    fn from(outcome: Outcome) -> Self {
+        Reply {
+            outcome,
+            bucket_index: None,
+        }
+    }
+}
+
+/// The argument index of the key in TB.TAKE, TB.PEEK and TB.REFUND.
+const KEY_ARG: usize = 1;
 
 /// TB.TAKE key capacity rate n
 ///
 /// Refill by elapsed time, cap at capacity, take n if there are that many.
-/// Replies `[allowed, remaining, retry_after_ms, reset_after_ms]`.
 fn take(
     api: &Api,
     ctx: *mut RedisModuleCtx,
     args: &[*mut RedisModuleString],
-) -> Result<Outcome, TbError> {
+) -> Result<Reply, TbError> {
     let &[_, key, capacity, rate, n] = args else {
         return Err(TbError::WrongArity);
     };
@@ -61,23 +80,13 @@ fn take(
         unsafe { parse_request(api.bytes(capacity), api.bytes(rate), Some(api.bytes(n))) }?;
     // SAFETY: ctx and key come straight from the server for this command.
     let bucket = unsafe { BucketKey::open(api, ctx, key, Access::Write) }?;
-    let state = bucket.read()?;
+    let state = read(&bucket, KEY_ARG)?;
     // The clock is read once; the refill, the reply and the deadline all use
     // this instant.
-    // SAFETY: a plain server function with no arguments.
-    let now_ms = unsafe { (api.milliseconds)() };
+    let now_ms = now(api);
     let outcome = bucket::take(state, &request.limit, request.n, now_ms);
-    // Only a real take writes. A denied request changes nothing, so it is
-    // neither written, nor propagated, nor seen by WATCH: a flood of denied
-    // requests leaves the AOF and the replication stream still.
-    if let Some(new_state) = outcome.write {
-        // Expire exactly when the bucket is full again: a missing key already
-        // means "full", so idle buckets cost no memory and nothing is lost.
-        // The deadline is absolute so every copy expires at the same instant.
-        let deadline_ms = now_ms.saturating_add(outcome.reset_after_ms.max(1));
-        bucket.write(&new_state, now_ms, deadline_ms);
-    }
-    Ok(outcome)
+    store(&bucket, &outcome, now_ms);
+    Ok(outcome.into())
 }
 
 /// TB.PEEK key capacity rate [n]
@@ -88,7 +97,7 @@ fn peek(
     api: &Api,
     ctx: *mut RedisModuleCtx,
     args: &[*mut RedisModuleString],
-) -> Result<Outcome, TbError> {
+) -> Result<Reply, TbError> {
     let (key, capacity, rate, n) = match *args {
         [_, key, capacity, rate] => (key, capacity, rate, None),
         [_, key, capacity, rate, n] => (key, capacity, rate, Some(n)),
@@ -103,12 +112,127 @@ fn peek(
         )
     }?;
     let bucket = unsafe { BucketKey::open(api, ctx, key, Access::Read) }?;
-    let state = bucket.read()?;
-    let now_ms = unsafe { (api.milliseconds)() };
-    Ok(bucket::take(state, &request.limit, request.n, now_ms))
+    let state = read(&bucket, KEY_ARG)?;
+    Ok(bucket::take(state, &request.limit, request.n, now(api)).into())
 }
 
-type Handler = fn(&Api, *mut RedisModuleCtx, &[*mut RedisModuleString]) -> Result<Outcome, TbError>;
+/// TB.REFUND key capacity rate n
+///
+/// Gives n tokens back (refill first, then add, capped at capacity), for a
+/// request that failed for the caller's own reasons.
+fn refund(
+    api: &Api,
+    ctx: *mut RedisModuleCtx,
+    args: &[*mut RedisModuleString],
+) -> Result<Reply, TbError> {
+    let &[_, key, capacity, rate, n] = args else {
+        return Err(TbError::WrongArity);
+    };
+    // SAFETY: as in `take`.
+    let request =
+        unsafe { parse_request(api.bytes(capacity), api.bytes(rate), Some(api.bytes(n))) }?;
+    let bucket = unsafe { BucketKey::open(api, ctx, key, Access::Write) }?;
+    let state = read(&bucket, KEY_ARG)?;
+    let now_ms = now(api);
+    let outcome = bucket::refund(state, &request.limit, request.n, now_ms);
+    store(&bucket, &outcome, now_ms);
+    Ok(outcome.into())
+}
+
+/// TB.TAKEALL key capacity rate n [key capacity rate n ...]
+///
+/// Several limits on one request, all or nothing. Every argument is parsed,
+/// and every key type-checked and read, before anything is written, so an
+/// error or a denial leaves every bucket as it was. The server runs the
+/// whole command at once, so no client sees some buckets charged and others
+/// not; the replicated HSET/PEXPIREAT pairs arrive in one MULTI/EXEC.
+fn take_all(
+    api: &Api,
+    ctx: *mut RedisModuleCtx,
+    args: &[*mut RedisModuleString],
+) -> Result<Reply, TbError> {
+    let groups = args.get(1..).unwrap_or_default();
+    if groups.is_empty() || groups.len() % 4 != 0 {
+        return Err(TbError::WrongArity);
+    }
+    let mut keys = Vec::with_capacity(groups.len() / 4);
+    let mut requests = Vec::with_capacity(groups.len() / 4);
+    for group in groups.chunks_exact(4) {
+        let &[key, capacity, rate, n] = group else {
+            return Err(TbError::WrongArity);
+        };
+        // SAFETY: as in `take`.
+        requests.push(unsafe {
+            parse_request(api.bytes(capacity), api.bytes(rate), Some(api.bytes(n)))
+        }?);
+        keys.push(key);
+    }
+    for (index, key) in keys.iter().enumerate() {
+        // SAFETY: as in `take`.
+        let name = unsafe { api.bytes(*key) };
+        let earlier = keys.get(..index).unwrap_or_default();
+        if earlier
+            .iter()
+            .any(|other| unsafe { api.bytes(*other) } == name)
+        {
+            return Err(TbError::DuplicateKey);
+        }
+    }
+    let mut buckets = Vec::with_capacity(keys.len());
+    let mut charges = Vec::with_capacity(keys.len());
+    for (index, (key, request)) in keys.iter().zip(&requests).enumerate() {
+        // SAFETY: as in `take`.
+        let bucket = unsafe { BucketKey::open(api, ctx, *key, Access::Write) }?;
+        charges.push(Charge {
+            state: read(&bucket, 1 + 4 * index)?,
+            limit: request.limit,
+            n: request.n,
+        });
+        buckets.push(bucket);
+    }
+    let now_ms = now(api);
+    let result = bucket::take_all(&charges, now_ms);
+    for (bucket, outcome) in buckets.iter().zip(&result.outcomes) {
+        store(bucket, outcome, now_ms);
+    }
+    let outcome = result
+        .outcomes
+        .get(result.decisive)
+        .copied()
+        .ok_or(TbError::Internal)?;
+    Ok(Reply {
+        outcome,
+        bucket_index: Some(result.decisive),
+    })
+}
+
+fn read(bucket: &BucketKey, key_arg: usize) -> Result<Option<bucket::State>, TbError> {
+    bucket
+        .read()
+        .map_err(|Corrupt| TbError::CorruptBucket { key_arg })
+}
+
+fn now(api: &Api) -> i64 {
+    // SAFETY: a plain server function with no arguments.
+    unsafe { (api.milliseconds)() }
+}
+
+/// Writes the outcome's new state, if it has one.
+///
+/// Only a real change writes. A denied request (or n = 0) changes nothing,
+/// so it is neither written, nor propagated, nor seen by WATCH: a flood of
+/// denied requests leaves the AOF and the replication stream still.
+fn store(bucket: &BucketKey, outcome: &Outcome, now_ms: i64) {
+    if let Some(new_state) = outcome.write {
+        // Expire exactly when the bucket is full again: a missing key already
+        // means "full", so idle buckets cost no memory and nothing is lost.
+        // The deadline is absolute so every copy expires at the same instant.
+        let deadline_ms = now_ms.saturating_add(outcome.reset_after_ms.max(1));
+        bucket.write(&new_state, now_ms, deadline_ms);
+    }
+}
+
+type Handler = fn(&Api, *mut RedisModuleCtx, &[*mut RedisModuleString]) -> Result<Reply, TbError>;
 
 /// Runs a handler and sends its reply. A panic (a bug: no input should cause
 /// one) would abort the whole server if it crossed this `extern "C"`
@@ -132,18 +256,28 @@ fn run(
     // SAFETY: replying on the command's own context.
     unsafe {
         match result {
-            Ok(Ok(outcome)) => {
-                (api.reply_with_array)(ctx, 4 as c_long);
+            Ok(Ok(Reply {
+                outcome,
+                bucket_index,
+            })) => {
+                let index = bucket_index.map(|index| i64::try_from(index).unwrap_or(i64::MAX));
+                (api.reply_with_array)(ctx, if index.is_some() { 5 } else { 4 } as c_long);
                 (api.reply_with_long_long)(ctx, i64::from(outcome.allowed));
                 (api.reply_with_long_long)(ctx, outcome.remaining);
                 (api.reply_with_long_long)(ctx, outcome.retry_after_ms);
                 (api.reply_with_long_long)(ctx, outcome.reset_after_ms);
+                if let Some(index) = index {
+                    (api.reply_with_long_long)(ctx, index);
+                }
             }
             Ok(Err(TbError::WrongArity)) => {
                 (api.wrong_arity)(ctx);
             }
-            Ok(Err(TbError::CorruptBucket)) => {
-                let key = args.get(1).map(|key| api.bytes(*key)).unwrap_or_default();
+            Ok(Err(TbError::CorruptBucket { key_arg })) => {
+                let key = args
+                    .get(key_arg)
+                    .map(|key| api.bytes(*key))
+                    .unwrap_or_default();
                 let message = corrupt_bucket_message(key);
                 (api.reply_with_error)(ctx, message.as_ptr());
             }
@@ -174,32 +308,72 @@ extern "C" fn tb_peek(
     run(ctx, argv, argc, peek)
 }
 
-const COMMANDS: [CommandSpec; 2] = [
+extern "C" fn tb_refund(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    run(ctx, argv, argc, refund)
+}
+
+extern "C" fn tb_takeall(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    run(ctx, argv, argc, take_all)
+}
+
+const COMMANDS: [CommandSpec; 4] = [
     CommandSpec {
         name: c"tb.take",
         handler: Some(tb_take),
         flags: c"write deny-oom fast",
         acl_categories: c"write fast",
-        summary: c"Takes n tokens from a token bucket if it holds that many; replies [allowed, remaining, retry_after_ms, reset_after_ms]",
+        summary: c"Takes n tokens from a token bucket if it holds that many. Replies [allowed, remaining, retry_after_ms, reset_after_ms].",
         complexity: c"O(1)",
         arity: 5,
-        key_flags: KeySpecFlags::READ_WRITE
-            .union(KeySpecFlags::ACCESS)
-            .union(KeySpecFlags::UPDATE),
-        n_optional: false,
+        key_flags: READ_WRITE_UPDATE,
+        shape: Shape::Single { n_optional: false },
     },
     CommandSpec {
         name: c"tb.peek",
         handler: Some(tb_peek),
         flags: c"readonly fast",
         acl_categories: c"read fast",
-        summary: c"Replies what TB.TAKE would for n tokens (default 1), without taking or writing anything",
+        summary: c"Replies what TB.TAKE would for n tokens (default 1), without taking or writing anything.",
         complexity: c"O(1)",
         arity: -4,
         key_flags: KeySpecFlags::READ_ONLY.union(KeySpecFlags::ACCESS),
-        n_optional: true,
+        shape: Shape::Single { n_optional: true },
+    },
+    CommandSpec {
+        name: c"tb.refund",
+        handler: Some(tb_refund),
+        flags: c"write deny-oom fast",
+        acl_categories: c"write fast",
+        summary: c"Gives n tokens back to a bucket, capped at capacity. Replies like TB.TAKE.",
+        complexity: c"O(1)",
+        arity: 5,
+        key_flags: READ_WRITE_UPDATE,
+        shape: Shape::Single { n_optional: false },
+    },
+    CommandSpec {
+        name: c"tb.takeall",
+        handler: Some(tb_takeall),
+        flags: c"write deny-oom fast",
+        acl_categories: c"write fast",
+        summary: c"Takes from every bucket if all hold enough, else from none. Replies [allowed, remaining, retry_after_ms, reset_after_ms, index] for the deciding bucket.",
+        complexity: c"O(N) where N is the number of buckets",
+        arity: -5,
+        key_flags: READ_WRITE_UPDATE,
+        shape: Shape::Repeated,
     },
 ];
+
+const READ_WRITE_UPDATE: KeySpecFlags = KeySpecFlags::READ_WRITE
+    .union(KeySpecFlags::ACCESS)
+    .union(KeySpecFlags::UPDATE);
 
 /// `RedisModule_OnLoad`, after the crate's own setup.
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {

@@ -23,6 +23,11 @@ use crate::number::{format_tokens, parse_decimal, Sign};
 const TOKENS: &std::ffi::CStr = c"tokens";
 const LAST_REFILL: &std::ffi::CStr = c"last_refill";
 
+/// The key holds a hash that is not a bucket: `tokens` or `last_refill` is
+/// missing or not a finite number. The caller names the key in its error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Corrupt;
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Access {
     Read,
@@ -72,9 +77,8 @@ impl<'a> BucketKey<'a> {
     }
 
     /// The stored state, `None` for a missing key (a full bucket), or
-    /// `CorruptBucket` if the hash lacks a readable `tokens` or
-    /// `last_refill`.
-    pub fn read(&self) -> Result<Option<State>, TbError> {
+    /// `Corrupt` if the hash lacks a readable `tokens` or `last_refill`.
+    pub fn read(&self) -> Result<Option<State>, Corrupt> {
         // SAFETY: `key` is open (or null, checked first).
         if self.key.is_null()
             || unsafe { (self.api.key_type)(self.key) } as isize == REDISMODULE_KEYTYPE_EMPTY
@@ -99,8 +103,8 @@ impl<'a> BucketKey<'a> {
         let tokens = OwnedString::new(self.api, self.ctx, tokens);
         let last_refill = OwnedString::new(self.api, self.ctx, last_refill);
         let state = State {
-            tokens: tokens.number().ok_or(TbError::CorruptBucket)?,
-            last_refill_ms: last_refill.number().ok_or(TbError::CorruptBucket)?,
+            tokens: tokens.number().ok_or(Corrupt)?,
+            last_refill_ms: last_refill.number().ok_or(Corrupt)?,
         };
         Ok(Some(state))
     }
