@@ -184,7 +184,7 @@ fn take_all(
         // SAFETY: as in `take`.
         let bucket = unsafe { BucketKey::open(api, ctx, *key, Access::Write) }?;
         charges.push(Charge {
-            state: read(&bucket, 1 + 4 * index)?,
+            state: read(&bucket, index.saturating_mul(4).saturating_add(KEY_ARG))?,
             limit: request.limit,
             n: request.n,
         });
