@@ -46,7 +46,11 @@ pub enum Shape {
 ///
 /// # Safety
 /// Must be called from `RedisModule_OnLoad` with its context.
-pub unsafe fn register(ctx: *mut RedisModuleCtx, spec: &CommandSpec) -> Result<(), String> {
+pub unsafe fn register(
+    ctx: *mut RedisModuleCtx,
+    spec: &CommandSpec,
+    module_category: bool,
+) -> Result<(), String> {
     let name = spec.name.to_string_lossy();
     let create = raw::RedisModule_CreateCommand.ok_or("RedisModule_CreateCommand is missing")?;
     // Key positions 1,1,1: the bucket key is argv[1]. Cluster routing and
@@ -71,7 +75,14 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx, spec: &CommandSpec) -> Result<(
         return Err(format!("could not look up command {name}"));
     }
     if let Some(set_acl) = raw::RedisModule_SetCommandACLCategories {
-        if set_acl(command, spec.acl_categories.as_ptr()) != raw::REDISMODULE_OK as c_int {
+        let categories = spec.acl_categories.to_string_lossy();
+        let categories = if module_category {
+            format!("{categories} tb")
+        } else {
+            categories.into_owned()
+        };
+        let categories = CString::new(categories).map_err(|e| e.to_string())?;
+        if set_acl(command, categories.as_ptr()) != raw::REDISMODULE_OK as c_int {
             return Err(format!("could not set ACL categories of {name}"));
         }
     }

@@ -26,14 +26,17 @@ mod args;
 pub mod bucket;
 mod command_info;
 mod error;
+mod metrics;
 pub mod number;
 mod store;
 
 use std::ffi::CStr;
 use std::os::raw::{c_int, c_long};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use redis_module::commands::KeySpecFlags;
+use redis_module::configuration::ConfigurationFlags;
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 use redis_module::{redis_module, Context, RedisString, Status};
 
@@ -86,7 +89,8 @@ fn take(
     let now_ms = now(api);
     let outcome = bucket::take(state, &request.limit, request.n, now_ms);
     store(&bucket, &outcome, now_ms);
-    Ok(outcome.into())
+    count_decision(&outcome, request.n, state.is_none());
+    Ok(shadow(outcome).into())
 }
 
 /// TB.PEEK key capacity rate [n]
@@ -136,6 +140,9 @@ fn refund(
     let now_ms = now(api);
     let outcome = bucket::refund(state, &request.limit, request.n, now_ms);
     store(&bucket, &outcome, now_ms);
+    if outcome.write.is_some() {
+        metrics::TOKENS_REFUNDED.add(request.n);
+    }
     Ok(outcome.into())
 }
 
@@ -192,16 +199,31 @@ fn take_all(
     }
     let now_ms = now(api);
     let result = bucket::take_all(&charges, now_ms);
-    for (bucket, outcome) in buckets.iter().zip(&result.outcomes) {
+    for ((bucket, outcome), charge) in buckets.iter().zip(&result.outcomes).zip(&charges) {
         store(bucket, outcome, now_ms);
+        if outcome.write.is_some() && charge.state.is_none() {
+            metrics::BUCKETS_CREATED.bump();
+        }
     }
     let outcome = result
         .outcomes
         .get(result.decisive)
         .copied()
         .ok_or(TbError::Internal)?;
+    let granted: f64 = charges.iter().map(|charge| charge.n).sum();
+    count_decision(
+        &Outcome {
+            allowed: result.allowed,
+            ..outcome
+        },
+        granted,
+        false,
+    );
     Ok(Reply {
-        outcome,
+        outcome: shadow(Outcome {
+            allowed: result.allowed,
+            ..outcome
+        }),
         bucket_index: Some(result.decisive),
     })
 }
@@ -210,6 +232,35 @@ fn read(bucket: &BucketKey, key_arg: usize) -> Result<Option<bucket::State>, TbE
     bucket
         .read()
         .map_err(|Corrupt| TbError::CorruptBucket { key_arg })
+}
+
+/// Counts a TB.TAKE / TB.TAKEALL decision for `INFO tb`.
+fn count_decision(outcome: &Outcome, n: f64, new_bucket: bool) {
+    if outcome.allowed {
+        metrics::ALLOWED.bump();
+        metrics::TOKENS_GRANTED.add(n);
+        if new_bucket && outcome.write.is_some() {
+            metrics::BUCKETS_CREATED.bump();
+        }
+    } else {
+        metrics::DENIED.bump();
+    }
+}
+
+/// With `tb.shadow-mode yes`, a denial is reported as allowed (and counted
+/// as `shadow_denied`) so a new limit can be watched in production before it
+/// is enforced. Nothing is written for it: the bucket holds only what was
+/// really taken, and retry_after_ms still says how long the caller would
+/// have had to wait.
+fn shadow(outcome: Outcome) -> Outcome {
+    if outcome.allowed || !SHADOW_MODE.load(Relaxed) {
+        return outcome;
+    }
+    metrics::SHADOW_DENIED.bump();
+    Outcome {
+        allowed: true,
+        ..outcome
+    }
 }
 
 fn now(api: &Api) -> i64 {
@@ -253,6 +304,10 @@ fn run(
         _ => &[],
     };
     let result = catch_unwind(AssertUnwindSafe(|| handler(api, ctx, args)));
+    match &result {
+        Ok(Ok(_)) => metrics::CALLS.bump(),
+        _ => metrics::ERRORS.bump(),
+    }
     // SAFETY: replying on the command's own context.
     unsafe {
         match result {
@@ -405,9 +460,23 @@ fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
         }
     }));
     set_module_options(ctx);
+    // SAFETY: OnLoad context. This replaces the crate's default INFO callback.
+    if let Some(register_info) = unsafe { raw::RedisModule_RegisterInfoFunc } {
+        unsafe { register_info(ctx, Some(metrics::info)) };
+    }
+    // Our own ACL category `@tb` (Redis 7.4+, Valkey 8+), so one rule such as
+    // `+@tb` grants every TB command.
+    // SAFETY: OnLoad context, before any command is created.
+    let module_category = match unsafe { raw::RedisModule_AddACLCategory } {
+        Some(add_category) => {
+            let status = unsafe { add_category(ctx, c"tb".as_ptr()) };
+            status == raw::REDISMODULE_OK as c_int
+        }
+        None => false,
+    };
     for spec in &COMMANDS {
         // SAFETY: OnLoad context.
-        unsafe { command_info::register(ctx, spec) }?;
+        unsafe { command_info::register(ctx, spec, module_category) }?;
     }
     if api.set_abs_expire.is_none() {
         api.log(
@@ -470,6 +539,9 @@ type ModuleAlloc = redis_module::alloc::RedisAlloc;
 #[cfg(test)]
 type ModuleAlloc = std::alloc::System;
 
+/// `tb.shadow-mode`: report denials as allowed (see `shadow`).
+static SHADOW_MODE: AtomicBool = AtomicBool::new(false);
+
 redis_module! {
     name: "tb",
     version: 1,
@@ -477,4 +549,13 @@ redis_module! {
     data_types: [],
     init: init,
     commands: [],
+    configurations: [
+        i64: [],
+        string: [],
+        bool: [
+            ["shadow-mode", &SHADOW_MODE, false, ConfigurationFlags::DEFAULT, None],
+        ],
+        enum: [],
+        module_args_as_configuration: true,
+    ]
 }

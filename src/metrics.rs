@@ -1,0 +1,89 @@
+//! Counters for `INFO tb`, read by dashboards (redis_exporter scrapes INFO).
+//!
+//! Commands run only on the server's main thread, so each counter is bumped
+//! with a relaxed load and store: plain moves, no locked instruction on the
+//! hot path. Atomics are used only so the statics are `Sync`.
+
+use std::os::raw::c_int;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use redis_module::raw::{
+    RedisModuleInfoCtx, RedisModule_InfoAddFieldDouble, RedisModule_InfoAddFieldULongLong,
+    RedisModule_InfoAddSection,
+};
+
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    const fn new() -> Self {
+        Counter(AtomicU64::new(0))
+    }
+
+    pub fn bump(&self) {
+        self.0.store(self.0.load(Relaxed).wrapping_add(1), Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+}
+
+/// A running sum of token amounts (which may be fractional), kept as f64 bits.
+pub struct Sum(AtomicU64);
+
+impl Sum {
+    const fn new() -> Self {
+        Sum(AtomicU64::new(0))
+    }
+
+    pub fn add(&self, amount: f64) {
+        let total = f64::from_bits(self.0.load(Relaxed)) + amount;
+        if total.is_finite() {
+            self.0.store(total.to_bits(), Relaxed);
+        }
+    }
+
+    pub fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Relaxed))
+    }
+}
+
+/// Every request a TB command answered with a decision (not an error).
+pub static CALLS: Counter = Counter::new();
+pub static ALLOWED: Counter = Counter::new();
+pub static DENIED: Counter = Counter::new();
+/// Denials let through because `tb.shadow-mode` is on.
+pub static SHADOW_DENIED: Counter = Counter::new();
+pub static TOKENS_GRANTED: Sum = Sum::new();
+pub static TOKENS_REFUNDED: Sum = Sum::new();
+/// Writes to a key that did not exist: new buckets.
+pub static BUCKETS_CREATED: Counter = Counter::new();
+pub static ERRORS: Counter = Counter::new();
+
+/// The `INFO tb` callback: section `tb_stats`, fields `tb_<name>`.
+pub extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
+    // SAFETY: called by the server with a live info context; a missing API
+    // simply leaves the section out.
+    unsafe {
+        let (Some(section), Some(add_u64), Some(add_f64)) = (
+            RedisModule_InfoAddSection,
+            RedisModule_InfoAddFieldULongLong,
+            RedisModule_InfoAddFieldDouble,
+        ) else {
+            return;
+        };
+        section(ctx, c"stats".as_ptr());
+        for (name, counter) in [
+            (c"calls", &CALLS),
+            (c"allowed", &ALLOWED),
+            (c"denied", &DENIED),
+            (c"shadow_denied", &SHADOW_DENIED),
+            (c"buckets_created", &BUCKETS_CREATED),
+            (c"errors", &ERRORS),
+        ] {
+            add_u64(ctx, name.as_ptr(), counter.get());
+        }
+        add_f64(ctx, c"tokens_granted".as_ptr(), TOKENS_GRANTED.get());
+        add_f64(ctx, c"tokens_refunded".as_ptr(), TOKENS_REFUNDED.get());
+    }
+}
