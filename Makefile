@@ -1,0 +1,63 @@
+# redis-tb: shortcuts only. Every target says what it does in its `##` comment;
+# `make` (or `make help`) lists them.
+
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+# The repository root, wherever make is called from (`make -C`, `make -f`).
+ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
+MODULE := $(ROOT)/target/release/libredis_tb.so
+
+# Port for `make run`.
+PORT ?= 6379
+
+# Read by the integration tests (tests/common): which module and which server
+# binary to use. Override e.g. with `make test TB_SERVER=/path/to/valkey-server`.
+export TB_MODULE ?= $(MODULE)
+export TB_SERVER ?= redis-server
+
+.PHONY: help deps build run lint test bench clean
+
+help: ## List the targets
+	@echo "usage: make <target> [PORT=6379]"
+	@echo
+	@grep -E '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) \
+	  | awk -F':.*## ' '{ printf "  %-7s %s\n", $$1, $$2 }'
+
+deps: ## Check build/test tools (cargo, libclang, redis); apt-install what is missing
+	@bash $(ROOT)/scripts/ensure-deps.sh
+
+build: deps ## Build the module: target/release/libredis_tb.so
+	cd $(ROOT) && cargo build --release
+
+# redis resolves the conf's relative loadmodule path against its own working
+# directory, so the server is started from the repository root.
+run: build ## Start redis-server in the foreground with the module (PORT=6379)
+	@if (exec 3<>/dev/tcp/127.0.0.1/$(PORT)) 2>/dev/null; then \
+	  echo "port $(PORT) is in use; try: make run PORT=$$(( $(PORT) + 1 ))" >&2; \
+	  exit 1; \
+	fi
+	@echo "redis-server on 127.0.0.1:$(PORT) with $(MODULE); Ctrl-C to stop"
+	cd $(ROOT) && exec redis-server redis.conf.example --port $(PORT)
+
+lint: deps ## rustfmt check and clippy with warnings as errors
+	cd $(ROOT) && cargo fmt --all -- --check
+	cd $(ROOT) && cargo clippy --all-targets -- -D warnings
+
+# `cargo test` does not rebuild the crate's cdylib, so build it first or the
+# integration tests would load a stale module.
+test: deps lint ## Lint, build the module, run unit, property and integration tests
+	cd $(ROOT) && cargo build --release
+	cd $(ROOT) && cargo test --release
+
+bench: build ## Run the benchmarks (scripts/bench.sh)
+	@if [[ -f $(ROOT)/scripts/bench.sh ]]; then \
+	  cd $(ROOT) && bash scripts/bench.sh; \
+	else \
+	  echo "make bench: scripts/bench.sh does not exist yet" >&2; exit 1; \
+	fi
+
+clean: ## Remove build output and caches
+	cd $(ROOT) && cargo clean
+	rm -rf $(ROOT)/.cache

@@ -1,0 +1,783 @@
+//! Shared integration-test harness: a real `redis-server` with the built module loaded.
+//!
+//! Every test starts its own server on a free port with its own directory, so tests run in
+//! parallel without sharing state. The [`Server`] guard kills the process and removes the
+//! directory on drop, also when the test panicked (then it prints the tail of the logs first).
+//!
+//! Nothing here is mocked: replies, errors and timings come from the server itself.
+//!
+//! Environment:
+//! - `TB_MODULE`: path of the module to load (default `target/release/libredis_tb.so`).
+//! - `TB_SERVER`: server binary (default `redis-server` from `PATH`).
+
+// Each test file compiles its own copy of this module and uses only part of it.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// How long a starting server may take to answer PING.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long `conn()` keeps retrying.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a stopping server may take to exit before it is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Read/write timeout on test connections, so a hung server fails a test instead of hanging it.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// Attempts at finding a port the server can bind.
+const PORT_ATTEMPTS: usize = 5;
+
+/// The reference Lua token bucket (our own copy of the seeds' algorithm), for comparisons and
+/// benchmarks. KEYS[1] bucket; ARGV capacity, rate, n, now_ms; returns `{allowed, floor(tokens)}`.
+pub const REFERENCE_LUA: &str = include_str!("../lua/reference_token_bucket.lua");
+
+/// Largest wait the module reports, in ms (contract: waits are capped at 2^53 ms).
+pub const MAX_WAIT_MS: i64 = 1 << 53;
+
+static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
+
+/// A running `redis-server` with the module loaded. Killed and cleaned up on drop.
+pub struct Server {
+    pub port: u16,
+    pub dir: PathBuf,
+    child: Mutex<Option<Child>>,
+    /// Extra arguments given to `start_with`, kept for `restart`.
+    extra: Vec<String>,
+}
+
+impl Server {
+    /// A server with the module loaded and the default configuration.
+    pub fn start() -> Server {
+        Server::start_with(&[])
+    }
+
+    /// A server with the defaults followed by `extra` (later arguments win), e.g.
+    /// `&["--appendonly", "yes"]`. Panics, with the server log, if it does not come up.
+    pub fn start_with(extra: &[&str]) -> Server {
+        let dir = fresh_dir();
+        let mut server = Server {
+            port: 0,
+            dir,
+            child: Mutex::new(None),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        let mut last_failure = String::new();
+        for _ in 0..PORT_ATTEMPTS {
+            server.port = free_port();
+            match server.spawn_and_wait() {
+                Ok(()) => return server,
+                Err(failure) if failure.port_in_use => last_failure = failure.message,
+                Err(failure) => panic!("{}", failure.message),
+            }
+        }
+        panic!(
+            "redis-server could not bind a port after {PORT_ATTEMPTS} attempts:\n{last_failure}"
+        );
+    }
+
+    /// A synchronous connection, retried until the server answers PING (bounded).
+    pub fn conn(&self) -> redis::Connection {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))
+            .expect("valid redis URL");
+        let deadline = Instant::now() + CONNECT_TIMEOUT;
+        loop {
+            let last_error = match try_connect(&client) {
+                Ok(con) => return con,
+                Err(e) => e,
+            };
+            if Instant::now() >= deadline {
+                panic!(
+                    "could not connect to redis-server on port {} within {:?}: {}\n{}",
+                    self.port,
+                    CONNECT_TIMEOUT,
+                    last_error,
+                    self.log_tail(40)
+                );
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops the server: SHUTDOWN NOSAVE, and a kill if it has not exited in time. Waits for
+    /// the process to exit. A no-op when it is not running.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.lock().unwrap().take() else {
+            return;
+        };
+        if child.try_wait().ok().flatten().is_none() {
+            if let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)) {
+                if let Ok(mut con) = client.get_connection_with_timeout(Duration::from_secs(1)) {
+                    let _ = con.set_read_timeout(Some(Duration::from_secs(5)));
+                    // The connection closes under us; the error is expected.
+                    let _: redis::RedisResult<redis::Value> =
+                        redis::cmd("SHUTDOWN").arg("NOSAVE").query(&mut con);
+                }
+            }
+            if !wait_exit(&mut child, STOP_TIMEOUT) {
+                let _ = child.kill();
+            }
+        }
+        let _ = child.wait();
+    }
+
+    /// Kills the server with SIGKILL (a crash: no AOF flush, no save) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.lock().unwrap().take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops the server, then starts it again on the same port with the same directory and
+    /// arguments (so persistence files are found again). Panics with the log if it fails.
+    pub fn restart(&mut self) {
+        self.stop();
+        let mut last_failure = String::new();
+        for attempt in 0..PORT_ATTEMPTS {
+            match self.spawn_and_wait() {
+                Ok(()) => return,
+                Err(failure) if failure.port_in_use => {
+                    last_failure = failure.message;
+                    thread::sleep(Duration::from_millis(200 * (attempt as u64 + 1)));
+                }
+                Err(failure) => panic!("restart failed: {}", failure.message),
+            }
+        }
+        panic!(
+            "restart failed, port {} stayed in use:\n{last_failure}",
+            self.port
+        );
+    }
+
+    /// The server's log file (`<dir>/server.log`), accumulated over restarts.
+    pub fn log(&self) -> String {
+        read_lossy(&self.dir.join("server.log"))
+    }
+
+    /// What the process wrote to stdout/stderr (Rust panic messages from the module land here).
+    pub fn stdio(&self) -> String {
+        read_lossy(&self.dir.join("stdio.log"))
+    }
+
+    /// The process id, when running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.lock().unwrap().as_ref().map(|c| c.id())
+    }
+
+    /// True when the process has not exited and PING answers PONG.
+    pub fn is_alive(&self) -> bool {
+        {
+            let mut guard = self.child.lock().unwrap();
+            match guard.as_mut() {
+                None => return false,
+                Some(child) => {
+                    if !matches!(child.try_wait(), Ok(None)) {
+                        return false;
+                    }
+                }
+            }
+        }
+        let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)) else {
+            return false;
+        };
+        try_connect(&client).is_ok()
+    }
+
+    /// The full command line arguments this server runs with.
+    pub fn args(&self) -> Vec<String> {
+        let module = module_path();
+        let mut args: Vec<String> = vec![
+            "--port".into(),
+            self.port.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--loadmodule".into(),
+            module.display().to_string(),
+            "--dir".into(),
+            self.dir.display().to_string(),
+            "--save".into(),
+            "".into(),
+            "--appendonly".into(),
+            "no".into(),
+            "--enable-debug-command".into(),
+            "yes".into(),
+            "--logfile".into(),
+            self.dir.join("server.log").display().to_string(),
+            "--daemonize".into(),
+            "no".into(),
+        ];
+        args.extend(self.extra.iter().cloned());
+        args
+    }
+
+    fn log_tail(&self, lines: usize) -> String {
+        format!(
+            "--- server.log (last {lines} lines) ---\n{}\n--- stdout/stderr ---\n{}",
+            tail(&self.log(), lines),
+            tail(&self.stdio(), lines)
+        )
+    }
+
+    /// Spawns the process with `self.port` and waits until this very process answers PING.
+    fn spawn_and_wait(&mut self) -> Result<(), StartFailure> {
+        let args = self.args();
+        let stdio = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("stdio.log"))
+            .expect("create stdio.log");
+        let stdio_err = stdio.try_clone().expect("clone stdio.log handle");
+        let child = Command::new(server_binary())
+            .args(&args)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(stdio)
+            .stderr(stdio_err)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run `{}` ({e}); install redis-server or set TB_SERVER",
+                    server_binary()
+                )
+            });
+        let pid = child.id();
+        *self.child.lock().unwrap() = Some(child);
+
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))
+            .expect("valid redis URL");
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let exited = {
+                let mut guard = self.child.lock().unwrap();
+                let child = guard.as_mut().expect("child just spawned");
+                match child.try_wait() {
+                    Ok(Some(status)) => Some(status),
+                    _ => None,
+                }
+            };
+            if let Some(status) = exited {
+                *self.child.lock().unwrap() = None;
+                let log = self.log_tail(60);
+                return Err(StartFailure {
+                    port_in_use: log.contains("Address already in use"),
+                    message: format!(
+                        "redis-server exited with {status} while starting on port {}\nargs: {:?}\n{log}",
+                        self.port, args
+                    ),
+                });
+            }
+            // Make sure the process answering is ours, not another test's server that got the
+            // same port between our probe and our bind.
+            if let Ok(mut con) = try_connect(&client) {
+                if server_pid(&mut con) == Some(pid) {
+                    return Ok(());
+                }
+            }
+            if Instant::now() >= deadline {
+                let log = self.log_tail(60);
+                self.kill();
+                return Err(StartFailure {
+                    port_in_use: log.contains("Address already in use"),
+                    message: format!(
+                        "redis-server did not answer PING on port {} within {:?}\nargs: {:?}\n{log}",
+                        self.port, START_TIMEOUT, args
+                    ),
+                });
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            eprintln!(
+                "redis-server on port {} (dir {}):\n{}",
+                self.port,
+                self.dir.display(),
+                self.log_tail(40)
+            );
+        }
+        self.kill();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+struct StartFailure {
+    port_in_use: bool,
+    message: String,
+}
+
+/// The module to load: `TB_MODULE`, else `<crate>/target/release/libredis_tb.so`. Panics when
+/// the file does not exist.
+pub fn module_path() -> PathBuf {
+    let path = match std::env::var_os("TB_MODULE") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libredis_tb.so"),
+    };
+    if !path.is_file() {
+        panic!(
+            "redis-tb module not found at {}: build it first: cargo build --release (or set TB_MODULE)",
+            path.display()
+        );
+    }
+    path.canonicalize().unwrap_or(path)
+}
+
+/// The server binary: `TB_SERVER`, else `redis-server`.
+pub fn server_binary() -> String {
+    std::env::var("TB_SERVER").unwrap_or_else(|_| "redis-server".to_string())
+}
+
+/// `TB.TAKE key capacity rate n`; panics (naming the call) on an error reply.
+pub fn take(
+    con: &mut redis::Connection,
+    key: &str,
+    capacity: &str,
+    rate: &str,
+    n: &str,
+) -> Vec<i64> {
+    redis::cmd("TB.TAKE")
+        .arg(key)
+        .arg(capacity)
+        .arg(rate)
+        .arg(n)
+        .query(con)
+        .unwrap_or_else(|e| panic!("TB.TAKE {key} {capacity} {rate} {n} failed: {e}"))
+}
+
+/// `TB.PEEK key capacity rate n`; panics (naming the call) on an error reply.
+pub fn peek(
+    con: &mut redis::Connection,
+    key: &str,
+    capacity: &str,
+    rate: &str,
+    n: &str,
+) -> Vec<i64> {
+    redis::cmd("TB.PEEK")
+        .arg(key)
+        .arg(capacity)
+        .arg(rate)
+        .arg(n)
+        .query(con)
+        .unwrap_or_else(|e| panic!("TB.PEEK {key} {capacity} {rate} {n} failed: {e}"))
+}
+
+/// `TB.PEEK key capacity rate` (n left to its default); panics on an error reply.
+pub fn peek_default_n(
+    con: &mut redis::Connection,
+    key: &str,
+    capacity: &str,
+    rate: &str,
+) -> Vec<i64> {
+    redis::cmd("TB.PEEK")
+        .arg(key)
+        .arg(capacity)
+        .arg(rate)
+        .query(con)
+        .unwrap_or_else(|e| panic!("TB.PEEK {key} {capacity} {rate} failed: {e}"))
+}
+
+/// One call of the reference Lua script (`EVAL`), with `now_ms` as the script's clock.
+pub fn lua_take(
+    con: &mut redis::Connection,
+    key: &str,
+    capacity: &str,
+    rate: &str,
+    n: &str,
+    now_ms: i64,
+) -> Vec<i64> {
+    redis::cmd("EVAL")
+        .arg(REFERENCE_LUA)
+        .arg(1)
+        .arg(key)
+        .arg(capacity)
+        .arg(rate)
+        .arg(n)
+        .arg(now_ms)
+        .query(con)
+        .unwrap_or_else(|e| {
+            panic!("reference Lua on {key} {capacity} {rate} {n} {now_ms} failed: {e}")
+        })
+}
+
+/// Runs a raw command given as byte strings (first is the command name).
+pub fn raw(con: &mut redis::Connection, args: &[&[u8]]) -> redis::RedisResult<redis::Value> {
+    let mut cmd = redis::cmd(std::str::from_utf8(args[0]).expect("command name is UTF-8"));
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query(con)
+}
+
+/// The reply exactly as sent, error replies (also nested ones, e.g. inside EXEC) kept as
+/// `Value::ServerError` instead of failing the whole call.
+pub fn reply_value(con: &mut redis::Connection, cmd: &redis::Cmd) -> redis::Value {
+    redis::ConnectionLike::req_command(con, cmd).expect("connection error")
+}
+
+/// The exact error line the server sent (`CODE detail`), rebuilt from a client error.
+pub fn error_text(e: &redis::RedisError) -> String {
+    match (e.code(), e.detail()) {
+        (Some(code), Some(detail)) => format!("{code} {detail}"),
+        (Some(code), None) => code.to_string(),
+        _ => format!("<not a server error: {e}>"),
+    }
+}
+
+/// Runs `args` expecting an error reply and returns its exact text; panics if the call succeeds.
+pub fn expect_error(con: &mut redis::Connection, args: &[&[u8]]) -> String {
+    match raw(con, args) {
+        Ok(v) => panic!("expected an error from {}, got {v:?}", show_args(args)),
+        Err(e) => error_text(&e),
+    }
+}
+
+/// Arguments rendered for failure messages, non-printable bytes escaped.
+pub fn show_args(args: &[&[u8]]) -> String {
+    args.iter()
+        .map(|a| format!("{:?}", String::from_utf8_lossy(&escape(a))))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn escape(bytes: &[u8]) -> Vec<u8> {
+    bytes
+        .iter()
+        .flat_map(|b| std::ascii::escape_default(*b))
+        .collect()
+}
+
+/// The server clock (TIME) in Unix ms, rounded down.
+pub fn server_time_ms(con: &mut redis::Connection) -> i64 {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query(con).expect("TIME");
+    secs * 1000 + micros / 1000
+}
+
+/// True when PING answers PONG on this connection.
+pub fn ping(con: &mut redis::Connection) -> bool {
+    matches!(redis::cmd("PING").query::<String>(con), Ok(ref s) if s == "PONG")
+}
+
+pub fn exists(con: &mut redis::Connection, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query::<i64>(con)
+        .expect("EXISTS")
+        == 1
+}
+
+pub fn pttl(con: &mut redis::Connection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query(con).expect("PTTL")
+}
+
+/// Absolute expiry in Unix ms (`PEXPIRETIME`): -1 no expiry, -2 no key.
+pub fn pexpiretime(con: &mut redis::Connection, key: &str) -> i64 {
+    redis::cmd("PEXPIRETIME")
+        .arg(key)
+        .query(con)
+        .expect("PEXPIRETIME")
+}
+
+pub fn hgetall(con: &mut redis::Connection, key: &str) -> BTreeMap<String, String> {
+    redis::cmd("HGETALL").arg(key).query(con).expect("HGETALL")
+}
+
+/// Writes a bucket hash directly (e.g. to seed state or corrupt it).
+pub fn hset(con: &mut redis::Connection, key: &str, fields: &[(&str, &str)]) {
+    let mut cmd = redis::cmd("HSET");
+    cmd.arg(key);
+    for (f, v) in fields {
+        cmd.arg(*f).arg(*v);
+    }
+    let _: i64 = cmd.query(con).expect("HSET");
+}
+
+/// A stored `tokens` field as a number.
+pub fn stored_tokens(con: &mut redis::Connection, key: &str) -> f64 {
+    let text: String = redis::cmd("HGET")
+        .arg(key)
+        .arg("tokens")
+        .query(con)
+        .expect("HGET tokens");
+    text.parse()
+        .unwrap_or_else(|e| panic!("stored tokens {text:?} is not a number: {e}"))
+}
+
+/// A stored `last_refill` field as an integer.
+pub fn stored_last_refill(con: &mut redis::Connection, key: &str) -> i64 {
+    let text: String = redis::cmd("HGET")
+        .arg(key)
+        .arg("last_refill")
+        .query(con)
+        .expect("HGET last_refill");
+    text.parse()
+        .unwrap_or_else(|e| panic!("stored last_refill {text:?} is not an integer: {e}"))
+}
+
+/// Everything observable about a key that a command could change: its serialized value and
+/// its absolute expiry. Two equal snapshots mean the key was not touched.
+#[derive(Debug, PartialEq, Eq, Clone)]
+pub struct KeySnapshot {
+    pub key_type: String,
+    pub dump: Option<Vec<u8>>,
+    pub expire_at_ms: i64,
+}
+
+pub fn snapshot(con: &mut redis::Connection, key: &[u8]) -> KeySnapshot {
+    KeySnapshot {
+        key_type: redis::cmd("TYPE").arg(key).query(con).expect("TYPE"),
+        dump: redis::cmd("DUMP").arg(key).query(con).expect("DUMP"),
+        expire_at_ms: redis::cmd("PEXPIRETIME")
+            .arg(key)
+            .query(con)
+            .expect("PEXPIRETIME"),
+    }
+}
+
+/// Sleeps `ms` milliseconds.
+pub fn sleep_ms(ms: i64) {
+    if ms > 0 {
+        thread::sleep(Duration::from_millis(ms as u64));
+    }
+}
+
+fn try_connect(client: &redis::Client) -> Result<redis::Connection, String> {
+    let mut con = client
+        .get_connection_with_timeout(Duration::from_secs(1))
+        .map_err(|e| e.to_string())?;
+    con.set_read_timeout(Some(IO_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    con.set_write_timeout(Some(IO_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    match redis::cmd("PING").query::<String>(&mut con) {
+        Ok(s) if s == "PONG" => Ok(con),
+        Ok(other) => Err(format!("PING answered {other:?}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn server_pid(con: &mut redis::Connection) -> Option<u32> {
+    let info: String = redis::cmd("INFO").arg("server").query(con).ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+fn wait_exit(child: &mut Child, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if !matches!(child.try_wait(), Ok(None)) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// `<CARGO_TARGET_TMPDIR or <crate>/target>/tb-it/<pid>-<n>-<nanos>`, created empty.
+fn fresh_dir() -> PathBuf {
+    let base = match option_env!("CARGO_TARGET_TMPDIR") {
+        Some(tmp) => PathBuf::from(tmp),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("target"),
+    };
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let id = NEXT_ID.fetch_add(1, Ordering::SeqCst);
+    let dir = base
+        .join("tb-it")
+        .join(format!("{}-{}-{}", std::process::id(), id, nanos));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+    // Leave a breadcrumb naming the test thread, handy when a directory is left behind.
+    if let Ok(mut f) = fs::File::create(dir.join("test.txt")) {
+        let _ = writeln!(f, "{}", thread::current().name().unwrap_or("?"));
+    }
+    dir
+}
+
+fn read_lossy(path: &Path) -> String {
+    fs::read(path)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// `HGETALL` with fields and values as raw bytes, for byte-for-byte comparisons.
+pub fn hgetall_bytes(con: &mut redis::Connection, key: &str) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    redis::cmd("HGETALL").arg(key).query(con).expect("HGETALL")
+}
+
+/// Every command in the incremental AOF files (`<dir>/appendonlydir/*.incr.aof`), in order,
+/// each as its argv (MULTI and EXEC included). Call it after a reply from the server when
+/// running with `appendfsync always`: the server fsyncs the AOF before it replies.
+pub fn aof_commands(dir: &Path) -> Vec<Vec<Vec<u8>>> {
+    let aof_dir = dir.join("appendonlydir");
+    // Incremental files are numbered in the order they were created.
+    let mut files: Vec<(u64, PathBuf)> = fs::read_dir(&aof_dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", aof_dir.display()))
+        .map(|entry| entry.expect("appendonlydir entry").path())
+        .filter_map(|path| {
+            let name = path
+                .file_name()?
+                .to_str()?
+                .strip_suffix(".incr.aof")?
+                .to_string();
+            let seq = name.rsplit('.').next()?.parse().ok()?;
+            Some((seq, path))
+        })
+        .collect();
+    files.sort();
+    let mut commands = Vec::new();
+    for (_, path) in files {
+        let bytes = fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        let mut rest = bytes.as_slice();
+        while !rest.is_empty() {
+            // Annotations (`#TS:...`) are whole lines starting with '#'.
+            if rest[0] == b'#' {
+                rest = resp_line(rest, b'#', &path).1;
+                continue;
+            }
+            let (argc, mut tail) = resp_line(rest, b'*', &path);
+            let mut argv = Vec::new();
+            for _ in 0..argc.parse::<usize>().expect("AOF: argument count") {
+                let (len, after) = resp_line(tail, b'$', &path);
+                let len: usize = len.parse().expect("AOF: bulk length");
+                assert!(
+                    after.len() >= len + 2,
+                    "AOF {} ends inside an argument",
+                    path.display()
+                );
+                argv.push(after[..len].to_vec());
+                tail = &after[len + 2..];
+            }
+            commands.push(argv);
+            rest = tail;
+        }
+    }
+    commands
+}
+
+/// Splits `<prefix><text>\r\n` off the front of `bytes`.
+fn resp_line<'a>(bytes: &'a [u8], prefix: u8, path: &Path) -> (String, &'a [u8]) {
+    assert_eq!(
+        bytes.first(),
+        Some(&prefix),
+        "AOF {}: expected {:?} at {:?}",
+        path.display(),
+        prefix as char,
+        String::from_utf8_lossy(&bytes[..bytes.len().min(40)])
+    );
+    let end = bytes
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .unwrap_or_else(|| panic!("AOF {}: unterminated line", path.display()));
+    (
+        String::from_utf8_lossy(&bytes[1..end]).into_owned(),
+        &bytes[end + 2..],
+    )
+}
+
+// --- Replication helpers (first used by tests/takeall.rs and tests/refund.rs) ---
+
+/// How long a replica may take to connect, sync and catch up.
+pub const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Arguments for a master whose replication offset moves only when a command is propagated:
+/// without `--repl-ping-replica-period 3600` it PINGs its replicas every 10 s; the sync delay
+/// of 0 starts the initial sync at once instead of after 5 s.
+pub const QUIET_MASTER_ARGS: &[&str] = &[
+    "--repl-ping-replica-period",
+    "3600",
+    "--repl-diskless-sync-delay",
+    "0",
+];
+
+/// Polls `ready` every 10 ms until it returns true; panics naming `what` after `timeout`.
+pub fn wait_until(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ready() {
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// One `field:value` line of `INFO <section>`, if present.
+pub fn info_field(con: &mut redis::Connection, section: &str, field: &str) -> Option<String> {
+    let info: String = redis::cmd("INFO")
+        .arg(section)
+        .query(con)
+        .unwrap_or_else(|e| panic!("INFO {section}: {e}"));
+    info.lines()
+        .filter_map(|line| line.split_once(':'))
+        .find(|(name, _)| *name == field)
+        .map(|(_, value)| value.trim().to_string())
+}
+
+/// `master_repl_offset` from `INFO replication` (on a master or a replica).
+pub fn repl_offset(con: &mut redis::Connection) -> i64 {
+    info_field(con, "replication", "master_repl_offset")
+        .expect("master_repl_offset in INFO replication")
+        .parse()
+        .expect("master_repl_offset is an integer")
+}
+
+/// Starts a server, makes it a replica of `master` and waits (bounded) until the link is up
+/// and it has applied everything the master has sent so far.
+pub fn start_replica_of(master: &Server) -> Server {
+    let replica = Server::start();
+    let mut rcon = replica.conn();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(master.port)
+        .query(&mut rcon)
+        .expect("REPLICAOF");
+    wait_until("master_link_status:up on the replica", SYNC_TIMEOUT, || {
+        info_field(&mut rcon, "replication", "master_link_status").as_deref() == Some("up")
+    });
+    wait_for_replica(master, &replica);
+    replica
+}
+
+/// Waits (bounded) until the replica's `master_repl_offset` equals the master's.
+pub fn wait_for_replica(master: &Server, replica: &Server) {
+    let mut mcon = master.conn();
+    let mut rcon = replica.conn();
+    let start = Instant::now();
+    loop {
+        let (m, r) = (repl_offset(&mut mcon), repl_offset(&mut rcon));
+        if m == r {
+            return;
+        }
+        assert!(
+            start.elapsed() < SYNC_TIMEOUT,
+            "replica did not catch up within {SYNC_TIMEOUT:?}: master offset {m}, replica offset {r}"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
