@@ -9,13 +9,14 @@ use std::os::raw::{c_char, c_int, c_long, c_longlong};
 use std::sync::OnceLock;
 
 use redis_module::raw::{
-    mstime_t, RedisModuleCtx, RedisModuleKey, RedisModuleString, RedisModule_CloseKey,
-    RedisModule_CreateString, RedisModule_CreateStringFromLongLong, RedisModule_FreeString,
-    RedisModule_HashGet, RedisModule_HashSet, RedisModule_KeyType, RedisModule_Log,
-    RedisModule_Milliseconds, RedisModule_NotifyKeyspaceEvent, RedisModule_OpenKey,
-    RedisModule_Replicate, RedisModule_ReplyWithArray, RedisModule_ReplyWithError,
-    RedisModule_ReplyWithLongLong, RedisModule_SetAbsExpire, RedisModule_SetExpire,
-    RedisModule_SignalModifiedKey, RedisModule_StringPtrLen, RedisModule_WrongArity,
+    mstime_t, ustime_t, RedisModuleCtx, RedisModuleKey, RedisModuleString,
+    RedisModule_CachedMicroseconds, RedisModule_CloseKey, RedisModule_CreateString,
+    RedisModule_CreateStringFromLongLong, RedisModule_FreeString, RedisModule_HashGet,
+    RedisModule_HashSet, RedisModule_KeyType, RedisModule_Log, RedisModule_Milliseconds,
+    RedisModule_NotifyKeyspaceEvent, RedisModule_OpenKey, RedisModule_Replicate,
+    RedisModule_ReplyWithArray, RedisModule_ReplyWithError, RedisModule_ReplyWithLongLong,
+    RedisModule_SetAbsExpire, RedisModule_SetExpire, RedisModule_SignalModifiedKey,
+    RedisModule_StringPtrLen, RedisModule_WrongArity,
 };
 
 pub struct Api {
@@ -49,6 +50,12 @@ pub struct Api {
     /// there the relative `set_expire` is the fallback.
     pub set_abs_expire: Option<unsafe extern "C" fn(*mut RedisModuleKey, mstime_t) -> c_int>,
     pub milliseconds: unsafe extern "C" fn() -> mstime_t,
+    /// The server's cached command time (Redis 7.2+, Valkey). It is taken
+    /// once per top-level command, so every call in one MULTI/EXEC or script
+    /// sees the same instant, the same one the server uses to decide whether
+    /// a key has expired. Redis 7.0 lacks it; there `milliseconds` (the real
+    /// clock, which also advances inside a transaction) is used.
+    pub cached_microseconds: Option<unsafe extern "C" fn() -> ustime_t>,
     pub reply_with_array: unsafe extern "C" fn(*mut RedisModuleCtx, c_long) -> c_int,
     pub reply_with_long_long: unsafe extern "C" fn(*mut RedisModuleCtx, c_longlong) -> c_int,
     pub reply_with_error: unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char) -> c_int,
@@ -94,6 +101,7 @@ pub unsafe fn resolve() -> Result<&'static Api, &'static str> {
         set_expire: need!(RedisModule_SetExpire),
         set_abs_expire: RedisModule_SetAbsExpire,
         milliseconds: need!(RedisModule_Milliseconds),
+        cached_microseconds: RedisModule_CachedMicroseconds,
         reply_with_array: need!(RedisModule_ReplyWithArray),
         reply_with_long_long: need!(RedisModule_ReplyWithLongLong),
         reply_with_error: need!(RedisModule_ReplyWithError),
@@ -104,6 +112,15 @@ pub unsafe fn resolve() -> Result<&'static Api, &'static str> {
 }
 
 impl Api {
+    /// The current Unix time in ms, as the server sees it for this command.
+    pub fn now_ms(&self) -> i64 {
+        // SAFETY: plain server functions without arguments.
+        match self.cached_microseconds {
+            Some(cached) => (unsafe { cached() }).div_euclid(1000),
+            None => unsafe { (self.milliseconds)() },
+        }
+    }
+
     /// Writes `message` to the server log at `level` ("warning", "notice").
     pub fn log(&self, ctx: *mut RedisModuleCtx, level: &std::ffi::CStr, message: &str) {
         // A message with an interior NUL is cut there rather than dropped.

@@ -264,8 +264,7 @@ fn shadow(outcome: Outcome) -> Outcome {
 }
 
 fn now(api: &Api) -> i64 {
-    // SAFETY: a plain server function with no arguments.
-    unsafe { (api.milliseconds)() }
+    api.now_ms()
 }
 
 /// Writes the outcome's new state, if it has one.
@@ -431,8 +430,11 @@ const READ_WRITE_UPDATE: KeySpecFlags = KeySpecFlags::READ_WRITE
     .union(KeySpecFlags::UPDATE);
 
 /// `RedisModule_OnLoad`, after the crate's own setup.
-fn init(ctx: &Context, _args: &[RedisString]) -> Status {
-    let loaded = catch_unwind(AssertUnwindSafe(|| load(ctx.ctx)));
+fn init(ctx: &Context, args: &[RedisString]) -> Status {
+    let loaded = catch_unwind(AssertUnwindSafe(|| {
+        check_load_args(args.iter().map(|arg| arg.as_slice()))?;
+        load(ctx.ctx)
+    }));
     match loaded {
         Ok(Ok(())) => Status::Ok,
         Ok(Err(why)) => {
@@ -444,6 +446,25 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
             Status::Err
         }
     }
+}
+
+/// Load arguments are `name value` pairs of module configs (the crate has
+/// already applied them). Anything else is refused rather than ignored, so a
+/// typo in `loadmodule` fails loudly instead of silently running defaults.
+fn check_load_args<'a>(mut args: impl Iterator<Item = &'a [u8]>) -> Result<(), String> {
+    while let Some(name) = args.next() {
+        if name != b"shadow-mode" {
+            let name = String::from_utf8_lossy(name);
+            return Err(format!(
+                "unknown load argument '{name}' (known: shadow-mode yes|no)"
+            ));
+        }
+        match args.next() {
+            Some(b"yes" | b"no") => {}
+            _ => return Err("shadow-mode must be followed by yes or no".into()),
+        }
+    }
+    Ok(())
 }
 
 fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
