@@ -1,0 +1,1137 @@
+//! The Lua fallback (`lua/tb_take.lua`, and `lua/tb_library.lua` for FUNCTION LOAD) against the
+//! module: the same random call sequences on twin keys must give the same replies, the same hash
+//! bytes and the same absolute expiry; bad input must give the same error text.
+//!
+//! Both read the server's clock, so each pair of calls runs in one transaction and is compared
+//! only when every clock in it shows the same millisecond (then both calls saw the same `now`):
+//!
+//! ```text
+//! MULTI; TIME; TB.TAKE probe1; TB.TAKE A ..; <script> B ..; TB.TAKE probe2; TIME;
+//!        HGET probe1 last_refill; HGET probe2 last_refill; HGETALL A; HGETALL B;
+//!        PEXPIRETIME A; PEXPIRETIME B; EXEC
+//! ```
+//!
+//! The probes are TB.TAKE calls that always write, so their `last_refill` is the module's clock
+//! just before and just after the pair; the TIMEs are the script's clock. On Redis 7.0 the
+//! script's TIME is the real clock, which moves during a transaction; on Redis 7.2+ and Valkey
+//! TIME is frozen for the whole EXEC (redis/redis#10300) and the module reads that same cached
+//! command time, so there every pair is compared. When the clocks disagree, B is re-synced from
+//! A (`DEL B; COPY A B`, which keeps the absolute expiry) and the run goes on. The sequences are
+//! seeded (`TB_SEED` to replay one); timing decides only which pairs are compared, never what a
+//! compared pair must show.
+
+mod common;
+
+use common::*;
+use redis::Value;
+
+const SCRIPT: &str = include_str!("../lua/tb_take.lua");
+const LIBRARY: &str = include_str!("../lua/tb_library.lua");
+
+/// The default seed of the random sequences; `TB_SEED=<u64>` replays another.
+const DEFAULT_SEED: u64 = 0x7b5e_ed00_2024_0006;
+
+/// `remaining` for buckets holding 2^63 tokens or more: the largest double below 2^63, since a
+/// script hands numbers to Redis as doubles (the module replies i64::MAX).
+const SCRIPT_MAX_REMAINING: i64 = 9_223_372_036_854_774_784;
+
+/// Where the fallback runs: an EVALSHA of `lua/tb_take.lua` or an FCALL of the library.
+#[derive(Clone)]
+enum Fallback {
+    Script { sha: String },
+    Function,
+}
+
+impl Fallback {
+    fn script(con: &mut redis::Connection) -> Fallback {
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(SCRIPT)
+            .query(con)
+            .expect("SCRIPT LOAD lua/tb_take.lua");
+        Fallback::Script { sha }
+    }
+
+    fn function(con: &mut redis::Connection) -> Fallback {
+        let name: String = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(LIBRARY)
+            .query(con)
+            .expect("FUNCTION LOAD lua/tb_library.lua");
+        assert_eq!(name, "tb");
+        Fallback::Function
+    }
+
+    /// The call for `keys` and `args` (normally one key and capacity, rate, n).
+    fn cmd(&self, keys: &[&[u8]], args: &[&[u8]]) -> redis::Cmd {
+        let mut cmd = match self {
+            Fallback::Script { sha } => {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(sha);
+                cmd
+            }
+            Fallback::Function => {
+                let mut cmd = redis::cmd("FCALL");
+                cmd.arg("tb_take");
+                cmd
+            }
+        };
+        cmd.arg(keys.len());
+        for key in keys {
+            cmd.arg(*key);
+        }
+        for arg in args {
+            cmd.arg(*arg);
+        }
+        cmd
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Fallback::Script { .. } => "EVALSHA tb_take.lua",
+            Fallback::Function => "FCALL tb_take",
+        }
+    }
+}
+
+fn module_cmd(key: &[u8], args: &[&[u8]]) -> redis::Cmd {
+    let mut cmd = redis::cmd("TB.TAKE");
+    cmd.arg(key);
+    for arg in args {
+        cmd.arg(*arg);
+    }
+    cmd
+}
+
+/// A reply, or the exact error text.
+fn outcome(con: &mut redis::Connection, cmd: &redis::Cmd) -> Result<Value, String> {
+    cmd.query::<Value>(con).map_err(|e| error_text(&e))
+}
+
+/// SplitMix64: small, seeded, the same on every platform.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// True with probability `percent` / 100.
+    fn percent(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+        items[self.below(items.len() as u64) as usize]
+    }
+
+    /// A decimal in [low, low + span) with `places` decimals, as text.
+    fn decimal(&mut self, low: f64, span: f64, places: usize) -> String {
+        let unit = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        format!("{:.*}", places, low + unit * span)
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("TB_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(DEFAULT_SEED)
+}
+
+/// A capacity in every accepted spelling: integers, fractions, `.5`, `7.`, exponents.
+fn random_capacity(rng: &mut Rng) -> String {
+    match rng.below(3) {
+        0 => rng
+            .pick(&[
+                "1", "2", "3", "5", "10", "20", "2.5", "0.5", ".75", "7.", "1e1", "1.5E1", "100",
+                "0.1", "4.25",
+            ])
+            .to_string(),
+        1 => (1 + rng.below(30)).to_string(),
+        _ => rng.decimal(0.2, 25.0, 3),
+    }
+}
+
+/// Rates from one token in 1000 s to a thousand per second (a refill every ms).
+fn random_rate(rng: &mut Rng) -> String {
+    match rng.below(3) {
+        0 => rng
+            .pick(&[
+                "0.5", "1", "2.5", "10", "100", "1000", "0.25", "3.3", "1e2", "25", "0.001", ".1",
+            ])
+            .to_string(),
+        1 => (1 + rng.below(200)).to_string(),
+        _ => rng.decimal(0.05, 300.0, 2),
+    }
+}
+
+/// Mostly 1, sometimes 0, fractions, a whole bucket, more than the capacity.
+fn random_n(rng: &mut Rng, capacity: f64) -> String {
+    match rng.below(20) {
+        0..=6 => "1".to_string(),
+        7 => "0".to_string(),
+        8 => format!("{capacity}"),
+        9 => format!("{}", capacity + 1.0),
+        10..=12 => rng
+            .pick(&["0.5", "0.25", ".3", "1.5", "2", "1e0", "3", "0.001", "5."])
+            .to_string(),
+        _ => rng.decimal(0.0, 3.0, 3),
+    }
+}
+
+/// One pair of twin keys and the limit its calls use (changed now and then).
+struct Pair {
+    a: String,
+    b: String,
+    capacity: String,
+    rate: String,
+}
+
+/// Hand-written starting states (fields in this order, same on both keys): stored numbers
+/// with a sign or an exponent, tokens below zero and above capacity, `last_refill` in the
+/// future, and a foreign field the calls must leave alone.
+fn seed_states(now_ms: i64) -> Vec<Vec<(String, String)>> {
+    let s = |pairs: &[(&str, String)]| -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(f, v)| (f.to_string(), v.clone()))
+            .collect()
+    };
+    vec![
+        vec![],
+        vec![],
+        s(&[
+            ("tokens", "2.5".into()),
+            ("last_refill", (now_ms - 1234).to_string()),
+        ]),
+        s(&[
+            ("owner", "svc-a".into()),
+            ("tokens", "-3".into()),
+            ("last_refill", (now_ms - 500).to_string()),
+        ]),
+        s(&[
+            ("tokens", "1e+2".into()),
+            ("last_refill", (now_ms + 3000).to_string()),
+        ]),
+        s(&[
+            ("tokens", "0.10000000000000001".into()),
+            ("last_refill", format!("+{}e0", now_ms - 100)),
+        ]),
+        s(&[
+            ("last_refill", (now_ms - 2_000_000).to_string()),
+            ("tokens", "0".into()),
+        ]),
+    ]
+}
+
+/// Keys whose `last_refill` shows the module's clock before and after each pair.
+const PROBE_BEFORE: &str = "probe:before";
+const PROBE_AFTER: &str = "probe:after";
+
+type Reply4 = Vec<i64>;
+type Hash = Vec<Vec<u8>>;
+
+/// What one transaction showed: the clocks, both replies, both hashes, both expiries.
+struct Observed {
+    /// TIME before and after, and the real clock before and after (the probes).
+    clocks_ms: [i64; 4],
+    module: Reply4,
+    fallback: Reply4,
+    hash_a: Hash,
+    hash_b: Hash,
+    expire_a: i64,
+    expire_b: i64,
+}
+
+fn time_ms((secs, micros): (i64, i64)) -> i64 {
+    secs * 1000 + micros / 1000
+}
+
+/// Runs one pair in a transaction; `setup` commands run first, inside it.
+fn run_pair(
+    con: &mut redis::Connection,
+    fallback: &Fallback,
+    pair: &Pair,
+    n: &str,
+    setup: &[redis::Cmd],
+) -> Result<Observed, String> {
+    let args: [&[u8]; 3] = [pair.capacity.as_bytes(), pair.rate.as_bytes(), n.as_bytes()];
+    // Always allowed, always written: `last_refill` is the module's clock.
+    let probe: [&[u8]; 3] = [b"1e15", b"1", b"1"];
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    for cmd in setup {
+        pipe.add_command(cmd.clone()).ignore();
+    }
+    pipe.cmd("TIME")
+        .add_command(module_cmd(PROBE_BEFORE.as_bytes(), &probe))
+        .ignore()
+        .add_command(module_cmd(pair.a.as_bytes(), &args))
+        .add_command(fallback.cmd(&[pair.b.as_bytes()], &args))
+        .add_command(module_cmd(PROBE_AFTER.as_bytes(), &probe))
+        .ignore()
+        .cmd("TIME")
+        .cmd("HGET")
+        .arg(PROBE_BEFORE)
+        .arg("last_refill")
+        .cmd("HGET")
+        .arg(PROBE_AFTER)
+        .arg("last_refill")
+        .cmd("HGETALL")
+        .arg(&pair.a)
+        .cmd("HGETALL")
+        .arg(&pair.b)
+        .cmd("PEXPIRETIME")
+        .arg(&pair.a)
+        .cmd("PEXPIRETIME")
+        .arg(&pair.b);
+    #[allow(clippy::type_complexity)]
+    let (t1, module, fallback_reply, t2, p1, p2, hash_a, hash_b, expire_a, expire_b): (
+        (i64, i64),
+        Reply4,
+        Reply4,
+        (i64, i64),
+        i64,
+        i64,
+        Hash,
+        Hash,
+        i64,
+        i64,
+    ) = pipe.query(con).map_err(|e| e.to_string())?;
+    Ok(Observed {
+        clocks_ms: [time_ms(t1), time_ms(t2), p1, p2],
+        module,
+        fallback: fallback_reply,
+        hash_a,
+        hash_b,
+        expire_a,
+        expire_b,
+    })
+}
+
+/// B := A, expiry included, atomically.
+fn resync(con: &mut redis::Connection, pair: &Pair) {
+    let _: Value = redis::pipe()
+        .atomic()
+        .cmd("DEL")
+        .arg(&pair.b)
+        .cmd("COPY")
+        .arg(&pair.a)
+        .arg(&pair.b)
+        .query(con)
+        .expect("DEL + COPY");
+}
+
+fn show_hash(hash: &Hash) -> String {
+    hash.iter()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// How a differential run went, for the final assertions.
+#[derive(Default, Debug)]
+struct Tally {
+    compared: usize,
+    resynced: usize,
+    allowed_writes: usize,
+    allowed_without_write: usize,
+    denied: usize,
+    never: usize,
+}
+
+/// Runs `steps` random calls through the module (keys `a:*`) and `fallback` (keys `b:*`) and
+/// asserts that every pair seen in one millisecond agrees on reply, hash bytes and expiry.
+fn differential(
+    con: &mut redis::Connection,
+    fallback: &Fallback,
+    steps: usize,
+    seed: u64,
+) -> Tally {
+    let mut rng = Rng(seed);
+    let now = server_time_ms(con);
+    let prefix = match fallback {
+        Fallback::Script { .. } => "s",
+        Fallback::Function => "f",
+    };
+    let mut pairs: Vec<Pair> = seed_states(now)
+        .into_iter()
+        .enumerate()
+        .map(|(i, fields)| {
+            let pair = Pair {
+                a: format!("{prefix}:a:{i}"),
+                b: format!("{prefix}:b:{i}"),
+                capacity: random_capacity(&mut rng),
+                rate: random_rate(&mut rng),
+            };
+            for key in [&pair.a, &pair.b] {
+                let _: i64 = redis::cmd("DEL").arg(key).query(con).expect("DEL");
+                if !fields.is_empty() {
+                    let refs: Vec<(&str, &str)> = fields
+                        .iter()
+                        .map(|(f, v)| (f.as_str(), v.as_str()))
+                        .collect();
+                    hset(con, key, &refs);
+                }
+            }
+            pair
+        })
+        .collect();
+
+    let mut tally = Tally::default();
+    for step in 0..steps {
+        let index = rng.below(pairs.len() as u64) as usize;
+        if rng.percent(8) {
+            pairs[index].capacity = random_capacity(&mut rng);
+        }
+        if rng.percent(8) {
+            pairs[index].rate = random_rate(&mut rng);
+        }
+        let pair = &pairs[index];
+        let capacity: f64 = pair.capacity.parse().expect("generated capacity parses");
+        let n = random_n(&mut rng, capacity);
+        let seen = run_pair(con, fallback, pair, &n, &[]).unwrap_or_else(|e| {
+            panic!(
+                "seed {seed} step {step}: TB.TAKE/{} {} {} {n} failed: {e}",
+                fallback.name(),
+                pair.capacity,
+                pair.rate
+            )
+        });
+        if seen.clocks_ms.iter().any(|&ms| ms != seen.clocks_ms[0]) {
+            resync(con, pair);
+            tally.resynced += 1;
+        } else {
+            let context = || {
+                format!(
+                    "seed {seed} step {step} ({}), key pair {index}, capacity {} rate {} n {n}, \
+                     now {}:\n  module   {:?}  hash [{}]  expire {}\n  fallback {:?}  hash [{}]  expire {}",
+                    fallback.name(),
+                    pair.capacity,
+                    pair.rate,
+                    seen.clocks_ms[0],
+                    seen.module,
+                    show_hash(&seen.hash_a),
+                    seen.expire_a,
+                    seen.fallback,
+                    show_hash(&seen.hash_b),
+                    seen.expire_b,
+                )
+            };
+            assert_eq!(seen.module, seen.fallback, "replies differ: {}", context());
+            assert_eq!(seen.hash_a, seen.hash_b, "hashes differ: {}", context());
+            assert_eq!(
+                seen.expire_a,
+                seen.expire_b,
+                "expiries differ: {}",
+                context()
+            );
+            tally.compared += 1;
+            let reply = &seen.fallback;
+            match (reply[0], reply[2]) {
+                (1, _) if n.parse::<f64>().unwrap() > 0.0 => {
+                    tally.allowed_writes += 1;
+                    // The TTL rule, checked on the script's own write: last_refill + max(1, reset).
+                    let last_refill = hash_field(&seen.hash_b, b"last_refill");
+                    assert_eq!(
+                        seen.expire_b,
+                        last_refill + reply[3].max(1),
+                        "deadline rule: {}",
+                        context()
+                    );
+                }
+                (1, _) => tally.allowed_without_write += 1,
+                (_, -1) => tally.never += 1,
+                _ => tally.denied += 1,
+            }
+        }
+        // Sometimes let time pass, so refills (and expiries) happen between calls.
+        if rng.percent(3) {
+            sleep_ms(100 + rng.below(200) as i64);
+        } else if rng.percent(30) {
+            sleep_ms(1 + rng.below(20) as i64);
+        }
+    }
+    println!("{} seed {seed}: {tally:?}", fallback.name());
+    tally
+}
+
+fn hash_field(hash: &Hash, field: &[u8]) -> i64 {
+    let at = hash
+        .chunks(2)
+        .find(|kv| kv[0] == field)
+        .unwrap_or_else(|| panic!("no {:?} in [{}]", field, show_hash(hash)));
+    String::from_utf8_lossy(&at[1])
+        .parse()
+        .expect("integer field")
+}
+
+fn assert_well_covered(tally: &Tally, steps: usize) {
+    assert!(
+        tally.compared * 2 > steps,
+        "only {} of {steps} pairs ran within one millisecond: {tally:?}",
+        tally.compared
+    );
+    assert!(
+        tally.allowed_writes > 0,
+        "no allowed take compared: {tally:?}"
+    );
+    assert!(
+        tally.allowed_without_write > 0,
+        "no n = 0 compared: {tally:?}"
+    );
+    assert!(tally.denied > 0, "no denial compared: {tally:?}");
+    assert!(tally.never > 0, "no n > capacity compared: {tally:?}");
+}
+
+/// Extreme limits and hand-edited states, each compared once (retried until the clocks
+/// agree): capped waits, overflowing refills, a `last_refill` far in the future (a long gallop),
+/// subnormal and astronomic numbers, stored values with signs and exponents.
+#[test]
+fn the_script_matches_the_module_at_the_extremes() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let fallback = Fallback::script(&mut con);
+    let now = server_time_ms(&mut con);
+    let ago = |ms: i64| (now - ms).to_string();
+    let max = format!("{:e}", f64::MAX);
+    #[rustfmt::skip]
+    type Fields<'a> = Vec<(&'a str, String)>;
+    let rows: Vec<(Fields, &str, &str, &str)> = vec![
+        // stored fields                                     capacity  rate      n
+        (vec![], "1e300", "1e-300", "1"),
+        (
+            vec![("tokens", "0".into()), ("last_refill", ago(0))],
+            "1e300",
+            "1e-300",
+            "1",
+        ),
+        (
+            vec![("tokens", "0".into()), ("last_refill", ago(0))],
+            "1000",
+            "0.001",
+            "1",
+        ),
+        (
+            vec![("tokens", "0.5".into()), ("last_refill", ago(0))],
+            "10",
+            "0.5",
+            "1",
+        ),
+        (
+            vec![("tokens", "0".into()), ("last_refill", ago(0))],
+            "1",
+            "1e-10",
+            "1e-300",
+        ),
+        (
+            vec![("tokens", "0".into()), ("last_refill", ago(0))],
+            "1e300",
+            "1e300",
+            "1e300",
+        ),
+        (vec![], "5e-324", "5e-324", "5e-324"),
+        (vec![], "5e-324", "1", "0"),
+        (
+            vec![("tokens", "1e308".into()), ("last_refill", "0".into())],
+            max.as_str(),
+            max.as_str(),
+            "1e308",
+        ),
+        (
+            vec![("tokens", "-1e308".into()), ("last_refill", ago(5))],
+            "1",
+            "1e-300",
+            "1",
+        ),
+        (
+            vec![("tokens", "0.25".into()), ("last_refill", "9e15".into())],
+            "1",
+            "1",
+            "0.5",
+        ),
+        (
+            vec![("tokens", "0.25".into()), ("last_refill", "-9e15".into())],
+            "1",
+            "1",
+            "0.5",
+        ),
+        (
+            vec![
+                ("tokens", "0.30000000000000004".into()),
+                ("last_refill", ago(1)),
+            ],
+            "0.3",
+            "0.1",
+            "0.1",
+        ),
+        (
+            vec![
+                ("tokens", "2.9802322387695313e-8".into()),
+                ("last_refill", ago(0)),
+            ],
+            "1",
+            "3e-7",
+            "1e-7",
+        ),
+        (
+            vec![
+                ("tokens", "+5".into()),
+                ("last_refill", format!("{}E0", ago(7))),
+            ],
+            "7.",
+            ".5",
+            "4.9999999999999999",
+        ),
+        (
+            vec![
+                ("tokens", "123456789012345678".into()),
+                ("last_refill", ago(3)),
+            ],
+            "1e18",
+            "1e17",
+            "1e15",
+        ),
+        (
+            vec![
+                ("last_refill", ago(100)),
+                ("tokens", "3".into()),
+                ("x", "y".into()),
+            ],
+            "4",
+            "1000",
+            "4",
+        ),
+    ];
+    for (row, (fields, capacity, rate, n)) in rows.iter().enumerate() {
+        let pair = Pair {
+            a: format!("x:a:{row}"),
+            b: format!("x:b:{row}"),
+            capacity: capacity.to_string(),
+            rate: rate.to_string(),
+        };
+        let mut setup = Vec::new();
+        for key in [&pair.a, &pair.b] {
+            let mut del = redis::cmd("DEL");
+            del.arg(key);
+            setup.push(del);
+            if !fields.is_empty() {
+                let mut hset = redis::cmd("HSET");
+                hset.arg(key);
+                for (f, v) in fields {
+                    hset.arg(*f).arg(v);
+                }
+                setup.push(hset);
+            }
+        }
+        let mut attempts = 0;
+        let seen = loop {
+            let seen = run_pair(&mut con, &fallback, &pair, n, &setup)
+                .unwrap_or_else(|e| panic!("row {row}: {e}"));
+            if seen.clocks_ms.iter().all(|&ms| ms == seen.clocks_ms[0]) {
+                break seen;
+            }
+            attempts += 1;
+            assert!(attempts < 50, "row {row}: the clocks never agreed");
+        };
+        println!(
+            "row {row}: {fields:?} {capacity} {rate} {n} -> {:?} [{}]",
+            seen.module,
+            show_hash(&seen.hash_a)
+        );
+        let mut expected = seen.module.clone();
+        if expected[1] == i64::MAX {
+            expected[1] = SCRIPT_MAX_REMAINING;
+        }
+        assert_eq!(seen.fallback, expected, "row {row}: replies");
+        assert_eq!(seen.hash_a, seen.hash_b, "row {row}: hashes");
+        assert_eq!(seen.expire_a, seen.expire_b, "row {row}: expiries");
+    }
+}
+
+#[test]
+fn the_script_and_the_library_share_one_body() {
+    let body = |text: &str| -> String {
+        let start = text.find("-- BEGIN tb_take").expect("BEGIN marker");
+        let end = text.find("-- END tb_take").expect("END marker");
+        text[start..end].to_string()
+    };
+    assert_eq!(body(SCRIPT), body(LIBRARY));
+    assert!(SCRIPT.contains("return tb_take(KEYS, ARGV)"));
+    assert!(LIBRARY.starts_with("#!lua name=tb\n"));
+    assert!(LIBRARY.contains("callback = tb_take"));
+}
+
+#[test]
+fn the_script_matches_the_module_call_for_call() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let fallback = Fallback::script(&mut con);
+    let steps = 400;
+    let tally = differential(&mut con, &fallback, steps, seed());
+    assert_well_covered(&tally, steps);
+}
+
+#[test]
+fn the_function_library_matches_the_module_call_for_call() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let fallback = Fallback::function(&mut con);
+    let steps = 200;
+    let tally = differential(&mut con, &fallback, steps, seed() ^ 0xf);
+    assert_well_covered(&tally, steps);
+}
+
+#[test]
+fn the_library_refuses_read_only_calls_like_a_write_command() {
+    let server = Server::start();
+    let mut con = server.conn();
+    Fallback::function(&mut con);
+    let err = expect_error(
+        &mut con,
+        &[b"FCALL_RO", b"tb_take", b"1", b"rl:x", b"5", b"1", b"1"],
+    );
+    assert!(err.starts_with("ERR"), "{err}");
+    assert!(!exists(&mut con, "rl:x"));
+}
+
+/// The bytes Rust writes for `tokens`: src/number.rs `format_tokens`.
+fn rust_tokens_text(tokens: f64) -> String {
+    let magnitude = tokens.abs();
+    if magnitude == 0.0 || (1e-4..1e15).contains(&magnitude) {
+        format!("{tokens}")
+    } else {
+        format!("{tokens:e}")
+    }
+}
+
+/// Values whose shortest decimal is easy to get wrong: every power of two (the rounding
+/// interval is lopsided there), the plain/exponent boundaries, and random bit patterns.
+fn tricky_token_values() -> Vec<f64> {
+    let mut values = Vec::new();
+    for exp in -1074..=1022_i64 {
+        let bits = if exp >= -1022 {
+            ((exp + 1023) as u64) << 52
+        } else {
+            1u64 << (exp + 1074)
+        };
+        values.push(f64::from_bits(bits));
+    }
+    for v in [
+        1e-4,
+        1e15,
+        0.1,
+        0.2,
+        0.3,
+        1.0 / 3.0,
+        2.0 / 3.0,
+        0.1 + 0.2,
+        123.456,
+        1e14,
+        1e16,
+        1e21,
+        1e22,
+        1e23,
+        5e-324,
+        9007199254740991.0,
+        9007199254740993.0,
+        4.35,
+        0.000123,
+        2.5e-7,
+        8.5e307,
+        f64::MAX / 2.0,
+        f64::MIN_POSITIVE,
+        999_999_999_999_999.9,
+    ] {
+        values.push(v);
+    }
+    for v in [1e-4_f64, 1e15, 1.0, 0.1, 1e22] {
+        values.push(f64::from_bits(v.to_bits() - 1));
+        values.push(f64::from_bits(v.to_bits() + 1));
+    }
+    let mut rng = Rng(0x5eed_f0a7);
+    // Short binary fractions have exact decimal expansions of 17 to 19 digits: where a
+    // shortest candidate can sit exactly halfway between two (C rounds such ties to even,
+    // Rust up).
+    for k in 1..=70 {
+        for _ in 0..20 {
+            let odd = (rng.next() >> (11 + rng.below(40))) | 1;
+            values.push(odd as f64 / 2f64.powi(k));
+        }
+    }
+    while values.len() < 6000 {
+        let v = f64::from_bits(rng.next() >> 1);
+        if v.is_finite() && v > 0.0 && v <= f64::MAX / 2.0 {
+            values.push(v);
+        }
+        let k = (1 + rng.below(1 << 20)) as f64 / 64.0;
+        values.push(k);
+    }
+    values
+}
+
+/// The stored `tokens` text is byte-identical: both write `y` for a bucket that held `2y`
+/// (exactly) and paid `y`; a `last_refill` far in the future means no refill at all.
+#[test]
+fn the_script_writes_tokens_as_the_module_does() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let fallback = Fallback::script(&mut con);
+    let future = (server_time_ms(&mut con) + 1_000_000_000_000).to_string();
+    let capacity = format!("{:e}", f64::MAX);
+    let values = tricky_token_values();
+    let mut checked = 0;
+    for chunk in values.chunks(250) {
+        let mut pipe = redis::pipe();
+        for (i, y) in chunk.iter().enumerate() {
+            let held = format!("{:e}", 2.0 * y);
+            let paid = format!("{y:e}");
+            let (a, b) = (format!("fmt:a:{i}"), format!("fmt:b:{i}"));
+            for key in [&a, &b] {
+                pipe.cmd("DEL").arg(key).ignore();
+                pipe.cmd("HSET")
+                    .arg(key)
+                    .arg("tokens")
+                    .arg(&held)
+                    .arg("last_refill")
+                    .arg(&future)
+                    .ignore();
+            }
+            let args: [&[u8]; 3] = [capacity.as_bytes(), b"1", paid.as_bytes()];
+            pipe.add_command(module_cmd(a.as_bytes(), &args)).ignore();
+            pipe.add_command(fallback.cmd(&[b.as_bytes()], &args))
+                .ignore();
+            pipe.cmd("HGET").arg(&a).arg("tokens");
+            pipe.cmd("HGET").arg(&b).arg("tokens");
+        }
+        let texts: Vec<String> = pipe.query(&mut con).expect("formatting pipeline");
+        for (y, got) in chunk.iter().zip(texts.chunks(2)) {
+            let want = rust_tokens_text(*y);
+            assert_eq!(got[0], want, "module text for {y:e}");
+            assert_eq!(
+                got[1], want,
+                "script text for {y:e} (module wrote {})",
+                got[0]
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, values.len());
+}
+
+/// The one reply the script cannot give: more than 2^63 - 1 whole tokens left. The module
+/// saturates at i64::MAX; a script's numbers reach Redis as doubles, so it reports the largest
+/// double below 2^63. Everything else about such a bucket agrees.
+#[test]
+fn a_bucket_above_2_pow_63_tokens_reports_a_slightly_smaller_remaining_from_the_script() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let fallback = Fallback::script(&mut con);
+    let args: [&[u8]; 3] = [b"1e300", b"1e-300", b"1"];
+    let module: Vec<i64> = module_cmd(b"huge:a", &args).query(&mut con).unwrap();
+    let script: Vec<i64> = fallback.cmd(&[b"huge:b"], &args).query(&mut con).unwrap();
+    assert_eq!(module, vec![1, i64::MAX, 0, 0]);
+    assert_eq!(script, vec![1, SCRIPT_MAX_REMAINING, 0, 0]);
+    // Just below 2^63 both are exact.
+    let args: [&[u8]; 3] = [b"9e18", b"1", b"0"];
+    let module: Vec<i64> = module_cmd(b"big:a", &args).query(&mut con).unwrap();
+    let script: Vec<i64> = fallback.cmd(&[b"big:b"], &args).query(&mut con).unwrap();
+    assert_eq!(module, vec![1, 9_000_000_000_000_000_000, 0, 0]);
+    assert_eq!(script, module);
+}
+
+#[test]
+fn a_denied_or_empty_script_call_writes_nothing() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let fallback = Fallback::script(&mut con);
+    let key = "rl:deny";
+    let drain: Vec<i64> = fallback
+        .cmd(&[key.as_bytes()], &[b"2", b"0.001", b"2"])
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(drain[..3], [1, 0, 0]);
+    let before = snapshot(&mut con, key.as_bytes());
+    let _: () = redis::cmd("WATCH").arg(key).query(&mut con).unwrap();
+    for n in [&b"1"[..], b"0", b"3"] {
+        let reply: Vec<i64> = fallback
+            .cmd(&[key.as_bytes()], &[b"2", b"0.001", n])
+            .query(&mut con)
+            .unwrap();
+        let expected_allowed = i64::from(n == b"0");
+        assert_eq!(reply[0], expected_allowed, "n = {n:?}: {reply:?}");
+    }
+    // Nothing written, so the WATCH still holds and the transaction runs.
+    let exec: Option<Vec<String>> = redis::pipe().atomic().cmd("PING").query(&mut con).unwrap();
+    assert_eq!(exec, Some(vec!["PONG".to_string()]));
+    assert_eq!(snapshot(&mut con, key.as_bytes()), before);
+}
+
+/// Bad arguments, in every position, rejected with the module's exact text.
+fn bad_numbers() -> Vec<Vec<u8>> {
+    let mut cases: Vec<Vec<u8>> = [
+        "nan", "NaN", "inf", "-inf", "Infinity", "-1", "-0", "+1", "0x10", "", " 5", "5 ", "5\t",
+        "1e400", "1_000", "1,5", "abc", "5abc", ".", "e5", "1e", "1e+", "1.2.3", "--1", "5\0",
+        "\u{663}", "1e5e5", "1.5.e3",
+    ]
+    .iter()
+    .map(|s| s.as_bytes().to_vec())
+    .collect();
+    cases.push(format!("1.{}", "0".repeat(63)).into_bytes());
+    cases.push("9".repeat(65).into_bytes());
+    cases.push(vec![0xff]);
+    cases
+}
+
+fn assert_same_error(
+    con: &mut redis::Connection,
+    fallback: &Fallback,
+    key: &[u8],
+    module: &redis::Cmd,
+    script: &redis::Cmd,
+    what: &str,
+) {
+    let before = snapshot(con, key);
+    let from_module = outcome(con, module);
+    let from_script = outcome(con, script);
+    let Err(module_error) = from_module else {
+        panic!("{what}: the module accepted it: {from_module:?}");
+    };
+    assert_eq!(
+        from_script,
+        Err(module_error),
+        "{what}: {} disagrees",
+        fallback.name()
+    );
+    assert_eq!(snapshot(con, key), before, "{what}: key touched");
+}
+
+fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
+    let key: &[u8] = b"rl:err";
+    // A real bucket, so an error that wrote anything would show.
+    let _: Value = module_cmd(key, &[b"10", b"0.001", b"3"])
+        .query(con)
+        .unwrap();
+
+    for bad in bad_numbers() {
+        let what = format!("{:?}", String::from_utf8_lossy(&bad));
+        for position in 0..3 {
+            let mut args: Vec<&[u8]> = vec![b"10", b"1", b"1"];
+            args[position] = &bad;
+            assert_same_error(
+                con,
+                fallback,
+                key,
+                &module_cmd(key, &args),
+                &fallback.cmd(&[key], &args),
+                &format!("{what} as argument {position}"),
+            );
+        }
+    }
+    for zero in ["0", "0.0", ".0", "0e5", "1e-400"] {
+        for position in 0..2 {
+            let mut args: Vec<&[u8]> = vec![b"10", b"1", b"1"];
+            args[position] = zero.as_bytes();
+            assert_same_error(
+                con,
+                fallback,
+                key,
+                &module_cmd(key, &args),
+                &fallback.cmd(&[key], &args),
+                &format!("{zero} as argument {position}"),
+            );
+        }
+    }
+    // The first bad argument is the one named.
+    for (args, what) in [
+        (vec![&b"x"[..], b"y", b"z"], "all bad"),
+        (vec![&b"1"[..], b"y", b"z"], "rate and n bad"),
+    ] {
+        assert_same_error(
+            con,
+            fallback,
+            key,
+            &module_cmd(key, &args),
+            &fallback.cmd(&[key], &args),
+            what,
+        );
+    }
+    // Arity: the server checks TB.TAKE's; the script checks its own, in the same words.
+    for args in [vec![&b"10"[..], b"1"], vec![&b"10"[..], b"1", b"1", b"1"]] {
+        assert_same_error(
+            con,
+            fallback,
+            key,
+            &module_cmd(key, &args),
+            &fallback.cmd(&[key], &args),
+            &format!("{} arguments", args.len()),
+        );
+    }
+    let args: [&[u8]; 3] = [b"10", b"1", b"1"];
+    let mut two_keys = module_cmd(key, &args);
+    two_keys.arg("extra");
+    assert_same_error(
+        con,
+        fallback,
+        key,
+        &two_keys,
+        &fallback.cmd(&[key, b"other"], &args),
+        "two keys",
+    );
+
+    // Foreign values.
+    let foreign: [(&[u8], &[&[u8]]); 5] = [
+        (b"t:string", &[b"SET", b"t:string", b"1"]),
+        (b"t:list", &[b"RPUSH", b"t:list", b"1"]),
+        (b"t:set", &[b"SADD", b"t:set", b"1"]),
+        (b"t:zset", &[b"ZADD", b"t:zset", b"1", b"m"]),
+        (b"t:stream", &[b"XADD", b"t:stream", b"*", b"f", b"v"]),
+    ];
+    for (foreign_key, create) in foreign {
+        raw(con, create).expect("create a foreign value");
+        assert_same_error(
+            con,
+            fallback,
+            foreign_key,
+            &module_cmd(foreign_key, &args),
+            &fallback.cmd(&[foreign_key], &args),
+            &format!("{:?}", String::from_utf8_lossy(foreign_key)),
+        );
+    }
+
+    // Hashes that are not buckets, under keys that need escaping in the message.
+    let long_key = [b"rl:".to_vec(), vec![b'k'; 100]].concat();
+    let keys: Vec<Vec<u8>> = vec![
+        b"rl:corrupt".to_vec(),
+        b"a\r\n\0'\\\x7f\xff".to_vec(),
+        long_key,
+    ];
+    let long_text = format!("1.{}", "0".repeat(63));
+    let corrupt: Vec<Vec<(&str, &str)>> = vec![
+        vec![("foo", "1")],
+        vec![("tokens", "1")],
+        vec![("last_refill", "1")],
+        vec![("tokens", "nan"), ("last_refill", "1")],
+        vec![("tokens", "inf"), ("last_refill", "1")],
+        vec![("tokens", "0x10"), ("last_refill", "1")],
+        vec![("tokens", "1e400"), ("last_refill", "1")],
+        vec![("tokens", " 1"), ("last_refill", "1")],
+        vec![("tokens", ""), ("last_refill", "1")],
+        vec![("tokens", "--1"), ("last_refill", "1")],
+        vec![("tokens", long_text.as_str()), ("last_refill", "1")],
+        vec![("tokens", "1"), ("last_refill", "abc")],
+        vec![("tokens", "1"), ("last_refill", "-inf")],
+        vec![("tokens", "1"), ("last_refill", "1e99999")],
+    ];
+    for bad_key in &keys {
+        for fields in &corrupt {
+            let _: i64 = redis::cmd("DEL").arg(bad_key).query(con).unwrap();
+            let mut hset = redis::cmd("HSET");
+            hset.arg(bad_key);
+            for (f, v) in fields {
+                hset.arg(*f).arg(*v);
+            }
+            let _: i64 = hset.query(con).unwrap();
+            assert_same_error(
+                con,
+                fallback,
+                bad_key,
+                &module_cmd(bad_key, &args),
+                &fallback.cmd(&[bad_key], &args),
+                &format!("{fields:?} under {:?}", String::from_utf8_lossy(bad_key)),
+            );
+        }
+    }
+}
+
+#[test]
+fn the_script_refuses_bad_input_in_the_module_words() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let fallback = Fallback::script(&mut con);
+    check_errors(&fallback, &mut con);
+}
+
+#[test]
+fn the_function_library_refuses_bad_input_in_the_module_words() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let fallback = Fallback::function(&mut con);
+    check_errors(&fallback, &mut con);
+}
+
+/// `n` = 0 and an `n` that underflows to 0 are fine for both, and write nothing.
+#[test]
+fn zero_n_spellings_are_accepted_by_both() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let fallback = Fallback::script(&mut con);
+    for n in ["0", "0.0", ".0", "0e5", "1e-400"] {
+        let args: [&[u8]; 3] = [b"5", b"1", n.as_bytes()];
+        let module: Vec<i64> = module_cmd(b"z:a", &args).query(&mut con).unwrap();
+        let script: Vec<i64> = fallback.cmd(&[b"z:b"], &args).query(&mut con).unwrap();
+        assert_eq!(module, vec![1, 5, 0, 0], "n = {n}");
+        assert_eq!(script, module, "n = {n}");
+    }
+    assert!(!exists(&mut con, "z:a"));
+    assert!(!exists(&mut con, "z:b"));
+}
+
+/// ACL applies to the commands a script calls, so a restricted user of the fallback needs
+/// FCALL (or EVALSHA) and the five commands inside it: TYPE, HMGET, TIME, HSET, PEXPIREAT.
+#[test]
+fn a_restricted_user_needs_the_commands_the_fallback_calls() {
+    let server = Server::start();
+    let mut admin = server.conn();
+    Fallback::function(&mut admin);
+    let rules = [
+        "on", ">pw", "~rl:*", "+fcall", "+type", "+hmget", "+time", "+hset",
+    ];
+    for (user, extra) in [("limiter", Some("+pexpireat")), ("partial", None)] {
+        let mut setuser = redis::cmd("ACL");
+        setuser.arg("SETUSER").arg(user).arg(&rules);
+        if let Some(extra) = extra {
+            setuser.arg(extra);
+        }
+        let _: () = setuser.query(&mut admin).expect("ACL SETUSER");
+    }
+    let login = |user: &str| {
+        let mut con = server.conn();
+        let _: () = redis::cmd("AUTH")
+            .arg(user)
+            .arg("pw")
+            .query(&mut con)
+            .expect("AUTH");
+        con
+    };
+    let args: [&[u8]; 3] = [b"5", b"1", b"1"];
+
+    let mut limiter = login("limiter");
+    let reply: Vec<i64> = Fallback::Function
+        .cmd(&[b"rl:1"], &args)
+        .query(&mut limiter)
+        .expect("FCALL as limiter");
+    assert_eq!(reply[..3], [1, 4, 0]);
+    let err = outcome(&mut limiter, &Fallback::Function.cmd(&[b"other:1"], &args))
+        .expect_err("a key outside ~rl:*");
+    assert!(err.starts_with("NOPERM"), "{err}");
+    assert!(!exists(&mut admin, "other:1"));
+
+    // Without PEXPIREAT the script fails at its expiry, after its HSET: a script is not rolled
+    // back, so the bucket is left without a TTL. Grant all five.
+    let mut partial = login("partial");
+    let err = outcome(&mut partial, &Fallback::Function.cmd(&[b"rl:2"], &args))
+        .expect_err("no PEXPIREAT");
+    println!("without +pexpireat: {err}");
+    assert_eq!(pexpiretime(&mut admin, "rl:2"), -1);
+}

@@ -1,0 +1,536 @@
+//! Running redis-tb: the `INFO tb` counters, `tb.shadow-mode` (CONFIG SET, load argument,
+//! config file) and ACL users, on whatever server `TB_SERVER` names (Redis 7.0 by default;
+//! Valkey 8.1/9.1 from `scripts/fetch-servers.sh` when present).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use common::*;
+
+/// Every field of `INFO tb`, in order.
+const FIELDS: [&str; 8] = [
+    "tb_calls",
+    "tb_allowed",
+    "tb_denied",
+    "tb_shadow_denied",
+    "tb_buckets_created",
+    "tb_errors",
+    "tb_tokens_granted",
+    "tb_tokens_refunded",
+];
+
+/// `INFO tb` as field -> value, after checking the section header and the field order.
+fn tb_stats(con: &mut redis::Connection) -> BTreeMap<String, String> {
+    let info: String = redis::cmd("INFO").arg("tb").query(con).expect("INFO tb");
+    let lines: Vec<&str> = info.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.first(), Some(&"# tb_stats"), "INFO tb:\n{info}");
+    let fields: Vec<(String, String)> = lines[1..]
+        .iter()
+        .map(|line| {
+            let (name, value) = line.split_once(':').expect("field:value");
+            (name.to_string(), value.trim().to_string())
+        })
+        .collect();
+    let names: Vec<&str> = fields.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, FIELDS, "INFO tb fields");
+    fields.into_iter().collect()
+}
+
+fn counter(stats: &BTreeMap<String, String>, field: &str) -> u64 {
+    stats[field]
+        .parse()
+        .unwrap_or_else(|e| panic!("{field} = {:?}: {e}", stats[field]))
+}
+
+fn amount(stats: &BTreeMap<String, String>, field: &str) -> f64 {
+    stats[field]
+        .parse()
+        .unwrap_or_else(|e| panic!("{field} = {:?}: {e}", stats[field]))
+}
+
+/// Asserts the integer counters (in `FIELDS` order, without the two token sums) and the sums.
+fn assert_stats(con: &mut redis::Connection, counters: [u64; 6], granted: f64, refunded: f64) {
+    let stats = tb_stats(con);
+    let got: Vec<u64> = FIELDS[..6].iter().map(|f| counter(&stats, f)).collect();
+    assert_eq!(got, counters, "INFO tb counters {:?}", &FIELDS[..6]);
+    assert_eq!(
+        amount(&stats, "tb_tokens_granted"),
+        granted,
+        "tb_tokens_granted"
+    );
+    assert_eq!(
+        amount(&stats, "tb_tokens_refunded"),
+        refunded,
+        "tb_tokens_refunded"
+    );
+}
+
+fn query_err(con: &mut redis::Connection, cmd: &redis::Cmd) -> String {
+    match cmd.query::<redis::Value>(con) {
+        Ok(v) => panic!("expected an error, got {v:?}"),
+        Err(e) => error_text(&e),
+    }
+}
+
+fn cmd(args: &[&str]) -> redis::Cmd {
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    cmd
+}
+
+fn takeall(con: &mut redis::Connection, args: &[&str]) -> Vec<i64> {
+    let mut all = vec!["TB.TAKEALL"];
+    all.extend_from_slice(args);
+    cmd(&all).query(con).expect("TB.TAKEALL")
+}
+
+// ---------------------------------------------------------------------------------------------
+// INFO tb
+
+/// Rates of one token per 1000 s: nothing refills while the test runs, so every count is exact.
+#[test]
+fn info_tb_counts_every_decision_error_and_token() {
+    let server = Server::start();
+    let mut con = server.conn();
+    assert_stats(&mut con, [0; 6], 0.0, 0.0);
+
+    for _ in 0..3 {
+        assert_eq!(take(&mut con, "k", "3", "0.001", "1")[0], 1);
+    }
+    for _ in 0..2 {
+        assert_eq!(take(&mut con, "k", "3", "0.001", "1")[0], 0);
+    }
+    // calls allowed denied shadow created errors
+    assert_stats(&mut con, [5, 3, 2, 0, 1, 0], 3.0, 0.0);
+
+    // A bad argument, a foreign value and a corrupt bucket are errors, not calls.
+    assert!(query_err(&mut con, &cmd(&["TB.TAKE", "k", "x", "1", "1"])).starts_with("ERR capacity"));
+    let _: () = redis::cmd("SET").arg("s").arg("1").query(&mut con).unwrap();
+    assert!(query_err(&mut con, &cmd(&["TB.TAKE", "s", "1", "1", "1"])).starts_with("WRONGTYPE"));
+    hset(&mut con, "c", &[("foo", "1")]);
+    assert!(query_err(&mut con, &cmd(&["TB.TAKE", "c", "1", "1", "1"])).starts_with("ERR corrupt"));
+    // A wrong argument count is refused by the server before the module runs: it shows in
+    // INFO errorstats, not in tb_errors.
+    assert!(query_err(&mut con, &cmd(&["TB.TAKE", "k", "1", "1"])).contains("wrong number"));
+    assert_stats(&mut con, [5, 3, 2, 0, 1, 3], 3.0, 0.0);
+
+    // Fractional tokens add up exactly (0.25 is a binary fraction); n = 0 is allowed but
+    // creates no bucket; PEEK and REFUND are calls without a decision.
+    assert_eq!(take(&mut con, "f", "10", "0.001", "0.25")[0], 1);
+    assert_eq!(take(&mut con, "f", "10", "0.001", "0.25")[0], 1);
+    assert_eq!(take(&mut con, "z", "5", "0.001", "0")[0], 1);
+    assert!(!exists(&mut con, "z"));
+    assert_eq!(peek_default_n(&mut con, "k", "3", "0.001")[0], 0);
+    let _: Vec<i64> = cmd(&["TB.REFUND", "f", "10", "0.001", "0.25"])
+        .query(&mut con)
+        .unwrap();
+    assert_stats(&mut con, [10, 6, 2, 0, 2, 3], 3.5, 0.25);
+
+    // TB.TAKEALL is one decision; every bucket it creates counts, its tokens are the sum.
+    assert_eq!(
+        takeall(
+            &mut con,
+            &["t1", "5", "0.001", "1", "t2", "5", "0.001", "2"]
+        )[0],
+        1
+    );
+    assert_eq!(
+        takeall(
+            &mut con,
+            &["t1", "5", "0.001", "10", "t2", "5", "0.001", "1"]
+        )[0],
+        0
+    );
+    assert_stats(&mut con, [12, 7, 3, 0, 4, 3], 6.5, 0.25);
+}
+
+#[test]
+fn info_tb_is_its_own_section_and_part_of_info_modules_and_everything() {
+    let server = Server::start();
+    let mut con = server.conn();
+    take(&mut con, "k", "3", "1", "1");
+    for section in ["tb", "tb_stats", "modules", "everything"] {
+        let info: String = redis::cmd("INFO").arg(section).query(&mut con).unwrap();
+        assert!(info.contains("tb_calls:1"), "INFO {section}:\n{info}");
+    }
+    // Like every module section, not in the default INFO nor in INFO all.
+    for section in ["default", "all"] {
+        let info: String = redis::cmd("INFO").arg(section).query(&mut con).unwrap();
+        assert!(!info.contains("tb_calls"), "INFO {section} shows tb_*");
+    }
+    // redis_exporter's --include-modules-metrics reads INFO MODULES but keeps only fields it
+    // knows, so tb_* need its --script option: this script (in the README) returns them as
+    // name/value pairs.
+    let pairs: Vec<String> = redis::cmd("EVAL")
+        .arg(INFO_TB_SCRIPT)
+        .arg(0)
+        .query(&mut con)
+        .unwrap();
+    let names: Vec<&str> = pairs.iter().step_by(2).map(String::as_str).collect();
+    assert_eq!(names, FIELDS);
+    assert_eq!(pairs[1], "1");
+}
+
+/// README: the INFO tb fields as name/value pairs, for redis_exporter's `--script`.
+const INFO_TB_SCRIPT: &str = r"local out = {}
+for name, value in string.gmatch(redis.call('INFO', 'tb'), '(tb_[%w_]+):([^\r\n]+)') do
+  out[#out + 1] = name
+  out[#out + 1] = value
+end
+return out
+";
+
+/// The module API has no hook for CONFIG RESETSTAT (no server event for it, on 7.0 nor later),
+/// so the counters run from module load: graph them as counters (rate()), as with
+/// any counter that survives a reset.
+#[test]
+fn config_resetstat_leaves_the_tb_counters_alone() {
+    let server = Server::start();
+    let mut con = server.conn();
+    take(&mut con, "k", "1", "0.001", "1");
+    take(&mut con, "k", "1", "0.001", "1");
+    let _ = query_err(&mut con, &cmd(&["TB.TAKE", "k", "0", "1", "1"]));
+    let before = tb_stats(&mut con);
+    assert!(info_field(&mut con, "errorstats", "errorstat_ERR").is_some());
+
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .unwrap();
+    // The server's own statistics were reset...
+    assert_eq!(info_field(&mut con, "errorstats", "errorstat_ERR"), None);
+    // ...the module's were not.
+    assert_eq!(tb_stats(&mut con), before);
+    assert_stats(&mut con, [2, 1, 1, 0, 1, 1], 1.0, 0.0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// tb.shadow-mode
+
+fn shadow_mode(con: &mut redis::Connection) -> String {
+    let (name, value): (String, String) = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("tb.shadow-mode")
+        .query(con)
+        .expect("CONFIG GET tb.shadow-mode");
+    assert_eq!(name, "tb.shadow-mode");
+    value
+}
+
+fn set_shadow_mode(con: &mut redis::Connection, value: &str) -> redis::RedisResult<()> {
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("tb.shadow-mode")
+        .arg(value)
+        .query(con)
+}
+
+/// TB.PEEK (never shadowed: it reports the real decision) and TB.TAKE at one instant: both
+/// inside one transaction between two TIMEs that agree (retried, bounded). Also returns how many
+/// transactions it took.
+fn peek_then_take(
+    con: &mut redis::Connection,
+    key: &str,
+    args: [&str; 3],
+) -> (Vec<i64>, Vec<i64>, u64) {
+    for attempt in 1..=50 {
+        type Time = (i64, i64);
+        let ((s1, u1), peeked, taken, (s2, u2)): (Time, Vec<i64>, Vec<i64>, Time) = redis::pipe()
+            .atomic()
+            .cmd("TIME")
+            .add_command(cmd(&["TB.PEEK", key, args[0], args[1], args[2]]))
+            .add_command(cmd(&["TB.TAKE", key, args[0], args[1], args[2]]))
+            .cmd("TIME")
+            .query(con)
+            .expect("TIME/PEEK/TAKE/TIME");
+        if s1 * 1000 + u1 / 1000 == s2 * 1000 + u2 / 1000 {
+            return (peeked, taken, attempt);
+        }
+    }
+    panic!("50 transactions in a row crossed a millisecond");
+}
+
+/// Denials are replied as allowed with the real retry_after_ms, nothing is written, and INFO
+/// tells how many: tb_shadow_denied, also counted in tb_denied (the real decision).
+#[test]
+fn shadow_mode_set_at_runtime_reports_denials_as_allowed_and_writes_nothing() {
+    let server = Server::start();
+    let mut con = server.conn();
+    assert_eq!(shadow_mode(&mut con), "no");
+    assert_eq!(take(&mut con, "k", "2", "0.001", "2")[..3], [1, 0, 0]);
+    assert_eq!(
+        take(&mut con, "k", "2", "0.001", "1")[0],
+        0,
+        "enforced by default"
+    );
+
+    set_shadow_mode(&mut con, "yes").unwrap();
+    assert_eq!(shadow_mode(&mut con), "yes");
+    let before = snapshot(&mut con, b"k");
+    let (peeked, taken, attempts) = peek_then_take(&mut con, "k", ["2", "0.001", "1"]);
+    assert_eq!(peeked[0], 0, "TB.PEEK shows the real decision");
+    assert!(peeked[2] > 0, "{peeked:?}");
+    assert_eq!(taken, vec![1, peeked[1], peeked[2], peeked[3]]);
+    // More than the capacity: still let through, still "never" in retry_after_ms.
+    let never = take(&mut con, "k", "2", "0.001", "5");
+    assert_eq!(never[..3], [1, 0, -1]);
+    assert_eq!(snapshot(&mut con, b"k"), before, "a shadow denial wrote");
+
+    // Allowed requests still take their tokens.
+    assert_eq!(take(&mut con, "j", "5", "0.001", "1")[..3], [1, 4, 0]);
+    assert_eq!(stored_tokens(&mut con, "j"), 4.0);
+    // TB.TAKEALL: all or nothing still holds; a shadowed denial charges no bucket.
+    let j_before = snapshot(&mut con, b"j");
+    let all = takeall(&mut con, &["j", "5", "0.001", "1", "k", "2", "0.001", "1"]);
+    assert_eq!((all[0], all[4]), (1, 1), "{all:?}");
+    assert_eq!(snapshot(&mut con, b"j"), j_before);
+    assert_eq!(snapshot(&mut con, b"k"), before);
+
+    // Each PEEK + TAKE attempt was two calls and one shadowed denial; besides: the drain, the
+    // enforced denial, the "never", j, and the TB.TAKEALL.
+    // calls allowed denied shadow created errors
+    let expected = [5 + 2 * attempts, 2, 3 + attempts, 2 + attempts, 2, 0];
+    assert_stats(&mut con, expected, 3.0, 0.0);
+
+    set_shadow_mode(&mut con, "no").unwrap();
+    assert_eq!(
+        take(&mut con, "k", "2", "0.001", "1")[0],
+        0,
+        "enforced again"
+    );
+    let err = set_shadow_mode(&mut con, "maybe").expect_err("CONFIG SET maybe");
+    assert!(error_text(&err).starts_with("ERR"), "{err}");
+    assert_eq!(shadow_mode(&mut con), "no");
+}
+
+fn module_arg_server(module_args: &[&str]) -> Server {
+    let module = module_path().display().to_string();
+    let mut extra = vec!["--loadmodule", module.as_str()];
+    extra.extend_from_slice(module_args);
+    Server::start_without_module(&extra)
+}
+
+#[test]
+fn shadow_mode_can_be_switched_on_at_load_time() {
+    // `loadmodule <path> shadow-mode yes`
+    let server = module_arg_server(&["shadow-mode", "yes"]);
+    let mut con = server.conn();
+    assert_eq!(shadow_mode(&mut con), "yes");
+    take(&mut con, "k", "1", "0.001", "1");
+    assert_eq!(take(&mut con, "k", "1", "0.001", "1")[..2], [1, 0]);
+    assert_eq!(counter(&tb_stats(&mut con), "tb_shadow_denied"), 1);
+    // And off again at runtime.
+    set_shadow_mode(&mut con, "no").unwrap();
+    assert_eq!(take(&mut con, "k", "1", "0.001", "1")[0], 0);
+
+    // The module config in the configuration file (here: on the command line).
+    let server = Server::start_with(&["--tb.shadow-mode", "yes"]);
+    let mut con = server.conn();
+    assert_eq!(shadow_mode(&mut con), "yes");
+}
+
+fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+/// A typo in `loadmodule` stops the server from starting, with the reason in its log,
+/// rather than running with defaults the operator did not ask for.
+#[test]
+fn a_bad_load_argument_keeps_the_server_from_starting() {
+    for (args, reason) in [
+        (
+            &["shadow-mode", "maybe"][..],
+            "shadow-mode must be followed by yes or no",
+        ),
+        (
+            &["shadow-mode"][..],
+            "shadow-mode must be followed by yes or no",
+        ),
+        (
+            &["shadow_mode", "yes"][..],
+            "unknown load argument 'shadow_mode'",
+        ),
+    ] {
+        let started = catch_unwind(AssertUnwindSafe(|| module_arg_server(args)));
+        let text = match started {
+            Ok(_) => panic!("the server started with loadmodule args {args:?}"),
+            Err(payload) => panic_text(payload),
+        };
+        assert!(text.contains(reason), "{args:?}: {text}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// ACL
+
+fn acl_setuser(con: &mut redis::Connection, rules: &[&str]) {
+    let mut setuser = cmd(&["ACL", "SETUSER"]);
+    for rule in rules {
+        setuser.arg(*rule);
+    }
+    let _: () = setuser.query(con).expect("ACL SETUSER");
+}
+
+/// A connection authenticated as `user`.
+fn conn_as(server: &Server, user: &str, password: &str) -> redis::Connection {
+    let mut con = server.conn();
+    let _: () = redis::cmd("AUTH")
+        .arg(user)
+        .arg(password)
+        .query(&mut con)
+        .expect("AUTH");
+    con
+}
+
+fn assert_noperm(con: &mut redis::Connection, args: &[&str]) {
+    let err = query_err(con, &cmd(args));
+    assert!(err.starts_with("NOPERM"), "{args:?}: {err}");
+}
+
+/// The rules README documents for Redis 7.0, where module commands are in no ACL category:
+/// grant the commands by name and the keys by pattern. Works on every server.
+#[test]
+fn a_user_granted_tb_take_and_tb_peek_by_name_may_use_only_its_keys() {
+    let server = Server::start();
+    let mut admin = server.conn();
+    acl_setuser(
+        &mut admin,
+        &["limiter", "on", ">pw", "~rl:*", "+tb.take", "+tb.peek"],
+    );
+    let mut limiter = conn_as(&server, "limiter", "pw");
+
+    assert_eq!(
+        take(&mut limiter, "rl:user:1", "5", "1", "1")[..3],
+        [1, 4, 0]
+    );
+    assert_eq!(peek(&mut limiter, "rl:user:1", "5", "1", "1")[0], 1);
+    // Other keys, other commands: refused, nothing touched.
+    assert_noperm(&mut limiter, &["TB.TAKE", "other:1", "5", "1", "1"]);
+    assert!(!exists(&mut admin, "other:1"));
+    assert_noperm(&mut limiter, &["TB.REFUND", "rl:user:1", "5", "1", "1"]);
+    assert_noperm(&mut limiter, &["HSET", "rl:user:1", "tokens", "100"]);
+    assert_noperm(&mut limiter, &["GET", "rl:user:1"]);
+    assert_noperm(&mut limiter, &["FLUSHALL"]);
+    assert_noperm(&mut limiter, &["EVAL", "return 1", "0"]);
+    assert!(exists(&mut admin, "rl:user:1"));
+}
+
+/// What `INFO server` says the server is.
+struct ServerKind {
+    valkey: bool,
+    /// (major, minor) of redis_version, or of valkey_version on Valkey.
+    version: (u32, u32),
+}
+
+fn server_kind(con: &mut redis::Connection) -> ServerKind {
+    let valkey = info_field(con, "server", "server_name").as_deref() == Some("valkey");
+    let field = if valkey {
+        "valkey_version"
+    } else {
+        "redis_version"
+    };
+    let text = info_field(con, "server", field).expect("version in INFO server");
+    let mut parts = text.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    ServerKind {
+        valkey,
+        version: (parts.next().unwrap_or(0), parts.next().unwrap_or(0)),
+    }
+}
+
+fn acl_cat(con: &mut redis::Connection, category: Option<&str>) -> Vec<String> {
+    let mut cat = cmd(&["ACL", "CAT"]);
+    if let Some(category) = category {
+        cat.arg(category);
+    }
+    cat.query(con).expect("ACL CAT")
+}
+
+fn tb_commands_in(con: &mut redis::Connection, category: &str) -> Vec<String> {
+    let mut commands: Vec<String> = acl_cat(con, Some(category))
+        .into_iter()
+        .filter(|c| c.starts_with("tb."))
+        .collect();
+    commands.sort();
+    commands
+}
+
+/// Categories where the server can give them (RM_SetCommandACLCategories: Redis 7.2+, Valkey)
+/// and the module's own `@tb` where it can create one (RM_AddACLCategory: Redis 7.4+, Valkey
+/// 8+). Detected at run time; on Redis 7.0 the commands are in no category, so a category rule
+/// such as `+@write` does not grant them.
+#[test]
+fn acl_categories_are_those_the_server_supports() {
+    let server = Server::start();
+    let mut admin = server.conn();
+    let kind = server_kind(&mut admin);
+    let has_categories = !tb_commands_in(&mut admin, "write").is_empty();
+    let has_tb = acl_cat(&mut admin, None).iter().any(|c| c == "tb");
+    println!(
+        "valkey {} version {:?}: module categories {has_categories}, @tb {has_tb}",
+        kind.valkey, kind.version
+    );
+
+    let categories_expected = kind.valkey || kind.version >= (7, 2);
+    assert_eq!(has_categories, categories_expected);
+    if !kind.valkey && kind.version < (7, 4) {
+        assert!(!has_tb, "@tb needs RM_AddACLCategory (Redis 7.4+)");
+    }
+    if (kind.valkey && kind.version >= (8, 1)) || (!kind.valkey && kind.version >= (7, 4)) {
+        assert!(has_tb, "this server has RM_AddACLCategory; @tb is missing");
+    }
+
+    if has_categories {
+        let writers = ["tb.refund", "tb.take", "tb.takeall"];
+        assert_eq!(tb_commands_in(&mut admin, "write"), writers);
+        assert_eq!(tb_commands_in(&mut admin, "read"), ["tb.peek"]);
+        assert_eq!(
+            tb_commands_in(&mut admin, "fast"),
+            ["tb.peek", "tb.refund", "tb.take", "tb.takeall"]
+        );
+        assert!(tb_commands_in(&mut admin, "slow").is_empty());
+    } else {
+        for category in ["write", "read", "fast", "slow"] {
+            assert!(tb_commands_in(&mut admin, category).is_empty());
+        }
+        // So a category grant does not reach them.
+        acl_setuser(
+            &mut admin,
+            &["writer", "on", ">pw", "~rl:*", "+@write", "+@fast"],
+        );
+        let mut writer = conn_as(&server, "writer", "pw");
+        assert_noperm(&mut writer, &["TB.TAKE", "rl:1", "5", "1", "1"]);
+    }
+
+    if has_tb {
+        assert_eq!(
+            tb_commands_in(&mut admin, "tb"),
+            ["tb.peek", "tb.refund", "tb.take", "tb.takeall"]
+        );
+        acl_setuser(&mut admin, &["limiter", "on", ">pw", "~rl:*", "+@tb"]);
+        let mut limiter = conn_as(&server, "limiter", "pw");
+        assert_eq!(take(&mut limiter, "rl:1", "5", "1", "1")[0], 1);
+        assert_eq!(peek(&mut limiter, "rl:1", "5", "1", "1")[0], 1);
+        let _: Vec<i64> = cmd(&["TB.REFUND", "rl:1", "5", "1", "1"])
+            .query(&mut limiter)
+            .expect("TB.REFUND under +@tb");
+        assert_eq!(
+            takeall(
+                &mut limiter,
+                &["rl:1", "5", "1", "1", "rl:2", "5", "1", "1"]
+            )[0],
+            1
+        );
+        assert_noperm(&mut limiter, &["TB.TAKE", "other:1", "5", "1", "1"]);
+        assert_noperm(&mut limiter, &["HSET", "rl:1", "tokens", "100"]);
+        assert_noperm(&mut limiter, &["FLUSHALL"]);
+        assert!(!exists(&mut admin, "other:1"));
+    }
+}
