@@ -95,7 +95,7 @@ fn arithmetic(c: &mut Criterion) {
 fn formatting(c: &mut Criterion) {
     let mut group = c.benchmark_group("format");
     for value in [19.0, 98.01246, 0.1 + 0.2, 1e300] {
-        group.bench_function(format!("tokens {value}"), |b| {
+        group.bench_function(format!("tokens {value:?}"), |b| {
             b.iter(|| number::format_tokens(black_box(value)))
         });
     }

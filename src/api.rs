@@ -61,7 +61,23 @@ pub struct Api {
     pub reply_with_error: unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char) -> c_int,
     pub wrong_arity: unsafe extern "C" fn(*mut RedisModuleCtx) -> c_int,
     pub log: unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char, *const c_char, ...),
+    /// The bucket's field names as server strings, made once here: passing
+    /// C strings instead (`REDISMODULE_HASH_CFIELDS`, the `c` format of
+    /// `RM_Replicate`) makes the server allocate and free a string object per
+    /// name on every call.
+    pub tokens_field: FieldName,
+    pub last_refill_field: FieldName,
 }
+
+/// A server string created at load and never freed.
+#[derive(Clone, Copy)]
+pub struct FieldName(pub *mut RedisModuleString);
+
+// SAFETY: the string is created once, before any command runs, and is only
+// ever used (read, or its reference count briefly raised by RM_Replicate) by
+// commands, which the server runs on its main thread one at a time.
+unsafe impl Send for FieldName {}
+unsafe impl Sync for FieldName {}
 
 static API: OnceLock<Api> = OnceLock::new();
 
@@ -85,6 +101,16 @@ pub unsafe fn resolve() -> Result<&'static Api, &'static str> {
             $name.ok_or(stringify!($name))?
         };
     }
+    let create_string = need!(RedisModule_CreateString);
+    // A NULL context: the strings are not tied to a command and live on.
+    let field = |name: &'static str| {
+        let string = create_string(std::ptr::null_mut(), name.as_ptr().cast(), name.len());
+        if string.is_null() {
+            Err("RedisModule_CreateString")
+        } else {
+            Ok(FieldName(string))
+        }
+    };
     let api = Api {
         open_key: need!(RedisModule_OpenKey),
         close_key: need!(RedisModule_CloseKey),
@@ -92,7 +118,7 @@ pub unsafe fn resolve() -> Result<&'static Api, &'static str> {
         hash_get: need!(RedisModule_HashGet),
         hash_set: need!(RedisModule_HashSet),
         string_ptr_len: need!(RedisModule_StringPtrLen),
-        create_string: need!(RedisModule_CreateString),
+        create_string,
         create_string_from_long_long: need!(RedisModule_CreateStringFromLongLong),
         free_string: need!(RedisModule_FreeString),
         replicate: need!(RedisModule_Replicate),
@@ -107,6 +133,8 @@ pub unsafe fn resolve() -> Result<&'static Api, &'static str> {
         reply_with_error: need!(RedisModule_ReplyWithError),
         wrong_arity: need!(RedisModule_WrongArity),
         log: need!(RedisModule_Log),
+        tokens_field: field("tokens")?,
+        last_refill_field: field("last_refill")?,
     };
     Ok(API.get_or_init(|| api))
 }

@@ -27,8 +27,11 @@ pub fn parse_decimal(text: &[u8], sign: Sign) -> Option<f64> {
     if text.is_empty() || text.len() > MAX_LEN || !is_decimal(text, sign) {
         return None;
     }
-    // The grammar admits only ASCII, so this conversion cannot fail.
-    let value: f64 = std::str::from_utf8(text).ok()?.parse().ok()?;
+    // SAFETY: `is_decimal` accepted only ASCII digits, signs, '.', 'e' and
+    // 'E', so the bytes are valid UTF-8; checking again costs ~100
+    // instructions per number on the hot path.
+    let text = unsafe { std::str::from_utf8_unchecked(text) };
+    let value: f64 = text.parse().ok()?;
     value.is_finite().then_some(value)
 }
 

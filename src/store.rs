@@ -10,7 +10,7 @@ use std::os::raw::c_int;
 use std::ptr;
 
 use redis_module::raw::{
-    RedisModuleCtx, RedisModuleKey, RedisModuleString, REDISMODULE_HASH_CFIELDS,
+    RedisModuleCtx, RedisModuleKey, RedisModuleString, REDISMODULE_HASH_NONE,
     REDISMODULE_KEYTYPE_EMPTY, REDISMODULE_KEYTYPE_HASH, REDISMODULE_NOTIFY_GENERIC,
     REDISMODULE_NOTIFY_HASH, REDISMODULE_READ, REDISMODULE_WRITE,
 };
@@ -19,9 +19,6 @@ use crate::api::Api;
 use crate::bucket::State;
 use crate::error::TbError;
 use crate::number::{format_tokens, parse_decimal, Sign};
-
-const TOKENS: &std::ffi::CStr = c"tokens";
-const LAST_REFILL: &std::ffi::CStr = c"last_refill";
 
 /// The key holds a hash that is not a bucket: `tokens` or `last_refill` is
 /// missing or not a finite number. The caller names the key in its error.
@@ -87,17 +84,17 @@ impl<'a> BucketKey<'a> {
         }
         let mut tokens: *mut RedisModuleString = ptr::null_mut();
         let mut last_refill: *mut RedisModuleString = ptr::null_mut();
-        // SAFETY: CFIELDS takes NUL-terminated field names, each followed by
-        // an out-pointer, and a NULL terminator. Missing fields come back NULL.
+        // SAFETY: field names (server strings), each followed by an
+        // out-pointer, and a NULL terminator. Missing fields come back NULL.
         unsafe {
             (self.api.hash_get)(
                 self.key,
-                REDISMODULE_HASH_CFIELDS as c_int,
-                TOKENS.as_ptr(),
+                REDISMODULE_HASH_NONE as c_int,
+                self.api.tokens_field.0,
                 &mut tokens as *mut *mut RedisModuleString,
-                LAST_REFILL.as_ptr(),
+                self.api.last_refill_field.0,
                 &mut last_refill as *mut *mut RedisModuleString,
-                ptr::null::<std::os::raw::c_char>(),
+                ptr::null::<RedisModuleString>(),
             );
         }
         let tokens = OwnedString::new(self.api, self.ctx, tokens);
@@ -137,12 +134,12 @@ impl<'a> BucketKey<'a> {
             );
             (api.hash_set)(
                 self.key,
-                REDISMODULE_HASH_CFIELDS as c_int,
-                TOKENS.as_ptr(),
+                REDISMODULE_HASH_NONE as c_int,
+                api.tokens_field.0,
                 tokens.ptr,
-                LAST_REFILL.as_ptr(),
+                api.last_refill_field.0,
                 last_refill.ptr,
-                ptr::null::<std::os::raw::c_char>(),
+                ptr::null::<RedisModuleString>(),
             );
             // The TTL can only be set once the hash exists.
             match api.set_abs_expire {
@@ -152,11 +149,11 @@ impl<'a> BucketKey<'a> {
             (api.replicate)(
                 self.ctx,
                 c"HSET".as_ptr(),
-                c"scscs".as_ptr(),
+                c"sssss".as_ptr(),
                 self.name,
-                TOKENS.as_ptr(),
+                api.tokens_field.0,
                 tokens.ptr,
-                LAST_REFILL.as_ptr(),
+                api.last_refill_field.0,
                 last_refill.ptr,
             );
             (api.replicate)(

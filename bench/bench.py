@@ -1,0 +1,957 @@
+#!/usr/bin/env python3
+"""`make bench`: TB.TAKE against the Lua token bucket it replaces, in one run.
+
+Starts its own servers on free loopback ports (a plain one, a master with a
+replica, and one with AOF on), each with the release module loaded, and
+measures:
+
+* server-side cost per call (INFO commandstats, CONFIG RESETSTAT before each
+  row) and end-to-end throughput (redis-benchmark, pipelined) for PING, INCR,
+  a 2-field HSET, the Lua script via EVALSHA and TB.TAKE, on random keys and
+  on one hot key, allowed and denied paths apart, without and with AOF;
+* memory per bucket (used_memory delta over many buckets, MEMORY USAGE);
+* replication bytes per call (master_repl_offset growth with a replica).
+
+Rows are interleaved (every row once, then every row again, ...) so slow
+phases of a noisy machine hit all rows alike, and every ratio is computed
+within one repetition, then summarised by its median.
+
+Python 3.11 standard library only. Results go to bench/results.json,
+bench/results.md and bench/chart.svg.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import datetime as dt
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_DIR = ROOT / "bench"
+LUA_PATH = BENCH_DIR / "reference_token_bucket.lua"
+
+# redis-benchmark expands __rand_int__ to a 12-digit, zero-padded number below
+# -r; the Python-driven parts use the same key names.
+KEYSPACE = 100_000
+PIPELINE = 32
+CLIENTS = 8
+HOT_KEY = "key:hot"
+RAND_KEY = "key:__rand_int__"
+
+# Bucket parameters. Allowed: a huge capacity that a run never drains, and a
+# slow refill so each bucket keeps a TTL (a bucket that is full again expires)
+# and its tokens become fractional. Denied: capacity 1 drained beforehand and a
+# refill so slow that no call in the run is allowed.
+ALLOW = ("1000000000", "0.001", "1")
+DENY = ("1", "0.000001", "1")
+# A fixed client clock for the seed's own calling convention (ARGV[4]).
+CLIENT_NOW = "1700000000000"
+
+# Requests per redis-benchmark run, per command family, at --scale 1: sized so
+# each run lasts a few seconds on a small machine (Lua is ~10x slower than
+# PING) and the whole bench stays under ~10 minutes.
+BASE_N = {"ping": 1_000_000, "incr": 600_000, "hset": 400_000, "tb": 300_000, "lua": 100_000}
+
+
+# --------------------------------------------------------------------------
+# A minimal RESP2 client
+
+
+class ReplyError(Exception):
+    pass
+
+
+def encode(args) -> bytes:
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        if not isinstance(arg, bytes):
+            arg = str(arg).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
+    return b"".join(out)
+
+
+class Conn:
+    def __init__(self, port: int, timeout: float = 120.0):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.buf = bytearray()
+        self.pos = 0
+
+    def close(self):
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _fill(self):
+        chunk = self.sock.recv(1 << 20)
+        if not chunk:
+            raise ConnectionError("server closed the connection")
+        if self.pos > (1 << 20):
+            del self.buf[: self.pos]
+            self.pos = 0
+        self.buf += chunk
+
+    def _line(self) -> bytes:
+        while True:
+            end = self.buf.find(b"\r\n", self.pos)
+            if end >= 0:
+                line = bytes(self.buf[self.pos : end])
+                self.pos = end + 2
+                return line
+            self._fill()
+
+    def _exact(self, n: int) -> bytes:
+        while len(self.buf) - self.pos < n + 2:
+            self._fill()
+        data = bytes(self.buf[self.pos : self.pos + n])
+        self.pos += n + 2
+        return data
+
+    def read(self):
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest.decode()
+        if kind == b"-":
+            return ReplyError(rest.decode())
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            return None if n < 0 else self._exact(n)
+        if kind == b"*":
+            n = int(rest)
+            return None if n < 0 else [self.read() for _ in range(n)]
+        raise ConnectionError(f"bad reply line {line!r}")
+
+    def call(self, *args):
+        self.sock.sendall(encode(args))
+        reply = self.read()
+        if isinstance(reply, ReplyError):
+            raise reply
+        return reply
+
+    def pipeline(self, commands, chunk: int = 2000, check: bool = True) -> list:
+        replies = []
+        for i in range(0, len(commands), chunk):
+            part = commands[i : i + chunk]
+            self.sock.sendall(b"".join(encode(c) for c in part))
+            replies.extend(self.read() for _ in part)
+        if check:
+            errors = [r for r in replies if isinstance(r, ReplyError)]
+            if errors:
+                raise errors[0]
+        return replies
+
+    def info(self, section: str) -> dict:
+        text = self.call("INFO", section).decode()
+        out = {}
+        for line in text.splitlines():
+            if ":" in line and not line.startswith("#"):
+                k, v = line.split(":", 1)
+                out[k] = v
+        return out
+
+
+# --------------------------------------------------------------------------
+# Servers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A redis-server with the module, on a free loopback port, in a temp dir."""
+
+    live: list["Server"] = []
+
+    def __init__(self, binary: str, module: Path, name: str, extra: list[str]):
+        self.name = name
+        self.dir = Path(tempfile.mkdtemp(prefix=f"tb-bench-{name}-"))
+        last = ""
+        for _ in range(5):
+            self.port = free_port()
+            argv = [
+                binary, "--port", str(self.port), "--bind", "127.0.0.1",
+                "--dir", str(self.dir), "--logfile", str(self.dir / "server.log"),
+                "--daemonize", "no", "--save", "", "--appendonly", "no",
+                "--loglevel", "warning", "--loadmodule", str(module),
+                *extra,
+            ]  # fmt: skip
+            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            Server.live.append(self)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                try:
+                    with Conn(self.port, timeout=2) as c:
+                        if c.call("PING") == "PONG":
+                            return
+                except (OSError, ReplyError):
+                    time.sleep(0.05)
+            last = self.log_tail()
+            self.stop()
+        raise RuntimeError(f"{name}: server did not start:\n{last}")
+
+    def log_tail(self) -> str:
+        try:
+            return "\n".join((self.dir / "server.log").read_text().splitlines()[-20:])
+        except OSError:
+            return ""
+
+    def conn(self) -> Conn:
+        return Conn(self.port)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            try:
+                with Conn(self.port, timeout=5) as c:
+                    c.sock.sendall(encode(("SHUTDOWN", "NOSAVE")))
+            except OSError:
+                pass
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self in Server.live:
+            Server.live.remove(self)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def stop_all():
+    for server in list(Server.live):
+        server.stop()
+
+
+# --------------------------------------------------------------------------
+# Helpers
+
+
+def rand_key(i: int) -> str:
+    return "key:%012d" % i
+
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def summary(xs) -> dict:
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return {"median": None, "min": None, "max": None, "spread_pct": None, "values": []}
+    med = statistics.median(xs)
+    spread = (max(xs) - min(xs)) / med * 100 if med else 0.0
+    return {"median": med, "min": min(xs), "max": max(xs), "spread_pct": spread, "values": xs}
+
+
+def commandstats(c: Conn) -> dict:
+    out = {}
+    for k, v in c.info("commandstats").items():
+        if k.startswith("cmdstat_"):
+            out[k[len("cmdstat_") :]] = {kv.split("=")[0]: float(kv.split("=")[1]) for kv in v.split(",")}
+    return out
+
+
+def wait_aof_rewrite(c: Conn):
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        info = c.info("persistence")
+        if info.get("aof_rewrite_in_progress") == "0" and info.get("aof_rewrite_scheduled") == "0":
+            return
+        time.sleep(0.05)
+
+
+def fresh_db(c: Conn, aof: bool):
+    c.call("FLUSHALL")
+    if aof:
+        # Start each row from a tiny AOF (a rewrite of the empty dataset drops
+        # the old increments), so the disk never fills and no automatic
+        # rewrite fires mid-row.
+        wait_aof_rewrite(c)
+        c.call("BGREWRITEAOF")
+        wait_aof_rewrite(c)
+
+
+def run_redis_benchmark(port: int, args: list[str], n: int) -> float:
+    argv = [
+        "redis-benchmark", "-h", "127.0.0.1", "-p", str(port),
+        "-c", str(CLIENTS), "-P", str(PIPELINE), "-n", str(n),
+        "-r", str(KEYSPACE), "--csv", *args,
+    ]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"redis-benchmark failed: {out.stderr or out.stdout}")
+    for line in out.stdout.splitlines():
+        cells = [x.strip('"') for x in line.split('","')]
+        if len(cells) >= 2 and cells[0] != "test":
+            return float(cells[1])
+    raise RuntimeError(f"no result in redis-benchmark output: {out.stdout!r}")
+
+
+# --------------------------------------------------------------------------
+# The cost / throughput rows
+
+
+@dataclass
+class Row:
+    impl: str  # PING, INCR, HSET, Lua (TIME), Lua (client now), TB.TAKE
+    keys: str  # random | hot | -
+    path: str  # allowed | denied | -
+    family: str  # key of BASE_N
+    stat: str  # commandstats entry
+    args: Callable[[str], list[str]]  # key -> command argv (for redis-benchmark)
+    drain: bool = False  # drain the buckets before the run (denied rows)
+    result: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return " / ".join(x for x in (self.impl, self.keys, self.path) if x != "-")
+
+    def key(self) -> str:
+        return RAND_KEY if self.keys == "random" else HOT_KEY
+
+    def concrete(self, key: str) -> list[str]:
+        return self.args(key)
+
+
+def make_rows(sha: str) -> list[Row]:
+    rows = [Row("PING", "-", "-", "ping", "ping", lambda k: ["PING"])]
+    for keys in ("random", "hot"):
+        rows.append(Row("INCR", keys, "-", "incr", "incr", lambda k: ["INCR", k]))
+        rows.append(
+            Row("HSET", keys, "-", "hset", "hset",
+                lambda k: ["HSET", k, "tokens", "1.5", "last_refill", "1700000000000"])
+        )  # fmt: skip
+    for keys in ("random", "hot"):
+        for path, params in (("allowed", ALLOW), ("denied", DENY)):
+            drain = path == "denied"
+            rows.append(
+                Row("Lua (TIME)", keys, path, "lua", "evalsha",
+                    lambda k, p=params: ["EVALSHA", sha, "1", k, *p], drain)
+            )  # fmt: skip
+            if keys == "random":
+                rows.append(
+                    Row("Lua (client now)", keys, path, "lua", "evalsha",
+                        lambda k, p=params: ["EVALSHA", sha, "1", k, *p, CLIENT_NOW], drain)
+                )  # fmt: skip
+            rows.append(
+                Row("TB.TAKE", keys, path, "tb", "tb.take",
+                    lambda k, p=params: ["TB.TAKE", k, *p], drain)
+            )  # fmt: skip
+    return rows
+
+
+def keys_of(row: Row) -> list[str]:
+    return [rand_key(i) for i in range(KEYSPACE)] if row.keys == "random" else [HOT_KEY]
+
+
+def probe_allowed(c: Conn, row: Row) -> float | None:
+    """Share of allowed replies among a few calls like the row's (before its run)."""
+    if row.path == "-":
+        return None
+    keys = [rand_key(random.randrange(KEYSPACE)) for _ in range(50)] if row.keys == "random" else [HOT_KEY] * 50
+    replies = c.pipeline([row.concrete(k) for k in keys])
+    return sum(1 for r in replies if r[0] == 1) / len(replies)
+
+
+def run_row(server: Server, c: Conn, row: Row, n: int, aof: bool) -> dict:
+    fresh_db(c, aof)
+    if row.drain:
+        # TB.TAKE drains the buckets for every denied row (the Lua script
+        # reads the same layout, and this is 10x faster than draining with
+        # it). Its last_refill is the real clock, later than CLIENT_NOW, so
+        # the client-now variant sees no elapsed time either.
+        c.pipeline([["TB.TAKE", k, *DENY] for k in keys_of(row)])
+    allowed = probe_allowed(c, row)
+    c.call("CONFIG", "RESETSTAT")
+    started = time.monotonic()
+    rps = run_redis_benchmark(server.port, row.concrete(row.key()), n)
+    elapsed = time.monotonic() - started
+    stats = commandstats(c).get(row.stat)
+    if not stats or stats["calls"] < n:
+        raise RuntimeError(f"{row.name}: commandstats show {stats} for {n} requests")
+    if stats.get("failed_calls", 0) or stats.get("rejected_calls", 0):
+        raise RuntimeError(f"{row.name}: failed calls: {stats}")
+    return {
+        "usec_per_call": stats["usec"] / stats["calls"],
+        "rps": rps,
+        "allowed_share": allowed,
+        "seconds": elapsed,
+    }
+
+
+def bench_rows(servers: dict, rows: list[Row], reps: int, scale: float, log) -> dict:
+    """Runs every row on every server, `reps` times, interleaved: row 1 on
+    each server, row 2 on each server, ..., then again. Returns, per server
+    name, one {row name: result} dict per repetition."""
+    per_rep: dict = {name: [] for name in servers}
+    conns = {name: server.conn() for name, (server, _) in servers.items()}
+    try:
+        for rep in range(reps):
+            results = {name: {} for name in servers}
+            for row in rows:
+                n = max(1000, int(BASE_N[row.family] * scale))
+                for name, (server, aof) in servers.items():
+                    r = run_row(server, conns[name], row, n, aof)
+                    r["n"] = n
+                    results[name][row.name] = r
+                    log(f"  [{name:<5} rep {rep + 1}/{reps}] {row.name:<38} "
+                        f"{r['usec_per_call']:7.3f} us/call {r['rps'] / 1000:8.1f} kops/s ({r['seconds']:.1f}s)")  # fmt: skip
+            for name in servers:
+                per_rep[name].append(results[name])
+        for name, (_, aof) in servers.items():
+            fresh_db(conns[name], aof)
+    finally:
+        for c in conns.values():
+            c.close()
+    return per_rep
+
+
+# --------------------------------------------------------------------------
+# Memory per bucket
+
+MEM_BUCKETS = 100_000
+MEM_PARAMS = ("100", "0.01", "1")  # slow refill: tokens fractional, TTLs long
+
+
+def bench_memory(server: Server, sha: str, reps: int, scale: float, log) -> dict:
+    count = max(1000, int(MEM_BUCKETS * min(scale, 1.0)))
+    impls = {
+        "TB.TAKE": lambda k: ["TB.TAKE", k, *MEM_PARAMS],
+        "Lua (TIME)": lambda k: ["EVALSHA", sha, "1", k, *MEM_PARAMS],
+    }
+    out = {name: {"delta": [], "usage": [], "sample": None} for name in impls}
+    for rep in range(reps):
+        for name, cmd in impls.items():
+            with server.conn() as c:
+                c.call("FLUSHALL")
+                time.sleep(0.2)
+                before = int(c.info("memory")["used_memory"])
+            keys = [f"mem:{i:08d}" for i in range(count)]
+            with server.conn() as w:
+                w.pipeline([cmd(k) for k in keys])  # creates full-1 buckets
+                time.sleep(1.0)
+                w.pipeline([cmd(k) for k in keys])  # refill by real elapsed ms: fractional
+            time.sleep(0.2)
+            with server.conn() as c:
+                after = int(c.info("memory")["used_memory"])
+                dbsize = c.call("DBSIZE")
+                if dbsize != count:
+                    raise RuntimeError(f"memory: {name}: {dbsize} keys, expected {count}")
+                sample = random.sample(keys, 200)
+                usage = c.pipeline([["MEMORY", "USAGE", k, "SAMPLES", "0"] for k in sample])
+                fields = c.call("HGETALL", sample[0])
+                ttl = c.call("PTTL", sample[0])
+            out[name]["delta"].append((after - before) / count)
+            out[name]["usage"].append(median(usage))
+            out[name]["sample"] = {
+                "key": sample[0],
+                "fields": {fields[i].decode(): fields[i + 1].decode() for i in range(0, len(fields), 2)},
+                "pttl_ms": ttl,
+            }
+            log(f"  [memory rep {rep + 1}/{reps}] {name:<12} used_memory delta "
+                f"{out[name]['delta'][-1]:6.1f} B/bucket, MEMORY USAGE {out[name]['usage'][-1]} B")  # fmt: skip
+    with server.conn() as c:
+        c.call("FLUSHALL")
+    return {
+        "buckets": count,
+        "params": MEM_PARAMS,
+        "impls": {
+            name: {"delta": summary(v["delta"]), "usage": summary(v["usage"]), "sample": v["sample"]}
+            for name, v in out.items()
+        },
+    }
+
+
+# --------------------------------------------------------------------------
+# Replication bytes per call
+
+REPL_CALLS = 20_000
+
+
+def wait_replica_online(master: Server, replica: Server):
+    deadline = time.monotonic() + 30
+    with master.conn() as m, replica.conn() as r:
+        while time.monotonic() < deadline:
+            if r.info("replication").get("master_link_status") == "up" and "state=online" in m.info(
+                "replication"
+            ).get("slave0", ""):
+                return
+            time.sleep(0.1)
+    raise RuntimeError("replica did not come online:\n" + replica.log_tail())
+
+
+def repl_offset(c: Conn) -> int:
+    return int(c.info("replication")["master_repl_offset"])
+
+
+def bench_replication(master: Server, sha: str, reps: int, scale: float, log) -> dict:
+    calls = max(1000, int(REPL_CALLS * min(scale, 1.0)))
+    cases = [
+        ("HSET", "-", lambda k: ["HSET", k, "tokens", "1.5", "last_refill", "1700000000000"], "hset"),
+        ("Lua (TIME)", "allowed", lambda k: ["EVALSHA", sha, "1", k, *ALLOW], "evalsha"),
+        ("Lua (TIME)", "denied", lambda k: ["EVALSHA", sha, "1", k, *DENY], "evalsha"),
+        ("Lua (client now)", "allowed", lambda k: ["EVALSHA", sha, "1", k, *ALLOW, CLIENT_NOW], "evalsha"),
+        ("Lua (client now)", "denied", lambda k: ["EVALSHA", sha, "1", k, *DENY, CLIENT_NOW], "evalsha"),
+        ("TB.TAKE", "allowed", lambda k: ["TB.TAKE", k, *ALLOW], "tb.take"),
+        ("TB.TAKE", "denied", lambda k: ["TB.TAKE", k, *DENY], "tb.take"),
+    ]
+    out = {}
+    with master.conn() as c:
+        for rep in range(reps):
+            for impl, path, cmd, stat in cases:
+                name = impl if path == "-" else f"{impl} / {path}"
+                c.call("FLUSHALL")
+                keys = [rand_key(random.randrange(KEYSPACE)) for _ in range(calls)]
+                if path == "denied":
+                    c.pipeline([["TB.TAKE", k, *DENY] for k in set(keys)])
+                c.call("CONFIG", "RESETSTAT")
+                before = repl_offset(c)
+                replies = c.pipeline([cmd(k) for k in keys])
+                after = repl_offset(c)
+                stats = commandstats(c)[stat]
+                allowed = (
+                    None if path == "-" else sum(1 for r in replies if r[0] == 1) / len(replies)
+                )
+                entry = out.setdefault(
+                    name, {"impl": impl, "path": path, "bytes": [], "usec": [], "allowed_share": []}
+                )
+                entry["bytes"].append((after - before) / calls)
+                entry["usec"].append(stats["usec"] / stats["calls"])
+                entry["allowed_share"].append(allowed)
+                log(f"  [replication rep {rep + 1}/{reps}] {name:<28} {entry['bytes'][-1]:7.1f} B/call "
+                    f"(allowed {'-' if allowed is None else f'{allowed:.0%}'})")  # fmt: skip
+        c.call("FLUSHALL")
+    return {
+        "calls": calls,
+        "cases": {
+            name: {
+                "impl": e["impl"],
+                "path": e["path"],
+                "bytes_per_call": summary(e["bytes"]),
+                "usec_per_call_with_replica": summary(e["usec"]),
+                "allowed_share": median([a for a in e["allowed_share"] if a is not None]),
+            }
+            for name, e in out.items()
+        },
+    }
+
+
+# --------------------------------------------------------------------------
+# Targets
+
+
+def ratio_summary(per_rep: list[dict], num: str, den: str, key: str) -> dict:
+    values = [rep[num][key] / rep[den][key] for rep in per_rep if num in rep and den in rep]
+    return summary(values)
+
+
+def evaluate_targets(configs: dict, memory: dict, repl: dict) -> list[dict]:
+    targets = []
+    tb = "TB.TAKE / random / allowed"
+    luas = ["Lua (TIME) / random / allowed", "Lua (client now) / random / allowed"]
+    hset = "HSET / random"
+    for cfg_name, per_rep in configs.items():
+        suffix = "" if cfg_name == "plain" else f" [{cfg_name}]"
+        # Against the cheaper Lua variant of each repetition: the stricter test.
+        cost_vs_lua = summary([max(rep[tb]["usec_per_call"] / rep[l]["usec_per_call"] for l in luas) for rep in per_rep])
+        targets.append({
+            "target": f"TB.TAKE us/call <= 1/4 of Lua's{suffix}",
+            "ratio": cost_vs_lua, "limit": 0.25, "met": cost_vs_lua["median"] <= 0.25,
+            "how": "TB.TAKE usec_per_call / the cheaper Lua variant's, random keys, allowed",
+        })  # fmt: skip
+        cost_vs_hset = ratio_summary(per_rep, tb, hset, "usec_per_call")
+        targets.append({
+            "target": f"TB.TAKE us/call <= 2x a 2-field HSET (aim){suffix}",
+            "ratio": cost_vs_hset, "limit": 2.0, "met": cost_vs_hset["median"] <= 2.0,
+            "how": "TB.TAKE usec_per_call / HSET usec_per_call, random keys, allowed",
+        })  # fmt: skip
+        targets.append({
+            "target": f"TB.TAKE us/call < 3x HSET (the other native module){suffix}",
+            "ratio": cost_vs_hset, "limit": 3.0, "met": cost_vs_hset["median"] < 3.0,
+            "how": "same ratio, against the ~3x measured for another native rate-limit module",
+        })  # fmt: skip
+        tput = summary([min(rep[tb]["rps"] / rep[l]["rps"] for l in luas) for rep in per_rep])
+        targets.append({
+            "target": f"TB.TAKE throughput >= 3x Lua's (-P {PIPELINE}){suffix}",
+            "ratio": tput, "limit": 3.0, "met": tput["median"] >= 3.0, "higher_is_better": True,
+            "how": "TB.TAKE rps / the faster Lua variant's rps, random keys, allowed",
+        })  # fmt: skip
+    denied = repl["cases"]["TB.TAKE / denied"]["bytes_per_call"]
+    lua_denied = repl["cases"]["Lua (TIME) / denied"]["bytes_per_call"]
+    targets.append({
+        "target": "Denied TB.TAKE: 0 replication bytes",
+        "ratio": denied, "limit": 0.0, "met": denied["max"] == 0.0, "unit": "B/call",
+        "how": f"master_repl_offset growth per denied call (Lua: {lua_denied['median']:.1f} B/call)",
+    })  # fmt: skip
+    tb_mem = memory["impls"]["TB.TAKE"]
+    lua_mem = memory["impls"]["Lua (TIME)"]
+    mem_ratio = summary([a / b for a, b in zip(tb_mem["delta"]["values"], lua_mem["delta"]["values"])])
+    targets.append({
+        "target": "Memory per bucket <= Lua's (used_memory delta)",
+        "ratio": mem_ratio, "limit": 1.0, "met": mem_ratio["median"] <= 1.0,
+        "how": f"TB {tb_mem['delta']['median']:.1f} B vs Lua {lua_mem['delta']['median']:.1f} B per bucket",
+    })  # fmt: skip
+    usage_ratio = tb_mem["usage"]["median"] / lua_mem["usage"]["median"]
+    targets.append({
+        "target": "MEMORY USAGE of one bucket <= Lua's",
+        "ratio": summary([usage_ratio]), "limit": 1.0, "met": usage_ratio <= 1.0,
+        "how": f"TB {tb_mem['usage']['median']:.0f} B vs Lua {lua_mem['usage']['median']:.0f} B",
+    })  # fmt: skip
+    return targets
+
+
+# --------------------------------------------------------------------------
+# Output: text table, markdown, JSON, SVG
+
+
+def fmt(x, digits=2):
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def row_table(configs: dict, rows: list[Row]) -> list[list[str]]:
+    table = []
+    for cfg_name, per_rep in configs.items():
+        for row in rows:
+            usec = summary([rep[row.name]["usec_per_call"] for rep in per_rep])
+            kops = summary([rep[row.name]["rps"] / 1000 for rep in per_rep])
+            allowed = median([rep[row.name]["allowed_share"] for rep in per_rep if rep[row.name]["allowed_share"] is not None])
+            table.append([
+                cfg_name, row.impl, row.keys, row.path, str(per_rep[0][row.name]["n"]),
+                fmt(usec["median"]), f"{fmt(usec['min'])}-{fmt(usec['max'])}", f"{usec['spread_pct']:.0f}%",
+                fmt(kops["median"], 1), f"{fmt(kops['min'], 1)}-{fmt(kops['max'], 1)}", f"{kops['spread_pct']:.0f}%",
+                "-" if allowed is None else f"{allowed:.0%}",
+            ])  # fmt: skip
+    return table
+
+
+ROW_HEAD = ["config", "command", "keys", "path", "n", "us/call", "range", "spread",
+            "kops/s", "range", "spread", "allowed"]  # fmt: skip
+
+
+def text_table(head, rows) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def md_table(head, rows) -> str:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    out += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def target_rows(targets) -> list[list[str]]:
+    out = []
+    for t in targets:
+        r = t["ratio"]
+        unit = t.get("unit", "x")
+        op = ">=" if t.get("higher_is_better") else "<="
+        out.append([
+            "met" if t["met"] else "MISSED", t["target"],
+            f"{fmt(r['median'], 3)}{unit}", f"{fmt(r['min'], 3)}-{fmt(r['max'], 3)}",
+            f"{op} {t['limit']}{unit}", t["how"],
+        ])  # fmt: skip
+    return out
+
+
+TARGET_HEAD = ["", "target", "median", "range", "limit", "measured as"]
+
+
+def memory_rows(memory) -> list[list[str]]:
+    out = []
+    for name, m in memory["impls"].items():
+        out.append([
+            name, fmt(m["delta"]["median"], 1), f"{fmt(m['delta']['min'], 1)}-{fmt(m['delta']['max'], 1)}",
+            fmt(m["usage"]["median"], 0), m["sample"]["fields"].get("tokens", "?"),
+            str(m["sample"]["pttl_ms"]),
+        ])  # fmt: skip
+    return out
+
+
+MEM_HEAD = ["impl", "used_memory B/bucket", "range", "MEMORY USAGE B", "sample tokens text", "sample PTTL ms"]
+
+
+def repl_rows(repl) -> list[list[str]]:
+    out = []
+    for name, e in repl["cases"].items():
+        b = e["bytes_per_call"]
+        u = e["usec_per_call_with_replica"]
+        a = e["allowed_share"]
+        out.append([
+            name, fmt(b["median"], 1), f"{fmt(b['min'], 1)}-{fmt(b['max'], 1)}",
+            fmt(u["median"]), "-" if a is None else f"{a:.0%}",
+        ])  # fmt: skip
+    return out
+
+
+REPL_HEAD = ["case", "repl bytes/call", "range", "us/call (replica attached)", "allowed"]
+
+
+def esc(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def hbar_panel(x, y, w, title, unit, groups, series, digits=1):
+    """Horizontal bars. groups: [(label, {series: (median, lo, hi)})]."""
+    bar_h, gap, label_w = 13, 10, 150
+    names = [s for s, _ in series]
+    inner_h = len(groups) * (len(names) * bar_h + gap)
+    h = inner_h + 62
+    vmax = max((v[2] or v[0]) for _, vals in groups for v in vals.values() if v[0] is not None) or 1
+    plot_w = w - label_w - 70
+    out = [f'<g transform="translate({x},{y})">',
+           f'<rect x="0" y="0" width="{w}" height="{h}" fill="#fff" stroke="#ddd"/>',
+           f'<text x="10" y="20" font-size="14" font-weight="bold">{esc(title)}</text>']  # fmt: skip
+    lx = label_w
+    for i, (sname, color) in enumerate(series):
+        out.append(f'<rect x="{lx}" y="28" width="10" height="10" fill="{color}"/>')
+        out.append(f'<text x="{lx + 14}" y="37" font-size="11">{esc(sname)}</text>')
+        lx += 24 + 7 * len(sname)
+    gy = 48
+    for label, vals in groups:
+        out.append(f'<text x="{label_w - 6}" y="{gy + len(names) * bar_h / 2 + 4}" font-size="11" '
+                   f'text-anchor="end">{esc(label)}</text>')  # fmt: skip
+        for sname, color in series:
+            v = vals.get(sname)
+            if v is not None and v[0] is not None:
+                med, lo, hi = v
+                bw = max(1.0, med / vmax * plot_w)
+                out.append(f'<rect x="{label_w}" y="{gy}" width="{bw:.1f}" height="{bar_h - 2}" fill="{color}"/>')
+                if lo is not None and hi is not None and hi > lo:
+                    x0, x1 = label_w + lo / vmax * plot_w, label_w + hi / vmax * plot_w
+                    cy = gy + (bar_h - 2) / 2
+                    out.append(f'<line x1="{x0:.1f}" y1="{cy}" x2="{x1:.1f}" y2="{cy}" stroke="#333"/>')
+                out.append(f'<text x="{label_w + max(bw, (hi or 0) / vmax * plot_w) + 4:.1f}" y="{gy + 10}" '
+                           f'font-size="10">{med:.{digits}f} {esc(unit)}</text>')  # fmt: skip
+            gy += bar_h
+        gy += gap
+    out.append("</g>")
+    return "\n".join(out), h
+
+
+def render_svg(results: dict) -> str:
+    colors = {"no AOF": "#4878a8", "AOF everysec": "#e8a33d", "allowed": "#4878a8", "denied": "#c44e52",
+              "used_memory delta": "#4878a8", "MEMORY USAGE": "#8c8c8c"}  # fmt: skip
+    cfgs = [("plain", "no AOF"), ("aof", "AOF everysec")]
+    shown = ["PING", "INCR / random", "HSET / random", "Lua (TIME) / random / allowed",
+             "Lua (client now) / random / allowed", "TB.TAKE / random / allowed",
+             "Lua (TIME) / random / denied", "TB.TAKE / random / denied"]  # fmt: skip
+    label = lambda n: n.replace(" / random", "").replace(" / allowed", " allowed").replace(" / denied", " denied")  # noqa: E731
+
+    def groups(metric, scale=1.0):
+        out = []
+        for name in shown:
+            vals = {}
+            for cfg, sname in cfgs:
+                per_rep = results["rows"].get(cfg)
+                if per_rep:
+                    s = summary([rep[name][metric] * scale for rep in per_rep])
+                    vals[sname] = (s["median"], s["min"], s["max"])
+            out.append((label(name), vals))
+        return out
+
+    W = 520
+    series = [(s, colors[s]) for _, s in cfgs]
+    p1, h1 = hbar_panel(10, 60, W, "Server cost per call (commandstats, random keys)", "us", groups("usec_per_call"), series, 2)
+    p2, h2 = hbar_panel(20 + W, 60, W, f"Throughput, redis-benchmark -P {PIPELINE} -c {CLIENTS}", "k/s", groups("rps", 1e-3), series, 0)
+    repl = results["replication"]["cases"]
+    rg = []
+    for impl in ("HSET", "Lua (TIME)", "Lua (client now)", "TB.TAKE"):
+        vals = {}
+        for path in ("allowed", "denied"):
+            e = repl.get(f"{impl} / {path}") or (repl.get(impl) if path == "allowed" else None)
+            if e:
+                b = e["bytes_per_call"]
+                vals[path] = (b["median"], b["min"], b["max"])
+        rg.append((impl, vals))
+    y2 = 70 + max(h1, h2)
+    p3, h3 = hbar_panel(10, y2, W, "Replication bytes per call (master_repl_offset)", "B", rg,
+                        [("allowed", colors["allowed"]), ("denied", colors["denied"])], 1)  # fmt: skip
+    mg = []
+    for impl, m in results["memory"]["impls"].items():
+        mg.append((impl, {"used_memory delta": (m["delta"]["median"], m["delta"]["min"], m["delta"]["max"]),
+                          "MEMORY USAGE": (m["usage"]["median"], m["usage"]["min"], m["usage"]["max"])}))  # fmt: skip
+    p4, h4 = hbar_panel(20 + W, y2, W, f"Memory per bucket ({results['memory']['buckets']:,} buckets)", "B", mg,
+                        [("used_memory delta", colors["used_memory delta"]), ("MEMORY USAGE", colors["MEMORY USAGE"])], 1)  # fmt: skip
+    y3 = y2 + max(h3, h4) + 10
+    tlines = [f'<g transform="translate(10,{y3})">',
+              f'<rect x="0" y="0" width="{2 * W + 10}" height="{32 + 17 * len(results["targets"])}" fill="#fff" stroke="#ddd"/>',
+              '<text x="10" y="20" font-size="14" font-weight="bold">Targets (ratios within each repetition, random keys, allowed path)</text>']  # fmt: skip
+    for i, t in enumerate(results["targets"]):
+        r = t["ratio"]
+        unit = t.get("unit", "x")
+        color = "#2e7d32" if t["met"] else "#c62828"
+        ty = 40 + 17 * i
+        tlines.append(f'<text x="10" y="{ty}" font-size="11" font-weight="bold" fill="{color}">'
+                      f'{"met" if t["met"] else "missed"}</text>')  # fmt: skip
+        tlines.append(f'<text x="70" y="{ty}" font-size="11">{esc(t["target"])}: '
+                      f'{r["median"]:.3g}{esc(unit)} (range {r["min"]:.3g}-{r["max"]:.3g})</text>')  # fmt: skip
+    tlines.append("</g>")
+    height = y3 + 32 + 17 * len(results["targets"]) + 10
+    meta = results["meta"]
+    sub = (f"{meta['server']} {meta['server_version']}, {meta['cpus']} CPUs, medians of {meta['reps']} runs "
+           f"(whiskers: min-max), {meta['date']}")  # fmt: skip
+    return "\n".join([
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * W + 30}" height="{height}" '
+        f'viewBox="0 0 {2 * W + 30} {height}" font-family="Helvetica, Arial, sans-serif">',
+        f'<rect width="100%" height="100%" fill="#fafafa"/>',
+        '<text x="10" y="26" font-size="18" font-weight="bold">redis-tb: TB.TAKE vs the Lua token bucket</text>',
+        f'<text x="10" y="46" font-size="12" fill="#555">{esc(sub)}</text>',
+        p1, p2, p3, p4, "\n".join(tlines), "</svg>", "",
+    ])  # fmt: skip
+
+
+# --------------------------------------------------------------------------
+
+
+def git_rev() -> str:
+    try:
+        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "src"], capture_output=True, text=True).stdout.strip()
+        return rev + ("+dirty-src" if dirty else "")
+    except OSError:
+        return "?"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=int(os.environ.get("BENCH_REPS", 3)))
+    ap.add_argument("--scale", type=float, default=float(os.environ.get("BENCH_SCALE", 1.0)),
+                    help="multiplies the request counts (0.1 for a quick smoke run)")  # fmt: skip
+    ap.add_argument("--server", default=os.environ.get("TB_SERVER", "redis-server"))
+    ap.add_argument("--module", default=os.environ.get("TB_MODULE", str(ROOT / "target/release/libredis_tb.so")))
+    ap.add_argument("--out", default=str(BENCH_DIR), help="where results.json/.md and chart.svg go")
+    ap.add_argument("--no-aof", action="store_true", help="skip the AOF rows")
+    args = ap.parse_args()
+    if args.reps < 3:
+        print("note: fewer than 3 repetitions; spreads mean little", file=sys.stderr)
+    module = Path(args.module).resolve()
+    if not module.exists():
+        print(f"module not found: {module} (cargo build --release)", file=sys.stderr)
+        return 1
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    atexit.register(stop_all)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: sys.exit(130))
+
+    t0 = time.monotonic()
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    lua = LUA_PATH.read_text()
+
+    plain = Server(args.server, module, "plain", [])
+    with plain.conn() as c:
+        info = c.info("server")
+        sha = c.call("SCRIPT", "LOAD", lua).decode()
+        modules = c.call("MODULE", "LIST")
+    server_name = info.get("server_name", "redis")
+    version = info.get("valkey_version") or info.get("redis_version")
+    bench_version = subprocess.run(["redis-benchmark", "--version"], capture_output=True, text=True).stdout.strip()
+    meta = {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "server": server_name, "server_version": version,
+        "server_binary": shutil.which(args.server) or args.server,
+        "redis_benchmark": bench_version, "module": str(module),
+        "module_list": [[x.decode() if isinstance(x, bytes) else x for x in m] for m in modules],
+        "git": git_rev(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),
+        "python": platform.python_version(), "reps": args.reps, "scale": args.scale,
+        "pipeline": PIPELINE, "clients": CLIENTS, "keyspace": KEYSPACE,
+        "allowed_params": ALLOW, "denied_params": DENY, "lua_sha": sha,
+        "lua_clock": ("'Lua (TIME)' reads now from redis.call('TIME') inside the script (one extra "
+                      "redis.call); 'Lua (client now)' passes a fixed ARGV[4]=" + CLIENT_NOW +
+                      " as the seed's caller would (a fixed value, since redis-benchmark sends the same "
+                      "text every call), so that variant never refills during a run"),
+    }  # fmt: skip
+    log(f"server: {server_name} {version} ({meta['server_binary']}), {bench_version}")
+    log(f"module: {module} (git {meta['git']}); {meta['cpus']} CPUs; load {meta['loadavg_start']}")
+    log(f"each row: redis-benchmark -c {CLIENTS} -P {PIPELINE} -r {KEYSPACE}; {args.reps} interleaved repetitions")
+    log(f"Lua clock: {meta['lua_clock']}")
+
+    rows = make_rows(sha)
+    results: dict = {"meta": meta}
+
+    configs = {"plain": (plain, False)}
+    if not args.no_aof:
+        aof = Server(args.server, module, "aof", ["--appendonly", "yes", "--appendfsync", "everysec",
+                                                   "--auto-aof-rewrite-percentage", "0"])  # fmt: skip
+        with aof.conn() as c:
+            c.call("SCRIPT", "LOAD", lua)
+        configs["aof"] = (aof, True)
+    log("\n== cost and throughput: no AOF ('plain') and AOF appendfsync everysec ('aof'), rows interleaved")
+    results["rows"] = bench_rows(configs, rows, args.reps, args.scale, log)
+    if not args.no_aof:
+        aof.stop()
+
+    log("\n== memory per bucket")
+    results["memory"] = bench_memory(plain, sha, args.reps, args.scale, log)
+    plain.stop()
+
+    log("\n== replication bytes per call (replica attached, repl-ping-replica-period 3600)")
+    master = Server(args.server, module, "master", ["--repl-ping-replica-period", "3600"])
+    replica = Server(args.server, module, "replica", ["--replicaof", "127.0.0.1", str(master.port)])
+    wait_replica_online(master, replica)
+    with master.conn() as c:
+        c.call("SCRIPT", "LOAD", lua)
+    results["replication"] = bench_replication(master, sha, args.reps, args.scale, log)
+    replica.stop()
+    master.stop()
+
+    results["targets"] = evaluate_targets(results["rows"], results["memory"], results["replication"])
+    meta["seconds"] = round(time.monotonic() - t0, 1)
+    meta["loadavg_end"] = os.getloadavg()
+
+    rtab = row_table(results["rows"], rows)
+    sections = [
+        ("Cost per call and throughput (medians of %d; range = min-max)" % args.reps, ROW_HEAD, rtab),
+        ("Memory per bucket (%d buckets, TB.TAKE/EVALSHA %s twice, 1 s apart)"
+         % (results["memory"]["buckets"], " ".join(MEM_PARAMS)), MEM_HEAD, memory_rows(results["memory"])),
+        ("Replication (%d calls per case, random keys)" % results["replication"]["calls"], REPL_HEAD,
+         repl_rows(results["replication"])),
+        ("Targets (ratios within each repetition; random keys, allowed path)", TARGET_HEAD, target_rows(results["targets"])),
+    ]  # fmt: skip
+    header = (f"{server_name} {version}; {bench_version}; module git {meta['git']}; {meta['cpus']} CPUs; "
+              f"{meta['date']}; {meta['seconds']:.0f} s")  # fmt: skip
+    print("\n" + header)
+    for title, head, body in sections:
+        print(f"\n{title}\n" + text_table(head, body))
+    print("\nLua clock: " + meta["lua_clock"])
+
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    md = ["# redis-tb benchmark results", "", f"_{header}_", "",
+          "Produced by `make bench` (scripts/bench.sh). Server cost = `usec/calls` from `INFO commandstats`; "
+          f"throughput = `redis-benchmark -c {CLIENTS} -P {PIPELINE} -r {KEYSPACE}`. "
+          f"Allowed rows: capacity/rate/n = {' '.join(ALLOW)}; denied rows: {' '.join(DENY)} on drained buckets. "
+          f"{meta['lua_clock']}.", "", "![benchmark chart](chart.svg)", ""]  # fmt: skip
+    for title, head, body in sections:
+        md += [f"## {title}", "", md_table(head, body), ""]
+    (out_dir / "results.md").write_text("\n".join(md))
+    (out_dir / "chart.svg").write_text(render_svg(results))
+    print(f"\nwrote {out_dir / 'results.json'}, {out_dir / 'results.md'}, {out_dir / 'chart.svg'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

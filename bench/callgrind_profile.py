@@ -1,0 +1,354 @@
+#!/usr/bin/env python3
+"""Instruction counts per call, under callgrind (scripts/profile.sh).
+
+Runs redis-server with the release module under `valgrind --tool=callgrind`,
+fills a keyspace, then for each workload zeroes the counters, sends a fixed
+number of pipelined calls with redis-benchmark and dumps the counters. From
+each dump it reports, per call:
+
+* instructions in the whole server (event loop, parsing, reply included) and
+  inside `call()` (the command itself plus propagation);
+* heap allocations (calls to the allocator: malloc, calloc, realloc) and frees;
+* for TB.TAKE: where the module's instructions go (its own code and each
+  server API function it calls, inclusive), and the hot-path rules: one key
+  open, one clock read, how many times numbers are parsed, allocations per
+  API function.
+
+Instruction counts do not depend on the machine's load, so before/after
+comparisons of a change are meaningful on a noisy machine; they do depend on
+the server build (here Debian's redis-server) and on the Rust toolchain.
+
+Python 3.11 standard library only (reuses bench.py's client and server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.dont_write_bytecode = True  # no __pycache__ in the repository
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench  # noqa: E402
+
+KEYS = 10_000
+ALLOC = {"malloc", "calloc", "realloc", "aligned_alloc", "posix_memalign"}
+FREE = {"free", "sdallocx"}
+
+
+# --------------------------------------------------------------------------
+# callgrind output
+
+
+class Profile:
+    """One callgrind dump: self cost and call edges per function."""
+
+    def __init__(self, path: Path):
+        self.self_ir: dict[str, int] = defaultdict(int)
+        self.edges: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        self.obj: dict[str, str] = {}
+        self.total = 0
+        names: dict[str, dict[str, str]] = defaultdict(dict)
+
+        def name(kind: str, value: str) -> str:
+            m = re.match(r"\((\d+)\)(?: (.*))?$", value)
+            if not m:
+                return value
+            if m.group(2) is not None:
+                names[kind][m.group(1)] = m.group(2)
+            return names[kind].get(m.group(1), value)
+
+        fn = ob = cfn = cob = None
+        pending_call = False
+        for line in path.read_text(errors="replace").splitlines():
+            if not line:
+                continue
+            c = line[0]
+            if c.isdigit() or c in "+-*":
+                parts = line.split()
+                cost = int(parts[1]) if len(parts) > 1 else 0
+                if pending_call:
+                    self.edges[(fn, cfn)][1] += cost
+                    pending_call = False
+                else:
+                    self.self_ir[fn] += cost
+                continue
+            if line.startswith(("summary:", "totals:")):
+                self.total = int(line.split()[1])
+                continue
+            key, _, value = line.partition("=")
+            if key == "ob":
+                ob = name("ob", value)
+            elif key == "fn":
+                fn = name("fn", value)
+                self.obj.setdefault(fn, ob)
+            elif key == "cob":
+                cob = name("ob", value)
+            elif key == "cfn":
+                cfn = name("fn", value)
+                self.obj.setdefault(cfn, cob or ob)
+            elif key == "calls":
+                self.edges[(fn, cfn)][0] += int(value.split()[0])
+                pending_call = True
+                cob = None  # cob= names the callee's object for one call only
+        self.calls_to: dict[str, int] = defaultdict(int)
+        self.out: dict[str, list[str]] = defaultdict(list)
+        for (a, b), (n, _) in self.edges.items():
+            self.calls_to[b] += n
+            if a != b:
+                self.out[a].append(b)
+        self._incl: dict[str, int] = {}
+        self._alloc: dict[tuple[str, frozenset], float] = {}
+
+    def find(self, pattern: str) -> list[str]:
+        rx = re.compile(pattern)
+        return [f for f in set(self.self_ir) | set(self.calls_to) if rx.search(f)]
+
+    def inclusive(self, fn: str) -> int:
+        """Self cost plus the cost of the calls it makes (as callgrind_annotate)."""
+        if fn not in self._incl:
+            self._incl[fn] = self.self_ir.get(fn, 0) + sum(
+                self.edges[(fn, b)][1] for b in self.out.get(fn, ())
+            )
+        return self._incl[fn]
+
+    def calls(self, fn_pattern: str) -> int:
+        return sum(self.calls_to[f] for f in self.find(fn_pattern))
+
+    def subtree_calls(self, fn: str, targets: set[str], stack: frozenset = frozenset()) -> float:
+        """Calls to `targets` per call of `fn`, following the call graph and
+        sharing each callee's count among its callers in proportion to calls
+        (exact when a callee behaves the same for every caller)."""
+        key = (fn, frozenset(targets))
+        if key in self._alloc:
+            return self._alloc[key]
+        if fn in stack:
+            return 0.0
+        mine = self.calls_to.get(fn, 0) or 1
+        total = 0.0
+        for b in self.out.get(fn, ()):
+            n = self.edges[(fn, b)][0]
+            if b in targets:
+                total += n
+            else:
+                total += n * self.subtree_calls(b, targets, stack | {fn})
+        self._alloc[key] = total / mine
+        return self._alloc[key]
+
+    def allocs(self) -> int:
+        return sum(self.calls_to.get(f, 0) for f in ALLOC)
+
+    def frees(self) -> int:
+        return sum(self.calls_to.get(f, 0) for f in FREE)
+
+
+def short(fn: str) -> str:
+    fn = re.sub(r"::h[0-9a-f]{16}$", "", fn)
+    fn = re.sub(r"'\d+$", "", fn)
+    return fn if len(fn) < 90 else fn[:87] + "..."
+
+
+# --------------------------------------------------------------------------
+
+
+def start_server(args, out_dir: Path):
+    port = bench.free_port()
+    argv = [
+        "valgrind", "--tool=callgrind", "--dump-instr=no", "--collect-jumps=no",
+        f"--callgrind-out-file={out_dir}/callgrind.out.%p",
+        args.server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(out_dir),
+        "--save", "", "--appendonly", "no", "--daemonize", "no",
+        "--logfile", str(out_dir / "server.log"), "--loadmodule", str(Path(args.module).resolve()),
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(out_dir / "valgrind.log", "w"))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("server under valgrind exited: " + (out_dir / "valgrind.log").read_text()[-2000:])
+        try:
+            with bench.Conn(port, timeout=5) as c:
+                if c.call("PING") == "PONG":
+                    return proc, port
+        except (OSError, bench.ReplyError):
+            time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("server under valgrind did not answer")
+
+
+def callgrind_control(*args):
+    subprocess.run(["callgrind_control", *args], check=True, capture_output=True, timeout=120)
+
+
+def newest_dump(out_dir: Path, pid: int, before: set) -> Path:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        files = set(out_dir.glob(f"callgrind.out.{pid}*")) - before
+        if files:
+            time.sleep(0.5)
+            return max(files, key=lambda p: p.stat().st_mtime)
+        time.sleep(0.2)
+    raise RuntimeError("no callgrind dump appeared")
+
+
+def main() -> int:
+    root = bench.ROOT
+    ap = argparse.ArgumentParser(description="instruction counts per call under callgrind")
+    ap.add_argument("-n", type=int, default=int(os.environ.get("PROFILE_CALLS", 20_000)), help="calls per workload")
+    ap.add_argument("--server", default=os.environ.get("TB_SERVER", "redis-server"))
+    ap.add_argument("--module", default=os.environ.get("TB_MODULE", str(root / "target/release/libredis_tb.so")))
+    ap.add_argument("--out", default=str(root / ".cache/profile"), help="callgrind dumps and reports go here")
+    ap.add_argument("--only", default="", help="comma-separated workload names (default: all)")
+    ap.add_argument("--reanalyze", action="store_true", help="only re-read the dumps of the last run in --out")
+    args = ap.parse_args()
+    out_dir = Path(args.out).resolve()
+    module_name = Path(args.module).resolve().name
+    if args.reanalyze:
+        saved = json.loads((out_dir / "dumps.json").read_text())
+        results = {label: (Profile(Path(d)), Path(d)) for label, d in saved["dumps"].items()}
+        return analyze(results, saved["n"], saved["module"], out_dir)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+    results = profile(args, out_dir)
+    (out_dir / "dumps.json").write_text(json.dumps(
+        {"n": args.n, "module": module_name, "dumps": {k: str(d) for k, (_, d) in results.items()}}))
+    return analyze(results, args.n, module_name, out_dir)
+
+
+def profile(args, out_dir: Path) -> dict:
+    proc, port = start_server(args, out_dir)
+    try:
+        with bench.Conn(port, timeout=600) as c:
+            sha = c.call("SCRIPT", "LOAD", bench.LUA_PATH.read_text()).decode()
+        allow, deny = bench.ALLOW, bench.DENY
+        workloads = [
+            ("PING", ["PING"], None),
+            ("INCR", ["INCR", "key:__rand_int__"], None),
+            ("HSET", ["HSET", "key:__rand_int__", "tokens", "1.5", "last_refill", "1700000000000"], "hset"),
+            ("EVALSHA Lua (TIME) allowed", ["EVALSHA", sha, "1", "key:__rand_int__", *allow], "tb"),
+            ("EVALSHA Lua (client now) allowed",
+             ["EVALSHA", sha, "1", "key:__rand_int__", *allow, bench.CLIENT_NOW], "tb"),
+            ("TB.TAKE allowed", ["TB.TAKE", "key:__rand_int__", *allow], "tb"),
+            ("TB.TAKE denied", ["TB.TAKE", "key:__rand_int__", *deny], "drain"),
+        ]  # fmt: skip
+        if args.only:
+            wanted = {w.strip() for w in args.only.split(",")}
+            workloads = [w for w in workloads if w[0] in wanted]
+        results = {}
+        for label, cmd, prep in workloads:
+            # Every call hits an existing bucket (the common case): fill the
+            # keyspace first, outside the measurement.
+            with bench.Conn(port, timeout=600) as c:
+                c.call("FLUSHALL")
+                keys = ["key:%012d" % i for i in range(KEYS)]
+                if prep == "hset":
+                    c.pipeline([["HSET", k, "tokens", "1.5", "last_refill", "1700000000000"] for k in keys])
+                elif prep == "tb":
+                    c.pipeline([["TB.TAKE", k, *allow] for k in keys])
+                elif prep == "drain":
+                    c.pipeline([["TB.TAKE", k, *deny] for k in keys])
+                if cmd[0] == "INCR":
+                    c.pipeline([["SET", k, "1"] for k in keys])
+            before = set(out_dir.glob(f"callgrind.out.{proc.pid}*"))
+            callgrind_control("--zero", str(proc.pid))
+            bargv = ["redis-benchmark", "-p", str(port), "-c", "1", "-P", str(bench.PIPELINE),
+                     "-n", str(args.n), "-r", str(KEYS), "-q", *cmd]  # fmt: skip
+            subprocess.run(bargv, check=True, capture_output=True, timeout=3600)
+            callgrind_control("--dump=" + re.sub(r"\W+", "_", label), str(proc.pid))
+            dump = newest_dump(out_dir, proc.pid, before)
+            prof = Profile(dump)
+            results[label] = (prof, dump)
+            print(f"  {label:<34} {prof.total / args.n:9.0f} instr/call (whole server)", flush=True)
+    finally:
+        try:
+            with bench.Conn(port, timeout=60) as c:
+                c.sock.sendall(bench.encode(("SHUTDOWN", "NOSAVE")))
+        except OSError:
+            pass
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+    return results
+
+
+def analyze(results: dict, n: int, module_name: str, out_dir: Path) -> int:
+    report = {"calls_per_workload": n, "keyspace": KEYS, "module": module_name, "workloads": {}}
+    lines = [f"callgrind, {n} pipelined calls per workload (-P {bench.PIPELINE}), {KEYS} existing keys; per call:", ""]
+    head = f"{'workload':<34} {'instr total':>11} {'in call()':>10} {'allocs':>7} {'frees':>6}"
+    lines += [head, "-" * len(head)]
+    for label, (prof, dump) in results.items():
+        call_ir = prof.inclusive("call") / n
+        w = {
+            "instructions_total": prof.total / n,
+            "instructions_in_call": call_ir,
+            "allocs": prof.allocs() / n,
+            "frees": prof.frees() / n,
+            "dump": str(dump),
+        }
+        report["workloads"][label] = w
+        lines.append(f"{label:<34} {w['instructions_total']:11.0f} {call_ir:10.0f} {w['allocs']:7.2f} {w['frees']:6.2f}")
+
+    for label in ("TB.TAKE allowed", "TB.TAKE denied"):
+        if label not in results:
+            continue
+        prof, dump = results[label]
+        module_fns = [f for f, ob in prof.obj.items() if ob and ob.endswith("/" + module_name)]
+        entry = [f for f in module_fns if re.search(r"tb_take$|tb_take::h|tb_take'", f)]
+        lines += ["", f"== {label}: where the module's instructions go (per call, inclusive)"]
+        if entry:
+            lines.append(f"{'module entry ' + short(entry[0]):<70} {prof.inclusive(entry[0]) / n:8.0f}")
+        own = sorted(module_fns, key=lambda f: -prof.self_ir.get(f, 0))
+        lines.append("  module code (self):")
+        for f in own:
+            if prof.self_ir.get(f, 0) / n >= 1:
+                lines.append(f"    {short(f):<66} {prof.self_ir[f] / n:8.0f}")
+        lines.append("  server and library functions the module calls (inclusive; calls; allocs inside):")
+        callees = defaultdict(lambda: [0, 0])
+        for (a, b), (cnt, ir) in prof.edges.items():
+            if a in module_fns and b not in module_fns:
+                callees[b][0] += cnt
+                callees[b][1] += ir
+        api = {}
+        for b, (cnt, ir) in sorted(callees.items(), key=lambda kv: -kv[1][1]):
+            allocs = prof.subtree_calls(b, ALLOC) * cnt / n if b not in ALLOC else cnt / n
+            api[b] = {"calls": cnt / n, "instructions": ir / n, "allocs": allocs}
+            if ir / n >= 1 or cnt:
+                lines.append(f"    {short(b):<50} {ir / n:8.0f} instr {cnt / n:5.2f} calls {allocs:5.2f} allocs")
+        module_total = prof.inclusive(entry[0]) / n if entry else None
+        rules = {
+            "key opens (RM_OpenKey)": prof.calls(r"^RM_OpenKey$") / n,
+            "clock reads by the module (RM_Milliseconds)": prof.calls(r"^RM_Milliseconds$") / n,
+            "server clock reads in total (ustime/mstime)": (prof.calls(r"^ustime$") + prof.calls(r"^mstime$")) / n,
+            "float parses (f64::from_str)": prof.calls(r"f64 as core::str::traits::FromStr>::from_str") / n,
+            "tokens formatted by core::fmt (float_to_*)": sum(prof.calls_to[f] for f in prof.find(r"fmt::float::float_to_")) / n,
+            "allocations from the module's calls": sum(v["allocs"] for v in api.values()),
+            "allocations in the whole server": prof.allocs() / n,
+        }
+        lines.append("  hot-path rules (per call):")
+        for k, v in rules.items():
+            lines.append(f"    {k:<52} {v:6.2f}")
+        report["workloads"][label].update({"module_instructions": module_total, "module_callees": api, "rules": rules})
+
+    text = "\n".join(lines)
+    print("\n" + text)
+    (out_dir / "report.txt").write_text(text + "\n")
+    (out_dir / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    # The same dumps through callgrind_annotate, for reading by hand.
+    for label, (prof, dump) in results.items():
+        name = label.replace(" ", "_").replace("(", "").replace(")", "")
+        ann = subprocess.run(["callgrind_annotate", "--inclusive=yes", str(dump)], capture_output=True, text=True)
+        (out_dir / f"annotate-{name}.txt").write_text(ann.stdout)
+    print(f"\ndumps and callgrind_annotate reports in {out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Instruction counts per call under callgrind: TB.TAKE (allowed and denied)
+# next to PING, INCR, a 2-field HSET and the Lua script via EVALSHA, plus where
+# the module's instructions go and its allocations per call.
+#
+# Instruction counts are stable on a noisy machine, so this is the way to
+# judge a hot-path change: run it before and after, compare "instr total".
+#
+#   scripts/profile.sh              # 20000 calls per workload (5-10 minutes)
+#   scripts/profile.sh -n 5000      # quicker
+#   scripts/profile.sh --only "TB.TAKE allowed,HSET"
+#   TB_MODULE=/path/libredis_tb.so scripts/profile.sh   # profile another build
+#
+# Dumps, report.txt/json and callgrind_annotate output go to .cache/profile/.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+for tool in python3 valgrind callgrind_control callgrind_annotate redis-benchmark "${TB_SERVER:-redis-server}"; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+        echo "profile: $tool not found (apt-get install valgrind redis-tools redis-server)" >&2
+        exit 1
+    fi
+done
+
+if [[ -z "${TB_MODULE:-}" ]]; then
+    cargo build --release --quiet
+fi
+
+exec python3 bench/callgrind_profile.py "$@"
