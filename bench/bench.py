@@ -359,6 +359,12 @@ def make_rows(sha: str) -> list[Row]:
                 Row("TB.TAKE", keys, path, "tb", "tb.take",
                     lambda k, p=params: ["TB.TAKE", k, *p], drain)
             )  # fmt: skip
+    # Several limits per request, all or nothing (random keys, allowed path).
+    for buckets in (2, 3):
+        rows.append(
+            Row(f"TB.TAKEALL x{buckets}", "random", "allowed", "tb", "tb.takeall",
+                lambda k, b=buckets: ["TB.TAKEALL", *[x for i in range(b) for x in (f"{k}:{i}", *ALLOW)]])
+        )  # fmt: skip
     return rows
 
 

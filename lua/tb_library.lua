@@ -317,7 +317,14 @@ local function tb_take(keys, argv)
   end
 
   local left = available - n
-  local reset_after = first_ms_when(left, now, capacity, rate, now, capacity)
+  -- Time to full from what is stored after this call: the new state if it
+  -- writes, else the state as it stands (n = 0 writes nothing).
+  local reset_after
+  if n > 0 then
+    reset_after = first_ms_when(left, now, capacity, rate, now, capacity)
+  else
+    reset_after = first_ms_when(tokens, last_refill, capacity, rate, now, capacity)
+  end
   if n > 0 then
     -- Expire exactly when the bucket is full again, at an absolute instant,
     -- so replicas and a reloaded AOF drop the key at the same ms.

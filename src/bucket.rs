@@ -96,13 +96,26 @@ pub fn take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> Outcome
         tokens: available - n,
         last_refill_ms: now,
     };
+    let write = (n > 0.0).then_some(after);
     Outcome {
         allowed: true,
         remaining: floor_to_i64(after.tokens),
         retry_after_ms: 0,
-        reset_after_ms: first_ms_when(&after, limit, now, limit.capacity),
-        write: (n > 0.0).then_some(after),
+        reset_after_ms: reset_after_ms(write, &current, limit, now),
+        write,
     }
+}
+
+/// Time to full as seen from what will be stored: the new state if the call
+/// writes, else the state as it stands (which, with a `last_refill` in the
+/// future, refills later than a rewritten one would).
+fn reset_after_ms(write: Option<State>, current: &State, limit: &Limit, now: f64) -> i64 {
+    first_ms_when(
+        write.as_ref().unwrap_or(current),
+        limit,
+        now,
+        limit.capacity,
+    )
 }
 
 /// Gives `n` tokens back: refill first, then add, capped at the capacity.
@@ -122,12 +135,13 @@ pub fn refund(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> Outco
         tokens: (available + n).min(limit.capacity),
         last_refill_ms: now,
     };
+    let write = (n > 0.0).then_some(after);
     Outcome {
         allowed: true,
         remaining: floor_to_i64(after.tokens),
         retry_after_ms: 0,
-        reset_after_ms: first_ms_when(&after, limit, now, limit.capacity),
-        write: (n > 0.0).then_some(after),
+        reset_after_ms: reset_after_ms(write, &current, limit, now),
+        write,
     }
 }
 
@@ -318,6 +332,8 @@ mod tests {
             (13, Some(3.0),   10.0,  1.0,  3.0,     0, [1, 0, 0, 10000],             Some(0.0)),
             // Clock stepped back: refill only starts at the future last_refill.
             (14, Some(1.0),   10.0,  1.0,  2.0, -5000, [0, 1, 6000, 14000],          None),
+            // n = 0 writes nothing, so the time to full counts from the future last_refill.
+            (21, Some(3.0),   10.0,  1.0,  0.0, -60000, [1, 3, 0, 67000],          None),
             // Hand-edited data: negative tokens count as empty, excess is capped.
             (15, Some(-7.0),  10.0,  1.0,  1.0,     0, [0, 0, 1000, 10000],          None),
             (16, Some(99.0),  10.0,  1.0,  1.0,     0, [1, 9, 0, 1000],              Some(9.0)),
