@@ -75,6 +75,20 @@ fn take(
     ctx: *mut RedisModuleCtx,
     args: &[*mut RedisModuleString],
 ) -> Result<Reply, TbError> {
+    let (outcome, request, was_missing) = update_bucket(api, ctx, args, bucket::take)?;
+    count_decision(&outcome, request.n, was_missing);
+    Ok(shadow(outcome).into())
+}
+
+/// The shared path of TB.TAKE and TB.REFUND (`key capacity rate n`): parse,
+/// open for writing, read, apply `change` at one instant, store the result.
+/// Also says whether the key was missing before.
+fn update_bucket(
+    api: &Api,
+    ctx: *mut RedisModuleCtx,
+    args: &[*mut RedisModuleString],
+    change: fn(Option<bucket::State>, &bucket::Limit, f64, i64) -> Outcome,
+) -> Result<(Outcome, args::Request, bool), TbError> {
     let &[_, key, capacity, rate, n] = args else {
         return Err(TbError::WrongArity);
     };
@@ -87,10 +101,9 @@ fn take(
     // The clock is read once; the refill, the reply and the deadline all use
     // this instant.
     let now_ms = now(api);
-    let outcome = bucket::take(state, &request.limit, request.n, now_ms);
+    let outcome = change(state, &request.limit, request.n, now_ms);
     store(&bucket, &outcome, now_ms);
-    count_decision(&outcome, request.n, state.is_none());
-    Ok(shadow(outcome).into())
+    Ok((outcome, request, state.is_none()))
 }
 
 /// TB.PEEK key capacity rate [n]
@@ -129,17 +142,7 @@ fn refund(
     ctx: *mut RedisModuleCtx,
     args: &[*mut RedisModuleString],
 ) -> Result<Reply, TbError> {
-    let &[_, key, capacity, rate, n] = args else {
-        return Err(TbError::WrongArity);
-    };
-    // SAFETY: as in `take`.
-    let request =
-        unsafe { parse_request(api.bytes(capacity), api.bytes(rate), Some(api.bytes(n))) }?;
-    let bucket = unsafe { BucketKey::open(api, ctx, key, Access::Write) }?;
-    let state = read(&bucket, KEY_ARG)?;
-    let now_ms = now(api);
-    let outcome = bucket::refund(state, &request.limit, request.n, now_ms);
-    store(&bucket, &outcome, now_ms);
+    let (outcome, request, _) = update_bucket(api, ctx, args, bucket::refund)?;
     if outcome.write.is_some() {
         metrics::TOKENS_REFUNDED.add(request.n);
     }
