@@ -78,6 +78,8 @@ command -v redis-benchmark >/dev/null 2>&1 || add_pkg redis-tools
 command -v python3 >/dev/null 2>&1 || add_pkg python3
 python3 -m pip --version >/dev/null 2>&1 || add_pkg python3-pip
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || add_pkg python3-venv
+# libFuzzer (the short fuzz pass of `make test`) is C++.
+command -v c++ >/dev/null 2>&1 || add_pkg g++
 command -v node >/dev/null 2>&1 || add_pkg nodejs
 command -v npm >/dev/null 2>&1 || add_pkg npm
 
