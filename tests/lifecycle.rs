@@ -44,7 +44,8 @@ fn unload(con: &mut redis::Connection) -> Result<String, String> {
     module_cmd(con, &["UNLOAD", "tb"])
 }
 
-/// Names of the loaded modules (MODULE LIST).
+/// Names of the loaded modules (MODULE LIST), less Valkey 9's built-in
+/// `lua` scripting engine, which it lists as a module.
 fn loaded_modules(con: &mut redis::Connection) -> Vec<String> {
     let list: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("MODULE")
         .arg("LIST")
@@ -55,6 +56,7 @@ fn loaded_modules(con: &mut redis::Connection) -> Vec<String> {
             Some(redis::Value::BulkString(name)) => String::from_utf8_lossy(name).into_owned(),
             other => panic!("MODULE LIST entry without a name: {other:?}"),
         })
+        .filter(|name| name != "lua")
         .collect()
 }
 
@@ -120,7 +122,9 @@ fn loading_twice_is_refused_and_the_loaded_module_keeps_working() {
     let mut con = server.conn();
     take(&mut con, "before", "10", SLOW, "1");
     assert_eq!(load(&mut con, &[]), Err(LOAD_FAILED.into()));
-    assert_log_mentions(&server, "initialization failed. Module not loaded");
+    // Redis says "... initialization failed. Module not loaded", Valkey
+    // "... initialization failed. Module name is busy."
+    assert_log_mentions(&server, "initialization failed.");
     assert!(server.is_alive());
     assert_eq!(loaded_modules(&mut con), vec!["tb".to_string()]);
     assert_eq!(take(&mut con, "before", "10", SLOW, "1")[..2], [1, 8]);
