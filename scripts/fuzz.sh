@@ -5,7 +5,7 @@
 #   scripts/fuzz.sh [seconds-per-target]     (default 60; `make fuzz`)
 #
 # Env: FUZZ_TARGETS="parse_args arithmetic" to run a subset;
-#      TB_FUZZ_STRICT=1 to add the checks documented as open in fuzz/README.md.
+#      FUZZ_KEEP_GOING=1 to run the remaining targets after a crash.
 #
 # Builds the targets (overflow checks and debug assertions on), runs each for
 # the given time starting from the committed seeds (fuzz/corpus/<target>/,

@@ -104,12 +104,18 @@ fn take_all_case(input: &mut Reader, count: usize) {
     assert_eq!(got.outcomes.len(), charges.len());
     for (together, single) in got.outcomes.iter().zip(&alone) {
         if all_allow {
-            assert_eq!(together, single, "an allowed bucket differs from a lone take");
+            assert_eq!(
+                together, single,
+                "an allowed bucket differs from a lone take"
+            );
         } else {
             assert_eq!(together.write, None, "a denied TAKEALL writes");
             let mut single = *single;
             single.write = None;
-            assert_eq!(*together, single, "a bucket's figures differ from a lone take");
+            assert_eq!(
+                *together, single,
+                "a bucket's figures differ from a lone take"
+            );
         }
     }
     // The deciding bucket, computed the plain way: first index with the
@@ -120,7 +126,11 @@ fn take_all_case(input: &mut Reader, count: usize) {
         alone.iter().position(|o| o.remaining == fewest)
     } else {
         let wait = |r: i64| if r < 0 { i128::MAX } else { i128::from(r) };
-        let longest = alone.iter().map(|o| wait(o.retry_after_ms)).max().expect("non-empty");
+        let longest = alone
+            .iter()
+            .map(|o| wait(o.retry_after_ms))
+            .max()
+            .expect("non-empty");
         alone.iter().position(|o| wait(o.retry_after_ms) == longest)
     };
     assert_eq!(Some(got.decisive), expected, "wrong deciding bucket");

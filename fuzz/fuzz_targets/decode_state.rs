@@ -36,10 +36,16 @@ fuzz_target!(|data: &[u8]| {
     // 1. One stored field.
     let stored = parse_decimal(data, Sign::Allowed);
     let want = reference_decimal(data, true);
-    assert!(same(stored, want), "stored {stored:?}, contract says {want:?}");
+    assert!(
+        same(stored, want),
+        "stored {stored:?}, contract says {want:?}"
+    );
     let arg = parse_decimal(data, Sign::Forbidden);
     let want_arg = reference_decimal(data, false);
-    assert!(same(arg, want_arg), "argument {arg:?}, contract says {want_arg:?}");
+    assert!(
+        same(arg, want_arg),
+        "argument {arg:?}, contract says {want_arg:?}"
+    );
     if let Some(value) = stored {
         round_trip(value);
     }
@@ -55,7 +61,10 @@ fuzz_target!(|data: &[u8]| {
     let ms = i64::from_le_bytes(head);
     let text = ms.to_string();
     assert!(
-        same(parse_decimal(text.as_bytes(), Sign::Allowed), Some(ms as f64)),
+        same(
+            parse_decimal(text.as_bytes(), Sign::Allowed),
+            Some(ms as f64)
+        ),
         "last_refill {text} does not read back as {:?}",
         ms as f64
     );
@@ -80,7 +89,10 @@ fuzz_target!(|data: &[u8]| {
                 // Never more than the bucket could hold, and a last_refill
                 // in the future (clock stepped back) refills nothing.
                 if got.allowed && last_refill_ms >= NOW_MS as f64 {
-                    assert!(n <= tokens.max(0.0), "a future last_refill granted a refill");
+                    assert!(
+                        n <= tokens.max(0.0),
+                        "a future last_refill granted a refill"
+                    );
                 }
                 check_refund(Some(state), &limit, n, NOW_MS);
             }
@@ -94,7 +106,11 @@ fuzz_target!(|data: &[u8]| {
 fn round_trip(value: f64) {
     let text = format_tokens(value);
     let bytes = text.as_bytes();
-    assert!(bytes.len() <= 24, "{value:?} formats to {} bytes", bytes.len());
+    assert!(
+        bytes.len() <= 24,
+        "{value:?} formats to {} bytes",
+        bytes.len()
+    );
     let back = parse_decimal(bytes, Sign::Allowed);
     assert!(
         same(back, Some(value)),

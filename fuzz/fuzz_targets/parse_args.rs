@@ -50,7 +50,11 @@ fuzz_target!(|data: &[u8]| {
 
     match got {
         Ok(request) => {
-            let (c, r, n_value) = (request.limit.capacity, request.limit.refill_per_sec, request.n);
+            let (c, r, n_value) = (
+                request.limit.capacity,
+                request.limit.refill_per_sec,
+                request.n,
+            );
             assert!(c.is_finite() && c > 0.0, "capacity {c:?} accepted");
             assert!(r.is_finite() && r > 0.0, "rate {r:?} accepted");
             assert!(
@@ -58,12 +62,19 @@ fuzz_target!(|data: &[u8]| {
                 "n {n_value:?} accepted"
             );
             assert_eq!(expected_error, None, "accepted, but the contract refuses");
-            assert!(same(Some(c), want_capacity), "capacity {c:?} != {want_capacity:?}");
+            assert!(
+                same(Some(c), want_capacity),
+                "capacity {c:?} != {want_capacity:?}"
+            );
             assert!(same(Some(r), want_rate), "rate {r:?} != {want_rate:?}");
             assert!(same(Some(n_value), want_n), "n {n_value:?} != {want_n:?}");
         }
         Err(error) => {
-            assert_eq!(Some(error), expected_error, "wrong error (or refused a valid request)");
+            assert_eq!(
+                Some(error),
+                expected_error,
+                "wrong error (or refused a valid request)"
+            );
         }
     }
 });

@@ -69,7 +69,7 @@ pub struct Reader<'a> {
 pub const SPECIAL_F64: [f64; 24] = [
     0.0,
     -0.0,
-    5e-324, // smallest subnormal
+    5e-324,                     // smallest subnormal
     2.225_073_858_507_201e-308, // largest subnormal
     f64::MIN_POSITIVE,
     1e-300,
@@ -160,7 +160,9 @@ impl<'a> Reader<'a> {
             _ => {
                 let mantissa = self.u32();
                 let exp = i32::from(self.u8() as i8) * 3; // -384 ..= 381
-                format!("{mantissa}e{exp}").parse().expect("valid float text")
+                format!("{mantissa}e{exp}")
+                    .parse()
+                    .expect("valid float text")
             }
         }
     }
@@ -223,20 +225,30 @@ pub fn check_storage_round_trip(written: &State, now_ms: i64) {
 
 /// `reset` is the fewest whole ms until `state` is full (capped at 2^53).
 fn check_reset(state: &State, limit: &Limit, now_ms: i64, reset: i64, what: &str) {
-    assert!((0..=MAX_WAIT_MS).contains(&reset), "{what}: reset {reset} out of range");
+    assert!(
+        (0..=MAX_WAIT_MS).contains(&reset),
+        "{what}: reset {reset} out of range"
+    );
     let full_at = |t: f64| state.available_at(limit, t) >= limit.capacity;
     if reset == 0 {
         assert!(full_at(now_ms as f64), "{what}: reset 0 but not full");
         return;
     }
-    assert!(!full_at(now_ms as f64), "{what}: reset {reset} but already full");
+    assert!(
+        !full_at(now_ms as f64),
+        "{what}: reset {reset} but already full"
+    );
     if reset < MAX_WAIT_MS {
         if let Some(t) = exact_at(now_ms, reset) {
             assert!(full_at(t), "{what}: not full after reset {reset} ms");
         }
     }
     if let Some(t) = exact_at(now_ms, reset - 1) {
-        assert!(!full_at(t), "{what}: already full at reset - 1 = {} ms", reset - 1);
+        assert!(
+            !full_at(t),
+            "{what}: already full at reset - 1 = {} ms",
+            reset - 1
+        );
     }
 }
 
@@ -257,9 +269,7 @@ fn record(call: Call) {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             if let Some((what, state, limit, n, now_ms)) = CURRENT.with(|c| c.get()) {
-                eprintln!(
-                    "repro: bucket::{what}({state:?}, &{limit:?}, {n:?}, {now_ms})"
-                );
+                eprintln!("repro: bucket::{what}({state:?}, &{limit:?}, {n:?}, {now_ms})");
             }
             previous(info);
         }));
@@ -287,10 +297,22 @@ pub fn check_take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> O
     if got.allowed {
         assert!(n <= limit.capacity, "granted n > capacity");
     }
-    assert_eq!(got.write.is_some(), got.allowed && n > 0.0, "writes iff allowed and n > 0");
+    assert_eq!(
+        got.write.is_some(),
+        got.allowed && n > 0.0,
+        "writes iff allowed and n > 0"
+    );
 
-    let left = if got.allowed { available - n } else { available };
-    assert_eq!(got.remaining, floor_i64(left), "remaining = floor(tokens left)");
+    let left = if got.allowed {
+        available - n
+    } else {
+        available
+    };
+    assert_eq!(
+        got.remaining,
+        floor_i64(left),
+        "remaining = floor(tokens left)"
+    );
     assert!(got.remaining >= 0, "negative remaining");
 
     if let Some(written) = got.write {
@@ -302,8 +324,14 @@ pub fn check_take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> O
             "written tokens {:?} outside [0, capacity]",
             written.tokens
         );
-        assert!(same(Some(written.tokens), Some(available - n)), "written tokens != available - n");
-        assert!(same(Some(written.last_refill_ms), Some(now)), "last_refill != now");
+        assert!(
+            same(Some(written.tokens), Some(available - n)),
+            "written tokens != available - n"
+        );
+        assert!(
+            same(Some(written.last_refill_ms), Some(now)),
+            "last_refill != now"
+        );
         check_storage_round_trip(&written, now_ms);
         // Read back at the same instant: exactly what was left, no more.
         assert!(
@@ -311,7 +339,10 @@ pub fn check_take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> O
             "a re-read at the same ms sees other tokens"
         );
         let again = bucket::take(Some(written), limit, 0.0, now_ms);
-        assert_eq!(again.remaining, got.remaining, "a re-read at the same ms disagrees");
+        assert_eq!(
+            again.remaining, got.remaining,
+            "a re-read at the same ms disagrees"
+        );
     }
 
     // retry_after_ms
@@ -321,20 +352,33 @@ pub fn check_take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> O
         assert_eq!(got.retry_after_ms, -1, "n > capacity must say never (-1)");
     } else {
         let retry = got.retry_after_ms;
-        assert!((1..=MAX_WAIT_MS).contains(&retry), "retry {retry} out of range");
-        assert!(retry <= got.reset_after_ms, "retry {retry} > reset {}", got.reset_after_ms);
+        assert!(
+            (1..=MAX_WAIT_MS).contains(&retry),
+            "retry {retry} out of range"
+        );
+        assert!(
+            retry <= got.reset_after_ms,
+            "retry {retry} > reset {}",
+            got.reset_after_ms
+        );
         let ready = |t: f64| current.available_at(limit, t) >= n;
         if retry < MAX_WAIT_MS {
             if let Some(t) = exact_at(now_ms, retry) {
                 assert!(ready(t), "still denied after retry {retry} ms");
                 let same_call = bucket::take(state, limit, n, now_ms + retry);
-                assert!(same_call.allowed, "the same call after retry {retry} ms is denied");
+                assert!(
+                    same_call.allowed,
+                    "the same call after retry {retry} ms is denied"
+                );
             }
         }
         if let Some(t) = exact_at(now_ms, retry - 1) {
             assert!(!ready(t), "already allowed at retry - 1 = {} ms", retry - 1);
             let same_call = bucket::take(state, limit, n, now_ms + retry - 1);
-            assert!(!same_call.allowed, "the same call at retry - 1 ms is allowed");
+            assert!(
+                !same_call.allowed,
+                "the same call at retry - 1 ms is allowed"
+            );
         }
     }
 
@@ -368,7 +412,11 @@ pub fn check_refund(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) ->
     );
     assert_eq!(got.write.is_some(), n > 0.0, "refund writes iff n > 0");
     if let Some(written) = got.write {
-        assert!(same(Some(written.tokens), Some(tokens)), "refund wrote {:?}", written.tokens);
+        assert!(
+            same(Some(written.tokens), Some(tokens)),
+            "refund wrote {:?}",
+            written.tokens
+        );
         assert!(written.tokens.is_sign_positive(), "refund wrote -0");
         assert!(same(Some(written.last_refill_ms), Some(now)));
         check_storage_round_trip(&written, now_ms);
@@ -379,12 +427,4 @@ pub fn check_refund(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) ->
     check_reset(&stored, limit, now_ms, got.reset_after_ms, "refund");
     CURRENT.with(|c| c.set(None));
     got
-}
-
-/// `TB_FUZZ_STRICT=1` adds checks of rules the contract leaves open to
-/// reading (see fuzz/README.md); off by default so they do not mask the
-/// hard ones.
-pub fn strict() -> bool {
-    static STRICT: OnceLock<bool> = OnceLock::new();
-    *STRICT.get_or_init(|| std::env::var_os("TB_FUZZ_STRICT").is_some_and(|v| v == "1"))
 }
