@@ -11,12 +11,12 @@ use std::sync::OnceLock;
 use redis_module::raw::{
     mstime_t, ustime_t, RedisModuleCtx, RedisModuleKey, RedisModuleString,
     RedisModule_CachedMicroseconds, RedisModule_CloseKey, RedisModule_CreateString,
-    RedisModule_CreateStringFromLongLong, RedisModule_FreeString, RedisModule_HashGet,
-    RedisModule_HashSet, RedisModule_KeyType, RedisModule_Log, RedisModule_Milliseconds,
-    RedisModule_NotifyKeyspaceEvent, RedisModule_OpenKey, RedisModule_Replicate,
-    RedisModule_ReplyWithArray, RedisModule_ReplyWithError, RedisModule_ReplyWithLongLong,
-    RedisModule_SetAbsExpire, RedisModule_SetExpire, RedisModule_SignalModifiedKey,
-    RedisModule_StringPtrLen, RedisModule_WrongArity,
+    RedisModule_FreeString, RedisModule_HashGet, RedisModule_HashSet, RedisModule_KeyType,
+    RedisModule_Log, RedisModule_Milliseconds, RedisModule_NotifyKeyspaceEvent,
+    RedisModule_OpenKey, RedisModule_Replicate, RedisModule_ReplyWithArray,
+    RedisModule_ReplyWithError, RedisModule_ReplyWithLongLong, RedisModule_SetAbsExpire,
+    RedisModule_SetExpire, RedisModule_SignalModifiedKey, RedisModule_StringPtrLen,
+    RedisModule_WrongArity,
 };
 
 pub struct Api {
@@ -32,8 +32,6 @@ pub struct Api {
     pub string_ptr_len: unsafe extern "C" fn(*const RedisModuleString, *mut usize) -> *const c_char,
     pub create_string:
         unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char, usize) -> *mut RedisModuleString,
-    pub create_string_from_long_long:
-        unsafe extern "C" fn(*mut RedisModuleCtx, c_longlong) -> *mut RedisModuleString,
     pub free_string: unsafe extern "C" fn(*mut RedisModuleCtx, *mut RedisModuleString),
     pub replicate:
         unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char, *const c_char, ...) -> c_int,
@@ -119,7 +117,6 @@ pub unsafe fn resolve() -> Result<&'static Api, &'static str> {
         hash_set: need!(RedisModule_HashSet),
         string_ptr_len: need!(RedisModule_StringPtrLen),
         create_string,
-        create_string_from_long_long: need!(RedisModule_CreateStringFromLongLong),
         free_string: need!(RedisModule_FreeString),
         replicate: need!(RedisModule_Replicate),
         notify: need!(RedisModule_NotifyKeyspaceEvent),

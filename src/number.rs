@@ -24,10 +24,14 @@ pub enum Sign {
 /// into a finite f64. Anything else, including overflow to infinity, is
 /// `None`.
 pub fn parse_decimal(text: &[u8], sign: Sign) -> Option<f64> {
-    if text.is_empty() || text.len() > MAX_LEN || !is_decimal(text, sign) {
+    if text.is_empty() || text.len() > MAX_LEN {
         return None;
     }
-    // SAFETY: `is_decimal` accepted only ASCII digits, signs, '.', 'e' and
+    let shape = scan_decimal(text, sign)?;
+    if let Some(value) = shape.exact_value() {
+        return Some(value);
+    }
+    // SAFETY: `scan_decimal` accepted only ASCII digits, signs, '.', 'e' and
     // 'E', so the bytes are valid UTF-8; checking again costs ~100
     // instructions per number on the hot path.
     let text = unsafe { std::str::from_utf8_unchecked(text) };
@@ -35,39 +39,108 @@ pub fn parse_decimal(text: &[u8], sign: Sign) -> Option<f64> {
     value.is_finite().then_some(value)
 }
 
-fn is_decimal(text: &[u8], sign: Sign) -> bool {
+/// What one pass over a valid decimal learned, enough to convert the
+/// everyday cases (`20`, `0.5`, `1700000000000`, `98.01246`) without the
+/// general algorithm.
+struct DecimalShape {
+    negative: bool,
+    /// All digits, without the point, as an integer; `None` once it
+    /// overflows u64 (then only the general algorithm will do).
+    digits: Option<u64>,
+    /// Digits after the point.
+    frac_digits: usize,
+    has_exponent: bool,
+}
+
+/// 10^0 ..= 10^22: every one is exactly representable as an f64.
+const EXACT_POWERS_OF_TEN: [f64; 23] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+    1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+];
+
+/// 2^53: every integer up to it is exactly representable as an f64.
+const MAX_EXACT_INTEGER: u64 = 1 << 53;
+
+impl DecimalShape {
+    /// The value when it can be had exactly with one operation: an integer
+    /// of at most 2^53 over a power of ten up to 10^22 are both exact f64s,
+    /// and IEEE division rounds their quotient correctly, so the result is
+    /// the correctly rounded value of the text, the same f64 the general
+    /// algorithm gives (Clinger's fast path).
+    fn exact_value(&self) -> Option<f64> {
+        if self.has_exponent {
+            return None;
+        }
+        let digits = self.digits.filter(|d| *d <= MAX_EXACT_INTEGER)?;
+        let scale = EXACT_POWERS_OF_TEN.get(self.frac_digits)?;
+        // `digits` <= 2^53 converts exactly.
+        let magnitude = digits as f64 / scale;
+        Some(if self.negative { -magnitude } else { magnitude })
+    }
+}
+
+/// Checks the grammar of `parse_decimal`, gathering the digits as it goes.
+fn scan_decimal(text: &[u8], sign: Sign) -> Option<DecimalShape> {
     let mut rest = text;
+    let mut negative = false;
     if sign == Sign::Allowed {
-        if let [b'+' | b'-', tail @ ..] = rest {
+        if let [first @ (b'+' | b'-'), tail @ ..] = rest {
+            negative = *first == b'-';
             rest = tail;
         }
     }
-    let int_digits = count_digits(rest);
-    rest = rest.get(int_digits..).unwrap_or_default();
+    let mut digits = Some(0u64);
+    let int_digits = take_digits(&mut rest, &mut digits);
     let mut frac_digits = 0;
     if let [b'.', tail @ ..] = rest {
-        frac_digits = count_digits(tail);
-        rest = tail.get(frac_digits..).unwrap_or_default();
+        rest = tail;
+        frac_digits = take_digits(&mut rest, &mut digits);
     }
     if int_digits == 0 && frac_digits == 0 {
-        return false;
+        return None;
     }
+    // 19 digits always fit in a u64; with more, the sum may have wrapped.
+    if int_digits.saturating_add(frac_digits) > 19 {
+        digits = None;
+    }
+    let mut has_exponent = false;
     if let [b'e' | b'E', tail @ ..] = rest {
+        has_exponent = true;
         rest = tail;
         if let [b'+' | b'-', tail @ ..] = rest {
             rest = tail;
         }
-        let exp_digits = count_digits(rest);
-        if exp_digits == 0 {
-            return false;
+        if take_digits(&mut rest, &mut None) == 0 {
+            return None;
         }
-        rest = rest.get(exp_digits..).unwrap_or_default();
     }
-    rest.is_empty()
+    rest.is_empty().then_some(DecimalShape {
+        negative,
+        digits,
+        frac_digits,
+        has_exponent,
+    })
 }
 
-fn count_digits(text: &[u8]) -> usize {
-    text.iter().take_while(|b| b.is_ascii_digit()).count()
+/// Advances `rest` past its leading ASCII digits, appending them to
+/// `value`, and returns how many there were. `value` becomes `None` once
+/// the digits so far could exceed u64 (more than 19 of them).
+fn take_digits(rest: &mut &[u8], value: &mut Option<u64>) -> usize {
+    let mut count = 0usize;
+    let mut acc = value.unwrap_or(0);
+    while let [digit @ b'0'..=b'9', tail @ ..] = *rest {
+        // Wrapping is harmless: a value that could have wrapped is
+        // discarded below by the digit count.
+        acc = acc
+            .wrapping_mul(10)
+            .wrapping_add(u64::from(digit.wrapping_sub(b'0')));
+        count = count.wrapping_add(1);
+        *rest = tail;
+    }
+    if let Some(seen) = value.as_mut() {
+        *seen = acc;
+    }
+    count
 }
 
 /// A fixed-size text buffer, so formatting a value costs no heap allocation.
@@ -77,6 +150,25 @@ pub struct NumberText {
 }
 
 impl NumberText {
+    fn new() -> Self {
+        NumberText {
+            bytes: [0; 40],
+            len: 0,
+        }
+    }
+
+    /// Appends `text`; a write past the end (which no caller makes) is
+    /// dropped.
+    fn push(&mut self, text: &[u8]) {
+        let Some(end) = self.len.checked_add(text.len()) else {
+            return;
+        };
+        if let Some(dest) = self.bytes.get_mut(self.len..end) {
+            dest.copy_from_slice(text);
+            self.len = end;
+        }
+    }
+
     pub fn as_bytes(&self) -> &[u8] {
         self.bytes.get(..self.len).unwrap_or_default()
     }
@@ -84,10 +176,11 @@ impl NumberText {
 
 impl std::fmt::Write for NumberText {
     fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        let end = self.len.checked_add(s.len()).ok_or(std::fmt::Error)?;
-        let dest = self.bytes.get_mut(self.len..end).ok_or(std::fmt::Error)?;
-        dest.copy_from_slice(s.as_bytes());
-        self.len = end;
+        let before = self.len;
+        self.push(s.as_bytes());
+        if self.len == before && !s.is_empty() {
+            return Err(std::fmt::Error);
+        }
         Ok(())
     }
 }
@@ -99,20 +192,127 @@ impl std::fmt::Write for NumberText {
 /// and by Lua's `tonumber`.
 pub fn format_tokens(tokens: f64) -> NumberText {
     use std::fmt::Write;
-    let mut out = NumberText {
-        bytes: [0; 40],
-        len: 0,
-    };
     let magnitude = tokens.abs();
+    let plain = magnitude == 0.0 || (1e-4..1e15).contains(&magnitude);
+    if plain {
+        // A whole, non-negative count (a new or refunded-to-full bucket, any
+        // integer rate) is its digits: the same text as below, without the
+        // general float formatter.
+        if tokens.is_sign_positive() && tokens.fract() == 0.0 {
+            // Exact: a whole number below 1e15 < 2^53.
+            return format_integer(tokens as i64);
+        }
+        // The usual fractional count, e.g. 98.01246: Ryu finds the same
+        // shortest digits four times faster. The two differ only when the
+        // value sits exactly halfway between two shortest candidates (Ryu
+        // rounds such a tie to even, Rust up), which needs a short binary
+        // fraction; `no_decimal_tie` rules that out first.
+        if no_decimal_tie(tokens) {
+            let mut buffer = ryu::Buffer::new();
+            let mut out = NumberText::new();
+            // In this range Ryu writes plain notation, as `{}` does.
+            out.push(buffer.format_finite(tokens).as_bytes());
+            return out;
+        }
+    }
+    let mut out = NumberText::new();
     // Both forms of a finite f64 fit in 40 bytes (the longest is
     // "-2.2250738585072014e-308", 24 bytes), so write! cannot fail; if it
     // somehow did, the buffer would hold a prefix that fails to parse and
     // the caller would refuse it, so the result is checked there.
-    let _ = if magnitude == 0.0 || (1e-4..1e15).contains(&magnitude) {
+    let _ = if plain {
         write!(out, "{tokens}")
     } else {
         write!(out, "{tokens:e}")
     };
+    out
+}
+
+/// Whether `value` (non-integral, 1e-4 <= |value| < 1e15) has an exact
+/// decimal expansion too long for it to lie exactly halfway between two
+/// shortest round-trip candidates.
+///
+/// A tie between candidates of at most 17 significant digits needs an exact
+/// expansion of at most 18. Writing `value` as `odd * 2^-k` (k >= 1, as it
+/// is not whole), its expansion has exactly k digits after the point, the
+/// last a 5. Above 1 that is the integer digits plus k significant digits;
+/// below 1 (down to 1e-4) at most 3 of the k are leading zeros. Whenever
+/// that comes to 19 or more, no tie is possible.
+fn no_decimal_tie(value: f64) -> bool {
+    const MANTISSA_BITS: u32 = 52;
+    let bits = value.to_bits();
+    let biased_exponent = (bits >> MANTISSA_BITS) & 0x7ff;
+    let fraction = bits & ((1u64 << MANTISSA_BITS) - 1);
+    // Subnormals (far below 1e-4) and zero are not asked about; refusing
+    // them keeps the arithmetic below simple.
+    if biased_exponent == 0 {
+        return false;
+    }
+    // value = (2^52 + fraction) * 2^(biased_exponent - 1075); k is minus the
+    // exponent of its lowest set bit. Every term is at most a few thousand.
+    let mantissa = fraction | (1u64 << MANTISSA_BITS);
+    let lowest_bit = (biased_exponent as i64)
+        .saturating_sub(1075)
+        .saturating_add(i64::from(mantissa.trailing_zeros()));
+    let fraction_digits = lowest_bit.saturating_neg();
+    let magnitude = value.abs();
+    let significant = if magnitude >= 1.0 {
+        // Below 1e15, the integer part converts exactly.
+        let integer_digits = (magnitude as u64)
+            .checked_ilog10()
+            .map_or(0, |log| log.saturating_add(1));
+        fraction_digits.saturating_add(i64::from(integer_digits))
+    } else {
+        fraction_digits.saturating_sub(3)
+    };
+    significant >= 19
+}
+
+/// Two ASCII digits for each of 00..=99.
+const DIGIT_PAIRS: &[u8; 200] = b"\
+0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
+
+/// Formats an integer in decimal (what `{}` prints), without `core::fmt`.
+pub fn format_integer(value: i64) -> NumberText {
+    let mut out = NumberText::new();
+    // Digits are produced last first, two at a time, into the end of a
+    // scratch buffer (20 digits hold any u64).
+    let mut scratch = [0u8; 20];
+    let mut start = scratch.len();
+    let mut rest = value.unsigned_abs();
+    loop {
+        let (pair, digits) = if rest >= 10 {
+            ((rest % 100) as usize, 2)
+        } else {
+            (rest as usize, 1)
+        };
+        rest = if digits == 2 { rest / 100 } else { 0 };
+        // `pair` < 100, so both indexes are within DIGIT_PAIRS.
+        let pair_text = DIGIT_PAIRS
+            .get(pair.wrapping_mul(2)..pair.wrapping_mul(2).wrapping_add(2))
+            .unwrap_or_default();
+        let Some(from) = start.checked_sub(digits) else {
+            break;
+        };
+        if let (Some(dest), Some(src)) = (
+            scratch.get_mut(from..start),
+            pair_text.get(2usize.wrapping_sub(digits)..),
+        ) {
+            dest.copy_from_slice(src);
+        }
+        start = from;
+        if rest == 0 {
+            break;
+        }
+    }
+    if value < 0 {
+        out.push(b"-");
+    }
+    out.push(scratch.get(start..).unwrap_or_default());
     out
 }
 
@@ -173,6 +373,109 @@ mod tests {
         assert_eq!(text(0.1 + 0.2), "0.30000000000000004");
         assert_eq!(text(1e300), "1e300");
         assert_eq!(text(1.5e-7), "1.5e-7");
+        assert_eq!(text(-0.0), "-0");
+        assert_eq!(text(999999999999999.0), "999999999999999");
+        assert_eq!(text(1e15), "1e15");
+        assert_eq!(text(-3.0), "-3");
+    }
+
+    #[test]
+    fn only_short_binary_fractions_can_be_decimal_ties() {
+        // Short exact expansions (at most 18 digits): Rust's formatting.
+        for value in [
+            0.5,
+            2.5,
+            1.0 / 64.0,
+            999_999_999.5,
+            3.0 * 2f64.powi(-15),
+            999_999_999_999_999.9, // 15 integer digits + 3 binary fraction digits
+            -0.5,
+        ] {
+            assert!(!no_decimal_tie(value), "{value}");
+        }
+        // Long ones: Ryu.
+        for value in [
+            0.1,
+            98.01246,
+            2f64.powi(-22),
+            1e-4,
+            123_456_789.123,
+            999_999_999.001,
+            -98.01246,
+        ] {
+            assert!(no_decimal_tie(value), "{value}");
+        }
+        assert!(!no_decimal_tie(0.0));
+        assert!(!no_decimal_tie(5e-324));
+    }
+
+    /// Every f64 whose binary expansion ends at 2^-26 or below, sampled
+    /// across the plain range and its edges, formats as `{}` does.
+    #[test]
+    fn the_ryu_path_agrees_with_the_standard_library() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut checked = 0;
+        while checked < 2_000_000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let exponent = 1023 - 14 + (state >> 58) as i64 % 64; // ~2^-14 .. 2^49
+            let value = f64::from_bits((state & ((1 << 52) - 1)) | ((exponent as u64) << 52));
+            if !(1e-4..1e15).contains(&value) || value.fract() == 0.0 {
+                continue;
+            }
+            for value in [value, -value] {
+                let text = format_tokens(value);
+                assert_eq!(text.as_bytes(), format!("{value}").as_bytes(), "{value:e}");
+            }
+            checked += 1;
+        }
+    }
+
+    #[test]
+    fn integers_are_written_in_decimal() {
+        for value in [
+            0,
+            7,
+            -7,
+            9,
+            10,
+            11,
+            99,
+            100,
+            101,
+            1005,
+            -1005,
+            1_700_000_000_000,
+            i64::MAX,
+            i64::MIN,
+        ] {
+            assert_eq!(
+                format_integer(value).as_bytes(),
+                value.to_string().as_bytes()
+            );
+        }
+    }
+
+    #[test]
+    fn the_exact_shortcut_matches_the_general_algorithm_at_its_edges() {
+        for text in [
+            "9007199254740992", // 2^53: the last integer taken exactly
+            "9007199254740993", // 2^53 + 1: rounds, so left to the general path
+            "18446744073709551615",
+            "18446744073709551616",
+            "0.0000000000000000000001",  // 22 fraction digits
+            "0.00000000000000000000001", // 23
+            "123456789.123456789",
+            "-0",
+            "-0.0",
+            "1700000000000",
+            "98.01246",
+        ] {
+            let expected: f64 = text.parse().unwrap();
+            let got = parse_decimal(text.as_bytes(), Sign::Allowed).unwrap();
+            assert_eq!(got.to_bits(), expected.to_bits(), "{text}");
+        }
     }
 
     proptest! {
@@ -191,6 +494,46 @@ mod tests {
                     prop_assert!(v.is_finite());
                 }
             }
+        }
+
+        #[test]
+        fn plain_decimals_parse_exactly_as_the_standard_library_does(
+            sign in "[-+]?", int in "[0-9]{0,20}", frac in proptest::option::of("[0-9]{0,25}"),
+        ) {
+            let text = match &frac {
+                Some(frac) => format!("{sign}{int}.{frac}"),
+                None => format!("{sign}{int}"),
+            };
+            let expected = text.parse::<f64>().ok().filter(|v| v.is_finite());
+            let got = parse_decimal(text.as_bytes(), Sign::Allowed);
+            prop_assert_eq!(got.map(f64::to_bits), expected.map(f64::to_bits), "{}", text);
+        }
+
+        #[test]
+        fn integers_are_formatted_as_the_standard_library_does(value in any::<i64>()) {
+            let text = format_integer(value);
+            let expected = value.to_string();
+            prop_assert_eq!(text.as_bytes(), expected.as_bytes());
+        }
+
+        #[test]
+        fn fractional_counts_are_formatted_as_the_standard_library_does(
+            bits in any::<u64>(), scale in -4i32..15,
+        ) {
+            // A random mantissa at a random magnitude within the plain range.
+            let value = f64::from_bits((bits & ((1 << 52) - 1)) | (1023 << 52)) * 10f64.powi(scale);
+            prop_assume!((1e-4..1e15).contains(&value));
+            let text = format_tokens(value);
+            let expected = format!("{value}");
+            prop_assert_eq!(text.as_bytes(), expected.as_bytes());
+        }
+
+        #[test]
+        fn whole_token_counts_are_formatted_as_any_other(value in 0u64..2_000_000_000_000_000) {
+            let tokens = value as f64;
+            let expected = if tokens < 1e15 { format!("{tokens}") } else { format!("{tokens:e}") };
+            let text = format_tokens(tokens);
+            prop_assert_eq!(text.as_bytes(), expected.as_bytes());
         }
 
         #[test]

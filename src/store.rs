@@ -18,7 +18,7 @@ use redis_module::raw::{
 use crate::api::Api;
 use crate::bucket::State;
 use crate::error::TbError;
-use crate::number::{format_tokens, parse_decimal, Sign};
+use crate::number::{format_integer, format_tokens, parse_decimal, Sign};
 
 /// The key holds a hash that is not a bucket: `tokens` or `last_refill` is
 /// missing or not a finite number. The caller names the key in its error.
@@ -127,10 +127,14 @@ impl<'a> BucketKey<'a> {
                 self.ctx,
                 (api.create_string)(self.ctx, bytes.as_ptr().cast(), bytes.len()),
             );
+            // Formatted here rather than by RM_CreateStringFromLongLong,
+            // which costs twice as much for the same text.
+            let now_text = format_integer(now_ms);
+            let now_bytes = now_text.as_bytes();
             let last_refill = OwnedString::new(
                 api,
                 self.ctx,
-                (api.create_string_from_long_long)(self.ctx, now_ms),
+                (api.create_string)(self.ctx, now_bytes.as_ptr().cast(), now_bytes.len()),
             );
             (api.hash_set)(
                 self.key,
