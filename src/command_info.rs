@@ -13,8 +13,7 @@ use std::os::raw::c_int;
 use std::ptr;
 
 use redis_module::commands::{
-    get_redis_command_args, get_redis_key_spec, BeginSearch, CommandArgFlags, FindKeys, KeySpec,
-    KeySpecFlags, RedisModuleCommandArg,
+    get_redis_key_spec, BeginSearch, CommandArgFlags, FindKeys, KeySpec, KeySpecFlags,
 };
 use redis_module::raw::{self, RedisModuleCmdFunc, RedisModuleCtx};
 
@@ -99,66 +98,51 @@ pub unsafe fn register(
             Shape::Repeated => FindKeys::new_range(-1, 4, 0),
         },
     )]);
-    let number = |arg: &str, summary: &str, flags: CommandArgFlags| {
-        RedisModuleCommandArg::new(
-            arg.into(),
-            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_DOUBLE,
-            None,
-            None,
-            Some(summary.into()),
-            None,
-            flags,
-            None,
-            None,
-            None,
-        )
-    };
-    let key = RedisModuleCommandArg::new(
-        "key".into(),
-        raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
-        Some(0),
-        None,
-        Some("the bucket's hash".into()),
-        None,
-        CommandArgFlags::NONE,
-        None,
-        None,
-        None,
-    );
+    // The argument tree points at static strings only: nothing is allocated
+    // for it, so nothing is left to free once the server has copied it.
     let n_flags = match spec.shape {
         Shape::Single { n_optional: true } => CommandArgFlags::OPTIONAL,
         _ => CommandArgFlags::NONE,
     };
-    let bucket = vec![
-        key,
-        number(
-            "capacity",
-            "tokens when full (burst), > 0",
+    let mut bucket = [
+        command_arg(
+            c"key",
+            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
+            c"the bucket's hash",
             CommandArgFlags::NONE,
         ),
-        number(
-            "rate",
-            "tokens added per second, > 0",
+        number_arg(
+            c"capacity",
+            c"tokens when full (burst), > 0",
             CommandArgFlags::NONE,
         ),
-        number("n", "tokens, >= 0", n_flags),
+        number_arg(
+            c"rate",
+            c"tokens added per second, > 0",
+            CommandArgFlags::NONE,
+        ),
+        number_arg(c"n", c"tokens, >= 0", n_flags),
+        END_OF_ARGS,
     ];
-    let args = get_redis_command_args(match spec.shape {
-        Shape::Single { .. } => bucket,
-        Shape::Repeated => vec![RedisModuleCommandArg::new(
-            "bucket".into(),
-            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK,
-            None,
-            None,
-            Some("one limit: key capacity rate n".into()),
-            None,
-            CommandArgFlags::MULTIPLE,
-            None,
-            Some(bucket),
-            None,
-        )],
-    })
-    .ok_or("no arguments")?;
+    if let Some(key) = bucket.first_mut() {
+        key.key_spec_index = 0;
+    }
+    let mut repeated = [
+        raw::RedisModuleCommandArg {
+            subargs: bucket.as_mut_ptr(),
+            ..command_arg(
+                c"bucket",
+                raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK,
+                c"one limit: key capacity rate n",
+                CommandArgFlags::MULTIPLE,
+            )
+        },
+        END_OF_ARGS,
+    ];
+    let args = match spec.shape {
+        Shape::Single { .. } => bucket.as_mut_ptr(),
+        Shape::Repeated => repeated.as_mut_ptr(),
+    };
 
     // Version 1 of the struct plus our own sizes lets a 7.0 server read the
     // newer header's structs: it steps through arrays by these sizes.
@@ -179,12 +163,54 @@ pub unsafe fn register(
         tips: c"nondeterministic_output".as_ptr(),
         arity: spec.arity,
         key_specs: key_specs.as_ptr() as *mut _,
-        args: args.as_ptr() as *mut _,
+        args,
     };
-    // The server copies everything it keeps, so the vectors (and the strings
-    // the crate leaked into them, a few bytes once per load) may go.
+    // The server copies everything it keeps, so the arrays may go.
     if set_info(command, &info) != raw::REDISMODULE_OK as c_int {
         return Err(format!("could not set command info of {name}"));
     }
     Ok(())
+}
+
+/// The all-zero entry that ends an argument array.
+const END_OF_ARGS: raw::RedisModuleCommandArg = raw::RedisModuleCommandArg {
+    name: ptr::null(),
+    type_: 0,
+    key_spec_index: -1,
+    token: ptr::null(),
+    summary: ptr::null(),
+    since: ptr::null(),
+    flags: 0,
+    deprecated_since: ptr::null(),
+    subargs: ptr::null_mut(),
+    display_text: ptr::null(),
+};
+
+/// One argument without a token, key spec or sub-arguments.
+fn command_arg(
+    name: &'static CStr,
+    type_: raw::RedisModuleCommandArgType,
+    summary: &'static CStr,
+    flags: CommandArgFlags,
+) -> raw::RedisModuleCommandArg {
+    raw::RedisModuleCommandArg {
+        name: name.as_ptr(),
+        type_,
+        summary: summary.as_ptr(),
+        flags: flags.bits() as c_int,
+        ..END_OF_ARGS
+    }
+}
+
+fn number_arg(
+    name: &'static CStr,
+    summary: &'static CStr,
+    flags: CommandArgFlags,
+) -> raw::RedisModuleCommandArg {
+    command_arg(
+        name,
+        raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_DOUBLE,
+        summary,
+        flags,
+    )
 }
