@@ -765,10 +765,12 @@ fn moving_a_slot_with_setslot_and_migrate_keeps_bucket_state_and_ttl() {
     for i in 1..keys.len() {
         assert_eq!(after[i].0, before[i].0, "{} fields byte-identical", keys[i]);
         // MIGRATE sends the time to live, not the deadline, so the target's deadline is
-        // the source's plus the transfer time: never earlier, a few ms later at most.
+        // the source's plus the transfer time: never earlier, a few ms later (up to
+        // seconds on a loaded machine; a lost or reset deadline would be off by far more:
+        // the buckets are 1000 s or more from full).
         let shift = after[i].1 - before[i].1;
         assert!(
-            (0..=1000).contains(&shift),
+            (0..=10_000).contains(&shift),
             "{}: deadline moved by {shift} ms",
             keys[i]
         );
@@ -845,9 +847,10 @@ fn atomic_slot_migration_keeps_bucket_state_and_deadlines_where_the_server_has_i
     });
     for i in 0..keys.len() {
         assert_eq!(after[i].0, before[i].0, "{} fields byte-identical", keys[i]);
+        // As with MIGRATE: the transfer time at most (seconds when loaded).
         let shift = after[i].1 - before[i].1;
         assert!(
-            (0..=1000).contains(&shift),
+            (0..=10_000).contains(&shift),
             "{}: deadline moved by {shift} ms",
             keys[i]
         );

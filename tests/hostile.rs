@@ -303,17 +303,15 @@ fn negative_tokens_count_as_empty_and_the_wait_is_computed_from_zero() {
 fn a_hugely_negative_bucket_allows_again_once_refilled() {
     let server = Server::start();
     let mut con = server.conn();
-    // Two seconds ago at one token per second: two tokens, whatever the debt.
-    let two_seconds_ago = server_time_ms(&mut con) - 2_000;
+    // 200 s ago at one token per 100 s: two tokens, whatever the debt. The slow rate keeps
+    // the refill during the test far below the half token the assertions allow.
+    let long_ago = server_time_ms(&mut con) - 200_000;
     hset(
         &mut con,
         "debt",
-        &[
-            ("tokens", "-1e300"),
-            ("last_refill", &two_seconds_ago.to_string()),
-        ],
+        &[("tokens", "-1e300"), ("last_refill", &long_ago.to_string())],
     );
-    let reply = take(&mut con, "debt", "10", "1", "2");
+    let reply = take(&mut con, "debt", "10", "0.01", "2");
     assert_eq!(&reply[..3], &[1, 0, 0], "{reply:?}");
     let stored = stored_tokens(&mut con, "debt");
     assert!((0.0..0.5).contains(&stored), "stored tokens {stored}");
@@ -422,10 +420,11 @@ fn an_allowed_take_on_a_bucket_beyond_any_clock_sets_a_positive_ttl() {
         "beyond",
         &[("tokens", "5"), ("last_refill", "1e300")],
     );
-    let reply = take(&mut con, "beyond", "10", "1", "1");
-    assert_eq!(reply, vec![1, 4, 0, 6_000]);
+    // 6 tokens short at one per 100 s: the key cannot expire before its PTTL is read.
+    let reply = take(&mut con, "beyond", "10", "0.01", "1");
+    assert_eq!(reply, vec![1, 4, 0, 600_000]);
     let ttl = pttl(&mut con, "beyond");
-    assert!(ttl > 0 && ttl <= 6_000, "PTTL {ttl}");
+    assert!(ttl > 0 && ttl <= 600_000, "PTTL {ttl}");
 }
 
 #[test]
@@ -654,12 +653,13 @@ fn a_clock_stepped_back_still_sets_a_positive_ttl_after_an_allowed_take() {
     let server = Server::start();
     let mut con = server.conn();
     bucket_a_minute_ahead(&mut con, "skewed");
-    let reply = take(&mut con, "skewed", "10", "1", "1");
+    let reply = take(&mut con, "skewed", "10", "0.01", "1");
     assert_eq!(&reply[..3], &[1, 2, 0], "{reply:?}");
-    // From now (the write replaces the future instant): 8 tokens short at 1 per second.
-    assert_eq!(reply[3], 8_000);
+    // From now (the write replaces the future instant): 8 tokens short at 1 per 100 s, so
+    // the key is still there for the reads below.
+    assert_eq!(reply[3], 800_000);
     let ttl = pttl(&mut con, "skewed");
-    assert!(ttl > 0 && ttl <= 8_000, "PTTL {ttl}");
+    assert!(ttl > 0 && ttl <= 800_000, "PTTL {ttl}");
     let deadline = pexpiretime(&mut con, "skewed");
     assert!(
         deadline > server_time_ms(&mut con),

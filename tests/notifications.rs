@@ -99,7 +99,8 @@ fn an_allowed_take_notifies_hset_and_expire() {
     let mut sub = sub_con.as_pubsub();
     subscribe(&mut sub);
 
-    assert_eq!(take(&mut con, "tb:n", "10", "1", "3")[0], 1);
+    // One token per 1000 s: the bucket cannot expire (an `expired` event) before the marker.
+    assert_eq!(take(&mut con, "tb:n", "10", "0.001", "3")[0], 1);
     let events = events_until_marker(&mut con, &mut sub, "marker");
 
     let expected = vec!["expire".to_string(), "hset".to_string()];
@@ -146,12 +147,13 @@ fn a_take_of_zero_tokens_notifies_nothing() {
     let server = Server::start();
     let mut con = server.conn();
     enable_notifications(&mut con);
-    assert_eq!(take(&mut con, "tb:z", "10", "1", "4")[0], 1);
+    // One token per 1000 s: the bucket cannot expire (an `expired` event) before the marker.
+    assert_eq!(take(&mut con, "tb:z", "10", "0.001", "4")[0], 1);
     let mut sub_con = server.conn();
     let mut sub = sub_con.as_pubsub();
     subscribe(&mut sub);
 
-    assert_eq!(take(&mut con, "tb:z", "10", "1", "0")[0], 1);
+    assert_eq!(take(&mut con, "tb:z", "10", "0.001", "0")[0], 1);
     assert_eq!(take(&mut con, "tb:z-missing", "10", "1", "0")[0], 1);
     let _: () = redis::cmd("SET")
         .arg("other")

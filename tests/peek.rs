@@ -102,10 +102,11 @@ fn peek_never_writes_an_existing_bucket() {
 fn peek_after_a_take_does_not_touch_the_ttl() {
     let server = Server::start();
     let mut con = server.conn();
-    take(&mut con, "b", "10", "1", "5");
+    // Full again in 500 s: the key cannot expire between the reads below.
+    take(&mut con, "b", "10", "0.01", "5");
     let deadline = pexpiretime(&mut con, "b");
     let before = pttl(&mut con, "b");
-    let reply = peek(&mut con, "b", "10", "1", "5");
+    let reply = peek(&mut con, "b", "10", "0.01", "5");
     assert_eq!(reply[0], 1);
     assert_eq!(pexpiretime(&mut con, "b"), deadline);
     assert!(pttl(&mut con, "b") <= before);

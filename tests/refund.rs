@@ -65,33 +65,34 @@ fn assert_within(what: &str, value: i64, low: i64, high: i64) {
 fn refund_refills_first_then_adds() {
     let server = Server::start();
     let mut con = server.conn();
-    // 2 tokens written 3 s ago at 1 token/s: 5 available now, 8 after giving 3 back
-    // (a refund that skipped the refill would leave 5).
-    let written_ms = server_time_ms(&mut con) - 3000;
+    // 2 tokens written 300 s ago at 1 token per 100 s: 5 available now, 8 after giving 3
+    // back (a refund that skipped the refill would leave 5). The slow rate leaves 200 s
+    // before the cap, however slow the machine.
+    let written_ms = server_time_ms(&mut con) - 300_000;
     hset(
         &mut con,
         "tb:r",
         &[("tokens", "2"), ("last_refill", &written_ms.to_string())],
     );
 
-    let reply = refund(&mut con, "tb:r", "10", "1", "3");
+    let reply = refund(&mut con, "tb:r", "10", "0.01", "3");
     let after_ms = server_time_ms(&mut con);
 
     let now_ms = stored_last_refill(&mut con, "tb:r");
-    assert_within("last_refill", now_ms, written_ms + 3000, after_ms);
-    let since_ms = now_ms - written_ms; // 3000 and a few
+    assert_within("last_refill", now_ms, written_ms + 300_000, after_ms);
+    let since_ms = now_ms - written_ms; // 300_000 and a few
     let tokens = stored_tokens(&mut con, "tb:r");
     assert_eq!(
         tokens,
-        2.0 + since_ms as f64 / 1000.0 + 3.0,
+        2.0 + since_ms as f64 / 1000.0 * 0.01 + 3.0,
         "stored tokens"
     );
     assert_eq!(&reply[..3], &[1, tokens.floor() as i64, 0], "{reply:?}");
     // Full again after the fewest whole ms w with tokens + w / 1000 * rate >= capacity,
     // computed the way the module does.
-    let guess = ((10.0 - tokens) * 1000.0).ceil() as i64;
+    let guess = ((10.0 - tokens) / 0.01 * 1000.0).ceil() as i64;
     let full_ms = (guess - 2..)
-        .find(|w| tokens + *w as f64 / 1000.0 * 1.0 >= 10.0)
+        .find(|w| tokens + *w as f64 / 1000.0 * 0.01 >= 10.0)
         .expect("a wait that fills the bucket");
     assert_eq!(reply[3], full_ms, "{reply:?}");
 }
@@ -405,14 +406,18 @@ fn refunds_leave_the_replica_byte_identical() {
     let master = Server::start_with(QUIET_MASTER_ARGS);
     let replica = start_replica_of(&master);
     let mut m = master.conn();
-    for (key, capacity, rate, n) in [("tb:a", "10", "0.5", "6"), ("tb:b", "2.5", "0.3", "2.2")] {
+    // Slow rates (full again in 500 s or more), so no bucket expires before it is compared.
+    for (key, capacity, rate, n) in [
+        ("tb:a", "10", "0.005", "6"),
+        ("tb:b", "2.5", "0.003", "2.2"),
+    ] {
         assert_eq!(take(&mut m, key, capacity, rate, n)[0], 1, "take {key}");
     }
     // Fractional amounts make the stored token counts non-trivial text.
     for (key, capacity, rate, n) in [
-        ("tb:a", "10", "0.5", "1.3"),
-        ("tb:a", "10", "0.5", "2"),
-        ("tb:b", "2.5", "0.3", "0.7"),
+        ("tb:a", "10", "0.005", "1.3"),
+        ("tb:a", "10", "0.005", "2"),
+        ("tb:b", "2.5", "0.003", "0.7"),
     ] {
         refund(&mut m, key, capacity, rate, n);
     }

@@ -119,13 +119,14 @@ fn allowed_takes_reach_the_replica_as_identical_fields_and_deadline() {
         "tb:extra",
         &[("owner", "alice"), ("tokens", "100"), ("last_refill", "0")],
     );
-    // Fractional rates make the stored tokens a non-trivial decimal text.
+    // Fractional rates make the stored tokens a non-trivial decimal text; slow ones (full
+    // again in 400 s or more) keep every bucket from expiring before it is compared.
     for (key, capacity, rate, n) in [
-        ("tb:a", "10", "0.5", "3"),
-        ("tb:a", "10", "0.5", "2"),
-        ("tb:b", "2.5", "0.3", "0.7"),
-        ("tb:b", "2.5", "0.3", "1"),
-        ("tb:extra", "100", "7", "33"),
+        ("tb:a", "10", "0.005", "3"),
+        ("tb:a", "10", "0.005", "2"),
+        ("tb:b", "2.5", "0.003", "0.7"),
+        ("tb:b", "2.5", "0.003", "1"),
+        ("tb:extra", "100", "0.07", "33"),
     ] {
         let reply = take(&mut m, key, capacity, rate, n);
         assert_eq!(reply[0], 1, "take {key} {capacity} {rate} {n}: {reply:?}");
@@ -205,14 +206,15 @@ fn denied_takes_do_not_move_the_master_replication_offset() {
 fn takes_of_zero_tokens_do_not_move_the_master_replication_offset() {
     let pair = Pair::start();
     let mut m = pair.master.conn();
-    let reply = take(&mut m, "tb:zero", "10", "1", "4");
+    // One token per 1000 s: the bucket cannot expire (a DEL down the stream) meanwhile.
+    let reply = take(&mut m, "tb:zero", "10", "0.001", "4");
     assert_eq!(reply[0], 1, "{reply:?}");
     pair.wait_for_replica();
 
     let before = repl_offset(&mut m);
     for _ in 0..100 {
         // n = 0 on an existing bucket and on a missing one: allowed, no write.
-        let reply = take(&mut m, "tb:zero", "10", "1", "0");
+        let reply = take(&mut m, "tb:zero", "10", "0.001", "0");
         assert_eq!(reply[0], 1, "{reply:?}");
         let reply = take(&mut m, "tb:zero-missing", "10", "1", "0");
         assert_eq!(reply[0], 1, "{reply:?}");

@@ -50,22 +50,23 @@ fn retry_after_ms_is_the_time_until_n_tokens_are_there() {
         "b",
         &[("tokens", "0"), ("last_refill", &t0.to_string())],
     );
-    let reply = take(&mut con, "b", "10", "2", "3");
+    // One token per 100 s: however slow the machine, the call is still denied.
+    let reply = take(&mut con, "b", "10", "0.01", "3");
     let t1 = server_time_ms(&mut con);
     let drift = t1 - t0; // the module's clock read lies in [t0, t1]
     assert_eq!(&reply[..2], &[0, 0], "reply {reply:?}");
-    // 3 tokens at 2/s = 1500 ms, 10 tokens = 5000 ms, less what refilled since t0.
+    // 3 tokens at 0.01/s = 300_000 ms, 10 tokens = 1_000_000 ms, less what refilled since t0.
     assert!(
-        reply[2] <= 1500 && reply[2] >= 1500 - drift,
-        "retry_after_ms {} not in [{}, 1500]",
+        reply[2] <= 300_000 && reply[2] >= 300_000 - drift,
+        "retry_after_ms {} not in [{}, 300000]",
         reply[2],
-        1500 - drift
+        300_000 - drift
     );
     assert!(
-        reply[3] <= 5000 && reply[3] >= 5000 - drift,
-        "reset_after_ms {} not in [{}, 5000]",
+        reply[3] <= 1_000_000 && reply[3] >= 1_000_000 - drift,
+        "reset_after_ms {} not in [{}, 1000000]",
         reply[3],
-        5000 - drift
+        1_000_000 - drift
     );
 }
 
@@ -121,7 +122,8 @@ fn bucket_is_a_hash_of_tokens_and_last_refill_in_server_ms() {
     let server = Server::start();
     let mut con = server.conn();
     let t0 = server_time_ms(&mut con);
-    take(&mut con, "b", "10", "2", "3");
+    // Full again in 300 s: the key is still there when it is read back.
+    take(&mut con, "b", "10", "0.01", "3");
     let t1 = server_time_ms(&mut con);
     let ty: String = redis::cmd("TYPE").arg("b").query(&mut con).unwrap();
     assert_eq!(ty, "hash");
@@ -166,21 +168,22 @@ fn pttl_equals_reset_after_ms() {
     let server = Server::start();
     let mut con = server.conn();
     let t0 = server_time_ms(&mut con);
-    let reply = take(&mut con, "b", "10", "2", "3");
+    // 3 tokens at 0.01/s: full again in 300 s, so the key outlives any slow read below.
+    let reply = take(&mut con, "b", "10", "0.01", "3");
     let ttl = pttl(&mut con, "b");
     let t1 = server_time_ms(&mut con);
-    assert_eq!(reply[3], 1500);
+    assert_eq!(reply[3], 300_000);
     // PTTL is read at most (t1 - t0) ms after the write; +1 for ms rounding.
     assert!(
-        ttl <= 1500 && ttl >= 1500 - (t1 - t0) - 1,
-        "PTTL {ttl} vs reset_after_ms 1500 (elapsed {} ms)",
+        ttl <= 300_000 && ttl >= 300_000 - (t1 - t0) - 1,
+        "PTTL {ttl} vs reset_after_ms 300000 (elapsed {} ms)",
         t1 - t0
     );
     let deadline = pexpiretime(&mut con, "b");
     let last = stored_last_refill(&mut con, "b");
     assert_eq!(
         deadline,
-        last + 1500,
+        last + 300_000,
         "expiry must be absolute: last_refill + reset_after_ms"
     );
 }
@@ -189,18 +192,21 @@ fn pttl_equals_reset_after_ms() {
 fn expiry_follows_each_allowed_take() {
     let server = Server::start();
     let mut con = server.conn();
-    take(&mut con, "b", "10", "1", "1");
+    // One token per 100 s, so the milliseconds between the calls (on a slow
+    // machine, up to seconds) hardly refill anything.
+    take(&mut con, "b", "10", "0.01", "1");
     let first = pexpiretime(&mut con, "b");
-    take(&mut con, "b", "10", "1", "4");
+    take(&mut con, "b", "10", "0.01", "4");
     let second = pexpiretime(&mut con, "b");
     let last = stored_last_refill(&mut con, "b");
-    // ~5 tokens missing at 1/s: about 5000 ms after the second take.
+    // About 5 tokens missing: about 500 s after the second take, less what
+    // refilled in between.
     assert!(
         second > first,
         "expiry {second} must move out after a bigger take ({first})"
     );
     assert!(
-        (last + 4900..=last + 5000).contains(&second),
+        (last + 490_000..=last + 500_000).contains(&second),
         "expiry {second} vs last_refill {last}"
     );
 }
@@ -310,18 +316,20 @@ fn waiting_retry_after_ms_makes_the_call_succeed() {
 fn key_expires_when_the_bucket_is_full_again() {
     let server = Server::start();
     let mut con = server.conn();
-    let reply = take(&mut con, "b", "2", "20", "1");
-    assert_eq!(reply, vec![1, 1, 0, 50]);
+    // Full again 500 ms after the take: room for a slow machine to ask for
+    // the PTTL before the key is gone.
+    let reply = take(&mut con, "b", "2", "2", "1");
+    assert_eq!(reply, vec![1, 1, 0, 500]);
     let ttl = pttl(&mut con, "b");
-    assert!((1..=50).contains(&ttl), "PTTL {ttl}");
+    assert!((1..=500).contains(&ttl), "PTTL {ttl}");
     sleep_ms(ttl + 20);
     assert!(
         !exists(&mut con, "b"),
         "key still there after its PTTL passed"
     );
     assert_eq!(
-        take(&mut con, "b", "2", "20", "1"),
-        vec![1, 1, 0, 50],
+        take(&mut con, "b", "2", "2", "1"),
+        vec![1, 1, 0, 500],
         "not a full bucket"
     );
 }
@@ -432,16 +440,17 @@ fn take_works_inside_multi_exec() {
 fn take_works_from_eval() {
     let server = Server::start();
     let mut con = server.conn();
+    // A slow rate (full again in 300 s), so the bucket is still there to be read back.
     let reply: Vec<i64> = redis::cmd("EVAL")
         .arg("return redis.call('TB.TAKE', KEYS[1], ARGV[1], ARGV[2], ARGV[3])")
         .arg(1)
         .arg("b")
         .arg("10")
-        .arg("2")
+        .arg("0.01")
         .arg("3")
         .query(&mut con)
         .unwrap();
-    assert_eq!(reply, vec![1, 7, 0, 1500]);
+    assert_eq!(reply, vec![1, 7, 0, 300_000]);
     assert_eq!(stored_tokens(&mut con, "b"), 7.0);
 }
 

@@ -105,23 +105,25 @@ fn takeall_charges_every_bucket_when_all_allow() {
     let server = Server::start();
     let mut con = server.conn();
     let before_ms = server_time_ms(&mut con);
+    // Slow rates, each bucket its own: every key is still there (30 s or more from full)
+    // when it is read back below, however slow the machine.
     let reply = takeall(
         &mut con,
         &[
-            ("{t}a", "10", "1", "1"),
-            ("{t}b", "5", "1", "2"),
-            ("{t}c", "100", "10", "3"),
+            ("{t}a", "10", "0.01", "1"),
+            ("{t}b", "5", "0.01", "2"),
+            ("{t}c", "100", "0.1", "3"),
         ],
     );
     let after_ms = server_time_ms(&mut con);
 
-    // {t}b keeps the fewest tokens (3) and refills its 2 in 2000 ms.
-    assert_eq!(reply, vec![1, 3, 0, 2000, 1]);
+    // {t}b keeps the fewest tokens (3) and refills its 2 in 200 s.
+    assert_eq!(reply, vec![1, 3, 0, 200_000, 1]);
     let mut instants = Vec::new();
     for (key, tokens, reset_ms) in [
-        ("{t}a", "9", 1000),
-        ("{t}b", "3", 2000),
-        ("{t}c", "97", 300),
+        ("{t}a", "9", 100_000),
+        ("{t}b", "3", 200_000),
+        ("{t}c", "97", 30_000),
     ] {
         let fields = hgetall(&mut con, key);
         assert_eq!(
@@ -175,10 +177,11 @@ fn a_bucket_asked_for_zero_tokens_is_not_written_while_the_others_are_charged() 
     take(&mut con, "{t}existing", "10", "0.001", "4");
     let existing = bucket(&mut con, "{t}existing");
 
+    // {t}charged refills one token per 1000 s, so it is still there to be read back.
     let reply = takeall(
         &mut con,
         &[
-            ("{t}charged", "10", "1", "1"),
+            ("{t}charged", "10", "0.001", "1"),
             ("{t}missing", "10", "1", "0"),
             ("{t}existing", "10", "0.001", "0"),
         ],
@@ -322,8 +325,11 @@ fn the_day_bucket_decides_once_the_day_quota_is_used_up() {
     let server = Server::start();
     let mut con = server.conn();
     const DAY_RATE: f64 = 0.000034722;
+    // The short-term bucket refills slowly here (a token per 100 s instead of 10 per
+    // second), so it neither refills nor expires between the snapshot and the check that
+    // the denied request left it alone, however slow the machine.
     let limits: [Group; 2] = [
-        ("{user:7}:sec", "10", "10", "1"),
+        ("{user:7}:sec", "10", "0.01", "1"),
         ("{user:7}:day", "3", "0.000034722", "1"),
     ];
     let one_day_token_ms = refill_ms(1.0, DAY_RATE);
@@ -728,9 +734,10 @@ fn an_allowed_takeall_leaves_the_replica_byte_identical() {
         "{t}owned",
         &[("owner", "alice"), ("tokens", "4.5"), ("last_refill", "0")],
     );
+    // Slow rates (full again in 250 s or more), so no bucket expires before it is compared.
     let groups: [Group; 3] = [
-        ("{t}a", "10", "0.5", "3"),
-        ("{t}b", "2.5", "0.3", "0.7"),
+        ("{t}a", "10", "0.005", "3"),
+        ("{t}b", "2.5", "0.003", "0.7"),
         ("{t}owned", "4.5", "0.01", "1.25"),
     ];
     for call in 0..2 {
@@ -1068,14 +1075,17 @@ fn takeall_with_hash_tagged_keys_works_through_a_cluster_client() {
     for user in 1..=6 {
         let sec = format!("{{user:{user}}}:sec");
         let day = format!("{{user:{user}}}:day");
+        // A slow refill on the first bucket, so it is still there (100 s
+        // from full) when the test reads it back and counts keys, however
+        // long the cluster client takes to find its way.
         let limits = [
-            (sec.as_str(), "10", "10", "1"),
+            (sec.as_str(), "10", "0.01", "1"),
             (day.as_str(), "1000", "0.011574", "1"),
         ];
-        // Both buckets missing: the per-second one keeps fewer tokens (9 against 999).
+        // Both buckets missing: the first keeps fewer tokens (9 against 999).
         assert_eq!(
             takeall(&mut client, &limits),
-            vec![1, 9, 0, 100, 0],
+            vec![1, 9, 0, 100_000, 0],
             "user {user}"
         );
 
