@@ -2,8 +2,13 @@
 //!
 //! Rust's `f64::from_str` alone is too permissive for a wire protocol
 //! (`inf`, `NaN`, `+5`, `1_0` is refused but `infinity` is not), so the text
-//! is first checked against a small decimal grammar, then converted by the
-//! standard library (correctly rounded, allocation-free).
+//! is first checked against a small decimal grammar. The same pass gathers
+//! the digits, so everyday numbers convert exactly in one step; the rest go
+//! to the standard library. Either way the result is correctly rounded and
+//! nothing is allocated.
+//!
+//! Formatting writes the shortest text that reads back as the same f64,
+//! the text Rust's `{}` gives (the Lua fallback mirrors it byte for byte).
 
 /// Longer inputs are refused outright: no real limit needs 64 characters,
 /// and a bound keeps hostile stored values from costing anything.
@@ -123,14 +128,14 @@ fn scan_decimal(text: &[u8], sign: Sign) -> Option<DecimalShape> {
 }
 
 /// Advances `rest` past its leading ASCII digits, appending them to
-/// `value`, and returns how many there were. `value` becomes `None` once
-/// the digits so far could exceed u64 (more than 19 of them).
+/// `value` (if it is `Some`), and returns how many there were. The caller
+/// drops the value when there were more than 19 digits in all.
 fn take_digits(rest: &mut &[u8], value: &mut Option<u64>) -> usize {
     let mut count = 0usize;
     let mut acc = value.unwrap_or(0);
     while let [digit @ b'0'..=b'9', tail @ ..] = *rest {
         // Wrapping is harmless: a value that could have wrapped is
-        // discarded below by the digit count.
+        // discarded by the caller's digit count.
         acc = acc
             .wrapping_mul(10)
             .wrapping_add(u64::from(digit.wrapping_sub(b'0')));
