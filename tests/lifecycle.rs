@@ -277,6 +277,13 @@ fn a_bad_load_argument_on_the_command_line_stops_the_server_with_a_log_line() {
     );
 }
 
+fn used_memory(con: &mut redis::Connection) -> i64 {
+    info_field(con, "memory", "used_memory")
+        .expect("used_memory")
+        .parse()
+        .expect("an integer")
+}
+
 /// Bytes of server memory (`used_memory`) one MODULE UNLOAD + MODULE LOAD cycle may leave
 /// behind. Redis itself frees a module's commands, command info and configs on unload (a C
 /// module with the same commands, info and config leaves 0 bytes per cycle); this module
@@ -289,21 +296,15 @@ fn unload_and_load_cycles_do_not_leak_server_memory() {
     const CYCLES: i64 = 50;
     let server = Server::start_with(MODULE_ARGS);
     let mut con = server.conn();
-    let used = |con: &mut redis::Connection| -> i64 {
-        info_field(con, "memory", "used_memory")
-            .expect("used_memory")
-            .parse()
-            .expect("an integer")
-    };
     // One cycle first, so one-time allocations on either side are not counted.
     assert_eq!(unload(&mut con), Ok("OK".into()));
     assert_eq!(load(&mut con, &[]), Ok("OK".into()));
-    let before = used(&mut con);
+    let before = used_memory(&mut con);
     for _ in 0..CYCLES {
         assert_eq!(unload(&mut con), Ok("OK".into()));
         assert_eq!(load(&mut con, &[]), Ok("OK".into()));
     }
-    let per_cycle = (used(&mut con) - before) / CYCLES;
+    let per_cycle = (used_memory(&mut con) - before) / CYCLES;
     println!("used_memory grew {per_cycle} bytes per unload/load cycle");
     assert!(
         per_cycle < LEAK_PER_CYCLE_LIMIT,
@@ -316,18 +317,12 @@ fn refused_loads_do_not_leak_server_memory() {
     const ATTEMPTS: i64 = 50;
     let server = Server::start_without_module(&[]);
     let mut con = server.conn();
-    let used = |con: &mut redis::Connection| -> i64 {
-        info_field(con, "memory", "used_memory")
-            .expect("used_memory")
-            .parse()
-            .expect("an integer")
-    };
     assert!(load(&mut con, &["nonsense"]).is_err());
-    let before = used(&mut con);
+    let before = used_memory(&mut con);
     for _ in 0..ATTEMPTS {
         assert!(load(&mut con, &["shadow-mode", "maybe"]).is_err());
     }
-    let per_attempt = (used(&mut con) - before) / ATTEMPTS;
+    let per_attempt = (used_memory(&mut con) - before) / ATTEMPTS;
     println!("used_memory grew {per_attempt} bytes per refused load");
     assert!(
         per_attempt < LEAK_PER_CYCLE_LIMIT,
