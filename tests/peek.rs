@@ -118,16 +118,12 @@ fn peek_does_not_signal_a_watched_key() {
     let mut con = server.conn();
     let mut other = server.conn();
     take(&mut con, "b", "5", "0.001", "1");
-    let _: () = redis::cmd("WATCH").arg("b").query(&mut con).unwrap();
+    watch(&mut con, "b");
     assert_eq!(peek(&mut other, "b", "5", "0.001", "1")[0], 1);
-    let exec: Option<(String,)> = redis::pipe()
-        .atomic()
-        .cmd("SET")
-        .arg("marker")
-        .arg("1")
-        .query(&mut con)
-        .unwrap();
-    assert!(exec.is_some(), "EXEC aborted: TB.PEEK signalled WATCH");
+    assert!(
+        watched_transaction_runs(&mut con),
+        "EXEC aborted: TB.PEEK signalled WATCH"
+    );
 }
 
 #[test]

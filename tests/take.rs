@@ -236,17 +236,10 @@ fn denied_call_does_not_touch_a_watched_key() {
     let mut con = server.conn();
     let mut other = server.conn();
     take(&mut con, "b", "1", "0.001", "1");
-    let _: () = redis::cmd("WATCH").arg("b").query(&mut con).unwrap();
+    watch(&mut con, "b");
     assert_eq!(take(&mut other, "b", "1", "0.001", "1")[0], 0);
-    let exec: Option<(String,)> = redis::pipe()
-        .atomic()
-        .cmd("SET")
-        .arg("marker")
-        .arg("1")
-        .query(&mut con)
-        .unwrap();
     assert!(
-        exec.is_some(),
+        watched_transaction_runs(&mut con),
         "EXEC aborted: a denied TB.TAKE signalled WATCH"
     );
 }
@@ -257,17 +250,10 @@ fn allowed_call_signals_a_watched_key() {
     let mut con = server.conn();
     let mut other = server.conn();
     take(&mut con, "b", "5", "0.001", "1");
-    let _: () = redis::cmd("WATCH").arg("b").query(&mut con).unwrap();
+    watch(&mut con, "b");
     assert_eq!(take(&mut other, "b", "5", "0.001", "1")[0], 1);
-    let exec: Option<(String,)> = redis::pipe()
-        .atomic()
-        .cmd("SET")
-        .arg("marker")
-        .arg("1")
-        .query(&mut con)
-        .unwrap();
     assert!(
-        exec.is_none(),
+        !watched_transaction_runs(&mut con),
         "EXEC ran although an allowed TB.TAKE wrote the watched key"
     );
 }

@@ -374,6 +374,31 @@ pub fn take(
         .unwrap_or_else(|e| panic!("TB.TAKE {key} {capacity} {rate} {n} failed: {e}"))
 }
 
+/// `WATCH key` on `con`.
+pub fn watch(con: &mut redis::Connection, key: &str) {
+    let _: () = redis::cmd("WATCH").arg(key).query(con).expect("WATCH");
+}
+
+/// MULTI; PING; EXEC on `con`, after a `watch`: whether the transaction ran (`false`: a
+/// write to a watched key aborted it).
+pub fn watched_transaction_runs(con: &mut redis::Connection) -> bool {
+    let _: () = redis::cmd("MULTI").query(con).expect("MULTI");
+    let queued: String = redis::cmd("PING").query(con).expect("PING");
+    assert_eq!(queued, "QUEUED");
+    match redis::cmd("EXEC").query(con).expect("EXEC") {
+        redis::Value::Nil => false,
+        redis::Value::Array(replies) => {
+            assert_eq!(
+                replies,
+                vec![redis::Value::SimpleString("PONG".into())],
+                "EXEC ran something else"
+            );
+            true
+        }
+        other => panic!("unexpected EXEC reply {other:?}"),
+    }
+}
+
 /// `TB.PEEK key capacity rate n`; panics (naming the call) on an error reply.
 pub fn peek(
     con: &mut redis::Connection,
