@@ -148,13 +148,7 @@ impl Api {
 
     /// Writes `message` to the server log at `level` ("warning", "notice").
     pub fn log(&self, ctx: *mut RedisModuleCtx, level: &std::ffi::CStr, message: &str) {
-        // A message with an interior NUL is cut there rather than dropped.
-        let text = message.split('\0').next().unwrap_or_default();
-        if let Ok(text) = std::ffi::CString::new(text) {
-            // SAFETY: all pointers are valid NUL-terminated strings; a null
-            // ctx is allowed by RM_Log.
-            unsafe { (self.log)(ctx, level.as_ptr(), c"%s".as_ptr(), text.as_ptr()) };
-        }
+        write_log(self.log, ctx, level, message);
     }
 
     /// The bytes of a server string, borrowed for as long as it lives.
@@ -168,5 +162,22 @@ impl Api {
             return &[];
         }
         std::slice::from_raw_parts(ptr.cast::<u8>(), len)
+    }
+}
+
+/// Writes `message` to the server log through `log` (RM_Log), also before
+/// the API is resolved (the load hook reports its failures this way).
+pub fn write_log(
+    log: unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char, *const c_char, ...),
+    ctx: *mut RedisModuleCtx,
+    level: &std::ffi::CStr,
+    message: &str,
+) {
+    // A message with an interior NUL is cut there rather than dropped.
+    let text = message.split('\0').next().unwrap_or_default();
+    if let Ok(text) = std::ffi::CString::new(text) {
+        // SAFETY: all pointers are valid NUL-terminated strings; a null ctx
+        // is allowed by RM_Log.
+        unsafe { log(ctx, level.as_ptr(), c"%s".as_ptr(), text.as_ptr()) };
     }
 }

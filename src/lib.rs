@@ -472,7 +472,10 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
         Ok(Err(why)) => why,
         Err(_) => "panic during load".to_owned(),
     };
-    log_raw(ctx, c"warning", &format!("tb: not loaded: {failure}"));
+    // SAFETY: set by Init (checked above), read-only afterwards.
+    if let Some(log) = unsafe { raw::RedisModule_Log } {
+        api::write_log(log, ctx, c"warning", &format!("tb: not loaded: {failure}"));
+    }
     raw::REDISMODULE_ERR as c_int
 }
 
@@ -503,19 +506,6 @@ unsafe fn load_args<'a>(argv: *mut *mut RedisModuleString, argc: c_int) -> Vec<&
             }
         })
         .collect()
-}
-
-/// Writes to the server log before (or without) the resolved API.
-fn log_raw(ctx: *mut RedisModuleCtx, level: &CStr, message: &str) {
-    let text = message.split('\0').next().unwrap_or_default();
-    if let (Some(log), Ok(text)) = (
-        // SAFETY: set by Init, read-only afterwards.
-        unsafe { raw::RedisModule_Log },
-        std::ffi::CString::new(text),
-    ) {
-        // SAFETY: valid NUL-terminated strings; RM_Log accepts any ctx.
-        unsafe { log(ctx, level.as_ptr(), c"%s".as_ptr(), text.as_ptr()) };
-    }
 }
 
 /// Registers the `tb.shadow-mode` config (`CONFIG GET/SET`, redis.conf),
