@@ -5,18 +5,22 @@
 //! here, once, means the load fails with a clear log line on a server that
 //! lacks one, and the command path never has to unwrap anything.
 
-use std::os::raw::{c_char, c_int, c_long, c_longlong};
+use std::os::raw::{c_char, c_int, c_long, c_longlong, c_void};
 use std::sync::OnceLock;
 
 use redis_module::raw::{
-    mstime_t, ustime_t, RedisModuleCtx, RedisModuleKey, RedisModuleString,
-    RedisModule_CachedMicroseconds, RedisModule_CloseKey, RedisModule_CreateString,
-    RedisModule_DeleteKey, RedisModule_FreeString, RedisModule_GetAbsExpire, RedisModule_HashGet,
+    mstime_t, ustime_t, RedisModuleBlockedClient, RedisModuleCmdFunc, RedisModuleCtx,
+    RedisModuleDisconnectFunc, RedisModuleKey, RedisModuleString, RedisModuleTimerID,
+    RedisModuleTimerProc, RedisModule_BlockClientOnKeys, RedisModule_CachedMicroseconds,
+    RedisModule_CloseKey, RedisModule_CreateString, RedisModule_CreateTimer, RedisModule_DeleteKey,
+    RedisModule_FreeString, RedisModule_GetAbsExpire, RedisModule_GetBlockedClientPrivateData,
+    RedisModule_GetContextFlags, RedisModule_GetSelectedDb, RedisModule_HashGet,
     RedisModule_HashSet, RedisModule_KeyType, RedisModule_Log, RedisModule_Milliseconds,
     RedisModule_NotifyKeyspaceEvent, RedisModule_OpenKey, RedisModule_Replicate,
     RedisModule_ReplyWithArray, RedisModule_ReplyWithError, RedisModule_ReplyWithLongLong,
-    RedisModule_SetAbsExpire, RedisModule_SetExpire, RedisModule_SignalModifiedKey,
-    RedisModule_StringPtrLen, RedisModule_WrongArity,
+    RedisModule_SelectDb, RedisModule_SetAbsExpire, RedisModule_SetDisconnectCallback,
+    RedisModule_SetExpire, RedisModule_SignalModifiedKey, RedisModule_StopTimer,
+    RedisModule_StringPtrLen, RedisModule_UnblockClient, RedisModule_WrongArity,
 };
 
 pub struct Api {
@@ -62,6 +66,32 @@ pub struct Api {
     pub reply_with_error: unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char) -> c_int,
     pub wrong_arity: unsafe extern "C" fn(*mut RedisModuleCtx) -> c_int,
     pub log: unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char, *const c_char, ...),
+    // TB.BTAKE: blocking, timers, the client's context.
+    pub block_client_on_keys: unsafe extern "C" fn(
+        *mut RedisModuleCtx,
+        RedisModuleCmdFunc,
+        RedisModuleCmdFunc,
+        Option<unsafe extern "C" fn(*mut RedisModuleCtx, *mut c_void)>,
+        c_longlong,
+        *mut *mut RedisModuleString,
+        c_int,
+        *mut c_void,
+    ) -> *mut RedisModuleBlockedClient,
+    pub unblock_client: unsafe extern "C" fn(*mut RedisModuleBlockedClient, *mut c_void) -> c_int,
+    pub set_disconnect_callback:
+        unsafe extern "C" fn(*mut RedisModuleBlockedClient, RedisModuleDisconnectFunc),
+    pub blocked_client_private_data: unsafe extern "C" fn(*mut RedisModuleCtx) -> *mut c_void,
+    pub create_timer: unsafe extern "C" fn(
+        *mut RedisModuleCtx,
+        mstime_t,
+        RedisModuleTimerProc,
+        *mut c_void,
+    ) -> RedisModuleTimerID,
+    pub stop_timer:
+        unsafe extern "C" fn(*mut RedisModuleCtx, RedisModuleTimerID, *mut *mut c_void) -> c_int,
+    pub context_flags: unsafe extern "C" fn(*mut RedisModuleCtx) -> c_int,
+    pub selected_db: unsafe extern "C" fn(*mut RedisModuleCtx) -> c_int,
+    pub select_db: unsafe extern "C" fn(*mut RedisModuleCtx, c_int) -> c_int,
     /// The bucket's field names as server strings, made once here: passing
     /// C strings instead (`REDISMODULE_HASH_CFIELDS`, the `c` format of
     /// `RM_Replicate`) makes the server allocate and free a string object per
@@ -135,6 +165,15 @@ pub unsafe fn resolve() -> Result<&'static Api, &'static str> {
         reply_with_error: need!(RedisModule_ReplyWithError),
         wrong_arity: need!(RedisModule_WrongArity),
         log: need!(RedisModule_Log),
+        block_client_on_keys: need!(RedisModule_BlockClientOnKeys),
+        unblock_client: need!(RedisModule_UnblockClient),
+        set_disconnect_callback: need!(RedisModule_SetDisconnectCallback),
+        blocked_client_private_data: need!(RedisModule_GetBlockedClientPrivateData),
+        create_timer: need!(RedisModule_CreateTimer),
+        stop_timer: need!(RedisModule_StopTimer),
+        context_flags: need!(RedisModule_GetContextFlags),
+        selected_db: need!(RedisModule_GetSelectedDb),
+        select_db: need!(RedisModule_SelectDb),
         tokens_field: field("tokens")?,
         last_refill_field: field("last_refill")?,
     };
@@ -142,6 +181,13 @@ pub unsafe fn resolve() -> Result<&'static Api, &'static str> {
 }
 
 impl Api {
+    /// The wall clock in Unix ms, read now: TB.BTAKE serves waiters from
+    /// timers and callbacks, where the cached command time may be stale.
+    pub fn wall_ms(&self) -> i64 {
+        // SAFETY: a plain server function without arguments.
+        unsafe { (self.milliseconds)() }
+    }
+
     /// The current Unix time in ms, as the server sees it for this command.
     pub fn now_ms(&self) -> i64 {
         // SAFETY: plain server functions without arguments.

@@ -37,6 +37,16 @@ pub fn parse_request(capacity: &[u8], rate: &[u8], n: Option<&[u8]>) -> Result<R
     })
 }
 
+/// TB.BTAKE's `timeout_ms`: how long to wait at most, in whole ms (a
+/// fraction rounds up), 0 for no limit, at most 2^53.
+pub fn parse_timeout(text: &[u8]) -> Result<i64, TbError> {
+    let timeout_ms = parse_decimal(text, Sign::Forbidden)
+        .filter(|ms| *ms <= MAX_TOKENS)
+        .ok_or(TbError::Timeout)?;
+    // In [0, 2^53]: the conversion is exact.
+    Ok(timeout_ms.ceil() as i64)
+}
+
 fn positive(text: &[u8]) -> Option<f64> {
     parse_decimal(text, Sign::Forbidden).filter(|value| *value > 0.0)
 }
@@ -83,6 +93,21 @@ mod tests {
         assert_eq!(parse("1", "1", "1e16"), Err(TbError::CountTooLarge));
         // The rate has no such bound: a huge rate refills at once.
         assert!(parse("1", "1e300", "1").is_ok());
+    }
+
+    #[test]
+    fn a_timeout_is_whole_ms_from_zero_to_2_pow_53() {
+        assert_eq!(parse_timeout(b"0"), Ok(0));
+        assert_eq!(parse_timeout(b"1500"), Ok(1500));
+        assert_eq!(parse_timeout(b"0.25"), Ok(1));
+        assert_eq!(parse_timeout(b"9007199254740992"), Ok(1 << 53));
+        for bad in ["-1", "1e16", "x", "", "inf", " 1"] {
+            assert_eq!(
+                parse_timeout(bad.as_bytes()),
+                Err(TbError::Timeout),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

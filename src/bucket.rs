@@ -159,6 +159,43 @@ pub fn take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> Outcome
     }
 }
 
+/// TB.TAKE (or TB.PEEK, TB.TAKEALL, a TB.BTAKE that may not wait) on a
+/// bucket that TB.BTAKE callers wait on, who together want `queued` tokens.
+///
+/// The tokens are promised to the queue, first come first served, so
+/// nothing is taken (`n = 0` excepted: it takes nothing anyway), however
+/// many the bucket holds: otherwise a steady flood of takes could starve a
+/// waiter for ever. `remaining` is what is left beyond the queue's share,
+/// and `retry_after_ms` an estimate, at this caller's own rate, of when the
+/// queue and this request could both be served.
+pub fn take_behind(
+    state: Option<State>,
+    limit: &Limit,
+    n: f64,
+    queued: f64,
+    now_ms: i64,
+) -> Outcome {
+    if n == 0.0 {
+        return take(state, limit, n, now_ms);
+    }
+    let now = now_ms as f64;
+    let (current, repair) = seen_at(state, limit, now);
+    let available = current.available_at(limit, now);
+    let retry_after_ms = if n > limit.capacity {
+        -1
+    } else {
+        let deficit = queued + n - available;
+        clamp_wait((deficit / limit.refill_per_sec * 1000.0).ceil()).max(1)
+    };
+    Outcome {
+        allowed: false,
+        remaining: floor_to_i64((available - queued).max(0.0)),
+        retry_after_ms,
+        reset_after_ms: first_ms_when(&current, limit, now, limit.capacity),
+        write: repair,
+    }
+}
+
 /// What a refund did: the reply and write, and how many tokens it really
 /// added (less than asked when the bucket reached its capacity).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -212,6 +249,19 @@ pub struct Charge {
     pub state: Option<State>,
     pub limit: Limit,
     pub n: f64,
+    /// The tokens TB.BTAKE callers waiting on this bucket want, if any wait
+    /// (see `take_behind`).
+    pub behind: Option<f64>,
+}
+
+impl Charge {
+    /// This bucket alone: `take`, or `take_behind` when others wait on it.
+    pub fn judge(&self, now_ms: i64) -> Outcome {
+        match self.behind {
+            Some(queued) => take_behind(self.state, &self.limit, self.n, queued, now_ms),
+            None => take(self.state, &self.limit, self.n, now_ms),
+        }
+    }
 }
 
 /// The answer to a multi-limit request: every bucket's own outcome, and the
@@ -236,10 +286,7 @@ pub struct AllOutcome {
 /// taking nothing otherwise. `charges` must not be empty (`args.rs` ensures
 /// at least one); an empty list is simply allowed with nothing written.
 pub fn take_all(charges: &[Charge], now_ms: i64) -> AllOutcome {
-    let mut outcomes: Vec<Outcome> = charges
-        .iter()
-        .map(|charge| take(charge.state, &charge.limit, charge.n, now_ms))
-        .collect();
+    let mut outcomes: Vec<Outcome> = charges.iter().map(|charge| charge.judge(now_ms)).collect();
     let allowed = outcomes.iter().all(|outcome| outcome.allowed);
     if !allowed {
         // Nothing is taken anywhere: a bucket that would have allowed is
@@ -493,6 +540,26 @@ mod tests {
     }
 
     #[test]
+    fn a_take_behind_a_queue_is_denied_and_counts_the_queue_ahead() {
+        let lim = limit(10.0, 1.0);
+        // 10 tokens, 9 of them promised to the queue: 1 is not enough for n = 2,
+        // and the queue plus this request need 1 more token: 1 s at 1 per second.
+        let got = take_behind(None, &lim, 2.0, 9.0, NOW);
+        assert_eq!(
+            (got.allowed, got.remaining, got.retry_after_ms, got.write),
+            (false, 1, 1000, None)
+        );
+        // Even with plenty in the bucket, nothing is taken while others wait.
+        let got = take_behind(None, &lim, 1.0, 1.0, NOW);
+        assert_eq!((got.allowed, got.retry_after_ms), (false, 1));
+        assert_eq!(take_behind(None, &lim, 11.0, 1.0, NOW).retry_after_ms, -1);
+        assert!(
+            take_behind(None, &lim, 0.0, 5.0, NOW).allowed,
+            "n = 0 takes nothing"
+        );
+    }
+
+    #[test]
     fn a_bucket_expires_when_full_and_never_at_once() {
         assert_eq!(expire_at_ms(NOW, 1500), NOW + 1500);
         assert_eq!(expire_at_ms(NOW, 0), NOW + 1);
@@ -515,11 +582,13 @@ mod tests {
             state: state(0.0, NOW),
             limit: limit(10.0, 10.0),
             n: 1.0,
+            behind: None,
         };
         let per_day = Charge {
             state: state(0.0, NOW),
             limit: limit(1000.0, 1000.0 / 86_400.0),
             n: 1.0,
+            behind: None,
         };
         let got = take_all(&[per_second, per_day], NOW);
         assert!(!got.allowed);
@@ -534,11 +603,13 @@ mod tests {
             state: state(0.0, NOW),
             limit: limit(10.0, 0.001),
             n: 1.0,
+            behind: None,
         };
         let never = Charge {
             state: None,
             limit: limit(1.0, 1.0),
             n: 2.0,
+            behind: None,
         };
         let got = take_all(&[waits, never], NOW);
         assert_eq!((got.allowed, got.decisive), (false, 1));
@@ -551,11 +622,13 @@ mod tests {
             state: None,
             limit: limit(100.0, 1.0),
             n: 1.0,
+            behind: None,
         };
         let tight = Charge {
             state: None,
             limit: limit(5.0, 1.0),
             n: 1.0,
+            behind: None,
         };
         let got = take_all(&[roomy, tight], NOW);
         assert!(got.allowed);
@@ -575,6 +648,7 @@ mod tests {
                 state: stored.and_then(|(tokens, since)| state(tokens, NOW - since)),
                 limit: limit(capacity, rate),
                 n,
+                behind: None,
             })
     }
 

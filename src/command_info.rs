@@ -39,6 +39,8 @@ pub enum Shape {
     Single { n_optional: bool },
     /// `key capacity rate n [key capacity rate n ...]`.
     Repeated,
+    /// `key capacity rate n timeout_ms` (TB.BTAKE).
+    Blocking,
 }
 
 /// Creates the command and sets its info. Errors are log-ready text.
@@ -57,7 +59,7 @@ pub unsafe fn register(
     // where the key spec below cannot be set (before 7.0); after it, the
     // server derives the same range from the key spec.
     let (last_key, key_step) = match spec.shape {
-        Shape::Single { .. } => (1, 1),
+        Shape::Single { .. } | Shape::Blocking => (1, 1),
         Shape::Repeated => (-1, 4),
     };
     let created = create(
@@ -100,7 +102,7 @@ pub unsafe fn register(
         KeySpecFlags::from_bits_truncate(spec.key_flags.bits()),
         BeginSearch::new_index(1),
         match spec.shape {
-            Shape::Single { .. } => FindKeys::new_range(0, 1, 0),
+            Shape::Single { .. } | Shape::Blocking => FindKeys::new_range(0, 1, 0),
             Shape::Repeated => FindKeys::new_range(-1, 4, 0),
         },
     )]);
@@ -129,7 +131,17 @@ pub unsafe fn register(
         ),
         number_arg(c"n", c"tokens, >= 0", n_flags),
         END_OF_ARGS,
+        END_OF_ARGS,
     ];
+    if spec.shape == Shape::Blocking {
+        if let Some(slot) = bucket.get_mut(4) {
+            *slot = number_arg(
+                c"timeout_ms",
+                c"how long to wait at most, in ms; 0 waits without limit",
+                CommandArgFlags::NONE,
+            );
+        }
+    }
     if let Some(key) = bucket.first_mut() {
         key.key_spec_index = 0;
     }
@@ -146,7 +158,7 @@ pub unsafe fn register(
         END_OF_ARGS,
     ];
     let args = match spec.shape {
-        Shape::Single { .. } => bucket.as_mut_ptr(),
+        Shape::Single { .. } | Shape::Blocking => bucket.as_mut_ptr(),
         Shape::Repeated => repeated.as_mut_ptr(),
     };
 

@@ -26,6 +26,13 @@ pub enum TbError {
     /// The server refused to store a bucket; every key was left as it was
     /// and nothing was propagated.
     WriteFailed,
+    /// TB.BTAKE's `timeout_ms` is not a number of ms in [0, 2^53].
+    Timeout,
+    /// TB.BTAKE would wait on a key that already has `tb.max-waiters`.
+    TooManyWaiters,
+    /// A TB.BTAKE waiter's bucket became unreadable (another type, or
+    /// corrupt) while it waited.
+    BucketGone,
     /// A bug caught by the last-resort `catch_unwind`.
     Internal,
 }
@@ -48,6 +55,15 @@ impl TbError {
                 c"ERR corrupt bucket: tokens and last_refill must be finite numbers"
             }
             TbError::DuplicateKey => c"ERR each key may appear only once in TB.TAKEALL",
+            TbError::Timeout => {
+                c"ERR timeout_ms must be a non-negative finite number of ms, at most 2^53"
+            }
+            TbError::TooManyWaiters => {
+                c"ERR tb: too many clients wait on this key (see tb.max-waiters)"
+            }
+            TbError::BucketGone => {
+                c"ERR tb: the bucket was overwritten with a value that is not a bucket while waiting"
+            }
             TbError::WriteFailed => {
                 c"ERR tb: the server refused to store the bucket; nothing was changed"
             }

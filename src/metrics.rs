@@ -59,6 +59,16 @@ pub static TOKENS_REFUNDED: Sum = Sum::new();
 /// Writes to a key that did not exist: new buckets.
 pub static BUCKETS_CREATED: Counter = Counter::new();
 pub static ERRORS: Counter = Counter::new();
+/// TB.BTAKE: waits begun, and how each ended.
+pub static WAITS_STARTED: Counter = Counter::new();
+pub static WAITS_SERVED: Counter = Counter::new();
+/// Timed out, or ended by CLIENT UNBLOCK: answered with a denial.
+pub static WAITS_TIMED_OUT: Counter = Counter::new();
+/// The client left without an answer (disconnect, CLIENT KILL, failover,
+/// a slot moved away): it took nothing.
+pub static WAITS_ABANDONED: Counter = Counter::new();
+/// Milliseconds waited in all, over every wait that ended.
+pub static WAIT_MS: Sum = Sum::new();
 
 /// The `INFO tb` callback: section `tb_stats`, fields `tb_<name>`.
 pub extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
@@ -85,6 +95,17 @@ pub extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
         }
         add_f64(ctx, c"tokens_granted".as_ptr(), TOKENS_GRANTED.get());
         add_f64(ctx, c"tokens_refunded".as_ptr(), TOKENS_REFUNDED.get());
+        let waiting = u64::try_from(crate::btake::waiting()).unwrap_or(u64::MAX);
+        add_u64(ctx, c"waiting".as_ptr(), waiting);
+        for (name, counter) in [
+            (c"waits_started", &WAITS_STARTED),
+            (c"waits_served", &WAITS_SERVED),
+            (c"waits_timed_out", &WAITS_TIMED_OUT),
+            (c"waits_abandoned", &WAITS_ABANDONED),
+        ] {
+            add_u64(ctx, name.as_ptr(), counter.get());
+        }
+        add_f64(ctx, c"wait_ms".as_ptr(), WAIT_MS.get());
         // Which clock the commands read (see `Api::now_ms`): `cached`, the
         // server's command time (Redis 7.2+, Valkey), or `wall` (Redis 7.0).
         if let (Some(add_text), Some(api)) = (RedisModule_InfoAddFieldCString, crate::api::api()) {

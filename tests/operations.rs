@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use common::*;
 
 /// Every field of `INFO tb`, in order.
-const FIELDS: [&str; 9] = [
+const FIELDS: [&str; 15] = [
     "tb_calls",
     "tb_allowed",
     "tb_denied",
@@ -19,6 +19,12 @@ const FIELDS: [&str; 9] = [
     "tb_errors",
     "tb_tokens_granted",
     "tb_tokens_refunded",
+    "tb_waiting",
+    "tb_waits_started",
+    "tb_waits_served",
+    "tb_waits_timed_out",
+    "tb_waits_abandoned",
+    "tb_wait_ms",
     "tb_clock",
 ];
 

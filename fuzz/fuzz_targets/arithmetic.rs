@@ -91,7 +91,12 @@ fn take_all_case(input: &mut Reader, count: usize) {
         let Some((state, limit, n)) = charge(input) else {
             return;
         };
-        charges.push(Charge { state, limit, n });
+        charges.push(Charge {
+            state,
+            limit,
+            n,
+            behind: None,
+        });
     }
     let now_ms = input.i64();
     let got = take_all(&charges, now_ms);

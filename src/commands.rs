@@ -1,0 +1,551 @@
+//! The TB commands: one handler per command, the reply they send, and the
+//! shadow-mode policy. Each handler reads the clock once, judges with the
+//! pure arithmetic of `bucket.rs`, stores through `store.rs` and replies;
+//! TB.BTAKE's waiting lives in `btake.rs`.
+
+use std::collections::HashSet;
+use std::os::raw::{c_int, c_long};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+use redis_module::commands::KeySpecFlags;
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
+
+use crate::api::{self, Api};
+use crate::args::{self, parse_request};
+use crate::btake;
+use crate::bucket::{self, Charge, Outcome};
+use crate::command_info::{CommandSpec, Shape};
+use crate::error::{corrupt_bucket_message, TbError};
+use crate::metrics;
+use crate::store::{Access, BucketKey, Corrupt, Expiry, WriteFailed};
+
+/// `tb.shadow-mode`: report denials as allowed (see `shadow`).
+pub static SHADOW_MODE: AtomicBool = AtomicBool::new(false);
+
+/// What a command replies: TB.TAKE's four integers
+/// `[allowed, remaining, retry_after_ms, reset_after_ms]`, and for
+/// TB.TAKEALL a fifth, the index of the bucket those figures belong to.
+pub struct Reply {
+    outcome: Outcome,
+    bucket_index: Option<usize>,
+}
+
+impl From<Outcome> for Reply {
+    fn from(outcome: Outcome) -> Self {
+        Reply {
+            outcome,
+            bucket_index: None,
+        }
+    }
+}
+
+/// The argument index of the key in TB.TAKE, TB.PEEK and TB.REFUND.
+pub const KEY_ARG: usize = 1;
+
+/// TB.TAKE key capacity rate n
+///
+/// Refill by elapsed time, cap at capacity, take n if there are that many
+/// (and no TB.BTAKE caller waits on the bucket: see `bucket::take_behind`).
+fn take(
+    api: &Api,
+    ctx: *mut RedisModuleCtx,
+    args: &[*mut RedisModuleString],
+) -> Result<Answer, TbError> {
+    let single = Single::open(api, ctx, args, Access::Write)?;
+    let outcome = single.charge.judge(single.now_ms);
+    store(&[single.change(&outcome)], single.now_ms)?;
+    count_decision(outcome.allowed, single.charge.n);
+    Ok(shadow(outcome).into())
+}
+
+/// TB.PEEK key capacity rate [n]
+///
+/// The reply TB.TAKE would give, without taking or writing anything, so it
+/// is read-only and runs on replicas. A `last_refill` in the future is
+/// answered as if repaired, though only a write command stores the repair.
+fn peek(
+    api: &Api,
+    ctx: *mut RedisModuleCtx,
+    args: &[*mut RedisModuleString],
+) -> Result<Answer, TbError> {
+    let single = Single::open(api, ctx, args, Access::Read)?;
+    Ok(single.charge.judge(single.now_ms).into())
+}
+
+/// TB.REFUND key capacity rate n
+///
+/// Gives n tokens back (refill first, then add, capped at capacity), for a
+/// request that failed for the caller's own reasons. Its write wakes the
+/// TB.BTAKE queue of the bucket, if it has one (`btake.rs` listens to the
+/// key's events).
+fn refund(
+    api: &Api,
+    ctx: *mut RedisModuleCtx,
+    args: &[*mut RedisModuleString],
+) -> Result<Answer, TbError> {
+    let single = Single::open(api, ctx, args, Access::Write)?;
+    let charge = &single.charge;
+    let refunded = bucket::refund(charge.state, &charge.limit, charge.n, single.now_ms);
+    store(&[single.change(&refunded.outcome)], single.now_ms)?;
+    metrics::TOKENS_REFUNDED.add(refunded.added);
+    Ok(refunded.outcome.into())
+}
+
+/// One bucket named by `key capacity rate n` (n optional for reads, as in
+/// TB.PEEK), parsed, opened, read, and the instant it is judged at.
+pub struct Single<'a> {
+    pub bucket: BucketKey<'a>,
+    pub charge: Charge,
+    pub now_ms: i64,
+}
+
+impl<'a> Single<'a> {
+    fn open(
+        api: &'a Api,
+        ctx: *mut RedisModuleCtx,
+        args: &[*mut RedisModuleString],
+        access: Access,
+    ) -> Result<Self, TbError> {
+        match (args, access) {
+            (&[_, key, capacity, rate, n], _) => {
+                Single::open_parts(api, ctx, key, [capacity, rate], Some(n), access)
+            }
+            (&[_, key, capacity, rate], Access::Read) => {
+                Single::open_parts(api, ctx, key, [capacity, rate], None, access)
+            }
+            _ => Err(TbError::WrongArity),
+        }
+    }
+
+    /// `key`, `[capacity, rate]` and `n` as the command's arguments.
+    pub fn open_parts(
+        api: &'a Api,
+        ctx: *mut RedisModuleCtx,
+        key: *mut RedisModuleString,
+        [capacity, rate]: [*mut RedisModuleString; 2],
+        n: Option<*mut RedisModuleString>,
+        access: Access,
+    ) -> Result<Self, TbError> {
+        // SAFETY: argv strings live for the whole command.
+        let request = unsafe {
+            parse_request(
+                api.bytes(capacity),
+                api.bytes(rate),
+                n.map(|n| api.bytes(n)),
+            )
+        }?;
+        Single::open_request(api, ctx, key, request, access)
+    }
+
+    /// `key` with a request already parsed.
+    pub fn open_request(
+        api: &'a Api,
+        ctx: *mut RedisModuleCtx,
+        key: *mut RedisModuleString,
+        request: args::Request,
+        access: Access,
+    ) -> Result<Self, TbError> {
+        // SAFETY: ctx and key come straight from the server for this command.
+        let mut bucket = unsafe { BucketKey::open(api, ctx, key, access) }?;
+        let state = read(&mut bucket, KEY_ARG)?;
+        // The clock is read once; the refill, the reply and the deadline all
+        // use this instant.
+        Ok(Single {
+            bucket,
+            charge: Charge {
+                state,
+                limit: request.limit,
+                n: request.n,
+                behind: btake::queued_on(api, ctx, key),
+            },
+            now_ms: now(api),
+        })
+    }
+
+    pub fn change<'s>(&'s self, outcome: &Outcome) -> Change<'s, 'a> {
+        Change {
+            bucket: &self.bucket,
+            was_missing: self.charge.state.is_none(),
+            outcome: *outcome,
+        }
+    }
+}
+
+/// TB.TAKEALL key capacity rate n [key capacity rate n ...]
+///
+/// Several limits on one request, all or nothing. Every argument is parsed,
+/// and every key type-checked and read, before anything is written, so an
+/// error or a denial leaves every bucket as it was (bar clock repairs, see
+/// `bucket::seen_at`). The server runs the whole command at once, so no
+/// client sees some buckets charged and others not; the replicated
+/// HSET/PEXPIREAT pairs arrive in one MULTI/EXEC.
+fn take_all(
+    api: &Api,
+    ctx: *mut RedisModuleCtx,
+    args: &[*mut RedisModuleString],
+) -> Result<Answer, TbError> {
+    let groups = args.get(1..).unwrap_or_default();
+    if groups.is_empty() || groups.len() % 4 != 0 {
+        return Err(TbError::WrongArity);
+    }
+    let count = groups.len() / 4;
+    let mut keys = Vec::with_capacity(count);
+    let mut requests = Vec::with_capacity(count);
+    for group in groups.chunks_exact(4) {
+        let &[key, capacity, rate, n] = group else {
+            return Err(TbError::WrongArity);
+        };
+        // SAFETY: as in `Single::open`.
+        requests.push(unsafe {
+            parse_request(api.bytes(capacity), api.bytes(rate), Some(api.bytes(n)))
+        }?);
+        keys.push(key);
+    }
+    // Hashing keeps the whole command linear in the number of keys: it runs
+    // on the server's only command thread, and a quadratic check made one
+    // call with 20,000 keys stall every client for more than a second.
+    let mut seen = HashSet::with_capacity(count);
+    // SAFETY: as in `Single::open`.
+    if !keys
+        .iter()
+        .all(|key| seen.insert(unsafe { api.bytes(*key) }))
+    {
+        return Err(TbError::DuplicateKey);
+    }
+    drop(seen);
+    let mut buckets = Vec::with_capacity(count);
+    let mut charges = Vec::with_capacity(count);
+    for (index, (key, request)) in keys.iter().zip(&requests).enumerate() {
+        // SAFETY: as in `Single::open`.
+        let mut bucket = unsafe { BucketKey::open(api, ctx, *key, Access::Write) }?;
+        charges.push(Charge {
+            state: read(&mut bucket, index.saturating_mul(4).saturating_add(KEY_ARG))?,
+            limit: request.limit,
+            n: request.n,
+            behind: btake::queued_on(api, ctx, *key),
+        });
+        buckets.push(bucket);
+    }
+    let now_ms = now(api);
+    let result = bucket::take_all(&charges, now_ms);
+    let changes: Vec<Change> = buckets
+        .iter()
+        .zip(&result.outcomes)
+        .zip(&charges)
+        .map(|((bucket, outcome), charge)| Change {
+            bucket,
+            was_missing: charge.state.is_none(),
+            outcome: *outcome,
+        })
+        .collect();
+    store(&changes, now_ms)?;
+    let decisive = result
+        .outcomes
+        .get(result.decisive)
+        .copied()
+        .ok_or(TbError::Internal)?;
+    let outcome = Outcome {
+        allowed: result.allowed,
+        ..decisive
+    };
+    count_decision(outcome.allowed, charges.iter().map(|charge| charge.n).sum());
+    Ok(Reply {
+        outcome: shadow(outcome),
+        bucket_index: Some(result.decisive),
+    }
+    .into())
+}
+
+pub fn read(bucket: &mut BucketKey, key_arg: usize) -> Result<Option<bucket::State>, TbError> {
+    bucket
+        .read()
+        .map_err(|Corrupt| TbError::CorruptBucket { key_arg })
+}
+
+/// One bucket's outcome, to be stored if it writes.
+pub struct Change<'s, 'a> {
+    pub bucket: &'s BucketKey<'a>,
+    pub was_missing: bool,
+    pub outcome: Outcome,
+}
+
+/// Stores every outcome that writes, all or none.
+///
+/// Every write is first applied to the keyspace only; if the server
+/// refuses one, those already applied are taken back, nothing is
+/// propagated and the command fails, so no replica, AOF or watcher can see
+/// what the master does not hold. Only then is each write propagated.
+pub fn store(changes: &[Change], now_ms: i64) -> Result<(), TbError> {
+    let writes = changes
+        .iter()
+        .filter(|change| change.outcome.write.is_some())
+        .count();
+    // What to put back if a later write fails; a lone write needs none.
+    let expiries: Vec<Expiry> = if writes > 1 {
+        changes
+            .iter()
+            .map(|change| change.bucket.expiry())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut applied = Vec::with_capacity(writes);
+    for (index, change) in changes.iter().enumerate() {
+        let Some(state) = change.outcome.write else {
+            continue;
+        };
+        let deadline_ms = bucket::expire_at_ms(now_ms, change.outcome.reset_after_ms);
+        match change.bucket.apply(&state, now_ms, deadline_ms) {
+            Ok(done) => applied.push((index, done)),
+            Err(WriteFailed) => {
+                for (index, done) in applied.into_iter().rev() {
+                    if let Some(change) = changes.get(index) {
+                        let expiry = expiries.get(index).copied().unwrap_or(Expiry::Unknown);
+                        change.bucket.rollback(done, expiry);
+                    }
+                }
+                return Err(TbError::WriteFailed);
+            }
+        }
+    }
+    for (index, done) in &applied {
+        if let Some(change) = changes.get(*index) {
+            change.bucket.propagate(done);
+            if change.was_missing {
+                metrics::BUCKETS_CREATED.bump();
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Counts a TB.TAKE / TB.TAKEALL decision for `INFO tb`.
+pub fn count_decision(allowed: bool, n: f64) {
+    if allowed {
+        metrics::ALLOWED.bump();
+        metrics::TOKENS_GRANTED.add(n);
+    } else {
+        metrics::DENIED.bump();
+    }
+}
+
+/// With `tb.shadow-mode yes`, a denial is reported as allowed (and counted
+/// as `shadow_denied`) so a new limit can be watched in production before it
+/// is enforced. Nothing is written for it: the bucket holds only what was
+/// really taken, and retry_after_ms still says how long the caller would
+/// have had to wait.
+pub fn shadow(outcome: Outcome) -> Outcome {
+    if outcome.allowed || !SHADOW_MODE.load(Relaxed) {
+        return outcome;
+    }
+    metrics::SHADOW_DENIED.bump();
+    Outcome {
+        allowed: true,
+        ..outcome
+    }
+}
+
+pub fn now(api: &Api) -> i64 {
+    api.now_ms()
+}
+
+/// What a handler gives back: a reply now, or `Waiting` when TB.BTAKE has
+/// blocked the client, which `btake.rs` answers later.
+pub enum Answer {
+    Now(Reply),
+    Waiting,
+}
+
+impl From<Reply> for Answer {
+    fn from(reply: Reply) -> Self {
+        Answer::Now(reply)
+    }
+}
+
+impl From<Outcome> for Answer {
+    fn from(outcome: Outcome) -> Self {
+        Answer::Now(outcome.into())
+    }
+}
+
+type Handler = fn(&Api, *mut RedisModuleCtx, &[*mut RedisModuleString]) -> Result<Answer, TbError>;
+
+/// Runs a handler and sends its reply. A panic (a bug: no input should cause
+/// one) would abort the whole server if it crossed this `extern "C"`
+/// boundary, so it is caught here, logged by the panic hook, and answered
+/// with an error instead.
+fn run(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+    handler: Handler,
+) -> c_int {
+    let Some(api) = api::api() else {
+        return raw::REDISMODULE_ERR as c_int;
+    };
+    let args: &[*mut RedisModuleString] = match usize::try_from(argc) {
+        // SAFETY: the server passes argc valid string pointers in argv.
+        Ok(len) if !argv.is_null() => unsafe { std::slice::from_raw_parts(argv, len) },
+        _ => &[],
+    };
+    let result = catch_unwind(AssertUnwindSafe(|| handler(api, ctx, args)))
+        .unwrap_or(Err(TbError::Internal));
+    match result {
+        Ok(Answer::Waiting) => {}
+        Ok(Answer::Now(reply)) => send(api, ctx, args, Ok(reply)),
+        Err(error) => send(api, ctx, args, Err(error)),
+    }
+    raw::REDISMODULE_OK as c_int
+}
+
+/// Sends a reply (or an error naming its argument from `args`) on `ctx`,
+/// and counts it: a reply is a call, an error an error.
+pub fn send(
+    api: &Api,
+    ctx: *mut RedisModuleCtx,
+    args: &[*mut RedisModuleString],
+    result: Result<Reply, TbError>,
+) {
+    match &result {
+        Ok(_) => metrics::CALLS.bump(),
+        Err(_) => metrics::ERRORS.bump(),
+    }
+    // SAFETY: replying on a context that has a client (a command's, or a
+    // blocked client's callback).
+    unsafe {
+        match result {
+            Ok(Reply {
+                outcome,
+                bucket_index,
+            }) => {
+                let index = bucket_index.map(|index| i64::try_from(index).unwrap_or(i64::MAX));
+                (api.reply_with_array)(ctx, if index.is_some() { 5 } else { 4 } as c_long);
+                (api.reply_with_long_long)(ctx, i64::from(outcome.allowed));
+                (api.reply_with_long_long)(ctx, outcome.remaining);
+                (api.reply_with_long_long)(ctx, outcome.retry_after_ms);
+                (api.reply_with_long_long)(ctx, outcome.reset_after_ms);
+                if let Some(index) = index {
+                    (api.reply_with_long_long)(ctx, index);
+                }
+            }
+            Err(TbError::WrongArity) => {
+                (api.wrong_arity)(ctx);
+            }
+            Err(TbError::CorruptBucket { key_arg }) => {
+                let key = args
+                    .get(key_arg)
+                    .map(|key| api.bytes(*key))
+                    .unwrap_or_default();
+                let message = corrupt_bucket_message(key);
+                (api.reply_with_error)(ctx, message.as_ptr());
+            }
+            Err(error) => {
+                (api.reply_with_error)(ctx, error.message().as_ptr());
+            }
+        }
+    }
+}
+
+extern "C" fn tb_take(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    run(ctx, argv, argc, take)
+}
+
+extern "C" fn tb_peek(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    run(ctx, argv, argc, peek)
+}
+
+extern "C" fn tb_refund(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    run(ctx, argv, argc, refund)
+}
+
+extern "C" fn tb_btake(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    run(ctx, argv, argc, btake::btake)
+}
+
+extern "C" fn tb_takeall(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    run(ctx, argv, argc, take_all)
+}
+
+pub const COMMANDS: [CommandSpec; 5] = [
+    CommandSpec {
+        name: c"tb.take",
+        handler: Some(tb_take),
+        flags: c"write deny-oom fast",
+        acl_categories: c"write fast",
+        summary: c"Takes n tokens from a token bucket if it holds that many. Replies [allowed, remaining, retry_after_ms, reset_after_ms].",
+        complexity: c"O(1)",
+        arity: 5,
+        key_flags: READ_WRITE_UPDATE,
+        shape: Shape::Single { n_optional: false },
+    },
+    CommandSpec {
+        name: c"tb.peek",
+        handler: Some(tb_peek),
+        flags: c"readonly fast",
+        acl_categories: c"read fast",
+        summary: c"Replies what TB.TAKE would for n tokens (default 1), without taking or writing anything.",
+        complexity: c"O(1)",
+        arity: -4,
+        key_flags: KeySpecFlags::READ_ONLY.union(KeySpecFlags::ACCESS),
+        shape: Shape::Single { n_optional: true },
+    },
+    CommandSpec {
+        name: c"tb.refund",
+        handler: Some(tb_refund),
+        flags: c"write deny-oom fast",
+        acl_categories: c"write fast",
+        summary: c"Gives n tokens back to a bucket, capped at capacity. Replies like TB.TAKE.",
+        complexity: c"O(1)",
+        arity: 5,
+        key_flags: READ_WRITE_UPDATE,
+        shape: Shape::Single { n_optional: false },
+    },
+    CommandSpec {
+        name: c"tb.btake",
+        handler: Some(tb_btake),
+        flags: c"write deny-oom blocking",
+        acl_categories: c"write slow blocking",
+        summary: c"Like TB.TAKE, but waits up to timeout_ms (0: no limit) for the tokens, first come first served. Replies like TB.TAKE.",
+        complexity: c"O(1)",
+        arity: 6,
+        key_flags: READ_WRITE_UPDATE,
+        shape: Shape::Blocking,
+    },
+    CommandSpec {
+        name: c"tb.takeall",
+        handler: Some(tb_takeall),
+        // Not `fast`: its cost grows with the number of buckets, like MSET.
+        flags: c"write deny-oom",
+        acl_categories: c"write slow",
+        summary: c"Takes from every bucket if all hold enough, else from none. Replies [allowed, remaining, retry_after_ms, reset_after_ms, index] for the deciding bucket.",
+        complexity: c"O(N) where N is the number of buckets",
+        arity: -5,
+        key_flags: READ_WRITE_UPDATE,
+        shape: Shape::Repeated,
+    },
+];
+
+const READ_WRITE_UPDATE: KeySpecFlags = KeySpecFlags::READ_WRITE
+    .union(KeySpecFlags::ACCESS)
+    .union(KeySpecFlags::UPDATE);
