@@ -9,18 +9,20 @@ use std::os::raw::{c_char, c_int, c_long, c_longlong, c_void};
 use std::sync::OnceLock;
 
 use redis_module::raw::{
-    mstime_t, ustime_t, RedisModuleBlockedClient, RedisModuleCmdFunc, RedisModuleCtx,
-    RedisModuleDisconnectFunc, RedisModuleKey, RedisModuleString, RedisModuleTimerID,
-    RedisModuleTimerProc, RedisModule_BlockClientOnKeys, RedisModule_CachedMicroseconds,
-    RedisModule_CloseKey, RedisModule_CreateString, RedisModule_CreateTimer, RedisModule_DeleteKey,
-    RedisModule_FreeString, RedisModule_GetAbsExpire, RedisModule_GetBlockedClientPrivateData,
-    RedisModule_GetContextFlags, RedisModule_GetSelectedDb, RedisModule_HashGet,
-    RedisModule_HashSet, RedisModule_KeyType, RedisModule_Log, RedisModule_Milliseconds,
-    RedisModule_NotifyKeyspaceEvent, RedisModule_OpenKey, RedisModule_Replicate,
-    RedisModule_ReplyWithArray, RedisModule_ReplyWithError, RedisModule_ReplyWithLongLong,
-    RedisModule_SelectDb, RedisModule_SetAbsExpire, RedisModule_SetDisconnectCallback,
-    RedisModule_SetExpire, RedisModule_SignalModifiedKey, RedisModule_StopTimer,
-    RedisModule_StringPtrLen, RedisModule_UnblockClient, RedisModule_WrongArity,
+    mstime_t, ustime_t, RedisModuleBlockedClient, RedisModuleCallReply, RedisModuleCmdFunc,
+    RedisModuleCtx, RedisModuleDisconnectFunc, RedisModuleKey, RedisModuleString,
+    RedisModuleTimerID, RedisModuleTimerProc, RedisModule_BlockClientOnKeys,
+    RedisModule_CachedMicroseconds, RedisModule_Call, RedisModule_CloseKey,
+    RedisModule_CreateString, RedisModule_CreateTimer, RedisModule_DeleteKey,
+    RedisModule_FreeCallReply, RedisModule_FreeString, RedisModule_GetAbsExpire,
+    RedisModule_GetBlockedClientPrivateData, RedisModule_GetContextFlags,
+    RedisModule_GetSelectedDb, RedisModule_HashGet, RedisModule_HashSet, RedisModule_KeyType,
+    RedisModule_Log, RedisModule_Milliseconds, RedisModule_NotifyKeyspaceEvent,
+    RedisModule_OpenKey, RedisModule_Replicate, RedisModule_ReplyWithArray,
+    RedisModule_ReplyWithError, RedisModule_ReplyWithLongLong, RedisModule_SelectDb,
+    RedisModule_SetAbsExpire, RedisModule_SetDisconnectCallback, RedisModule_SetExpire,
+    RedisModule_SignalModifiedKey, RedisModule_StopTimer, RedisModule_StringPtrLen,
+    RedisModule_UnblockClient, RedisModule_WrongArity,
 };
 
 pub struct Api {
@@ -92,6 +94,13 @@ pub struct Api {
     pub context_flags: unsafe extern "C" fn(*mut RedisModuleCtx) -> c_int,
     pub selected_db: unsafe extern "C" fn(*mut RedisModuleCtx) -> c_int,
     pub select_db: unsafe extern "C" fn(*mut RedisModuleCtx, c_int) -> c_int,
+    pub call: unsafe extern "C" fn(
+        *mut RedisModuleCtx,
+        *const c_char,
+        *const c_char,
+        ...
+    ) -> *mut RedisModuleCallReply,
+    pub free_call_reply: unsafe extern "C" fn(*mut RedisModuleCallReply),
     /// The bucket's field names as server strings, made once here: passing
     /// C strings instead (`REDISMODULE_HASH_CFIELDS`, the `c` format of
     /// `RM_Replicate`) makes the server allocate and free a string object per
@@ -174,6 +183,8 @@ pub unsafe fn resolve() -> Result<&'static Api, &'static str> {
         context_flags: need!(RedisModule_GetContextFlags),
         selected_db: need!(RedisModule_GetSelectedDb),
         select_db: need!(RedisModule_SelectDb),
+        call: need!(RedisModule_Call),
+        free_call_reply: need!(RedisModule_FreeCallReply),
         tokens_field: field("tokens")?,
         last_refill_field: field("last_refill")?,
     };

@@ -32,9 +32,9 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::Relaxed};
 
 use redis_module::raw::{
     RedisModuleBlockedClient, RedisModuleCtx, RedisModuleEvent, RedisModuleString,
-    RedisModule_SubscribeToKeyspaceEvents, REDISMODULE_CTX_FLAGS_DENY_BLOCKING,
-    REDISMODULE_CTX_FLAGS_LUA, REDISMODULE_CTX_FLAGS_MULTI, REDISMODULE_ERR,
-    REDISMODULE_NOTIFY_ALL, REDISMODULE_OK,
+    RedisModule_SubscribeToKeyspaceEvents, REDISMODULE_CTX_FLAGS_CLUSTER,
+    REDISMODULE_CTX_FLAGS_DENY_BLOCKING, REDISMODULE_CTX_FLAGS_LUA, REDISMODULE_CTX_FLAGS_MULTI,
+    REDISMODULE_ERR, REDISMODULE_NOTIFY_ALL, REDISMODULE_OK,
 };
 
 use crate::api::{self, Api};
@@ -256,6 +256,12 @@ fn drive(api: &Api, ctx: *mut RedisModuleCtx, name: &KeyName) {
         if waiter.state != WaitState::Waiting {
             break; // its callback has yet to run; it resumes the queue then
         }
+        if !key_is_served_here(api, ctx, key) {
+            // A slot on its way to another node: the server redirects the
+            // waiters once it has moved; until then, look again shortly.
+            schedule(api, ctx, name, MIGRATING_RECHECK_MS);
+            break;
+        }
         let judged = (|| {
             // SAFETY: a live context and key string.
             let mut bucket = unsafe { BucketKey::open(api, ctx, key, Access::Read) }?;
@@ -288,6 +294,32 @@ fn drive(api: &Api, ctx: *mut RedisModuleCtx, name: &KeyName) {
     }
     // SAFETY: created above, freed once.
     unsafe { (api.free_string)(ctx, key) };
+}
+
+/// How often a queue whose slot is being migrated away is looked at again.
+const MIGRATING_RECHECK_MS: i64 = 100;
+
+/// Whether this node would run a command on `key` now. Outside a cluster,
+/// always. In one, a slot can be migrating away: a bucket already moved
+/// reads as missing (a full bucket), and serving it here would write a key
+/// this node no longer owns. `RM_Call` applies the server's own routing
+/// (the same check that answers ASK or MOVED to a client), so an EXISTS
+/// through it tells.
+fn key_is_served_here(api: &Api, ctx: *mut RedisModuleCtx, key: *mut RedisModuleString) -> bool {
+    // SAFETY: a live context.
+    let flags = unsafe { (api.context_flags)(ctx) } as u32;
+    if flags & REDISMODULE_CTX_FLAGS_CLUSTER == 0 {
+        return true;
+    }
+    // SAFETY: a live context and key; the reply is freed at once.
+    unsafe {
+        let reply = (api.call)(ctx, c"EXISTS".as_ptr(), c"s".as_ptr(), key);
+        if reply.is_null() {
+            return false;
+        }
+        (api.free_call_reply)(reply);
+    }
+    true
 }
 
 /// The server's callback when a wait ends without a disconnect: because we

@@ -28,7 +28,7 @@ use std::net::TcpListener;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::{hgetall_bytes, pexpiretime, Server};
+use common::{hgetall_bytes, pexpiretime, RawClient, Resp, Server};
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::{ConnectionLike, Value};
 
@@ -856,4 +856,103 @@ fn atomic_slot_migration_keeps_bucket_state_and_deadlines_where_the_server_has_i
         );
     }
     assert_eq!(tb_take(&mut client, &keys[0], "1")[..2], [1, 8]);
+}
+
+/// A TB.BTAKE waiter on a bucket whose slot moves to another node gets the redirection the
+/// server gives any blocked client, and takes nothing on the old node: while the slot is
+/// migrating, the bucket already moved reads as missing there (a full bucket), and serving
+/// from it would write a key this node no longer owns.
+#[test]
+fn a_waiter_on_a_slot_that_moves_away_is_redirected_and_takes_nothing() {
+    let cluster = Cluster::start();
+    let ports = cluster.master_ports();
+    let (source, target) = (ports[0], ports[1]);
+    let key = cluster.key_on(source, "waiting");
+    let mut src = cluster.node(source).con();
+    let mut dst = cluster.node(target).con();
+    let slot = keyslot(&mut src, &key);
+    // Drained, and refilled at one token per 1000 s: the waiter cannot be served in time.
+    let drained: Vec<i64> = redis::cmd("TB.TAKE")
+        .arg(&[key.as_str(), "1", "0.001", "1"])
+        .query(&mut src)
+        .expect("TB.TAKE");
+    assert_eq!(drained[0], 1);
+    let before = stored(&mut src, &key);
+
+    let mut waiter = RawClient::connect(&cluster.node(source).server);
+    waiter.send(&["TB.BTAKE", &key, "1", "0.001", "1", "0"]);
+    wait_for("the waiter to queue", || {
+        let waiting = info(&mut src, "tb");
+        match field(&waiting, "tb_waiting") {
+            Some("1") => Ok(()),
+            other => Err(format!("tb_waiting {other:?}")),
+        }
+    });
+
+    let src_id = cluster.node(source).id.clone();
+    let dst_id = cluster.node(target).id.clone();
+    ok(
+        &mut dst,
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("IMPORTING")
+            .arg(&src_id),
+    );
+    ok(
+        &mut src,
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("MIGRATING")
+            .arg(&dst_id),
+    );
+    ok(
+        &mut src,
+        redis::cmd("MIGRATE")
+            .arg("127.0.0.1")
+            .arg(target)
+            .arg("")
+            .arg(0)
+            .arg(5000)
+            .arg("KEYS")
+            .arg(&key),
+    );
+    // The key left the source: a full bucket there, were its slot still its own.
+    assert_eq!(
+        waiter.reply_within(Duration::from_millis(300)),
+        None,
+        "served mid-move"
+    );
+    for port in [target, source, ports[2]] {
+        ok(
+            &mut cluster.node(port).con(),
+            redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg("NODE")
+                .arg(&dst_id),
+        );
+    }
+    cluster.wait_owner(slot, target);
+    match waiter.reply_within(Duration::from_secs(10)) {
+        Some(Resp::Error(text)) => {
+            assert_eq!(text, format!("MOVED {slot} 127.0.0.1:{target}"))
+        }
+        other => panic!("expected MOVED, got {other:?}"),
+    }
+    let left: i64 = redis::cmd("CLUSTER")
+        .arg("COUNTKEYSINSLOT")
+        .arg(slot)
+        .query(&mut src)
+        .expect("COUNTKEYSINSLOT");
+    assert_eq!(left, 0, "nothing written on the old node");
+    assert_eq!(
+        stored(&mut dst, &key).0,
+        before.0,
+        "the bucket moved as it was"
+    );
+    let waiting = info(&mut src, "tb");
+    assert_eq!(field(&waiting, "tb_waiting"), Some("0"));
+    assert_eq!(field(&waiting, "tb_waits_abandoned"), Some("1"));
 }
