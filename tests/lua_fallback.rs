@@ -25,8 +25,13 @@ mod common;
 use common::*;
 use redis::Value;
 
-const SCRIPT: &str = include_str!("../lua/tb_take.lua");
-const LIBRARY: &str = include_str!("../lua/tb_library.lua");
+/// The one Lua source: loaded as it is by FUNCTION LOAD, and without its first line (the
+/// `#!lua name=tb` shebang) as an EVAL script.
+const LIBRARY: &str = include_str!("../lua/tb.lua");
+
+fn script_text() -> &'static str {
+    LIBRARY.split_once('\n').map_or("", |(_, rest)| rest)
+}
 
 /// The default seed of the random sequences; `TB_SEED=<u64>` replays another.
 const DEFAULT_SEED: u64 = 0x7b5e_ed00_2024_0006;
@@ -34,7 +39,8 @@ const DEFAULT_SEED: u64 = 0x7b5e_ed00_2024_0006;
 /// The largest capacity and n either accepts: 2^53.
 const MAX_TOKENS: &str = "9007199254740992";
 
-/// Where the fallback runs: an EVALSHA of `lua/tb_take.lua` or an FCALL of the library.
+/// Where the fallback runs: an EVALSHA of `lua/tb.lua` as a script, or an FCALL of it loaded
+/// as a library.
 #[derive(Clone)]
 enum Fallback {
     Script { sha: String },
@@ -45,9 +51,9 @@ impl Fallback {
     fn script(con: &mut redis::Connection) -> Fallback {
         let sha: String = redis::cmd("SCRIPT")
             .arg("LOAD")
-            .arg(SCRIPT)
+            .arg(script_text())
             .query(con)
-            .expect("SCRIPT LOAD lua/tb_take.lua");
+            .expect("SCRIPT LOAD lua/tb.lua");
         Fallback::Script { sha }
     }
 
@@ -57,13 +63,18 @@ impl Fallback {
             .arg("REPLACE")
             .arg(LIBRARY)
             .query(con)
-            .expect("FUNCTION LOAD lua/tb_library.lua");
+            .expect("FUNCTION LOAD lua/tb.lua");
         assert_eq!(name, "tb");
         Fallback::Function
     }
 
-    /// The call for `keys` and `args` (normally one key and capacity, rate, n).
+    /// TB.TAKE's twin for `keys` and `args` (one key and capacity, rate, n).
     fn cmd(&self, keys: &[&[u8]], args: &[&[u8]]) -> redis::Cmd {
+        self.cmd_for("take", keys, args)
+    }
+
+    /// The twin of TB.<COMMAND> (`command`: take, peek, refund or takeall).
+    fn cmd_for(&self, command: &str, keys: &[&[u8]], args: &[&[u8]]) -> redis::Cmd {
         let mut cmd = match self {
             Fallback::Script { sha } => {
                 let mut cmd = redis::cmd("EVALSHA");
@@ -72,13 +83,16 @@ impl Fallback {
             }
             Fallback::Function => {
                 let mut cmd = redis::cmd("FCALL");
-                cmd.arg("tb_take");
+                cmd.arg(format!("tb_{command}"));
                 cmd
             }
         };
         cmd.arg(keys.len());
         for key in keys {
             cmd.arg(*key);
+        }
+        if let Fallback::Script { .. } = self {
+            cmd.arg(command);
         }
         for arg in args {
             cmd.arg(*arg);
@@ -88,7 +102,7 @@ impl Fallback {
 
     fn name(&self) -> &'static str {
         match self {
-            Fallback::Script { .. } => "EVALSHA tb_take.lua",
+            Fallback::Script { .. } => "EVALSHA lua/tb.lua",
             Fallback::Function => "FCALL tb_take",
         }
     }
@@ -240,7 +254,8 @@ const PROBE_AFTER: &str = "probe:after";
 type Reply4 = Vec<i64>;
 type Hash = Vec<Vec<u8>>;
 
-/// What one transaction showed: the clocks, both replies, both hashes, both expiries.
+/// What one transaction showed: the clocks, both replies, both hashes, both expiries (of the
+/// first pair; `others` holds the rest of a TAKEALL's pairs).
 struct Observed {
     /// TIME before and after, and the real clock before and after (the probes).
     clocks_ms: [i64; 4],
@@ -250,13 +265,14 @@ struct Observed {
     hash_b: Hash,
     expire_a: i64,
     expire_b: i64,
+    others: Vec<(Hash, Hash, i64, i64)>,
 }
 
 fn time_ms((secs, micros): (i64, i64)) -> i64 {
     secs * 1000 + micros / 1000
 }
 
-/// Runs one pair in a transaction; `setup` commands run first, inside it.
+/// Runs one TB.TAKE pair in a transaction; `setup` commands run first, inside it.
 fn run_pair(
     con: &mut redis::Connection,
     fallback: &Fallback,
@@ -264,7 +280,30 @@ fn run_pair(
     n: &str,
     setup: &[redis::Cmd],
 ) -> Result<Observed, String> {
-    let args: [&[u8]; 3] = [pair.capacity.as_bytes(), pair.rate.as_bytes(), n.as_bytes()];
+    run_call(con, fallback, "take", &[pair], &[Some(n)], setup)
+}
+
+/// Runs TB.<COMMAND> on the `a` keys of `pairs` and its twin on their `b` keys in one
+/// transaction, between two clock probes; `ns[i]` is pair i's n (`None`: left out, TB.PEEK).
+fn run_call(
+    con: &mut redis::Connection,
+    fallback: &Fallback,
+    command: &str,
+    pairs: &[&Pair],
+    ns: &[Option<&str>],
+    setup: &[redis::Cmd],
+) -> Result<Observed, String> {
+    let mut module = redis::cmd(&format!("TB.{}", command.to_uppercase()));
+    let mut fallback_args: Vec<&[u8]> = Vec::new();
+    for (pair, n) in pairs.iter().zip(ns) {
+        module.arg(&pair.a).arg(&pair.capacity).arg(&pair.rate);
+        fallback_args.extend([pair.capacity.as_bytes(), pair.rate.as_bytes()]);
+        if let Some(n) = n {
+            module.arg(*n);
+            fallback_args.push(n.as_bytes());
+        }
+    }
+    let b_keys: Vec<&[u8]> = pairs.iter().map(|pair| pair.b.as_bytes()).collect();
     // Always allowed, always written: `last_refill` is the module's clock.
     let probe: [&[u8]; 3] = [b"1e15", b"1", b"1"];
     let mut pipe = redis::pipe();
@@ -275,8 +314,8 @@ fn run_pair(
     pipe.cmd("TIME")
         .add_command(module_cmd(PROBE_BEFORE.as_bytes(), &probe))
         .ignore()
-        .add_command(module_cmd(pair.a.as_bytes(), &args))
-        .add_command(fallback.cmd(&[pair.b.as_bytes()], &args))
+        .add_command(module)
+        .add_command(fallback.cmd_for(command, &b_keys, &fallback_args))
         .add_command(module_cmd(PROBE_AFTER.as_bytes(), &probe))
         .ignore()
         .cmd("TIME")
@@ -285,28 +324,33 @@ fn run_pair(
         .arg("last_refill")
         .cmd("HGET")
         .arg(PROBE_AFTER)
-        .arg("last_refill")
-        .cmd("HGETALL")
-        .arg(&pair.a)
-        .cmd("HGETALL")
-        .arg(&pair.b)
-        .cmd("PEXPIRETIME")
-        .arg(&pair.a)
-        .cmd("PEXPIRETIME")
-        .arg(&pair.b);
-    #[allow(clippy::type_complexity)]
-    let (t1, module, fallback_reply, t2, p1, p2, hash_a, hash_b, expire_a, expire_b): (
+        .arg("last_refill");
+    for pair in pairs {
+        pipe.cmd("HGETALL")
+            .arg(&pair.a)
+            .cmd("HGETALL")
+            .arg(&pair.b)
+            .cmd("PEXPIRETIME")
+            .arg(&pair.a)
+            .cmd("PEXPIRETIME")
+            .arg(&pair.b);
+    }
+    let mut values: Vec<Value> = pipe.query(con).map_err(|e| e.to_string())?;
+    let rest = values.split_off(6);
+    let (t1, module, fallback_reply, t2, p1, p2): (
         (i64, i64),
         Reply4,
         Reply4,
         (i64, i64),
         i64,
         i64,
-        Hash,
-        Hash,
-        i64,
-        i64,
-    ) = pipe.query(con).map_err(|e| e.to_string())?;
+    ) = redis::from_redis_value(&Value::Array(values)).map_err(|e| e.to_string())?;
+    let mut keys: Vec<(Hash, Hash, i64, i64)> = rest
+        .chunks(4)
+        .map(|chunk| redis::from_redis_value(&Value::Array(chunk.to_vec())))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let (hash_a, hash_b, expire_a, expire_b) = keys.remove(0);
     Ok(Observed {
         clocks_ms: [time_ms(t1), time_ms(t2), p1, p2],
         module,
@@ -315,6 +359,7 @@ fn run_pair(
         hash_b,
         expire_a,
         expire_b,
+        others: keys,
     })
 }
 
@@ -345,6 +390,7 @@ const STEP_ATTEMPTS: usize = 4;
 #[derive(Default, Debug)]
 struct Tally {
     compared: usize,
+    commands: std::collections::BTreeMap<&'static str, usize>,
     resynced: usize,
     allowed_writes: usize,
     allowed_without_write: usize,
@@ -399,22 +445,50 @@ fn differential(
         if rng.percent(8) {
             pairs[index].rate = random_rate(&mut rng);
         }
-        let pair = &pairs[index];
-        let capacity: f64 = pair.capacity.parse().expect("generated capacity parses");
-        let n = random_n(&mut rng, capacity);
+        // Mostly TB.TAKE; the other commands too, each against its own twin.
+        let command = match rng.below(100) {
+            0..=54 => "take",
+            55..=69 => "peek",
+            70..=84 => "refund",
+            _ => "takeall",
+        };
+        let mut chosen = vec![index];
+        if command == "takeall" {
+            for _ in 0..rng.below(3) {
+                let other = rng.below(pairs.len() as u64) as usize;
+                if !chosen.contains(&other) {
+                    chosen.push(other);
+                }
+            }
+        }
+        let call_pairs: Vec<&Pair> = chosen.iter().map(|&i| &pairs[i]).collect();
+        let ns: Vec<String> = call_pairs
+            .iter()
+            .map(|pair| random_n(&mut rng, pair.capacity.parse().expect("capacity parses")))
+            .collect();
+        let omit_n = command == "peek" && rng.percent(30);
+        let n_args: Vec<Option<&str>> =
+            ns.iter().map(|n| (!omit_n).then_some(n.as_str())).collect();
+        let pair = call_pairs[0];
+        let n = if omit_n {
+            "1".to_string()
+        } else {
+            ns[0].clone()
+        };
         // A pair whose calls straddled a millisecond cannot be compared: the two keys are made
         // equal again and the same step is tried again, a few times, so that how many steps
         // get compared does not depend on how busy the machine is.
         let mut seen = None;
         for _attempt in 0..STEP_ATTEMPTS {
-            let observed = run_pair(con, fallback, pair, &n, &[]).unwrap_or_else(|e| {
-                panic!(
-                    "seed {seed} step {step}: TB.TAKE/{} {} {} {n} failed: {e}",
-                    fallback.name(),
-                    pair.capacity,
-                    pair.rate
-                )
-            });
+            let observed = run_call(con, fallback, command, &call_pairs, &n_args, &[])
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "seed {seed} step {step}: TB.{command}/{} {} {} {n} failed: {e}",
+                        fallback.name(),
+                        pair.capacity,
+                        pair.rate
+                    )
+                });
             if observed
                 .clocks_ms
                 .iter()
@@ -423,13 +497,15 @@ fn differential(
                 seen = Some(observed);
                 break;
             }
-            resync(con, pair);
+            for pair in &call_pairs {
+                resync(con, pair);
+            }
             tally.resynced += 1;
         }
         if let Some(seen) = seen {
             let context = || {
                 format!(
-                    "seed {seed} step {step} ({}), key pair {index}, capacity {} rate {} n {n}, \
+                    "seed {seed} step {step} (TB.{command} {}), key pairs {chosen:?}, capacity {} rate {} n {n}, \
                      now {}:\n  module   {:?}  hash [{}]  expire {}\n  fallback {:?}  hash [{}]  expire {}",
                     fallback.name(),
                     pair.capacity,
@@ -451,10 +527,27 @@ fn differential(
                 "expiries differ: {}",
                 context()
             );
+            for (i, (hash_a, hash_b, expire_a, expire_b)) in seen.others.iter().enumerate() {
+                assert_eq!(
+                    hash_a,
+                    hash_b,
+                    "hashes of pair {} differ: {}",
+                    i + 1,
+                    context()
+                );
+                assert_eq!(
+                    expire_a,
+                    expire_b,
+                    "expiries of pair {} differ: {}",
+                    i + 1,
+                    context()
+                );
+            }
             tally.compared += 1;
+            *tally.commands.entry(command).or_default() += 1;
             let reply = &seen.fallback;
             match (reply[0], reply[2]) {
-                (1, _) if n.parse::<f64>().unwrap() > 0.0 => {
+                (1, _) if command == "take" && n.parse::<f64>().unwrap() > 0.0 => {
                     tally.allowed_writes += 1;
                     // The TTL rule, checked on the script's own write: last_refill + max(1, reset).
                     let last_refill = hash_field(&seen.hash_b, b"last_refill");
@@ -507,6 +600,12 @@ fn assert_well_covered(tally: &Tally, steps: usize) {
     );
     assert!(tally.denied > 0, "no denial compared: {tally:?}");
     assert!(tally.never > 0, "no n > capacity compared: {tally:?}");
+    for command in ["take", "peek", "refund", "takeall"] {
+        assert!(
+            tally.commands.get(command).is_some_and(|&count| count > 0),
+            "no TB.{command} compared: {tally:?}"
+        );
+    }
 }
 
 /// Extreme limits and hand-edited states, each compared once (retried until the clocks
@@ -670,16 +769,12 @@ fn the_script_matches_the_module_at_the_extremes() {
 }
 
 #[test]
-fn the_script_and_the_library_share_one_body() {
-    let body = |text: &str| -> String {
-        let start = text.find("-- BEGIN tb_take").expect("BEGIN marker");
-        let end = text.find("-- END tb_take").expect("END marker");
-        text[start..end].to_string()
-    };
-    assert_eq!(body(SCRIPT), body(LIBRARY));
-    assert!(SCRIPT.contains("return tb_take(KEYS, ARGV)"));
+fn one_file_is_both_the_library_and_the_script() {
     assert!(LIBRARY.starts_with("#!lua name=tb\n"));
-    assert!(LIBRARY.contains("callback = tb_take"));
+    assert!(!script_text().starts_with("#!"));
+    for name in ["tb_take", "tb_peek", "tb_refund", "tb_takeall"] {
+        assert!(LIBRARY.contains(&format!("'{name}'")), "{name} registered");
+    }
 }
 
 #[test]
@@ -712,6 +807,22 @@ fn the_library_refuses_read_only_calls_like_a_write_command() {
         &[b"FCALL_RO", b"tb_take", b"1", b"rl:x", b"5", b"1", b"1"],
     );
     assert!(err.starts_with("ERR"), "{err}");
+    assert!(!exists(&mut con, "rl:x"));
+}
+
+/// tb_peek is registered `no-writes`, so it runs under FCALL_RO (and on read-only replicas),
+/// as TB.PEEK does.
+#[test]
+fn the_library_peeks_read_only() {
+    let server = Server::start();
+    let mut con = server.conn();
+    Fallback::function(&mut con);
+    let reply: Vec<i64> = redis::cmd("FCALL_RO")
+        .arg(&["tb_peek", "1", "rl:x", "5", "1", "2"])
+        .query(&mut con)
+        .expect("FCALL_RO tb_peek");
+    // What TB.TAKE would reply: 3 left, full again 2 s later.
+    assert_eq!(reply, vec![1, 3, 0, 2000]);
     assert!(!exists(&mut con, "rl:x"));
 }
 
@@ -1084,12 +1195,65 @@ fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
     }
 }
 
+/// TB.PEEK, TB.REFUND and TB.TAKEALL refuse what the module refuses, in its words: argument
+/// counts, bad numbers, duplicate keys, foreign values and corrupt buckets (named by key).
+fn check_other_command_errors(fallback: &Fallback, con: &mut redis::Connection) {
+    let ok: &[u8] = b"rl:ok";
+    let _: Value = module_cmd(ok, &[b"10", b"0.001", b"3"]).query(con).unwrap();
+    let _: () = redis::cmd("SET").arg("rl:str").arg("1").query(con).unwrap();
+    hset(con, "rl:bad", &[("tokens", "nan"), ("last_refill", "1")]);
+    let module = |command: &str, args: &[&[u8]]| {
+        let mut cmd = redis::cmd(command);
+        for arg in args {
+            cmd.arg(*arg);
+        }
+        cmd
+    };
+    type Case<'a> = (
+        &'a str,
+        Vec<&'a [u8]>,
+        &'a str,
+        Vec<&'a [u8]>,
+        Vec<&'a [u8]>,
+    );
+    #[rustfmt::skip]
+    let cases: Vec<Case> = vec![
+        // module command, its arguments, twin, twin keys, twin arguments
+        ("TB.PEEK", vec![ok, b"10"], "peek", vec![ok], vec![b"10"]),
+        ("TB.PEEK", vec![ok, b"10", b"1", b"1", b"1"], "peek", vec![ok], vec![b"10", b"1", b"1", b"1"]),
+        ("TB.PEEK", vec![ok, b"10", b"x"], "peek", vec![ok], vec![b"10", b"x"]),
+        ("TB.PEEK", vec![ok, b"10", b"1", b"1e16"], "peek", vec![ok], vec![b"10", b"1", b"1e16"]),
+        ("TB.PEEK", vec![b"rl:str", b"10", b"1"], "peek", vec![b"rl:str"], vec![b"10", b"1"]),
+        ("TB.PEEK", vec![b"rl:bad", b"10", b"1"], "peek", vec![b"rl:bad"], vec![b"10", b"1"]),
+        ("TB.REFUND", vec![ok, b"10", b"1"], "refund", vec![ok], vec![b"10", b"1"]),
+        ("TB.REFUND", vec![ok, b"0", b"1", b"1"], "refund", vec![ok], vec![b"0", b"1", b"1"]),
+        ("TB.REFUND", vec![ok, b"10", b"1", b"-1"], "refund", vec![ok], vec![b"10", b"1", b"-1"]),
+        ("TB.REFUND", vec![b"rl:bad", b"10", b"1", b"1"], "refund", vec![b"rl:bad"], vec![b"10", b"1", b"1"]),
+        ("TB.TAKEALL", vec![ok, b"10", b"1", b"1", b"rl:two"], "takeall", vec![ok, b"rl:two"], vec![b"10", b"1", b"1"]),
+        ("TB.TAKEALL", vec![ok, b"10", b"1", b"1", ok, b"10", b"1", b"1"], "takeall", vec![ok, ok], vec![b"10", b"1", b"1", b"10", b"1", b"1"]),
+        ("TB.TAKEALL", vec![ok, b"10", b"1", b"1", b"rl:two", b"10", b"x", b"1"], "takeall", vec![ok, b"rl:two"], vec![b"10", b"1", b"1", b"10", b"x", b"1"]),
+        ("TB.TAKEALL", vec![ok, b"10", b"1", b"1", b"rl:str", b"10", b"1", b"1"], "takeall", vec![ok, b"rl:str"], vec![b"10", b"1", b"1", b"10", b"1", b"1"]),
+        ("TB.TAKEALL", vec![ok, b"10", b"1", b"1", b"rl:bad", b"10", b"1", b"1"], "takeall", vec![ok, b"rl:bad"], vec![b"10", b"1", b"1", b"10", b"1", b"1"]),
+    ];
+    for (command, args, twin, keys, twin_args) in &cases {
+        assert_same_error(
+            con,
+            fallback,
+            ok,
+            &module(command, args),
+            &fallback.cmd_for(twin, keys, twin_args),
+            &format!("{command} {}", show_args(args)),
+        );
+    }
+}
+
 #[test]
 fn the_script_refuses_bad_input_in_the_module_words() {
     let server = Server::start();
     let mut con = server.conn();
     let fallback = Fallback::script(&mut con);
     check_errors(&fallback, &mut con);
+    check_other_command_errors(&fallback, &mut con);
 }
 
 #[test]
@@ -1098,6 +1262,7 @@ fn the_function_library_refuses_bad_input_in_the_module_words() {
     let mut con = server.conn();
     let fallback = Fallback::function(&mut con);
     check_errors(&fallback, &mut con);
+    check_other_command_errors(&fallback, &mut con);
 }
 
 /// `n` = 0 and an `n` that underflows to 0 are fine for both, and write nothing.

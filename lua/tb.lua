@@ -1,0 +1,558 @@
+#!lua name=tb
+-- tb.lua: redis-tb's commands in Lua, for servers that cannot load modules
+-- (managed Redis, hosted Valkey). Same replies, same hash, same TTL, same
+-- errors as the module, so either can take over a bucket from the other.
+-- This one file is both forms; nothing else holds a copy of the algorithm:
+--
+--   A FUNCTION library (Redis 7+, Valkey), loaded as it is:
+--     redis-cli -x FUNCTION LOAD REPLACE < lua/tb.lua
+--     FCALL tb_take    1 key capacity rate n
+--     FCALL tb_peek    1 key capacity rate [n]      (also FCALL_RO: no-writes)
+--     FCALL tb_refund  1 key capacity rate n
+--     FCALL tb_takeall N key1 .. keyN capacity1 rate1 n1 .. capacityN rateN nN
+--   A functions library is stored with the data (RDB, AOF) and replicated,
+--   so clients never see NOSCRIPT.
+--
+--   A script for EVAL/EVALSHA (any Redis 4+ or Valkey): the same text
+--   without its first line (the `#!lua name=tb` line is for FUNCTION LOAD
+--   only), with the command's name first in ARGV:
+--     EVALSHA <sha> 1 key take capacity rate n
+--     EVALSHA <sha> 1 key peek capacity rate [n]
+--     EVALSHA <sha> 1 key refund capacity rate n
+--     EVALSHA <sha> N key1 .. keyN takeall capacity1 rate1 n1 .. capacityN rateN nN
+--
+-- Each step mirrors src/bucket.rs and src/number.rs operation for
+-- operation, so both produce the same doubles, the same waits to the ms and
+-- byte-identical `tokens` text (tests/lua_fallback.rs compares them). The
+-- clock is the server's TIME, read once per call, never the caller's.
+-- Replicas and the AOF receive the effects (HSET, PEXPIREAT with an
+-- absolute deadline), never the script.
+--
+-- Known differences from the module (see tests/lua_fallback.rs):
+-- * no TB.BTAKE (a script cannot wait), no INFO tb counters, and
+--   tb.shadow-mode does not apply;
+-- * a wrong number of arguments is reported in the module's words, but by
+--   the script (the server cannot check a script's arity);
+-- * ACL applies to the commands inside: a restricted user needs FCALL (or
+--   EVALSHA) and TYPE, HMGET, TIME, HSET, PEXPIREAT. Without PEXPIREAT the
+--   script fails after its HSET, and a script is not rolled back.
+
+-- The longest wait ever reported or turned into a TTL: 2^53 ms.
+local MAX_WAIT_MS = 9007199254740992
+-- Arguments and stored fields longer than this are refused.
+local MAX_LEN = 64
+
+-- The largest capacity and n a request may name (src/bucket.rs MAX_TOKENS).
+local MAX_TOKENS = 9007199254740992
+
+local ERR_CAPACITY = 'ERR capacity must be a positive finite number'
+local ERR_CAPACITY_TOO_LARGE = 'ERR capacity must be at most 9007199254740992 (2^53)'
+local ERR_RATE = 'ERR rate must be a positive finite number'
+local ERR_N = 'ERR n must be a non-negative finite number'
+local ERR_N_TOO_LARGE = 'ERR n must be at most 9007199254740992 (2^53)'
+local ERR_DUPLICATE = 'ERR each key may appear only once in TB.TAKEALL'
+local ERR_WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
+
+-- `[sign] (digits [. digits*] | . digits) [(e|E) [sign] digits]`, at most 64
+-- bytes, finite; the sign only where `signed` (stored fields). tonumber()
+-- alone would also take hex, inf, nan and surrounding spaces.
+local function parse_decimal(text, signed)
+  if type(text) ~= 'string' or #text == 0 or #text > MAX_LEN then
+    return nil
+  end
+  local body = text
+  if signed then
+    body = string.match(text, '^[+-]?(.*)$')
+  end
+  local mantissa = string.match(body, '^([%d.]*)[eE][+-]?%d+$') or body
+  if not (string.match(mantissa, '^%d+%.?%d*$') or string.match(mantissa, '^%.%d+$')) then
+    return nil
+  end
+  local value = tonumber(text)
+  if value == nil or value ~= value or value == math.huge or value == -math.huge then
+    return nil
+  end
+  return value
+end
+
+-- The key as the module names it in an error: printable ASCII kept, ' and \
+-- escaped, other bytes as \xNN, cut to 64 bytes.
+local function show_key(key)
+  local shown = string.gsub(string.sub(key, 1, 64), '.', function(c)
+    local byte = string.byte(c)
+    if c == "'" or c == '\\' then
+      return '\\' .. c
+    elseif byte >= 32 and byte <= 126 then
+      return c
+    end
+    return string.format('\\x%02x', byte)
+  end)
+  if #key > 64 then
+    shown = shown .. '...'
+  end
+  return shown
+end
+
+-- src/bucket.rs State::available_at, same operations in the same order.
+local function available_at(tokens, last_refill, capacity, rate, now)
+  local elapsed = math.max(now - last_refill, 0)
+  local refilled = math.max(tokens, 0) + elapsed / 1000 * rate
+  return math.min(refilled, capacity)
+end
+
+-- src/bucket.rs clamp_wait.
+local function clamp_wait(ms)
+  if ms ~= ms or ms >= MAX_WAIT_MS then
+    return MAX_WAIT_MS
+  elseif ms <= 0 then
+    return 0
+  end
+  return ms
+end
+
+-- src/bucket.rs first_ms_when: the fewest whole ms w in [0, 2^53] such that
+-- the bucket holds `wanted` at now + w. A closed-form guess, then a galloping
+-- search around it and a bisection, exactly as the module does, so the answer
+-- is the module's to the ms. All values stay integers <= 2^54, exact in doubles.
+local function first_ms_when(tokens, last_refill, capacity, rate, now, wanted)
+  local function ready(wait)
+    return available_at(tokens, last_refill, capacity, rate, now + wait) >= wanted
+  end
+  if ready(0) then
+    return 0
+  end
+  local deficit = wanted - available_at(tokens, last_refill, capacity, rate, now)
+  local guess = clamp_wait(math.ceil(deficit / rate * 1000))
+  local step = 1
+  local not_ready, is_ready
+  if ready(guess) then
+    is_ready = guess
+    while true do
+      local probe = is_ready - step
+      if probe <= 0 then
+        not_ready = 0
+        break
+      end
+      if not ready(probe) then
+        not_ready = probe
+        break
+      end
+      is_ready = probe
+      step = step * 2
+    end
+  else
+    not_ready = guess
+    while true do
+      local probe = not_ready + step
+      if probe >= MAX_WAIT_MS then
+        is_ready = MAX_WAIT_MS
+        break
+      end
+      if ready(probe) then
+        is_ready = probe
+        break
+      end
+      not_ready = probe
+      step = step * 2
+    end
+  end
+  while is_ready - not_ready > 1 do
+    local mid = not_ready + math.floor((is_ready - not_ready) / 2)
+    if ready(mid) then
+      is_ready = mid
+    else
+      not_ready = mid
+    end
+  end
+  return is_ready
+end
+
+-- The decimal digits and exponent of the value `text` ("d.ddde+XX") holds.
+local function split_exponent_form(text)
+  local first, rest, exponent = string.match(text, '^(%d)%.?(%d*)e([-+]%d+)$')
+  return first .. rest, tonumber(exponent)
+end
+
+-- `digits` (a decimal string) plus one unit in its last place; the exponent
+-- moves up when the carry adds a digit (999 -> 100, one place higher).
+local function next_up(digits, exponent)
+  local i = #digits
+  while i >= 1 and string.sub(digits, i, i) == '9' do
+    i = i - 1
+  end
+  if i == 0 then
+    return '1' .. string.rep('0', #digits - 1), exponent + 1
+  end
+  local bumped = string.char(string.byte(digits, i) + 1)
+  return string.sub(digits, 1, i - 1) .. bumped .. string.rep('0', #digits - i), exponent
+end
+
+-- `digits` as text Lua reads back ("d.ddde<exponent>").
+local function as_text(digits, exponent)
+  return string.sub(digits, 1, 1) .. '.' .. string.sub(digits, 2) .. 'e' .. exponent
+end
+
+-- The shortest decimal digits that read back as `x` (x > 0, finite), and the
+-- exponent of the first digit: what Rust's float formatting picks. For each
+-- length, C's correctly rounded digits are the nearest candidate; Rust may
+-- prefer the next one up, in two cases handled below.
+local function shortest_digits(x)
+  -- The exact value (a double has at most 17 significant digits that matter
+  -- here; '%.99e' is the most Lua 5.1's string.format allows).
+  local exact_digits, exact_exponent = split_exponent_form(string.format('%.99e', x))
+  exact_digits = string.match(exact_digits, '^(.-)0*$')
+  for precision = 1, 17 do
+    local digits, exponent = split_exponent_form(string.format('%.' .. (precision - 1) .. 'e', x))
+    local back = tonumber(as_text(digits, exponent))
+    if back == x then
+      -- x exactly halfway between this candidate and the next one up, both
+      -- reading back as x: C rounds to even, Rust takes the upper one.
+      if exponent == exact_exponent and exact_digits == digits .. '5' then
+        return next_up(digits, exponent)
+      end
+      return digits, exponent
+    end
+    -- Just above a power of two the doubles below are twice as dense, so the
+    -- nearest candidate (rounded down) can miss while the next one up, still
+    -- as short, reads back as x. Rust picks that one; so do we.
+    if back < x then
+      local up, up_exponent = next_up(digits, exponent)
+      if tonumber(as_text(up, up_exponent)) == x then
+        return up, up_exponent
+      end
+    end
+  end
+  return split_exponent_form(string.format('%.16e', x))
+end
+
+-- src/number.rs format_tokens: the shortest text that reads back as the same
+-- double; plain for 0 and 1e-4 <= |x| < 1e15 (Rust's `{}`), else exponent
+-- form without '+' or leading zeros (Rust's `{:e}`: 1e300, 1.5e-7).
+local function format_tokens(x)
+  if x == 0 then
+    if 1 / x < 0 then
+      return '-0'
+    end
+    return '0'
+  end
+  local sign = ''
+  if x < 0 then
+    sign = '-'
+    x = -x
+  end
+  local digits, exponent = shortest_digits(x)
+  digits = string.match(digits, '^(.-)0*$')
+  if digits == '' then
+    digits = '0'
+  end
+  if x >= 1e-4 and x < 1e15 then
+    if exponent < 0 then
+      return sign .. '0.' .. string.rep('0', -exponent - 1) .. digits
+    elseif #digits <= exponent + 1 then
+      return sign .. digits .. string.rep('0', exponent + 1 - #digits)
+    end
+    return sign .. string.sub(digits, 1, exponent + 1) .. '.' .. string.sub(digits, exponent + 2)
+  end
+  local mantissa = string.sub(digits, 1, 1)
+  if #digits > 1 then
+    mantissa = mantissa .. '.' .. string.sub(digits, 2)
+  end
+  return sign .. mantissa .. 'e' .. exponent
+end
+
+-- a + b as exact integer text, for integers 0 <= a, b <= 2^53: their sum may
+-- pass 2^53, where doubles skip odd integers.
+local function add_ms(a, b)
+  local unit = 100000000
+  local a_low, b_low = math.fmod(a, unit), math.fmod(b, unit)
+  local low = a_low + b_low
+  local high = (a - a_low) / unit + (b - b_low) / unit
+  if low >= unit then
+    low = low - unit
+    high = high + 1
+  end
+  if high == 0 then
+    return string.format('%d', low)
+  end
+  return string.format('%d%08d', high, low)
+end
+
+
+local function arity_error(command)
+  return redis.error_reply("ERR wrong number of arguments for '" .. command .. "' command")
+end
+
+-- capacity, rate and n (optional where `n_text` is nil: 1), checked in
+-- that order as the module does; returns them, or an error reply.
+local function parse_request(capacity_text, rate_text, n_text)
+  local capacity = parse_decimal(capacity_text, false)
+  if capacity == nil or not (capacity > 0) then
+    return nil, redis.error_reply(ERR_CAPACITY)
+  end
+  if capacity > MAX_TOKENS then
+    return nil, redis.error_reply(ERR_CAPACITY_TOO_LARGE)
+  end
+  local rate = parse_decimal(rate_text, false)
+  if rate == nil or not (rate > 0) then
+    return nil, redis.error_reply(ERR_RATE)
+  end
+  local n = 1
+  if n_text ~= nil then
+    n = parse_decimal(n_text, false)
+    if n == nil then
+      return nil, redis.error_reply(ERR_N)
+    end
+  end
+  if n > MAX_TOKENS then
+    return nil, redis.error_reply(ERR_N_TOO_LARGE)
+  end
+  return {capacity = capacity, rate = rate, n = n}
+end
+
+-- The bucket stored at `key`: nil for a missing key (a full bucket), a
+-- table {tokens, last_refill}, or (second value) an error reply.
+local function read_bucket(key)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'none' then
+    return nil
+  elseif kind ~= 'hash' then
+    return nil, redis.error_reply(ERR_WRONGTYPE)
+  end
+  local fields = redis.call('HMGET', key, 'tokens', 'last_refill')
+  local tokens = parse_decimal(fields[1], true)
+  local last_refill = parse_decimal(fields[2], true)
+  if tokens == nil or last_refill == nil then
+    return nil, redis.error_reply('ERR corrupt bucket \'' .. show_key(key)
+      .. '\': tokens and last_refill must be finite numbers')
+  end
+  return {tokens = tokens, last_refill = last_refill}
+end
+
+-- The server's clock in ms, read once per call: RedisModule_Milliseconds()
+-- is the same sec * 1000 + usec / 1000, rounded down.
+local function server_now()
+  local time = redis.call('TIME')
+  return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+end
+
+-- src/bucket.rs seen_at: a missing key is a full bucket; a last_refill
+-- later than now (the clock stepped back) counts as now, and is repaired to
+-- now by the first write command that sees it, allowed or denied.
+local function seen_at(bucket, request, now)
+  if bucket == nil then
+    return {tokens = request.capacity, last_refill = now}, nil
+  elseif bucket.last_refill > now then
+    local current = {tokens = bucket.tokens, last_refill = now}
+    local tokens = available_at(current.tokens, now, request.capacity, request.rate, now)
+    return current, {tokens = tokens, last_refill = now}
+  end
+  return bucket, nil
+end
+
+local function time_to_full(state, request, now)
+  return first_ms_when(state.tokens, state.last_refill, request.capacity, request.rate, now,
+    request.capacity)
+end
+
+-- src/bucket.rs take, with n as given (n = 0: a look). Returns the reply's
+-- four figures and the state to write (nil: nothing).
+local function judge_take(bucket, request, n, now)
+  local current, repair = seen_at(bucket, request, now)
+  local available = available_at(current.tokens, current.last_refill, request.capacity,
+    request.rate, now)
+  if available < n then
+    -- Denied: nothing written but a clock repair.
+    local retry_after = -1
+    if not (n > request.capacity) then
+      retry_after = first_ms_when(current.tokens, current.last_refill, request.capacity,
+        request.rate, now, n)
+    end
+    return {allowed = 0, remaining = math.floor(available), retry = retry_after,
+      reset = time_to_full(current, request, now), write = repair}
+  end
+  local write = repair
+  if n > 0 then
+    write = {tokens = available - n, last_refill = now}
+  end
+  return {allowed = 1, remaining = math.floor(available - n), retry = 0,
+    reset = time_to_full(write or current, request, now), write = write}
+end
+
+-- src/bucket.rs refund: refill, then add n, capped at the capacity.
+local function judge_refund(bucket, request, now)
+  if bucket == nil then
+    return judge_take(nil, request, 0, now)
+  end
+  local current, repair = seen_at(bucket, request, now)
+  local available = available_at(current.tokens, current.last_refill, request.capacity,
+    request.rate, now)
+  local tokens = math.min(available + request.n, request.capacity)
+  local write = repair
+  if request.n > 0 then
+    write = {tokens = tokens, last_refill = now}
+  end
+  return {allowed = 1, remaining = math.floor(tokens), retry = 0,
+    reset = time_to_full(write or current, request, now), write = write}
+end
+
+-- Stores an outcome's write. The key expires exactly when the bucket is
+-- full again, at an absolute instant, so replicas and a reloaded AOF drop it
+-- at the same ms (src/bucket.rs expire_at_ms).
+local function store(key, outcome, now)
+  if outcome.write == nil then
+    return
+  end
+  redis.call('HSET', key, 'tokens', format_tokens(outcome.write.tokens),
+    'last_refill', string.format('%d', now))
+  redis.call('PEXPIREAT', key, add_ms(now, math.max(1, outcome.reset)))
+end
+
+local function figures(outcome)
+  return {outcome.allowed, outcome.remaining, outcome.retry, outcome.reset}
+end
+
+-- TB.TAKE key capacity rate n
+local function tb_take(keys, args)
+  if #keys ~= 1 or #args ~= 3 then
+    return arity_error('tb.take')
+  end
+  local request, err = parse_request(args[1], args[2], args[3])
+  if err then
+    return err
+  end
+  local bucket, read_err = read_bucket(keys[1])
+  if read_err then
+    return read_err
+  end
+  local now = server_now()
+  local outcome = judge_take(bucket, request, request.n, now)
+  store(keys[1], outcome, now)
+  return figures(outcome)
+end
+
+-- TB.PEEK key capacity rate [n]: what TB.TAKE would reply; writes nothing.
+local function tb_peek(keys, args)
+  if #keys ~= 1 or #args < 2 or #args > 3 then
+    return arity_error('tb.peek')
+  end
+  local request, err = parse_request(args[1], args[2], args[3])
+  if err then
+    return err
+  end
+  local bucket, read_err = read_bucket(keys[1])
+  if read_err then
+    return read_err
+  end
+  return figures(judge_take(bucket, request, request.n, server_now()))
+end
+
+-- TB.REFUND key capacity rate n
+local function tb_refund(keys, args)
+  if #keys ~= 1 or #args ~= 3 then
+    return arity_error('tb.refund')
+  end
+  local request, err = parse_request(args[1], args[2], args[3])
+  if err then
+    return err
+  end
+  local bucket, read_err = read_bucket(keys[1])
+  if read_err then
+    return read_err
+  end
+  local now = server_now()
+  local outcome = judge_refund(bucket, request, now)
+  store(keys[1], outcome, now)
+  return figures(outcome)
+end
+
+-- TB.TAKEALL: every bucket or none (src/bucket.rs take_all). Keys come as
+-- KEYS, the numbers as capacity rate n per key, in the keys' order.
+local function tb_takeall(keys, args)
+  if #keys == 0 or #args ~= 3 * #keys then
+    return arity_error('tb.takeall')
+  end
+  local requests = {}
+  for i = 1, #keys do
+    local request, err = parse_request(args[3 * i - 2], args[3 * i - 1], args[3 * i])
+    if err then
+      return err
+    end
+    requests[i] = request
+  end
+  local seen = {}
+  for i = 1, #keys do
+    if seen[keys[i]] then
+      return redis.error_reply(ERR_DUPLICATE)
+    end
+    seen[keys[i]] = true
+  end
+  local buckets = {}
+  for i = 1, #keys do
+    local bucket, read_err = read_bucket(keys[i])
+    if read_err then
+      return read_err
+    end
+    buckets[i] = bucket
+  end
+  local now = server_now()
+  local outcomes = {}
+  local allowed = true
+  for i = 1, #keys do
+    outcomes[i] = judge_take(buckets[i], requests[i], requests[i].n, now)
+    allowed = allowed and outcomes[i].allowed == 1
+  end
+  if not allowed then
+    -- Nothing is taken anywhere: a bucket that would have allowed is
+    -- answered as a look (n = 0), which writes only a clock repair.
+    for i = 1, #keys do
+      if outcomes[i].allowed == 1 then
+        outcomes[i] = judge_take(buckets[i], requests[i], 0, now)
+      end
+    end
+  end
+  -- The deciding bucket: when denied the longest wait (-1, never, longest
+  -- of all), when allowed the fewest tokens left; ties go to the first.
+  local decisive, heaviest = 1, nil
+  for i = 1, #keys do
+    local weight
+    if allowed then
+      weight = -outcomes[i].remaining
+    elseif outcomes[i].retry < 0 then
+      weight = math.huge
+    else
+      weight = outcomes[i].retry
+    end
+    if heaviest == nil or weight > heaviest then
+      decisive, heaviest = i, weight
+    end
+  end
+  for i = 1, #keys do
+    store(keys[i], outcomes[i], now)
+  end
+  local reply = figures(outcomes[decisive])
+  reply[1] = allowed and 1 or 0
+  reply[5] = decisive - 1
+  return reply
+end
+
+if redis.register_function then
+  -- FUNCTION LOAD: writers are registered without flags, like any function
+  -- that writes: refused by FCALL_RO, on a read-only replica and (like the
+  -- module's deny-oom commands) over maxmemory.
+  redis.register_function('tb_take', tb_take)
+  redis.register_function{function_name = 'tb_peek', callback = tb_peek, flags = {'no-writes'}}
+  redis.register_function('tb_refund', tb_refund)
+  redis.register_function('tb_takeall', tb_takeall)
+else
+  -- EVAL: a write after TIME needs effects replication, the default since
+  -- Redis 5; Redis 4 gets it from this call.
+  if redis.replicate_commands then
+    redis.replicate_commands()
+  end
+  local commands = {take = tb_take, peek = tb_peek, refund = tb_refund, takeall = tb_takeall}
+  local command = commands[ARGV[1]]
+  if command == nil then
+    return redis.error_reply('ERR the first argument must be take, peek, refund or takeall')
+  end
+  return command(KEYS, {unpack(ARGV, 2)})
+end
