@@ -213,13 +213,15 @@ impl Api {
         write_log(self.log, ctx, level, message);
     }
 
-    /// The bytes of a server string, borrowed for as long as it lives.
+    /// The bytes of a server string. The slice borrows the pointer's holder
+    /// (an argv slice, an `OwnedString`), so it cannot outlive the string.
     ///
     /// # Safety
-    /// `string` must be a valid RedisModuleString that outlives the slice.
-    pub unsafe fn bytes<'a>(&self, string: *const RedisModuleString) -> &'a [u8] {
+    /// `string` must point to a valid RedisModuleString for as long as its
+    /// holder is borrowed.
+    pub unsafe fn bytes<'a>(&self, string: &'a *mut RedisModuleString) -> &'a [u8] {
         let mut len = 0usize;
-        let ptr = (self.string_ptr_len)(string, &mut len);
+        let ptr = (self.string_ptr_len)(*string, &mut len);
         if ptr.is_null() {
             return &[];
         }

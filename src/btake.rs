@@ -66,9 +66,10 @@ pub fn btake(
     ctx: *mut RedisModuleCtx,
     args: &[*mut RedisModuleString],
 ) -> Result<Answer, TbError> {
-    let &[_, key, capacity, rate, n, timeout] = args else {
+    let [_, key, capacity, rate, n, timeout] = args else {
         return Err(TbError::WrongArity);
     };
+    let key = *key;
     // Arguments in order, before any key is touched.
     // SAFETY: argv strings live for the whole command.
     let request =
@@ -180,7 +181,7 @@ fn may_block(api: &Api, ctx: *mut RedisModuleCtx) -> bool {
 
 fn key_name(api: &Api, ctx: *mut RedisModuleCtx, key: *mut RedisModuleString) -> KeyName {
     // SAFETY: a live context and string.
-    unsafe { ((api.selected_db)(ctx), api.bytes(key).to_vec()) }
+    unsafe { ((api.selected_db)(ctx), api.bytes(&key).to_vec()) }
 }
 
 // --- Serving ----------------------------------------------------------------

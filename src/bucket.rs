@@ -767,6 +767,7 @@ mod tests {
                 }
             }
             prop_assert!(got.decisive < charges.len());
+            prop_assert_eq!(got.outcomes[got.decisive].allowed, got.allowed);
         }
 
         #[test]

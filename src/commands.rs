@@ -130,9 +130,9 @@ impl<'a> Single<'a> {
         // SAFETY: argv strings live for the whole command.
         let request = unsafe {
             parse_request(
-                api.bytes(capacity),
-                api.bytes(rate),
-                n.map(|n| api.bytes(n)),
+                api.bytes(&capacity),
+                api.bytes(&rate),
+                n.as_ref().map(|n| api.bytes(n)),
             )
         }?;
         Single::open_request(api, ctx, key, request, access)
@@ -193,14 +193,14 @@ fn take_all(
     let mut keys = Vec::with_capacity(count);
     let mut requests = Vec::with_capacity(count);
     for group in groups.chunks_exact(4) {
-        let &[key, capacity, rate, n] = group else {
+        let [key, capacity, rate, n] = group else {
             return Err(TbError::WrongArity);
         };
         // SAFETY: as in `Single::open`.
         requests.push(unsafe {
             parse_request(api.bytes(capacity), api.bytes(rate), Some(api.bytes(n)))
         }?);
-        keys.push(key);
+        keys.push(*key);
     }
     // Hashing keeps the whole command linear in the number of keys: it runs
     // on the server's only command thread, and a quadratic check made one
@@ -209,7 +209,7 @@ fn take_all(
     // SAFETY: as in `Single::open`.
     if !keys
         .iter()
-        .all(|key| seen.insert(unsafe { api.bytes(*key) }))
+        .all(|key| seen.insert(unsafe { api.bytes(key) }))
     {
         return Err(TbError::DuplicateKey);
     }
@@ -240,15 +240,13 @@ fn take_all(
         })
         .collect();
     store(&changes, now_ms)?;
-    let decisive = result
+    // The deciding bucket allows exactly when the whole call does: a
+    // denial is decided by a denying bucket (see `bucket::take_all`).
+    let outcome = result
         .outcomes
         .get(result.decisive)
         .copied()
         .ok_or(TbError::Internal)?;
-    let outcome = Outcome {
-        allowed: result.allowed,
-        ..decisive
-    };
     count_decision(outcome.allowed, charges.iter().map(|charge| charge.n).sum());
     Ok(Reply {
         outcome: shadow(outcome),
@@ -435,7 +433,7 @@ pub fn send(
             Err(TbError::CorruptBucket { key_arg }) => {
                 let key = args
                     .get(key_arg)
-                    .map(|key| api.bytes(*key))
+                    .map(|key| api.bytes(key))
                     .unwrap_or_default();
                 let message = corrupt_bucket_message(key);
                 (api.reply_with_error)(ctx, message.as_ptr());

@@ -361,7 +361,7 @@ impl<'a> OwnedString<'a> {
             return None;
         }
         // SAFETY: a live string owned by self.
-        parse_decimal(unsafe { self.api.bytes(self.ptr) }, Sign::Allowed)
+        parse_decimal(unsafe { self.api.bytes(&self.ptr) }, Sign::Allowed)
     }
 }
 
