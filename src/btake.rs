@@ -160,7 +160,6 @@ pub fn waiting() -> usize {
 /// other write would pay on a server that never waits. There is no way to
 /// unsubscribe, so it stays once made.
 fn listen_to_keyspace(ctx: *mut RedisModuleCtx) {
-    static SUBSCRIBED: AtomicBool = AtomicBool::new(false);
     if SUBSCRIBED.swap(true, Relaxed) {
         return;
     }
@@ -168,6 +167,16 @@ fn listen_to_keyspace(ctx: *mut RedisModuleCtx) {
     if let Some(subscribe) = unsafe { RedisModule_SubscribeToKeyspaceEvents } {
         unsafe { subscribe(ctx, REDISMODULE_NOTIFY_ALL, Some(on_keyspace_event)) };
     }
+}
+
+/// Whether this load of the module has subscribed to keyspace events.
+static SUBSCRIBED: AtomicBool = AtomicBool::new(false);
+
+/// At every load: a library the dynamic loader kept mapped across MODULE
+/// UNLOAD/LOAD keeps its statics, but the server dropped the subscription.
+pub fn reset_at_load() {
+    SUBSCRIBED.store(false, Relaxed);
+    DRIVING.store(false, Relaxed);
 }
 
 fn may_block(api: &Api, ctx: *mut RedisModuleCtx) -> bool {

@@ -241,6 +241,7 @@ fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
         }
     }));
     set_module_options(ctx);
+    btake::reset_at_load();
     // SAFETY: OnLoad context. This replaces the crate's default INFO callback.
     if let Some(register_info) = unsafe { raw::RedisModule_RegisterInfoFunc } {
         unsafe { register_info(ctx, Some(metrics::info)) };

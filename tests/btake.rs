@@ -414,7 +414,7 @@ fn tb_max_waiters_bounds_each_queue() {
 
 #[test]
 fn module_unload_is_refused_while_clients_wait() {
-    let server = Server::start();
+    let server = Server::start_with(&["--enable-module-command", "yes"]);
     let mut con = server.conn();
     drain(&mut con, "k", "1", SLOW);
     let _waiter = btake(&server, &["k", "1", SLOW, "1", "0"]);
@@ -423,7 +423,8 @@ fn module_unload_is_refused_while_clients_wait() {
         .arg(&["UNLOAD", "tb"])
         .query::<redis::Value>(&mut con)
         .expect_err("unload with a waiter");
-    assert!(error_text(&err).starts_with("ERR"), "{err}");
+    let text = error_text(&err);
+    assert!(text.starts_with("ERR Error unloading module"), "{text}");
     assert!(ping(&mut con));
     refund(&mut con, "k", "1", SLOW, "1");
     wait_for_waiting(&mut con, 0);
@@ -563,4 +564,36 @@ fn flushall_serves_the_waiters_of_every_bucket_it_removed() {
     wait_for_waiting(&mut con, 1);
     let _: () = redis::cmd("FLUSHALL").query(&mut con).expect("FLUSHALL");
     assert_eq!(ints(waiter.reply())[..3], [1, 1, 0]);
+}
+
+#[test]
+fn after_module_unload_and_load_writes_still_wake_waiters() {
+    let server = Server::start_with(&["--enable-module-command", "yes"]);
+    let mut con = server.conn();
+    // A first wait subscribes this load to keyspace events.
+    drain(&mut con, "k", "1", SLOW);
+    let mut first = btake(&server, &["k", "1", SLOW, "1", "0"]);
+    wait_for_waiting(&mut con, 1);
+    refund(&mut con, "k", "1", SLOW, "1");
+    assert_eq!(ints(first.reply())[0], 1);
+    // Unload may be refused while a timer is still pending: retry briefly.
+    wait_until("MODULE UNLOAD", Duration::from_secs(5), || {
+        redis::cmd("MODULE")
+            .arg(&["UNLOAD", "tb"])
+            .query::<()>(&mut con)
+            .is_ok()
+    });
+    let path = module_path().display().to_string();
+    let _: () = redis::cmd("MODULE")
+        .arg(&["LOAD", &path])
+        .query(&mut con)
+        .expect("MODULE LOAD");
+    drain(&mut con, "k2", "1", SLOW);
+    let mut second = btake(&server, &["k2", "1", SLOW, "1", "0"]);
+    wait_for_waiting(&mut con, 1);
+    refund(&mut con, "k2", "1", SLOW, "1");
+    let reply = second
+        .reply_within(Duration::from_secs(5))
+        .expect("the refund woke the waiter");
+    assert_eq!(ints(reply)[0], 1);
 }
