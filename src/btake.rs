@@ -102,11 +102,15 @@ pub fn btake(
         n: charge.n,
         since_ms: api.wall_ms(),
         handle: 0,
+        deadline_timer: None,
         state: WaitState::Waiting,
     };
     listen_to_keyspace(ctx);
     let (id, is_head) = with_queues(|queues| queues.push(waiter)).ok_or(TbError::Internal)?;
     let mut keys = [key];
+    // No timeout for the server to enforce: it checks blocked clients'
+    // timeouts only a few times a second (up to ~100 ms late), so the
+    // module ends the wait with a timer of its own (`on_deadline`), to the ms.
     // SAFETY: the command's context and key; the id travels as the private
     // data (never dereferenced: it is a number).
     let handle = unsafe {
@@ -115,7 +119,7 @@ pub fn btake(
             Some(on_ready),
             Some(on_unblocked),
             Some(on_free),
-            timeout_ms,
+            0,
             keys.as_mut_ptr(),
             1,
             id as usize as *mut c_void,
@@ -125,7 +129,18 @@ pub fn btake(
         with_queues(|queues| queues.remove(id));
         return Err(TbError::Internal);
     }
-    with_queues(|queues| queues.set_handle(id, handle as usize));
+    let deadline_timer = (timeout_ms > 0).then(|| {
+        // SAFETY: a live context; the data is the waiter's id, a number.
+        unsafe {
+            (api.create_timer)(
+                ctx,
+                timeout_ms,
+                Some(on_deadline),
+                id as usize as *mut c_void,
+            )
+        }
+    });
+    with_queues(|queues| queues.set_handle(id, handle as usize, deadline_timer));
     // SAFETY: a handle the server just gave out.
     unsafe { (api.set_disconnect_callback)(handle, Some(on_disconnect)) };
     metrics::WAITS_STARTED.bump();
@@ -365,14 +380,14 @@ fn unblocked(api: &Api, ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleStr
             } else {
                 metrics::WAITS_TIMED_OUT.bump();
             }
-            end_wait(api, id, &waiter);
+            end_wait(api, ctx, id, &waiter);
             send(api, ctx, args, result.map(Into::into));
             if resume {
                 schedule(api, ctx, &waiter.key, 0);
             }
         }
         WaitState::Fail => {
-            end_wait(api, id, &waiter);
+            end_wait(api, ctx, id, &waiter);
             send(api, ctx, args, Err(TbError::BucketGone));
             if resume {
                 schedule(api, ctx, &waiter.key, 0);
@@ -401,7 +416,7 @@ fn unblocked(api: &Api, ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleStr
             if result.is_ok() {
                 count_decision(false, waiter.n);
             }
-            let was_head = end_wait(api, id, &waiter);
+            let was_head = end_wait(api, ctx, id, &waiter);
             send(api, ctx, args, result.map(Into::into));
             if was_head {
                 schedule(api, ctx, &waiter.key, 0);
@@ -434,9 +449,36 @@ fn serve(
     Ok(outcome)
 }
 
+/// A waiter's timeout has passed: it is unblocked, and `on_unblocked`
+/// answers it with a denial (its state is still `Waiting`).
+extern "C" fn on_deadline(_ctx: *mut RedisModuleCtx, data: *mut c_void) {
+    let Some(api) = api::api() else {
+        return;
+    };
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        let id = data as usize as u64;
+        let waiting = with_queues(|queues| {
+            let waiter = queues.get(id)?;
+            (waiter.state == WaitState::Waiting).then_some(waiter.handle)
+        });
+        if let Some(Some(handle)) = waiting {
+            with_queues(|queues| queues.clear_deadline(id));
+            // SAFETY: the handle of a client still blocked.
+            unsafe {
+                (api.unblock_client)(handle as *mut RedisModuleBlockedClient, data);
+            }
+        }
+    }));
+}
+
 /// Takes a waiter out of its queue and counts the time it waited; says
 /// whether it was the head.
-fn end_wait(api: &Api, id: u64, waiter: &Waiter) -> bool {
+fn end_wait(api: &Api, ctx: *mut RedisModuleCtx, id: u64, waiter: &Waiter) -> bool {
+    if let Some(Some(timer)) = with_queues(|queues| queues.get(id).and_then(|w| w.deadline_timer)) {
+        let mut data: *mut c_void = ptr::null_mut();
+        // SAFETY: a timer of ours whose data is a number, nothing to free.
+        unsafe { (api.stop_timer)(ctx, timer, &mut data) };
+    }
     let waited_ms = api.wall_ms().saturating_sub(waiter.since_ms).max(0);
     metrics::WAIT_MS.add(waited_ms as f64);
     with_queues(|queues| queues.remove(id))
@@ -457,7 +499,7 @@ extern "C" fn on_disconnect(ctx: *mut RedisModuleCtx, _handle: *mut RedisModuleB
             return;
         };
         metrics::WAITS_ABANDONED.bump();
-        let was_head = end_wait(api, id, &waiter);
+        let was_head = end_wait(api, ctx, id, &waiter);
         if was_head || waiter.state != WaitState::Waiting {
             schedule(api, ctx, &waiter.key, 0);
         }
@@ -472,7 +514,10 @@ extern "C" fn on_free(ctx: *mut RedisModuleCtx, privdata: *mut c_void) {
     };
     let _ = catch_unwind(AssertUnwindSafe(|| {
         let id = privdata as usize as u64;
-        if let Some(Some((waiter, true))) = with_queues(|queues| queues.remove(id)) {
+        let Some(Some(waiter)) = with_queues(|queues| queues.get(id).cloned()) else {
+            return;
+        };
+        if end_wait(api, ctx, id, &waiter) {
             schedule(api, ctx, &waiter.key, 0);
         }
     }));

@@ -24,6 +24,8 @@ pub struct Waiter {
     pub since_ms: i64,
     /// The server's handle of the blocked client (opaque here).
     pub handle: usize,
+    /// The timer that ends the wait at its timeout, if it has one.
+    pub deadline_timer: Option<u64>,
     pub state: WaitState,
 }
 
@@ -94,15 +96,23 @@ impl Queues {
         self.waiters.get(&id)
     }
 
+    /// Its timeout timer has fired (nothing left to stop).
+    pub fn clear_deadline(&mut self, id: u64) {
+        if let Some(waiter) = self.waiters.get_mut(&id) {
+            waiter.deadline_timer = None;
+        }
+    }
+
     pub fn set_state(&mut self, id: u64, state: WaitState) {
         if let Some(waiter) = self.waiters.get_mut(&id) {
             waiter.state = state;
         }
     }
 
-    pub fn set_handle(&mut self, id: u64, handle: usize) {
+    pub fn set_handle(&mut self, id: u64, handle: usize, deadline_timer: Option<u64>) {
         if let Some(waiter) = self.waiters.get_mut(&id) {
             waiter.handle = handle;
+            waiter.deadline_timer = deadline_timer;
         }
     }
 
@@ -194,6 +204,7 @@ mod tests {
             n,
             since_ms: 0,
             handle: 0,
+            deadline_timer: None,
             state: WaitState::Waiting,
         }
     }
