@@ -192,6 +192,7 @@ static SUBSCRIBED: AtomicBool = AtomicBool::new(false);
 pub fn reset_at_load() {
     SUBSCRIBED.store(false, Relaxed);
     DRIVING.store(false, Relaxed);
+    SERVING.store(false, Relaxed);
 }
 
 fn may_block(api: &Api, ctx: *mut RedisModuleCtx) -> bool {
@@ -259,6 +260,9 @@ extern "C" fn on_timer(ctx: *mut RedisModuleCtx, data: *mut c_void) {
 /// Set while `drive` unblocks a waiter: a callback the server runs at once
 /// is then inside `drive`, which goes on with the next waiter itself.
 static DRIVING: AtomicBool = AtomicBool::new(false);
+
+/// Set while a served waiter's take is stored (see `serve`).
+static SERVING: AtomicBool = AtomicBool::new(false);
 
 /// Serves the key's queue from its head for as long as the head's tokens
 /// are there, then sets the timer for the next head.
@@ -444,7 +448,12 @@ fn serve(
         was_missing: state.is_none(),
         outcome,
     };
-    store(&[change], now_ms)?;
+    // This write's own keyspace events need not wake the queue: whoever
+    // serves it goes on with the next waiter anyway.
+    SERVING.store(true, Relaxed);
+    let stored = store(&[change], now_ms);
+    SERVING.store(false, Relaxed);
+    stored?;
     count_decision(outcome.allowed, waiter.n);
     Ok(outcome)
 }
@@ -551,6 +560,9 @@ extern "C" fn on_keyspace_event(
     _event: *const c_char,
     key: *mut RedisModuleString,
 ) -> c_int {
+    if SERVING.load(Relaxed) {
+        return REDISMODULE_OK as c_int;
+    }
     if let Some(api) = api::api() {
         let _ = catch_unwind(AssertUnwindSafe(|| {
             let name = match with_queues(|queues| !queues.is_empty()) {

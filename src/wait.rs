@@ -275,6 +275,43 @@ mod tests {
         assert!(queues.is_empty());
     }
 
+    proptest::proptest! {
+        /// Against a plain list per key: any mix of arrivals and departures
+        /// (from anywhere in the queue) keeps arrival order, counts and sums.
+        #[test]
+        fn queues_behave_like_ordered_lists(
+            ops in proptest::collection::vec((0u8..3, 0usize..3, 1u32..5), 1..200),
+        ) {
+            let mut queues = Queues::default();
+            let mut model: Vec<Vec<(u64, f64)>> = vec![Vec::new(); 3];
+            for (op, key, n) in ops {
+                let name = (0, vec![b'k', key as u8]);
+                if op < 2 {
+                    let mut w = waiter("x", f64::from(n));
+                    w.key = name.clone();
+                    let (id, is_head) = queues.push(w);
+                    proptest::prop_assert_eq!(is_head, model[key].is_empty());
+                    model[key].push((id, f64::from(n)));
+                } else if !model[key].is_empty() {
+                    let at = (n as usize) % model[key].len();
+                    let (id, _) = model[key].remove(at);
+                    let (_, was_head) = queues.remove(id).expect("queued");
+                    proptest::prop_assert_eq!(was_head, at == 0);
+                }
+                let head = queues.head(&name).map(|(id, _)| id);
+                proptest::prop_assert_eq!(head, model[key].first().map(|(id, _)| *id));
+                let ahead = queues.ahead(&name);
+                let wanted: f64 = model[key].iter().map(|(_, n)| n).sum();
+                proptest::prop_assert_eq!(
+                    ahead,
+                    (!model[key].is_empty()).then_some((model[key].len(), wanted))
+                );
+            }
+            let total: usize = model.iter().map(Vec::len).sum();
+            proptest::prop_assert_eq!(queues.waiting(), total);
+        }
+    }
+
     #[test]
     fn removing_twice_or_an_unknown_id_changes_nothing() {
         let mut queues = Queues::default();
