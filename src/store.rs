@@ -160,18 +160,12 @@ impl<'a> BucketKey<'a> {
                 api.last_refill_field.0,
                 last_refill.ptr,
             );
-            // The deadline as a buffer ("b"), formatted here: the server
-            // turns it into one embedded string object, where "l" costs an
-            // sds conversion plus a raw object (two allocations).
-            let deadline_text = format_integer(deadline_ms);
-            let deadline_bytes = deadline_text.as_bytes();
             (api.replicate)(
                 self.ctx,
                 c"PEXPIREAT".as_ptr(),
-                c"sb".as_ptr(),
+                c"sl".as_ptr(),
                 self.name,
-                deadline_bytes.as_ptr() as *const std::os::raw::c_char,
-                deadline_bytes.len(),
+                deadline_ms as std::os::raw::c_longlong,
             );
             (api.notify)(
                 self.ctx,
