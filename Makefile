@@ -49,8 +49,14 @@ lint: deps ## rustfmt check and clippy with warnings as errors
 # integration tests would load a stale module. The tests themselves are built
 # in the dev profile (overflow checks on, no LTO: minutes faster); they load
 # the release module, the one users run.
+# tests/write_failures.rs also needs the test-only fault-injection build
+# (src/fault.rs), kept in its own target directory so it never replaces the
+# module users run.
+FAULT_BUILD := cargo build --features fault-injection --target-dir target/fault
+
 test: deps lint ## Everything: lint, unit/property/integration tests on Redis and Valkey, client examples
 	cd $(ROOT) && cargo build --release
+	cd $(ROOT) && $(FAULT_BUILD)
 	cd $(ROOT) && cargo test
 	@$(MAKE) --no-print-directory test-valkey test-examples
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10
@@ -60,6 +66,7 @@ test: deps lint ## Everything: lint, unit/property/integration tests on Redis an
 VALKEYS := 8.1 9.1
 test-valkey: servers ## Integration tests against Valkey 8.1 and 9.1 (fetched by `make servers`)
 	cd $(ROOT) && cargo build --release
+	cd $(ROOT) && $(FAULT_BUILD)
 	@status=0; for v in $(VALKEYS); do \
 	  server=$(ROOT)/.cache/servers/valkey-$$v/valkey-server; \
 	  echo "--- integration tests on $$("$$server" --version)"; \

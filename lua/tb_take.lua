@@ -19,9 +19,6 @@
 -- deadline), never this script.
 --
 -- Known differences from the module (see tests/lua_fallback.rs):
--- * `remaining` above 2^63 (capacities that large) is reported as
---   9223372036854774784, the largest double below 2^63: Lua hands numbers to
---   Redis as doubles, and the module's i64::MAX is not one.
 -- * no INFO tb counters, and tb.shadow-mode does not apply.
 -- * a wrong number of arguments is reported in TB.TAKE's words, but by the
 --   script (the server cannot check a script's arity).
@@ -42,12 +39,15 @@ end
 local MAX_WAIT_MS = 9007199254740992
 -- Arguments and stored fields longer than this are refused.
 local MAX_LEN = 64
--- `remaining` is a double here; the largest one Redis can take as an integer.
-local MAX_REMAINING = 9223372036854774784
+
+-- The largest capacity and n a request may name (src/bucket.rs MAX_TOKENS).
+local MAX_TOKENS = 9007199254740992
 
 local ERR_CAPACITY = 'ERR capacity must be a positive finite number'
+local ERR_CAPACITY_TOO_LARGE = 'ERR capacity must be at most 9007199254740992 (2^53)'
 local ERR_RATE = 'ERR rate must be a positive finite number'
 local ERR_N = 'ERR n must be a non-negative finite number'
+local ERR_N_TOO_LARGE = 'ERR n must be at most 9007199254740992 (2^53)'
 local ERR_ARITY = "ERR wrong number of arguments for 'tb.take' command"
 local ERR_WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
 
@@ -163,15 +163,6 @@ local function first_ms_when(tokens, last_refill, capacity, rate, now, wanted)
     end
   end
   return is_ready
-end
-
--- src/bucket.rs floor_to_i64, within what a double can hand to Redis.
-local function floor_remaining(tokens)
-  local whole = math.floor(tokens)
-  if whole > MAX_REMAINING then
-    return MAX_REMAINING
-  end
-  return whole
 end
 
 -- The decimal digits and exponent of the value `text` ("d.ddde+XX") holds.
@@ -293,6 +284,9 @@ local function tb_take(keys, argv)
   if capacity == nil or not (capacity > 0) then
     return redis.error_reply(ERR_CAPACITY)
   end
+  if capacity > MAX_TOKENS then
+    return redis.error_reply(ERR_CAPACITY_TOO_LARGE)
+  end
   local rate = parse_decimal(argv[2], false)
   if rate == nil or not (rate > 0) then
     return redis.error_reply(ERR_RATE)
@@ -300,6 +294,9 @@ local function tb_take(keys, argv)
   local n = parse_decimal(argv[3], false)
   if n == nil then
     return redis.error_reply(ERR_N)
+  end
+  if n > MAX_TOKENS then
+    return redis.error_reply(ERR_N_TOO_LARGE)
   end
 
   local kind = redis.call('TYPE', key)['ok']
@@ -322,37 +319,42 @@ local function tb_take(keys, argv)
   local time = redis.call('TIME')
   local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
   -- A missing key is a full bucket: it expires exactly when it would be full.
+  -- A last_refill later than now (the clock stepped back) counts as now and
+  -- is repaired to now by this call, allowed or denied (src/bucket.rs seen_at).
+  local repair = false
   if tokens == nil then
     tokens, last_refill = capacity, now
+  elseif last_refill > now then
+    last_refill = now
+    repair = true
   end
 
   local available = available_at(tokens, last_refill, capacity, rate, now)
-  if available < n then
-    -- Denied: nothing written, nothing replicated, the TTL left alone.
+  local allowed = not (available < n)
+  local left, write, reset_after
+  if allowed and n > 0 then
+    left, write = available - n, true
+    -- Time to full from what is stored after this call.
+    reset_after = first_ms_when(left, now, capacity, rate, now, capacity)
+  else
+    left, write = available, repair
+    reset_after = first_ms_when(tokens, last_refill, capacity, rate, now, capacity)
+  end
+  if write then
+    -- Expire exactly when the bucket is full again, at an absolute instant,
+    -- so replicas and a reloaded AOF drop the key at the same ms. A denial
+    -- writes only a clock repair; otherwise nothing at all.
+    redis.call('HSET', key, 'tokens', format_tokens(left), 'last_refill', string.format('%d', now))
+    redis.call('PEXPIREAT', key, add_ms(now, math.max(1, reset_after)))
+  end
+  if not allowed then
     local retry_after = -1
     if not (n > capacity) then
       retry_after = first_ms_when(tokens, last_refill, capacity, rate, now, n)
     end
-    local reset_after = first_ms_when(tokens, last_refill, capacity, rate, now, capacity)
-    return {0, floor_remaining(available), retry_after, reset_after}
+    return {0, math.floor(available), retry_after, reset_after}
   end
-
-  local left = available - n
-  -- Time to full from what is stored after this call: the new state if it
-  -- writes, else the state as it stands (n = 0 writes nothing).
-  local reset_after
-  if n > 0 then
-    reset_after = first_ms_when(left, now, capacity, rate, now, capacity)
-  else
-    reset_after = first_ms_when(tokens, last_refill, capacity, rate, now, capacity)
-  end
-  if n > 0 then
-    -- Expire exactly when the bucket is full again, at an absolute instant,
-    -- so replicas and a reloaded AOF drop the key at the same ms.
-    redis.call('HSET', key, 'tokens', format_tokens(left), 'last_refill', string.format('%d', now))
-    redis.call('PEXPIREAT', key, add_ms(now, math.max(1, reset_after)))
-  end
-  return {1, floor_remaining(left), 0, reset_after}
+  return {1, math.floor(left), 0, reset_after}
 end
 -- END tb_take
 

@@ -11,12 +11,12 @@ use std::sync::OnceLock;
 use redis_module::raw::{
     mstime_t, ustime_t, RedisModuleCtx, RedisModuleKey, RedisModuleString,
     RedisModule_CachedMicroseconds, RedisModule_CloseKey, RedisModule_CreateString,
-    RedisModule_FreeString, RedisModule_HashGet, RedisModule_HashSet, RedisModule_KeyType,
-    RedisModule_Log, RedisModule_Milliseconds, RedisModule_NotifyKeyspaceEvent,
-    RedisModule_OpenKey, RedisModule_Replicate, RedisModule_ReplyWithArray,
-    RedisModule_ReplyWithError, RedisModule_ReplyWithLongLong, RedisModule_SetAbsExpire,
-    RedisModule_SetExpire, RedisModule_SignalModifiedKey, RedisModule_StringPtrLen,
-    RedisModule_WrongArity,
+    RedisModule_DeleteKey, RedisModule_FreeString, RedisModule_GetAbsExpire, RedisModule_HashGet,
+    RedisModule_HashSet, RedisModule_KeyType, RedisModule_Log, RedisModule_Milliseconds,
+    RedisModule_NotifyKeyspaceEvent, RedisModule_OpenKey, RedisModule_Replicate,
+    RedisModule_ReplyWithArray, RedisModule_ReplyWithError, RedisModule_ReplyWithLongLong,
+    RedisModule_SetAbsExpire, RedisModule_SetExpire, RedisModule_SignalModifiedKey,
+    RedisModule_StringPtrLen, RedisModule_WrongArity,
 };
 
 pub struct Api {
@@ -26,6 +26,7 @@ pub struct Api {
         c_int,
     ) -> *mut RedisModuleKey,
     pub close_key: unsafe extern "C" fn(*mut RedisModuleKey),
+    pub delete_key: unsafe extern "C" fn(*mut RedisModuleKey) -> c_int,
     pub key_type: unsafe extern "C" fn(*mut RedisModuleKey) -> c_int,
     pub hash_get: unsafe extern "C" fn(*mut RedisModuleKey, c_int, ...) -> c_int,
     pub hash_set: unsafe extern "C" fn(*mut RedisModuleKey, c_int, ...) -> c_int,
@@ -47,6 +48,8 @@ pub struct Api {
     /// Absent on Redis 7.0.0-7.0.4 and 6.2.0-6.2.7 (registered late upstream);
     /// there the relative `set_expire` is the fallback.
     pub set_abs_expire: Option<unsafe extern "C" fn(*mut RedisModuleKey, mstime_t) -> c_int>,
+    /// Absent where `set_abs_expire` is.
+    pub get_abs_expire: Option<unsafe extern "C" fn(*mut RedisModuleKey) -> mstime_t>,
     pub milliseconds: unsafe extern "C" fn() -> mstime_t,
     /// The server's cached command time (Redis 7.2+, Valkey). It is taken
     /// once per top-level command, so every call in one MULTI/EXEC or script
@@ -112,6 +115,7 @@ pub unsafe fn resolve() -> Result<&'static Api, &'static str> {
     let api = Api {
         open_key: need!(RedisModule_OpenKey),
         close_key: need!(RedisModule_CloseKey),
+        delete_key: need!(RedisModule_DeleteKey),
         key_type: need!(RedisModule_KeyType),
         hash_get: need!(RedisModule_HashGet),
         hash_set: need!(RedisModule_HashSet),
@@ -123,6 +127,7 @@ pub unsafe fn resolve() -> Result<&'static Api, &'static str> {
         signal_modified_key: need!(RedisModule_SignalModifiedKey),
         set_expire: need!(RedisModule_SetExpire),
         set_abs_expire: RedisModule_SetAbsExpire,
+        get_abs_expire: RedisModule_GetAbsExpire,
         milliseconds: need!(RedisModule_Milliseconds),
         cached_microseconds: RedisModule_CachedMicroseconds,
         reply_with_array: need!(RedisModule_ReplyWithArray),

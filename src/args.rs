@@ -1,6 +1,6 @@
 //! Command arguments -> a typed, validated request.
 
-use crate::bucket::Limit;
+use crate::bucket::{Limit, MAX_TOKENS};
 use crate::error::TbError;
 use crate::number::{parse_decimal, Sign};
 
@@ -17,11 +17,17 @@ pub struct Request {
 /// names the first bad one.
 pub fn parse_request(capacity: &[u8], rate: &[u8], n: Option<&[u8]>) -> Result<Request, TbError> {
     let capacity = positive(capacity).ok_or(TbError::Capacity)?;
+    if capacity > MAX_TOKENS {
+        return Err(TbError::CapacityTooLarge);
+    }
     let refill_per_sec = positive(rate).ok_or(TbError::Rate)?;
     let n = match n {
         Some(text) => parse_decimal(text, Sign::Forbidden).ok_or(TbError::Count)?,
         None => 1.0,
     };
+    if n > MAX_TOKENS {
+        return Err(TbError::CountTooLarge);
+    }
     Ok(Request {
         limit: Limit {
             capacity,
@@ -67,6 +73,19 @@ mod tests {
     }
 
     #[test]
+    fn capacity_and_n_may_reach_but_not_pass_2_pow_53() {
+        assert!(parse("9007199254740992", "1", "9007199254740992").is_ok());
+        assert_eq!(
+            parse("9007199254740993.5", "1", "1"),
+            Err(TbError::CapacityTooLarge)
+        );
+        assert_eq!(parse("1e300", "1", "1"), Err(TbError::CapacityTooLarge));
+        assert_eq!(parse("1", "1", "1e16"), Err(TbError::CountTooLarge));
+        // The rate has no such bound: a huge rate refills at once.
+        assert!(parse("1", "1e300", "1").is_ok());
+    }
+
+    #[test]
     fn the_first_bad_argument_is_named() {
         assert_eq!(parse("x", "y", "z"), Err(TbError::Capacity));
         assert_eq!(parse("1", "y", "z"), Err(TbError::Rate));
@@ -96,6 +115,7 @@ mod tests {
                 prop_assert!(req.limit.capacity.is_finite() && req.limit.capacity > 0.0);
                 prop_assert!(req.limit.refill_per_sec.is_finite() && req.limit.refill_per_sec > 0.0);
                 prop_assert!(req.n.is_finite() && req.n >= 0.0);
+                prop_assert!(req.limit.capacity <= MAX_TOKENS && req.n <= MAX_TOKENS);
             }
         }
     }

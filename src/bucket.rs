@@ -11,8 +11,14 @@
 /// and every integer up to it survives a trip through a JavaScript client.
 pub const MAX_WAIT_MS: i64 = 1 << 53;
 
-/// A validated limit: both fields finite and strictly positive
-/// (`args.rs` guarantees it).
+/// The largest capacity and n a request may name: 2^53. Up to it, every
+/// whole number of tokens is exact in an f64, so taking one whole token
+/// always changes the count; past it `tokens - 1 == tokens` and a take would
+/// be granted while changing nothing.
+pub const MAX_TOKENS: f64 = 9_007_199_254_740_992.0;
+
+/// A validated limit: both fields finite and strictly positive, the
+/// capacity at most `MAX_TOKENS` (`args.rs` guarantees it).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Limit {
     /// Tokens the bucket holds when full: the largest burst.
@@ -28,7 +34,7 @@ pub struct State {
     /// finite; negative values count as empty.
     pub tokens: f64,
     /// Unix time in ms of the last write. May lie in the future after a clock
-    /// step backwards; then no time has elapsed.
+    /// step backwards; then it counts as now (see `seen_at`).
     pub last_refill_ms: f64,
 }
 
@@ -44,9 +50,11 @@ pub struct Outcome {
     pub retry_after_ms: i64,
     /// The fewest whole ms until the bucket is full again (0 when it is).
     pub reset_after_ms: i64,
-    /// The state to store, or `None` when nothing may be written: a denied
-    /// request or `n = 0` leaves the bucket, its TTL, the AOF and the
-    /// replication stream exactly as they were.
+    /// The state to store, or `None` when nothing may be written. An allowed
+    /// request with `n > 0` stores what is left. A denied request (or
+    /// `n = 0`) stores nothing, leaving the bucket, its TTL, the AOF and the
+    /// replication stream exactly as they were, with one exception: a
+    /// `last_refill` in the future is repaired to now (see `seen_at`).
     pub write: Option<State>,
 }
 
@@ -64,17 +72,57 @@ impl State {
     }
 }
 
-/// Takes `n` tokens if the bucket holds that many at `now_ms`.
+/// The bucket as every command sees it at `now`, and the repair to store
+/// if the stored one cannot stay as it is.
 ///
-/// `state` is `None` for a missing key, which is a full bucket: the key
-/// expires exactly when the bucket would be full again, so the two are the
-/// same thing.
+/// A missing key is a full bucket: the key expires exactly when the bucket
+/// would be full again, so the two are the same thing.
+///
+/// A `last_refill` later than now (the clock stepped back, say after a
+/// failover to a host whose clock is behind) counts as now: the gap is never
+/// credited as refill, so no more than the stored tokens can be granted, and
+/// refill resumes from the new clock at once. The first write command that
+/// sees such a bucket stores it with `last_refill = now`, allowed or denied;
+/// otherwise a drained bucket, whose denials write nothing, would stay
+/// locked out until the clock caught up, however long that is. This repair
+/// is the only write a denied request ever makes.
+pub fn seen_at(state: Option<State>, limit: &Limit, now: f64) -> (State, Option<State>) {
+    match state {
+        None => (
+            State {
+                tokens: limit.capacity,
+                last_refill_ms: now,
+            },
+            None,
+        ),
+        Some(stored) if stored.last_refill_ms > now => {
+            let current = State {
+                tokens: stored.tokens,
+                last_refill_ms: now,
+            };
+            let repaired = State {
+                tokens: current.available_at(limit, now),
+                last_refill_ms: now,
+            };
+            (current, Some(repaired))
+        }
+        Some(stored) => (stored, None),
+    }
+}
+
+/// The absolute Unix ms at which a bucket written at `now_ms` expires: when
+/// it is full again, since a missing key already means "full", so idle
+/// buckets cost no memory and nothing is lost. At least 1 ms ahead, as a
+/// deadline of now would delete the key being written. Absolute, so every
+/// copy (replicas, a reloaded AOF) expires at the same instant.
+pub fn expire_at_ms(now_ms: i64, reset_after_ms: i64) -> i64 {
+    now_ms.saturating_add(reset_after_ms.max(1))
+}
+
+/// Takes `n` tokens if the bucket holds that many at `now_ms`.
 pub fn take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> Outcome {
     let now = now_ms as f64;
-    let current = state.unwrap_or(State {
-        tokens: limit.capacity,
-        last_refill_ms: now,
-    });
+    let (current, repair) = seen_at(state, limit, now);
     let available = current.available_at(limit, now);
 
     if available < n {
@@ -88,7 +136,7 @@ pub fn take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> Outcome
             remaining: floor_to_i64(available),
             retry_after_ms,
             reset_after_ms: first_ms_when(&current, limit, now, limit.capacity),
-            write: None,
+            write: repair,
         };
     }
 
@@ -96,38 +144,43 @@ pub fn take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> Outcome
         tokens: available - n,
         last_refill_ms: now,
     };
-    let write = (n > 0.0).then_some(after);
+    let write = if n > 0.0 { Some(after) } else { repair };
     Outcome {
         allowed: true,
         remaining: floor_to_i64(after.tokens),
         retry_after_ms: 0,
-        reset_after_ms: reset_after_ms(write, &current, limit, now),
+        reset_after_ms: first_ms_when(
+            write.as_ref().unwrap_or(&current),
+            limit,
+            now,
+            limit.capacity,
+        ),
         write,
     }
 }
 
-/// Time to full as seen from what will be stored: the new state if the call
-/// writes, else the state as it stands (which, with a `last_refill` in the
-/// future, refills later than a rewritten one would).
-fn reset_after_ms(write: Option<State>, current: &State, limit: &Limit, now: f64) -> i64 {
-    first_ms_when(
-        write.as_ref().unwrap_or(current),
-        limit,
-        now,
-        limit.capacity,
-    )
+/// What a refund did: the reply and write, and how many tokens it really
+/// added (less than asked when the bucket reached its capacity).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Refunded {
+    pub outcome: Outcome,
+    pub added: f64,
 }
 
 /// Gives `n` tokens back: refill first, then add, capped at the capacity.
 ///
 /// For a request that failed for reasons of the caller's own. A missing
 /// bucket is already full, so refunding into it (or refunding 0) writes
-/// nothing.
-pub fn refund(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> Outcome {
+/// nothing, bar the repair of a future `last_refill`.
+pub fn refund(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> Refunded {
     let now = now_ms as f64;
-    let Some(current) = state else {
-        return take(None, limit, 0.0, now_ms);
-    };
+    if state.is_none() {
+        return Refunded {
+            outcome: take(None, limit, 0.0, now_ms),
+            added: 0.0,
+        };
+    }
+    let (current, repair) = seen_at(state, limit, now);
     let available = current.available_at(limit, now);
     // `available <= capacity` and `n` is finite, so the sum is at most
     // capacity + n, finite; `min` brings it back to the capacity.
@@ -135,13 +188,21 @@ pub fn refund(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> Outco
         tokens: (available + n).min(limit.capacity),
         last_refill_ms: now,
     };
-    let write = (n > 0.0).then_some(after);
-    Outcome {
-        allowed: true,
-        remaining: floor_to_i64(after.tokens),
-        retry_after_ms: 0,
-        reset_after_ms: reset_after_ms(write, &current, limit, now),
-        write,
+    let write = if n > 0.0 { Some(after) } else { repair };
+    Refunded {
+        outcome: Outcome {
+            allowed: true,
+            remaining: floor_to_i64(after.tokens),
+            retry_after_ms: 0,
+            reset_after_ms: first_ms_when(
+                write.as_ref().unwrap_or(&current),
+                limit,
+                now,
+                limit.capacity,
+            ),
+            write,
+        },
+        added: (after.tokens - available).max(0.0),
     }
 }
 
@@ -162,8 +223,9 @@ pub struct AllOutcome {
     /// caller wait longest (one that can never allow wins); when allowed,
     /// the one with the fewest tokens left. Ties go to the first.
     pub decisive: usize,
-    /// Per bucket, in request order. When any bucket denies, no `write` is
-    /// set anywhere: all or nothing.
+    /// Per bucket, in request order. When any bucket denies, nothing is
+    /// taken anywhere: all or nothing (a `write` is then only a clock repair,
+    /// see `seen_at`).
     pub outcomes: Vec<Outcome>,
 }
 
@@ -180,8 +242,12 @@ pub fn take_all(charges: &[Charge], now_ms: i64) -> AllOutcome {
         .collect();
     let allowed = outcomes.iter().all(|outcome| outcome.allowed);
     if !allowed {
-        for outcome in &mut outcomes {
-            outcome.write = None;
+        // Nothing is taken anywhere: a bucket that would have allowed is
+        // answered as a look (n = 0), which writes only a clock repair.
+        for (outcome, charge) in outcomes.iter_mut().zip(charges) {
+            if outcome.allowed {
+                *outcome = take(charge.state, &charge.limit, 0.0, now_ms);
+            }
         }
     }
     // A longer wait decides a denial (-1, "never", is the longest); fewer
@@ -330,10 +396,12 @@ mod tests {
             (11, Some(0.5),   10.0,  0.5,  1.0,     0, [0, 0, 1000, 19000],          None),
             (12, Some(0.0),    5.0, 20.0,  0.0,    10, [1, 0, 0, 240],               None),
             (13, Some(3.0),   10.0,  1.0,  3.0,     0, [1, 0, 0, 10000],             Some(0.0)),
-            // Clock stepped back: refill only starts at the future last_refill.
-            (14, Some(1.0),   10.0,  1.0,  2.0, -5000, [0, 1, 6000, 14000],          None),
-            // n = 0 writes nothing, so the time to full counts from the future last_refill.
-            (21, Some(3.0),   10.0,  1.0,  0.0, -60000, [1, 3, 0, 67000],          None),
+            // Clock stepped back: a future last_refill counts as now, and is
+            // repaired to now even by a denial or n = 0.
+            (14, Some(1.0),   10.0,  1.0,  2.0, -5000, [0, 1, 1000, 9000],           Some(1.0)),
+            (21, Some(3.0),   10.0,  1.0,  0.0, -60000, [1, 3, 0, 7000],             Some(3.0)),
+            (22, Some(0.0),   10.0, 1000.0, 1.0, -60000, [0, 0, 1, 10],              Some(0.0)),
+            (23, Some(4.0),   10.0,  1.0,  2.0, -5000, [1, 2, 0, 8000],              Some(2.0)),
             // Hand-edited data: negative tokens count as empty, excess is capped.
             (15, Some(-7.0),  10.0,  1.0,  1.0,     0, [0, 0, 1000, 10000],          None),
             (16, Some(99.0),  10.0,  1.0,  1.0,     0, [1, 9, 0, 1000],              Some(9.0)),
@@ -376,16 +444,64 @@ mod tests {
     fn refund_refills_then_adds_capped_at_capacity() {
         let lim = limit(10.0, 1.0);
         let got = refund(state(2.0, NOW - 1000), &lim, 3.0, NOW);
-        assert_eq!(got.write.map(|s| s.tokens), Some(6.0));
-        assert_eq!((got.remaining, got.reset_after_ms), (6, 4000));
+        assert_eq!(got.outcome.write.map(|s| s.tokens), Some(6.0));
+        assert_eq!(
+            (got.outcome.remaining, got.outcome.reset_after_ms),
+            (6, 4000)
+        );
+        assert_eq!(got.added, 3.0);
         let got = refund(state(9.0, NOW), &lim, 5.0, NOW);
-        assert_eq!(got.write.map(|s| s.tokens), Some(10.0));
-        assert_eq!(got.reset_after_ms, 0);
+        assert_eq!(got.outcome.write.map(|s| s.tokens), Some(10.0));
+        assert_eq!(got.outcome.reset_after_ms, 0);
+    }
+
+    #[test]
+    fn refund_counts_only_what_it_added() {
+        let got = refund(state(9.0, NOW), &limit(10.0, 1.0), 5.0, NOW);
+        assert_eq!(got.added, 1.0);
+        let got = refund(None, &limit(10.0, 1.0), 5.0, NOW);
+        assert_eq!(got.added, 0.0);
+    }
+
+    #[test]
+    fn refund_repairs_a_future_last_refill() {
+        let got = refund(state(2.0, NOW + 60_000), &limit(10.0, 1.0), 0.0, NOW);
+        assert_eq!(got.outcome.write, state(2.0, NOW));
+        assert_eq!(got.outcome.reset_after_ms, 8000);
+    }
+
+    #[test]
+    fn a_future_last_refill_counts_as_now_and_is_repaired_once() {
+        let lim = limit(10.0, 1000.0);
+        let drained = state(0.0, NOW + 60_000);
+        let denied = take(drained, &lim, 1.0, NOW);
+        assert!(!denied.allowed);
+        assert_eq!(denied.retry_after_ms, 1);
+        assert_eq!(denied.write, state(0.0, NOW));
+        // Once repaired, a denial writes nothing again.
+        let again = take(denied.write, &lim, 1.0, NOW);
+        assert_eq!(again.write, None);
+        assert!(take(denied.write, &lim, 1.0, NOW + 1).allowed);
+    }
+
+    #[test]
+    fn a_past_or_present_last_refill_is_never_repaired() {
+        for since in [0, 1, 60_000] {
+            let got = take(state(0.0, NOW - since), &limit(10.0, 1e-9), 1.0, NOW);
+            assert_eq!(got.write, None, "since {since}");
+        }
+    }
+
+    #[test]
+    fn a_bucket_expires_when_full_and_never_at_once() {
+        assert_eq!(expire_at_ms(NOW, 1500), NOW + 1500);
+        assert_eq!(expire_at_ms(NOW, 0), NOW + 1);
+        assert_eq!(expire_at_ms(i64::MAX - 1, MAX_WAIT_MS), i64::MAX);
     }
 
     #[test]
     fn refund_into_a_missing_bucket_writes_nothing() {
-        let got = refund(None, &limit(10.0, 1.0), 3.0, NOW);
+        let got = refund(None, &limit(10.0, 1.0), 3.0, NOW).outcome;
         assert_eq!(got.write, None);
         assert_eq!(
             (got.allowed, got.remaining, got.reset_after_ms),
@@ -553,7 +669,7 @@ mod tests {
         ) {
             let got = take(state(tokens, NOW - since_ms), &limit(capacity, rate), n, NOW);
             if !got.allowed || n == 0.0 {
-                prop_assert!(got.write.is_none());
+                prop_assert!(got.write.is_none(), "since_ms >= 0: nothing to repair");
             }
         }
 
@@ -568,11 +684,12 @@ mod tests {
                 .collect();
             let all_allow = alone.iter().all(|o| o.allowed);
             prop_assert_eq!(got.allowed, all_allow);
-            for (together, single) in got.outcomes.iter().zip(&alone) {
+            for ((together, single), c) in got.outcomes.iter().zip(&alone).zip(&charges) {
                 if all_allow {
                     prop_assert_eq!(together, single);
                 } else {
-                    prop_assert_eq!(together.write, None);
+                    // Nothing taken: at most a clock repair.
+                    prop_assert_eq!(together.write, seen_at(c.state, &c.limit, NOW as f64).1);
                 }
             }
             prop_assert!(got.decisive < charges.len());
@@ -583,7 +700,7 @@ mod tests {
             capacity in finite_positive(), rate in finite_positive(),
             tokens in -1e6..1e7_f64, n in 0.0..1e7_f64, since_ms in -100_000i64..1_000_000,
         ) {
-            let got = refund(state(tokens, NOW - since_ms), &limit(capacity, rate), n, NOW);
+            let got = refund(state(tokens, NOW - since_ms), &limit(capacity, rate), n, NOW).outcome;
             if let Some(written) = got.write {
                 prop_assert!(written.tokens >= 0.0 && written.tokens <= capacity);
             }

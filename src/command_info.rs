@@ -52,16 +52,22 @@ pub unsafe fn register(
 ) -> Result<(), String> {
     let name = spec.name.to_string_lossy();
     let create = raw::RedisModule_CreateCommand.ok_or("RedisModule_CreateCommand is missing")?;
-    // Key positions 1,1,1: the bucket key is argv[1]. Cluster routing and
-    // COMMAND GETKEYS rely on this.
+    // The legacy key range: argv[1] (1,1,1), or every fourth argument from
+    // argv[1] on (1,-1,4). Cluster routing and COMMAND GETKEYS rely on it
+    // where the key spec below cannot be set (before 7.0); after it, the
+    // server derives the same range from the key spec.
+    let (last_key, key_step) = match spec.shape {
+        Shape::Single { .. } => (1, 1),
+        Shape::Repeated => (-1, 4),
+    };
     let created = create(
         ctx,
         spec.name.as_ptr(),
         spec.handler,
         spec.flags.as_ptr(),
         1,
-        1,
-        1,
+        last_key,
+        key_step,
     );
     if created != raw::REDISMODULE_OK as c_int {
         return Err(format!("could not create command {name}"));

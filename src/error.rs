@@ -8,8 +8,11 @@ use std::ffi::CStr;
 pub enum TbError {
     WrongArity,
     Capacity,
+    /// Capacity above 2^53, where a whole token no longer changes the count.
+    CapacityTooLarge,
     Rate,
     Count,
+    CountTooLarge,
     WrongType,
     /// The key at argument `key_arg` holds a hash without usable
     /// `tokens`/`last_refill` fields. The message names the key, so the glue
@@ -20,6 +23,9 @@ pub enum TbError {
     /// TB.TAKEALL names one key twice: the second charge would silently
     /// overwrite the first.
     DuplicateKey,
+    /// The server refused to store a bucket; every key was left as it was
+    /// and nothing was propagated.
+    WriteFailed,
     /// A bug caught by the last-resort `catch_unwind`.
     Internal,
 }
@@ -31,8 +37,10 @@ impl TbError {
     pub fn message(self) -> &'static CStr {
         match self {
             TbError::Capacity => c"ERR capacity must be a positive finite number",
+            TbError::CapacityTooLarge => c"ERR capacity must be at most 9007199254740992 (2^53)",
             TbError::Rate => c"ERR rate must be a positive finite number",
             TbError::Count => c"ERR n must be a non-negative finite number",
+            TbError::CountTooLarge => c"ERR n must be at most 9007199254740992 (2^53)",
             TbError::WrongType => {
                 c"WRONGTYPE Operation against a key holding the wrong kind of value"
             }
@@ -40,6 +48,9 @@ impl TbError {
                 c"ERR corrupt bucket: tokens and last_refill must be finite numbers"
             }
             TbError::DuplicateKey => c"ERR each key may appear only once in TB.TAKEALL",
+            TbError::WriteFailed => {
+                c"ERR tb: the server refused to store the bucket; nothing was changed"
+            }
             TbError::WrongArity | TbError::Internal => c"ERR tb: internal error (see server log)",
         }
     }

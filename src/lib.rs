@@ -26,10 +26,12 @@ mod args;
 pub mod bucket;
 mod command_info;
 mod error;
+mod fault;
 mod metrics;
 pub mod number;
 mod store;
 
+use std::collections::HashSet;
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_long, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -43,7 +45,7 @@ use crate::args::parse_request;
 use crate::bucket::{Charge, Outcome};
 use crate::command_info::{CommandSpec, Shape};
 use crate::error::{corrupt_bucket_message, TbError};
-use crate::store::{Access, BucketKey, Corrupt};
+use crate::store::{Access, BucketKey, Corrupt, Expiry, WriteFailed};
 
 /// What a command replies: TB.TAKE's four integers
 /// `[allowed, remaining, retry_after_ms, reset_after_ms]`, and for
@@ -73,62 +75,36 @@ fn take(
     ctx: *mut RedisModuleCtx,
     args: &[*mut RedisModuleString],
 ) -> Result<Reply, TbError> {
-    let (outcome, request, was_missing) = update_bucket(api, ctx, args, bucket::take)?;
-    count_decision(&outcome, request.n, was_missing);
+    let single = Single::open(api, ctx, args, Access::Write)?;
+    let outcome = bucket::take(
+        single.state,
+        &single.request.limit,
+        single.request.n,
+        single.now_ms,
+    );
+    store(&[single.change(&outcome)], single.now_ms)?;
+    count_decision(outcome.allowed, single.request.n);
     Ok(shadow(outcome).into())
-}
-
-/// The shared path of TB.TAKE and TB.REFUND (`key capacity rate n`): parse,
-/// open for writing, read, apply `change` at one instant, store the result.
-/// Also says whether the key was missing before.
-fn update_bucket(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    args: &[*mut RedisModuleString],
-    change: fn(Option<bucket::State>, &bucket::Limit, f64, i64) -> Outcome,
-) -> Result<(Outcome, args::Request, bool), TbError> {
-    let &[_, key, capacity, rate, n] = args else {
-        return Err(TbError::WrongArity);
-    };
-    // SAFETY: argv strings live for the whole command.
-    let request =
-        unsafe { parse_request(api.bytes(capacity), api.bytes(rate), Some(api.bytes(n))) }?;
-    // SAFETY: ctx and key come straight from the server for this command.
-    let bucket = unsafe { BucketKey::open(api, ctx, key, Access::Write) }?;
-    let state = read(&bucket, KEY_ARG)?;
-    // The clock is read once; the refill, the reply and the deadline all use
-    // this instant.
-    let now_ms = now(api);
-    let outcome = change(state, &request.limit, request.n, now_ms);
-    store(&bucket, &outcome, now_ms);
-    Ok((outcome, request, state.is_none()))
 }
 
 /// TB.PEEK key capacity rate [n]
 ///
 /// The reply TB.TAKE would give, without taking or writing anything, so it
-/// is read-only and runs on replicas.
+/// is read-only and runs on replicas. A `last_refill` in the future is
+/// answered as if repaired, though only a write command stores the repair.
 fn peek(
     api: &Api,
     ctx: *mut RedisModuleCtx,
     args: &[*mut RedisModuleString],
 ) -> Result<Reply, TbError> {
-    let (key, capacity, rate, n) = match *args {
-        [_, key, capacity, rate] => (key, capacity, rate, None),
-        [_, key, capacity, rate, n] => (key, capacity, rate, Some(n)),
-        _ => return Err(TbError::WrongArity),
-    };
-    // SAFETY: as in `take`.
-    let request = unsafe {
-        parse_request(
-            api.bytes(capacity),
-            api.bytes(rate),
-            n.map(|n| api.bytes(n)),
-        )
-    }?;
-    let bucket = unsafe { BucketKey::open(api, ctx, key, Access::Read) }?;
-    let state = read(&bucket, KEY_ARG)?;
-    Ok(bucket::take(state, &request.limit, request.n, now(api)).into())
+    let single = Single::open(api, ctx, args, Access::Read)?;
+    Ok(bucket::take(
+        single.state,
+        &single.request.limit,
+        single.request.n,
+        single.now_ms,
+    )
+    .into())
 }
 
 /// TB.REFUND key capacity rate n
@@ -140,20 +116,77 @@ fn refund(
     ctx: *mut RedisModuleCtx,
     args: &[*mut RedisModuleString],
 ) -> Result<Reply, TbError> {
-    let (outcome, request, _) = update_bucket(api, ctx, args, bucket::refund)?;
-    if outcome.write.is_some() {
-        metrics::TOKENS_REFUNDED.add(request.n);
+    let single = Single::open(api, ctx, args, Access::Write)?;
+    let refunded = bucket::refund(
+        single.state,
+        &single.request.limit,
+        single.request.n,
+        single.now_ms,
+    );
+    store(&[single.change(&refunded.outcome)], single.now_ms)?;
+    metrics::TOKENS_REFUNDED.add(refunded.added);
+    Ok(refunded.outcome.into())
+}
+
+/// One bucket named by `key capacity rate n` (n optional for reads, as in
+/// TB.PEEK), parsed, opened, read, and the instant it is judged at.
+struct Single<'a> {
+    bucket: BucketKey<'a>,
+    request: args::Request,
+    state: Option<bucket::State>,
+    now_ms: i64,
+}
+
+impl<'a> Single<'a> {
+    fn open(
+        api: &'a Api,
+        ctx: *mut RedisModuleCtx,
+        args: &[*mut RedisModuleString],
+        access: Access,
+    ) -> Result<Self, TbError> {
+        let (key, capacity, rate, n) = match (args, access) {
+            (&[_, key, capacity, rate, n], _) => (key, capacity, rate, Some(n)),
+            (&[_, key, capacity, rate], Access::Read) => (key, capacity, rate, None),
+            _ => return Err(TbError::WrongArity),
+        };
+        // SAFETY: argv strings live for the whole command.
+        let request = unsafe {
+            parse_request(
+                api.bytes(capacity),
+                api.bytes(rate),
+                n.map(|n| api.bytes(n)),
+            )
+        }?;
+        // SAFETY: ctx and key come straight from the server for this command.
+        let mut bucket = unsafe { BucketKey::open(api, ctx, key, access) }?;
+        let state = read(&mut bucket, KEY_ARG)?;
+        // The clock is read once; the refill, the reply and the deadline all
+        // use this instant.
+        Ok(Single {
+            bucket,
+            request,
+            state,
+            now_ms: now(api),
+        })
     }
-    Ok(outcome.into())
+
+    fn change<'s>(&'s self, outcome: &Outcome) -> Change<'s, 'a> {
+        Change {
+            bucket: &self.bucket,
+            was_missing: self.state.is_none(),
+            outcome: *outcome,
+        }
+    }
 }
 
 /// TB.TAKEALL key capacity rate n [key capacity rate n ...]
 ///
 /// Several limits on one request, all or nothing. Every argument is parsed,
 /// and every key type-checked and read, before anything is written, so an
-/// error or a denial leaves every bucket as it was. The server runs the
-/// whole command at once, so no client sees some buckets charged and others
-/// not; the replicated HSET/PEXPIREAT pairs arrive in one MULTI/EXEC.
+/// error or a denial leaves every bucket as it was (bar clock repairs, see
+/// `bucket::seen_at`). The server runs the whole command at once, so no
+/// client sees some buckets charged and others not; the replicated
+/// HSET/PEXPIREAT pairs arrive in one MULTI/EXEC.
 fn take_all(
     api: &Api,
     ctx: *mut RedisModuleCtx,
@@ -163,36 +196,38 @@ fn take_all(
     if groups.is_empty() || groups.len() % 4 != 0 {
         return Err(TbError::WrongArity);
     }
-    let mut keys = Vec::with_capacity(groups.len() / 4);
-    let mut requests = Vec::with_capacity(groups.len() / 4);
+    let count = groups.len() / 4;
+    let mut keys = Vec::with_capacity(count);
+    let mut requests = Vec::with_capacity(count);
     for group in groups.chunks_exact(4) {
         let &[key, capacity, rate, n] = group else {
             return Err(TbError::WrongArity);
         };
-        // SAFETY: as in `take`.
+        // SAFETY: as in `Single::open`.
         requests.push(unsafe {
             parse_request(api.bytes(capacity), api.bytes(rate), Some(api.bytes(n)))
         }?);
         keys.push(key);
     }
-    for (index, key) in keys.iter().enumerate() {
-        // SAFETY: as in `take`.
-        let name = unsafe { api.bytes(*key) };
-        let earlier = keys.get(..index).unwrap_or_default();
-        if earlier
-            .iter()
-            .any(|other| unsafe { api.bytes(*other) } == name)
-        {
-            return Err(TbError::DuplicateKey);
-        }
+    // Hashing keeps the whole command linear in the number of keys: it runs
+    // on the server's only command thread, and a quadratic check made one
+    // call with 20,000 keys stall every client for more than a second.
+    let mut seen = HashSet::with_capacity(count);
+    // SAFETY: as in `Single::open`.
+    if !keys
+        .iter()
+        .all(|key| seen.insert(unsafe { api.bytes(*key) }))
+    {
+        return Err(TbError::DuplicateKey);
     }
-    let mut buckets = Vec::with_capacity(keys.len());
-    let mut charges = Vec::with_capacity(keys.len());
+    drop(seen);
+    let mut buckets = Vec::with_capacity(count);
+    let mut charges = Vec::with_capacity(count);
     for (index, (key, request)) in keys.iter().zip(&requests).enumerate() {
-        // SAFETY: as in `take`.
-        let bucket = unsafe { BucketKey::open(api, ctx, *key, Access::Write) }?;
+        // SAFETY: as in `Single::open`.
+        let mut bucket = unsafe { BucketKey::open(api, ctx, *key, Access::Write) }?;
         charges.push(Charge {
-            state: read(&bucket, index.saturating_mul(4).saturating_add(KEY_ARG))?,
+            state: read(&mut bucket, index.saturating_mul(4).saturating_add(KEY_ARG))?,
             limit: request.limit,
             n: request.n,
         });
@@ -200,49 +235,101 @@ fn take_all(
     }
     let now_ms = now(api);
     let result = bucket::take_all(&charges, now_ms);
-    for ((bucket, outcome), charge) in buckets.iter().zip(&result.outcomes).zip(&charges) {
-        store(bucket, outcome, now_ms);
-        if outcome.write.is_some() && charge.state.is_none() {
-            metrics::BUCKETS_CREATED.bump();
-        }
-    }
-    let outcome = result
+    let changes: Vec<Change> = buckets
+        .iter()
+        .zip(&result.outcomes)
+        .zip(&charges)
+        .map(|((bucket, outcome), charge)| Change {
+            bucket,
+            was_missing: charge.state.is_none(),
+            outcome: *outcome,
+        })
+        .collect();
+    store(&changes, now_ms)?;
+    let decisive = result
         .outcomes
         .get(result.decisive)
         .copied()
         .ok_or(TbError::Internal)?;
-    let granted: f64 = charges.iter().map(|charge| charge.n).sum();
-    count_decision(
-        &Outcome {
-            allowed: result.allowed,
-            ..outcome
-        },
-        granted,
-        false,
-    );
+    let outcome = Outcome {
+        allowed: result.allowed,
+        ..decisive
+    };
+    count_decision(outcome.allowed, charges.iter().map(|charge| charge.n).sum());
     Ok(Reply {
-        outcome: shadow(Outcome {
-            allowed: result.allowed,
-            ..outcome
-        }),
+        outcome: shadow(outcome),
         bucket_index: Some(result.decisive),
     })
 }
 
-fn read(bucket: &BucketKey, key_arg: usize) -> Result<Option<bucket::State>, TbError> {
+fn read(bucket: &mut BucketKey, key_arg: usize) -> Result<Option<bucket::State>, TbError> {
     bucket
         .read()
         .map_err(|Corrupt| TbError::CorruptBucket { key_arg })
 }
 
+/// One bucket's outcome, to be stored if it writes.
+struct Change<'s, 'a> {
+    bucket: &'s BucketKey<'a>,
+    was_missing: bool,
+    outcome: Outcome,
+}
+
+/// Stores every outcome that writes, all or none.
+///
+/// Every write is first applied to the keyspace only; if the server
+/// refuses one, those already applied are taken back, nothing is
+/// propagated and the command fails, so no replica, AOF or watcher can see
+/// what the master does not hold. Only then is each write propagated.
+fn store(changes: &[Change], now_ms: i64) -> Result<(), TbError> {
+    let writes = changes
+        .iter()
+        .filter(|change| change.outcome.write.is_some())
+        .count();
+    // What to put back if a later write fails; a lone write needs none.
+    let expiries: Vec<Expiry> = if writes > 1 {
+        changes
+            .iter()
+            .map(|change| change.bucket.expiry())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut applied = Vec::with_capacity(writes);
+    for (index, change) in changes.iter().enumerate() {
+        let Some(state) = change.outcome.write else {
+            continue;
+        };
+        let deadline_ms = bucket::expire_at_ms(now_ms, change.outcome.reset_after_ms);
+        match change.bucket.apply(&state, now_ms, deadline_ms) {
+            Ok(done) => applied.push((index, done)),
+            Err(WriteFailed) => {
+                for (index, done) in applied.into_iter().rev() {
+                    if let Some(change) = changes.get(index) {
+                        let expiry = expiries.get(index).copied().unwrap_or(Expiry::Unknown);
+                        change.bucket.rollback(done, expiry);
+                    }
+                }
+                return Err(TbError::WriteFailed);
+            }
+        }
+    }
+    for (index, done) in &applied {
+        if let Some(change) = changes.get(*index) {
+            change.bucket.propagate(done);
+            if change.was_missing {
+                metrics::BUCKETS_CREATED.bump();
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Counts a TB.TAKE / TB.TAKEALL decision for `INFO tb`.
-fn count_decision(outcome: &Outcome, n: f64, new_bucket: bool) {
-    if outcome.allowed {
+fn count_decision(allowed: bool, n: f64) {
+    if allowed {
         metrics::ALLOWED.bump();
         metrics::TOKENS_GRANTED.add(n);
-        if new_bucket && outcome.write.is_some() {
-            metrics::BUCKETS_CREATED.bump();
-        }
     } else {
         metrics::DENIED.bump();
     }
@@ -266,21 +353,6 @@ fn shadow(outcome: Outcome) -> Outcome {
 
 fn now(api: &Api) -> i64 {
     api.now_ms()
-}
-
-/// Writes the outcome's new state, if it has one.
-///
-/// Only a real change writes. A denied request (or n = 0) changes nothing,
-/// so it is neither written, nor propagated, nor seen by WATCH: a flood of
-/// denied requests leaves the AOF and the replication stream still.
-fn store(bucket: &BucketKey, outcome: &Outcome, now_ms: i64) {
-    if let Some(new_state) = outcome.write {
-        // Expire exactly when the bucket is full again: a missing key already
-        // means "full", so idle buckets cost no memory and nothing is lost.
-        // The deadline is absolute so every copy expires at the same instant.
-        let deadline_ms = now_ms.saturating_add(outcome.reset_after_ms.max(1));
-        bucket.write(&new_state, now_ms, deadline_ms);
-    }
 }
 
 type Handler = fn(&Api, *mut RedisModuleCtx, &[*mut RedisModuleString]) -> Result<Reply, TbError>;
@@ -416,8 +488,9 @@ const COMMANDS: [CommandSpec; 4] = [
     CommandSpec {
         name: c"tb.takeall",
         handler: Some(tb_takeall),
-        flags: c"write deny-oom fast",
-        acl_categories: c"write fast",
+        // Not `fast`: its cost grows with the number of buckets, like MSET.
+        flags: c"write deny-oom",
+        acl_categories: c"write slow",
         summary: c"Takes from every bucket if all hold enough, else from none. Replies [allowed, remaining, retry_after_ms, reset_after_ms, index] for the deciding bucket.",
         complexity: c"O(N) where N is the number of buckets",
         arity: -5,
@@ -561,6 +634,12 @@ extern "C" fn set_shadow_mode(
 fn check_load_args<'a>(mut args: impl Iterator<Item = &'a [u8]>) -> Result<bool, String> {
     let mut shadow_mode = false;
     while let Some(name) = args.next() {
+        #[cfg(feature = "fault-injection")]
+        if name == b"fault" {
+            let step = args.next().unwrap_or_default();
+            fault::arm(step, args.next().unwrap_or_default())?;
+            continue;
+        }
         if name != b"shadow-mode" {
             let name = String::from_utf8_lossy(name);
             return Err(format!(

@@ -8,8 +8,8 @@ use std::os::raw::c_int;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use redis_module::raw::{
-    RedisModuleInfoCtx, RedisModule_InfoAddFieldDouble, RedisModule_InfoAddFieldULongLong,
-    RedisModule_InfoAddSection,
+    RedisModuleInfoCtx, RedisModule_InfoAddFieldCString, RedisModule_InfoAddFieldDouble,
+    RedisModule_InfoAddFieldULongLong, RedisModule_InfoAddSection,
 };
 
 pub struct Counter(AtomicU64);
@@ -85,5 +85,15 @@ pub extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
         }
         add_f64(ctx, c"tokens_granted".as_ptr(), TOKENS_GRANTED.get());
         add_f64(ctx, c"tokens_refunded".as_ptr(), TOKENS_REFUNDED.get());
+        // Which clock the commands read (see `Api::now_ms`): `cached`, the
+        // server's command time (Redis 7.2+, Valkey), or `wall` (Redis 7.0).
+        if let (Some(add_text), Some(api)) = (RedisModule_InfoAddFieldCString, crate::api::api()) {
+            let clock = if api.cached_microseconds.is_some() {
+                c"cached"
+            } else {
+                c"wall"
+            };
+            add_text(ctx, c"clock".as_ptr(), clock.as_ptr());
+        }
     }
 }

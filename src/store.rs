@@ -12,12 +12,14 @@ use std::ptr;
 use redis_module::raw::{
     RedisModuleCtx, RedisModuleKey, RedisModuleString, REDISMODULE_HASH_NONE,
     REDISMODULE_KEYTYPE_EMPTY, REDISMODULE_KEYTYPE_HASH, REDISMODULE_NOTIFY_GENERIC,
-    REDISMODULE_NOTIFY_HASH, REDISMODULE_READ, REDISMODULE_WRITE,
+    REDISMODULE_NOTIFY_HASH, REDISMODULE_NO_EXPIRE, REDISMODULE_OK, REDISMODULE_READ,
+    REDISMODULE_WRITE,
 };
 
 use crate::api::Api;
 use crate::bucket::State;
 use crate::error::TbError;
+use crate::fault;
 use crate::number::{format_integer, format_tokens, parse_decimal, Sign};
 
 /// The key holds a hash that is not a bucket: `tokens` or `last_refill` is
@@ -37,7 +39,32 @@ pub struct BucketKey<'a> {
     ctx: *mut RedisModuleCtx,
     name: *mut RedisModuleString,
     key: *mut RedisModuleKey,
+    /// The `tokens` and `last_refill` values as read, kept until the key is
+    /// closed so that a write that fails half way can put them back.
+    prior: Option<(OwnedString<'a>, OwnedString<'a>)>,
 }
+
+/// A write that reached the keyspace but not yet replicas, the AOF or
+/// anyone watching: `propagate` tells them, `rollback` takes it back.
+pub struct Applied<'a> {
+    tokens: OwnedString<'a>,
+    last_refill: OwnedString<'a>,
+    deadline_ms: i64,
+}
+
+/// A key's expiry before a write, so a rollback can put it back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expiry {
+    At(i64),
+    Never,
+    /// The server cannot tell (`RM_GetAbsExpire` is missing before 7.0.5).
+    Unknown,
+}
+
+/// The server refused to store a bucket (`RM_HashSet` or setting the
+/// expiry failed). The key is as it was and nothing was propagated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteFailed;
 
 impl<'a> BucketKey<'a> {
     /// Opens `name` and checks that it is empty or a hash, so a WRONGTYPE
@@ -61,6 +88,7 @@ impl<'a> BucketKey<'a> {
             ctx,
             name,
             key,
+            prior: None,
         };
         // A read-only open of a missing key gives NULL, which is simply an
         // empty bucket.
@@ -75,11 +103,8 @@ impl<'a> BucketKey<'a> {
 
     /// The stored state, `None` for a missing key (a full bucket), or
     /// `Corrupt` if the hash lacks a readable `tokens` or `last_refill`.
-    pub fn read(&self) -> Result<Option<State>, Corrupt> {
-        // SAFETY: `key` is open (or null, checked first).
-        if self.key.is_null()
-            || unsafe { (self.api.key_type)(self.key) } as isize == REDISMODULE_KEYTYPE_EMPTY
-        {
+    pub fn read(&mut self) -> Result<Option<State>, Corrupt> {
+        if self.is_empty() {
             return Ok(None);
         }
         let mut tokens: *mut RedisModuleString = ptr::null_mut();
@@ -99,15 +124,98 @@ impl<'a> BucketKey<'a> {
         }
         let tokens = OwnedString::new(self.api, self.ctx, tokens);
         let last_refill = OwnedString::new(self.api, self.ctx, last_refill);
-        let state = State {
-            tokens: tokens.number().ok_or(Corrupt)?,
-            last_refill_ms: last_refill.number().ok_or(Corrupt)?,
+        let state = match (tokens.number(), last_refill.number()) {
+            (Some(tokens), Some(last_refill_ms)) => State {
+                tokens,
+                last_refill_ms,
+            },
+            _ => return Err(Corrupt),
         };
+        self.prior = Some((tokens, last_refill));
         Ok(Some(state))
     }
 
-    /// Stores `state` and makes the key expire at `deadline_ms` (absolute),
-    /// then propagates exactly these effects.
+    fn is_empty(&self) -> bool {
+        // SAFETY: `key` is open (or null, checked first).
+        self.key.is_null()
+            || unsafe { (self.api.key_type)(self.key) } as isize == REDISMODULE_KEYTYPE_EMPTY
+    }
+
+    /// Stores `state` in the keyspace and makes the key expire at
+    /// `deadline_ms` (absolute), without telling anyone yet: if either step
+    /// fails, the key is put back as it was and `WriteFailed` returned, so
+    /// nothing the master does not hold can ever reach a replica.
+    pub fn apply(
+        &self,
+        state: &State,
+        now_ms: i64,
+        deadline_ms: i64,
+    ) -> Result<Applied<'a>, WriteFailed> {
+        let text = format_tokens(state.tokens);
+        // Formatted here rather than by RM_CreateStringFromLongLong, which
+        // costs twice as much for the same text.
+        let now_text = format_integer(now_ms);
+        let tokens = self.create_string(text.as_bytes());
+        let last_refill = self.create_string(now_text.as_bytes());
+        if tokens.ptr.is_null() || last_refill.ptr.is_null() {
+            return Err(WriteFailed);
+        }
+        // RM_HashSet checks everything before it changes anything, so a
+        // refusal leaves the key as it was.
+        if fault::injected(fault::Step::HashSet) || !self.set_fields(&tokens, &last_refill) {
+            return Err(WriteFailed);
+        }
+        // The TTL can only be set once the hash exists.
+        if fault::injected(fault::Step::Expire) || !self.set_deadline(now_ms, deadline_ms) {
+            self.restore_fields();
+            return Err(WriteFailed);
+        }
+        Ok(Applied {
+            tokens,
+            last_refill,
+            deadline_ms,
+        })
+    }
+
+    /// Takes back an applied write that will not be propagated (another
+    /// bucket of the same TB.TAKEALL failed to store): the fields as they
+    /// were read, and the expiry `prior_expiry` recorded before the write.
+    pub fn rollback(&self, applied: Applied<'a>, prior_expiry: Expiry) {
+        drop(applied);
+        self.restore_fields();
+        if self.prior.is_none() {
+            return; // the key was deleted: no expiry to put back
+        }
+        let restored = match (prior_expiry, self.api.set_abs_expire) {
+            // SAFETY: the key is open for writing and holds the hash.
+            (Expiry::At(deadline_ms), Some(set_abs_expire)) => unsafe {
+                set_abs_expire(self.key, deadline_ms) == REDISMODULE_OK as c_int
+            },
+            (Expiry::Never, Some(set_abs_expire)) => unsafe {
+                set_abs_expire(self.key, REDISMODULE_NO_EXPIRE as i64) == REDISMODULE_OK as c_int
+            },
+            _ => false,
+        };
+        if !restored {
+            self.warn_not_restored();
+        }
+    }
+
+    /// The key's expiry as it stands, for `rollback`.
+    pub fn expiry(&self) -> Expiry {
+        match self.api.get_abs_expire {
+            _ if self.key.is_null() => Expiry::Never,
+            // SAFETY: `key` is open.
+            Some(get_abs_expire) => match unsafe { get_abs_expire(self.key) } {
+                deadline_ms if deadline_ms >= 0 => Expiry::At(deadline_ms),
+                _ => Expiry::Never,
+            },
+            None => Expiry::Unknown,
+        }
+    }
+
+    /// Tells replicas, the AOF, keyspace listeners, WATCH and client
+    /// tracking about an applied write.
     ///
     /// Replicas and the AOF get `HSET` and `PEXPIREAT` with the values
     /// computed here, never the TB.TAKE command: replaying the command would
@@ -115,57 +223,27 @@ impl<'a> BucketKey<'a> {
     /// is computed once, so the master, its replicas and a reloaded AOF all
     /// expire the key at the same millisecond. Redis wraps the two commands
     /// in MULTI/EXEC, so a replica never sees one without the other.
-    pub fn write(&self, state: &State, now_ms: i64, deadline_ms: i64) {
+    pub fn propagate(&self, applied: &Applied<'a>) {
         let api = self.api;
-        let text = format_tokens(state.tokens);
-        let bytes = text.as_bytes();
-        // SAFETY: ctx/name/key are live for this command; strings created
-        // here are freed by OwnedString before returning.
+        // SAFETY: ctx/name are live for this command; the strings belong
+        // to `applied`.
         unsafe {
-            let tokens = OwnedString::new(
-                api,
-                self.ctx,
-                (api.create_string)(self.ctx, bytes.as_ptr().cast(), bytes.len()),
-            );
-            // Formatted here rather than by RM_CreateStringFromLongLong,
-            // which costs twice as much for the same text.
-            let now_text = format_integer(now_ms);
-            let now_bytes = now_text.as_bytes();
-            let last_refill = OwnedString::new(
-                api,
-                self.ctx,
-                (api.create_string)(self.ctx, now_bytes.as_ptr().cast(), now_bytes.len()),
-            );
-            (api.hash_set)(
-                self.key,
-                REDISMODULE_HASH_NONE as c_int,
-                api.tokens_field.0,
-                tokens.ptr,
-                api.last_refill_field.0,
-                last_refill.ptr,
-                ptr::null::<RedisModuleString>(),
-            );
-            // The TTL can only be set once the hash exists.
-            match api.set_abs_expire {
-                Some(set_abs_expire) => set_abs_expire(self.key, deadline_ms),
-                None => (api.set_expire)(self.key, deadline_ms.saturating_sub(now_ms).max(1)),
-            };
             (api.replicate)(
                 self.ctx,
                 c"HSET".as_ptr(),
                 c"sssss".as_ptr(),
                 self.name,
                 api.tokens_field.0,
-                tokens.ptr,
+                applied.tokens.ptr,
                 api.last_refill_field.0,
-                last_refill.ptr,
+                applied.last_refill.ptr,
             );
             (api.replicate)(
                 self.ctx,
                 c"PEXPIREAT".as_ptr(),
                 c"sl".as_ptr(),
                 self.name,
-                deadline_ms as std::os::raw::c_longlong,
+                applied.deadline_ms as std::os::raw::c_longlong,
             );
             (api.notify)(
                 self.ctx,
@@ -184,6 +262,75 @@ impl<'a> BucketKey<'a> {
             // here, only when the bucket really changed.
             (api.signal_modified_key)(self.ctx, self.name);
         }
+    }
+
+    fn create_string(&self, bytes: &[u8]) -> OwnedString<'a> {
+        // SAFETY: a live context; the bytes are copied by the server.
+        let ptr = unsafe { (self.api.create_string)(self.ctx, bytes.as_ptr().cast(), bytes.len()) };
+        OwnedString::new(self.api, self.ctx, ptr)
+    }
+
+    /// RM_HashSet of both fields; false if the server refused.
+    fn set_fields(&self, tokens: &OwnedString, last_refill: &OwnedString) -> bool {
+        if fault::injected(fault::Step::HashSet) {
+            return false;
+        }
+        // RM_HashSet returns how many fields it updated, so 0 is also the
+        // answer for a new bucket; only errno tells a refusal (EINVAL,
+        // ENOTSUP, EBADF) from that (ENOENT).
+        // SAFETY: the key is open for writing; field/value pairs and a NULL
+        // terminator as RM_HashSet expects; errno is this thread's.
+        unsafe {
+            *libc::__errno_location() = 0;
+            let updated = (self.api.hash_set)(
+                self.key,
+                REDISMODULE_HASH_NONE as c_int,
+                self.api.tokens_field.0,
+                tokens.ptr,
+                self.api.last_refill_field.0,
+                last_refill.ptr,
+                ptr::null::<RedisModuleString>(),
+            );
+            let errno = *libc::__errno_location();
+            let refused = updated == 0 && errno != 0 && errno != libc::ENOENT;
+            !refused && (self.api.key_type)(self.key) as isize == REDISMODULE_KEYTYPE_HASH
+        }
+    }
+
+    /// Sets the absolute expiry; false if the server refused.
+    fn set_deadline(&self, now_ms: i64, deadline_ms: i64) -> bool {
+        if fault::injected(fault::Step::Expire) {
+            return false;
+        }
+        // SAFETY: the key is open for writing and holds the hash.
+        let status = unsafe {
+            match self.api.set_abs_expire {
+                Some(set_abs_expire) => set_abs_expire(self.key, deadline_ms),
+                None => (self.api.set_expire)(self.key, deadline_ms.saturating_sub(now_ms).max(1)),
+            }
+        };
+        status == REDISMODULE_OK as c_int
+    }
+
+    /// Puts the fields back as they were read, or deletes the key if it was
+    /// empty, after a write that must not stand.
+    fn restore_fields(&self) {
+        let restored = match &self.prior {
+            // SAFETY: the key is open for writing.
+            None => unsafe { (self.api.delete_key)(self.key) == REDISMODULE_OK as c_int },
+            Some((tokens, last_refill)) => self.set_fields(tokens, last_refill),
+        };
+        if !restored {
+            self.warn_not_restored();
+        }
+    }
+
+    fn warn_not_restored(&self) {
+        self.api.log(
+            self.ctx,
+            c"warning",
+            "tb: could not undo a failed bucket write; the key may differ from its replicas",
+        );
     }
 }
 

@@ -10,7 +10,7 @@
 //! | a field missing                       | same error                                      |
 //! | `tokens` < 0                          | counts as 0                                     |
 //! | `tokens` > capacity                   | capped at capacity                              |
-//! | `last_refill` in the future           | no refill until then; waits include the gap     |
+//! | `last_refill` in the future           | counts as now; the first write repairs it       |
 //! | `last_refill` far in the past         | full bucket                                     |
 //! | sign / fraction / exponent            | read as the number it spells                    |
 //! | other fields, any size                | kept as they are                                |
@@ -337,7 +337,7 @@ fn tokens_above_capacity_are_capped() {
 }
 
 #[test]
-fn a_last_refill_far_in_the_future_refills_nothing_until_that_instant() {
+fn a_last_refill_far_in_the_future_counts_as_now_for_peek_without_a_write() {
     let server = Server::start();
     let mut con = server.conn();
     let tomorrow = server_time_ms(&mut con) + DAY_MS;
@@ -346,20 +346,15 @@ fn a_last_refill_far_in_the_future_refills_nothing_until_that_instant() {
         "future",
         &[("tokens", "2"), ("last_refill", &tomorrow.to_string())],
     );
-    // A high rate: any refill before tomorrow would show at once.
+    let before = snapshot(&mut con, b"future");
+    // The gap is never credited as refill, and the wait is counted from now, not tomorrow:
+    // one token short at 1000 per second, full 8 tokens later.
     let reply = peek(&mut con, "future", "10", "1000", "3");
-    assert_sane(&reply, "peek");
-    assert_eq!(&reply[..2], &[0, 2], "no refill before tomorrow: {reply:?}");
-    // The missing token arrives 1 ms after tomorrow; full 8 ms after it.
-    assert!(
-        (DAY_MS + 1 - SLACK_MS..=DAY_MS + 1).contains(&reply[2]),
-        "retry_after_ms {}",
-        reply[2]
-    );
-    assert!(
-        (DAY_MS + 8 - SLACK_MS..=DAY_MS + 8).contains(&reply[3]),
-        "reset_after_ms {}",
-        reply[3]
+    assert_eq!(reply, vec![0, 2, 1, 8], "{reply:?}");
+    assert_eq!(
+        snapshot(&mut con, b"future"),
+        before,
+        "TB.PEEK writes nothing"
     );
 }
 
@@ -374,16 +369,16 @@ fn a_last_refill_far_in_the_future_grants_only_the_stored_tokens() {
         &[("tokens", "2"), ("last_refill", &tomorrow.to_string())],
     );
     assert_eq!(take(&mut con, "future", "10", SLOW, "3")[0], 0, "3 > 2");
-    let reply = take(&mut con, "future", "10", SLOW, "2");
-    assert_eq!(&reply[..3], &[1, 0, 0], "{reply:?}");
-    // The write replaces the future instant with the server's own now.
+    // The denial above repaired the future instant to the server's own now.
     let after = stored_last_refill(&mut con, "future");
     assert!(after < tomorrow - DAY_MS + SLACK_MS, "last_refill {after}");
+    let reply = take(&mut con, "future", "10", SLOW, "2");
+    assert_eq!(&reply[..3], &[1, 0, 0], "{reply:?}");
     assert_eq!(take(&mut con, "future", "10", SLOW, "1")[0], 0, "empty now");
 }
 
 #[test]
-fn a_last_refill_beyond_any_clock_gives_capped_waits_never_negative_ones() {
+fn a_last_refill_beyond_any_clock_counts_as_now() {
     let server = Server::start();
     let mut con = server.conn();
     for (index, last_refill) in [
@@ -401,13 +396,15 @@ fn a_last_refill_beyond_any_clock_gives_capped_waits_never_negative_ones() {
             &key,
             &[("tokens", "0"), ("last_refill", last_refill)],
         );
-        let reply = take(&mut con, &key, "10", "1", "1");
+        let reply = take(&mut con, &key, "10", SLOW, "1");
         assert_sane(&reply, last_refill);
         assert_eq!(
             reply,
-            vec![0, 0, MAX_WAIT_MS, MAX_WAIT_MS],
+            vec![0, 0, SLOW_TOKEN_MS, 10 * SLOW_TOKEN_MS],
             "last_refill {last_refill}"
         );
+        let repaired = stored_last_refill(&mut con, &key);
+        assert!(repaired <= server_time_ms(&mut con), "{key}: {repaired}");
     }
 }
 
@@ -493,12 +490,9 @@ fn a_last_refill_with_an_exponent_is_read_as_the_number_it_spells() {
     );
     let reply = take(&mut con, "exp-future", "10", "1", "1");
     assert_sane(&reply, "exp-future");
-    assert_eq!(reply[0], 0, "{reply:?}");
-    assert!(
-        (59_000 - SLACK_MS..=61_000).contains(&reply[2]),
-        "retry_after_ms {} should be the minute plus one token",
-        reply[2]
-    );
+    // Read as a small number it would lie in 1970 and leave a full bucket; read as ms it lies
+    // ahead, counts as now, and the drained bucket waits exactly one token.
+    assert_eq!(reply, vec![0, 0, 1000, 10_000], "{reply:?}");
 }
 
 #[test]
@@ -628,24 +622,15 @@ fn a_clock_stepped_back_never_grants_more_than_the_stored_tokens() {
 }
 
 #[test]
-fn a_clock_stepped_back_gives_waits_that_include_the_gap_and_are_never_negative() {
+fn a_clock_stepped_back_gives_waits_counted_from_now_never_from_the_future() {
     let server = Server::start();
     let mut con = server.conn();
     bucket_a_minute_ahead(&mut con, "skewed");
-    // 4 > 3 stored: the fourth token arrives one second (rate 1) after the minute.
+    // 4 > 3 stored: the fourth token arrives one second (rate 1) from now, not from the
+    // minute ahead; full 7 s from now.
     let reply = take(&mut con, "skewed", "10", "1", "4");
     assert_sane(&reply, "denied");
-    assert_eq!(&reply[..2], &[0, 3], "{reply:?}");
-    assert!(
-        (61_000 - SLACK_MS..=61_000).contains(&reply[2]),
-        "retry_after_ms {}",
-        reply[2]
-    );
-    assert!(
-        (67_000 - SLACK_MS..=67_000).contains(&reply[3]),
-        "reset_after_ms {}",
-        reply[3]
-    );
+    assert_eq!(reply, vec![0, 3, 1000, 7000], "{reply:?}");
 }
 
 #[test]
@@ -668,13 +653,78 @@ fn a_clock_stepped_back_still_sets_a_positive_ttl_after_an_allowed_take() {
 }
 
 #[test]
-fn a_clock_stepped_back_with_n_zero_writes_nothing() {
+fn a_clock_stepped_back_with_n_zero_repairs_last_refill_and_nothing_else() {
     let server = Server::start();
     let mut con = server.conn();
     bucket_a_minute_ahead(&mut con, "skewed");
-    let before = snapshot(&mut con, b"skewed");
+    let before = server_time_ms(&mut con);
     let reply = take(&mut con, "skewed", "10", "1", "0");
-    assert_sane(&reply, "n = 0");
-    assert_eq!(&reply[..3], &[1, 3, 0]);
-    assert_eq!(snapshot(&mut con, b"skewed"), before);
+    assert_eq!(reply, vec![1, 3, 0, 7000]);
+    let repaired = stored_last_refill(&mut con, "skewed");
+    assert!((before..=server_time_ms(&mut con)).contains(&repaired));
+    assert_eq!(stored_tokens(&mut con, "skewed"), 3.0);
+    assert!(pttl(&mut con, "skewed") > 0, "the repair sets the TTL too");
+    // Repaired: the same call now writes nothing at all.
+    let snapshot_after = snapshot(&mut con, b"skewed");
+    take(&mut con, "skewed", "10", "1", "0");
+    assert_eq!(snapshot(&mut con, b"skewed"), snapshot_after);
+}
+
+/// The case: a drained bucket a minute ahead of the clock, at 1,000 tokens a second.
+/// Before the rule, its denials wrote nothing and it stayed locked out for the whole minute.
+#[test]
+fn a_drained_bucket_a_minute_in_the_future_is_granted_again_within_milliseconds() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let ahead = server_time_ms(&mut con) + 60_000;
+    hset(
+        &mut con,
+        "drained",
+        &[("tokens", "0"), ("last_refill", &ahead.to_string())],
+    );
+    let denied = take(&mut con, "drained", "10", "1000", "1");
+    assert_eq!(denied, vec![0, 0, 1, 10], "counted from now: {denied:?}");
+    let started = std::time::Instant::now();
+    wait_until(
+        "the drained bucket to grant again",
+        std::time::Duration::from_secs(2),
+        || take(&mut con, "drained", "10", "1000", "1")[0] == 1,
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+}
+
+#[test]
+fn a_denied_takeall_repairs_only_the_buckets_in_the_future() {
+    let server = Server::start();
+    let mut con = server.conn();
+    bucket_a_minute_ahead(&mut con, "{u}ahead");
+    let now = server_time_ms(&mut con).to_string();
+    hset(
+        &mut con,
+        "{u}drained",
+        &[("tokens", "0"), ("last_refill", &now)],
+    );
+    let drained = snapshot(&mut con, b"{u}drained");
+    let reply: Vec<i64> = redis::cmd("TB.TAKEALL")
+        .arg(&["{u}ahead", "10", SLOW, "1", "{u}drained", "10", SLOW, "1"])
+        .query(&mut con)
+        .expect("TB.TAKEALL");
+    assert_eq!(&reply[..1], &[0], "{reply:?}");
+    assert_eq!(reply[4], 1, "the drained bucket decides");
+    assert_eq!(stored_tokens(&mut con, "{u}ahead"), 3.0, "nothing taken");
+    assert!(stored_last_refill(&mut con, "{u}ahead") <= server_time_ms(&mut con));
+    assert_eq!(snapshot(&mut con, b"{u}drained"), drained, "untouched");
+}
+
+#[test]
+fn a_refund_of_zero_repairs_a_future_last_refill() {
+    let server = Server::start();
+    let mut con = server.conn();
+    bucket_a_minute_ahead(&mut con, "skewed");
+    let reply: Vec<i64> = redis::cmd("TB.REFUND")
+        .arg(&["skewed", "10", "1", "0"])
+        .query(&mut con)
+        .expect("TB.REFUND");
+    assert_eq!(reply, vec![1, 3, 0, 7000]);
+    assert!(stored_last_refill(&mut con, "skewed") <= server_time_ms(&mut con));
 }

@@ -31,9 +31,8 @@ const LIBRARY: &str = include_str!("../lua/tb_library.lua");
 /// The default seed of the random sequences; `TB_SEED=<u64>` replays another.
 const DEFAULT_SEED: u64 = 0x7b5e_ed00_2024_0006;
 
-/// `remaining` for buckets holding 2^63 tokens or more: the largest double below 2^63, since a
-/// script hands numbers to Redis as doubles (the module replies i64::MAX).
-const SCRIPT_MAX_REMAINING: i64 = 9_223_372_036_854_774_784;
+/// The largest capacity and n either accepts: 2^53.
+const MAX_TOKENS: &str = "9007199254740992";
 
 /// Where the fallback runs: an EVALSHA of `lua/tb_take.lua` or an FCALL of the library.
 #[derive(Clone)]
@@ -520,15 +519,14 @@ fn the_script_matches_the_module_at_the_extremes() {
     let fallback = Fallback::script(&mut con);
     let now = server_time_ms(&mut con);
     let ago = |ms: i64| (now - ms).to_string();
-    let max = format!("{:e}", f64::MAX);
     #[rustfmt::skip]
     type Fields<'a> = Vec<(&'a str, String)>;
     let rows: Vec<(Fields, &str, &str, &str)> = vec![
         // stored fields                                     capacity  rate      n
-        (vec![], "1e300", "1e-300", "1"),
+        (vec![], MAX_TOKENS, "1e-300", "1"),
         (
             vec![("tokens", "0".into()), ("last_refill", ago(0))],
-            "1e300",
+            MAX_TOKENS,
             "1e-300",
             "1",
         ),
@@ -552,17 +550,17 @@ fn the_script_matches_the_module_at_the_extremes() {
         ),
         (
             vec![("tokens", "0".into()), ("last_refill", ago(0))],
+            MAX_TOKENS,
             "1e300",
-            "1e300",
-            "1e300",
+            MAX_TOKENS,
         ),
         (vec![], "5e-324", "5e-324", "5e-324"),
         (vec![], "5e-324", "1", "0"),
         (
             vec![("tokens", "1e308".into()), ("last_refill", "0".into())],
-            max.as_str(),
-            max.as_str(),
-            "1e308",
+            MAX_TOKENS,
+            "1.7976931348623157e308",
+            MAX_TOKENS,
         ),
         (
             vec![("tokens", "-1e308".into()), ("last_refill", ago(5))],
@@ -614,8 +612,8 @@ fn the_script_matches_the_module_at_the_extremes() {
                 ("tokens", "123456789012345678".into()),
                 ("last_refill", ago(3)),
             ],
-            "1e18",
-            "1e17",
+            "9e15",
+            "1e14",
             "1e15",
         ),
         (
@@ -665,11 +663,7 @@ fn the_script_matches_the_module_at_the_extremes() {
             seen.module,
             show_hash(&seen.hash_a)
         );
-        let mut expected = seen.module.clone();
-        if expected[1] == i64::MAX {
-            expected[1] = SCRIPT_MAX_REMAINING;
-        }
-        assert_eq!(seen.fallback, expected, "row {row}: replies");
+        assert_eq!(seen.fallback, seen.module, "row {row}: replies");
         assert_eq!(seen.hash_a, seen.hash_b, "row {row}: hashes");
         assert_eq!(seen.expire_a, seen.expire_b, "row {row}: expiries");
     }
@@ -804,8 +798,12 @@ fn the_script_writes_tokens_as_the_module_does() {
     let mut con = server.conn();
     let fallback = Fallback::script(&mut con);
     let future = (server_time_ms(&mut con) + 1_000_000_000_000).to_string();
-    let capacity = format!("{:e}", f64::MAX);
-    let values = tricky_token_values();
+    let capacity = MAX_TOKENS;
+    // Counts a request can reach: at most the largest capacity, 2^53.
+    let values: Vec<f64> = tricky_token_values()
+        .into_iter()
+        .filter(|y| 2.0 * y <= 9_007_199_254_740_992.0)
+        .collect();
     let mut checked = 0;
     for chunk in values.chunks(250) {
         let mut pipe = redis::pipe();
@@ -845,24 +843,41 @@ fn the_script_writes_tokens_as_the_module_does() {
     assert_eq!(checked, values.len());
 }
 
-/// The one reply the script cannot give: more than 2^63 - 1 whole tokens left. The module
-/// saturates at i64::MAX; a script's numbers reach Redis as doubles, so it reports the largest
-/// double below 2^63. Everything else about such a bucket agrees.
+/// Past 2^53 a whole token no longer changes an f64 count, so both refuse such a capacity or n
+/// with the same error, and accept 2^53 itself.
 #[test]
-fn a_bucket_above_2_pow_63_tokens_reports_a_slightly_smaller_remaining_from_the_script() {
+fn the_script_refuses_capacity_and_n_above_2_pow_53_as_the_module_does() {
     let server = Server::start();
     let mut con = server.conn();
     let fallback = Fallback::script(&mut con);
-    let args: [&[u8]; 3] = [b"1e300", b"1e-300", b"1"];
-    let module: Vec<i64> = module_cmd(b"huge:a", &args).query(&mut con).unwrap();
-    let script: Vec<i64> = fallback.cmd(&[b"huge:b"], &args).query(&mut con).unwrap();
-    assert_eq!(module, vec![1, i64::MAX, 0, 0]);
-    assert_eq!(script, vec![1, SCRIPT_MAX_REMAINING, 0, 0]);
-    // Just below 2^63 both are exact.
-    let args: [&[u8]; 3] = [b"9e18", b"1", b"0"];
-    let module: Vec<i64> = module_cmd(b"big:a", &args).query(&mut con).unwrap();
-    let script: Vec<i64> = fallback.cmd(&[b"big:b"], &args).query(&mut con).unwrap();
-    assert_eq!(module, vec![1, 9_000_000_000_000_000_000, 0, 0]);
+    for (args, error) in [
+        (
+            ["9007199254740994", "1", "1"],
+            "ERR capacity must be at most 9007199254740992 (2^53)",
+        ),
+        (
+            ["1e300", "1", "1"],
+            "ERR capacity must be at most 9007199254740992 (2^53)",
+        ),
+        (
+            ["10", "1", "1e16"],
+            "ERR n must be at most 9007199254740992 (2^53)",
+        ),
+    ] {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        let module = module_cmd(b"big:a", &args).query::<Value>(&mut con);
+        let script = fallback.cmd(&[b"big:b"], &args).query::<Value>(&mut con);
+        for got in [module, script] {
+            let e = got.expect_err("refused");
+            assert_eq!(error_text(&e), error, "{}", show_args(&args));
+        }
+    }
+    let args: [&[u8]; 3] = [MAX_TOKENS.as_bytes(), b"1", b"1"];
+    let module: Vec<i64> = module_cmd(b"max:a", &args).query(&mut con).unwrap();
+    let script: Vec<i64> = fallback.cmd(&[b"max:b"], &args).query(&mut con).unwrap();
+    // At 2^53 an f64 counts whole tokens only: half a token's refill rounds the count up to
+    // full, so the bucket is full again after 500 ms, not 1000 (README: precision).
+    assert_eq!(module, vec![1, 9_007_199_254_740_991, 0, 500]);
     assert_eq!(script, module);
 }
 

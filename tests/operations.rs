@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use common::*;
 
 /// Every field of `INFO tb`, in order.
-const FIELDS: [&str; 8] = [
+const FIELDS: [&str; 9] = [
     "tb_calls",
     "tb_allowed",
     "tb_denied",
@@ -19,6 +19,7 @@ const FIELDS: [&str; 8] = [
     "tb_errors",
     "tb_tokens_granted",
     "tb_tokens_refunded",
+    "tb_clock",
 ];
 
 /// `INFO tb` as field -> value, after checking the section header and the field order.
@@ -146,6 +147,26 @@ fn info_tb_counts_every_decision_error_and_token() {
         0
     );
     assert_stats(&mut con, [12, 7, 3, 0, 4, 3], 6.5, 0.25);
+
+    // A refund capped at the capacity counts what it added: 5 into 9 of 10 adds 1.
+    assert_eq!(take(&mut con, "q", "10", "0.001", "1")[..2], [1, 9]);
+    let refunded: Vec<i64> = cmd(&["TB.REFUND", "q", "10", "0.001", "5"])
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(refunded[1], 10);
+    assert_stats(&mut con, [14, 8, 3, 0, 5, 3], 7.5, 1.25);
+
+    // The server checks only a minimum count for TB.PEEK (3 arguments) and TB.TAKEALL (4):
+    // too many for TB.PEEK, or a partial group, reach the module, which refuses them with the
+    // same message and counts them as errors.
+    for args in [
+        &["TB.PEEK", "k", "1", "1", "1", "extra"][..],
+        &["TB.TAKEALL", "k", "1", "1", "1", "k2"][..],
+    ] {
+        let err = query_err(&mut con, &cmd(args));
+        assert!(err.contains("wrong number of arguments"), "{args:?}: {err}");
+    }
+    assert_stats(&mut con, [14, 8, 3, 0, 5, 5], 7.5, 1.25);
 }
 
 #[test]
@@ -424,111 +445,128 @@ fn a_user_granted_tb_take_and_tb_peek_by_name_may_use_only_its_keys() {
     assert!(exists(&mut admin, "rl:user:1"));
 }
 
-/// What `INFO server` says the server is.
-struct ServerKind {
-    valkey: bool,
-    /// (major, minor) of redis_version, or of valkey_version on Valkey.
-    version: (u32, u32),
+fn acl_cat(con: &mut redis::Connection) -> Vec<String> {
+    cmd(&["ACL", "CAT"]).query(con).expect("ACL CAT")
 }
 
-fn server_kind(con: &mut redis::Connection) -> ServerKind {
-    let valkey = info_field(con, "server", "server_name").as_deref() == Some("valkey");
-    let field = if valkey {
-        "valkey_version"
-    } else {
-        "redis_version"
+/// The ACL categories `command` carries, as COMMAND INFO reports them (its seventh field),
+/// sorted. This is where the server documents them: on Redis 7.2 and 7.4 `ACL CAT <category>`
+/// leaves module commands out although the categories apply.
+fn categories_of(con: &mut redis::Connection, command: &str) -> Vec<String> {
+    let info: redis::Value = cmd(&["COMMAND", "INFO", command])
+        .query(con)
+        .expect("COMMAND INFO");
+    let redis::Value::Array(entries) = info else {
+        panic!("COMMAND INFO {command}: {info:?}");
     };
-    let text = info_field(con, "server", field).expect("version in INFO server");
-    let mut parts = text.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    ServerKind {
-        valkey,
-        version: (parts.next().unwrap_or(0), parts.next().unwrap_or(0)),
+    let Some(redis::Value::Array(entry)) = entries.first() else {
+        panic!("COMMAND INFO {command}: {entries:?}");
+    };
+    let mut categories: Vec<String> = match entry.get(6) {
+        Some(value) => redis::from_redis_value(value).expect("categories are strings"),
+        None => Vec::new(), // before 7.0 there is no such field
+    };
+    categories.sort();
+    categories
+}
+
+fn may_run(con: &mut redis::Connection, args: &[&str]) -> bool {
+    match cmd(args).query::<redis::Value>(con) {
+        Ok(_) => true,
+        Err(e) if error_text(&e).starts_with("NOPERM") => false,
+        Err(e) => panic!("{args:?}: {e}"),
     }
 }
 
-fn acl_cat(con: &mut redis::Connection, category: Option<&str>) -> Vec<String> {
-    let mut cat = cmd(&["ACL", "CAT"]);
-    if let Some(category) = category {
-        cat.arg(category);
-    }
-    cat.query(con).expect("ACL CAT")
+const TB_CALLS: [&[&str]; 4] = [
+    &["TB.TAKE", "rl:1", "5", "1", "1"],
+    &["TB.PEEK", "rl:1", "5", "1", "1"],
+    &["TB.REFUND", "rl:1", "5", "1", "1"],
+    &["TB.TAKEALL", "rl:1", "5", "1", "1", "rl:2", "5", "1", "1"],
+];
+
+/// Which of TB.TAKE, TB.PEEK, TB.REFUND, TB.TAKEALL a user with `rules` (and `~rl:*`) may run.
+fn granted(
+    server: &Server,
+    admin: &mut redis::Connection,
+    user: &str,
+    rules: &[&str],
+) -> [bool; 4] {
+    let mut all = vec![user, "on", ">pw", "~rl:*"];
+    all.extend_from_slice(rules);
+    acl_setuser(admin, &all);
+    let mut con = conn_as(server, user, "pw");
+    TB_CALLS.map(|args| may_run(&mut con, args))
 }
 
-fn tb_commands_in(con: &mut redis::Connection, category: &str) -> Vec<String> {
-    let mut commands: Vec<String> = acl_cat(con, Some(category))
-        .into_iter()
-        .filter(|c| c.starts_with("tb."))
-        .collect();
-    commands.sort();
-    commands
-}
-
-/// Categories where the server can give them (RM_SetCommandACLCategories: Redis 7.2+, Valkey)
+/// Categories where the server can set them (RM_SetCommandACLCategories: Redis 7.2+, Valkey)
 /// and the module's own `@tb` where it can create one (RM_AddACLCategory: Redis 7.4+, Valkey
-/// 8+). Detected at run time; on Redis 7.0 the commands are in no category, so a category rule
-/// such as `+@write` does not grant them.
+/// 8+). Detected from COMMAND INFO, never from a version number, and proven by running the
+/// commands as restricted users. On Redis 7.0 the commands are in no category, so a category
+/// rule such as `+@write` does not grant them.
 #[test]
 fn acl_categories_are_those_the_server_supports() {
     let server = Server::start();
     let mut admin = server.conn();
-    let kind = server_kind(&mut admin);
-    let has_categories = !tb_commands_in(&mut admin, "write").is_empty();
-    let has_tb = acl_cat(&mut admin, None).iter().any(|c| c == "tb");
-    println!(
-        "valkey {} version {:?}: module categories {has_categories}, @tb {has_tb}",
-        kind.valkey, kind.version
-    );
-
-    let categories_expected = kind.valkey || kind.version >= (7, 2);
-    assert_eq!(has_categories, categories_expected);
-    if !kind.valkey && kind.version < (7, 4) {
-        assert!(!has_tb, "@tb needs RM_AddACLCategory (Redis 7.4+)");
-    }
-    if (kind.valkey && kind.version >= (8, 1)) || (!kind.valkey && kind.version >= (7, 4)) {
-        assert!(has_tb, "this server has RM_AddACLCategory; @tb is missing");
-    }
+    let commands = ["tb.take", "tb.peek", "tb.refund", "tb.takeall"];
+    let categories: Vec<Vec<String>> = commands
+        .iter()
+        .map(|command| categories_of(&mut admin, command))
+        .collect();
+    let has_categories = !categories[0].is_empty();
+    let has_tb = categories[0].iter().any(|c| c == "@tb");
+    println!("COMMAND INFO categories: {categories:?}");
 
     if has_categories {
-        let writers = ["tb.refund", "tb.take", "tb.takeall"];
-        assert_eq!(tb_commands_in(&mut admin, "write"), writers);
-        assert_eq!(tb_commands_in(&mut admin, "read"), ["tb.peek"]);
+        let with_tb = |list: &[&str]| {
+            let mut list: Vec<String> = list.iter().map(|c| c.to_string()).collect();
+            if has_tb {
+                list.push("@tb".into());
+            }
+            list.sort();
+            list
+        };
         assert_eq!(
-            tb_commands_in(&mut admin, "fast"),
-            ["tb.peek", "tb.refund", "tb.take", "tb.takeall"]
+            categories,
+            [
+                with_tb(&["@write", "@fast"]),
+                with_tb(&["@read", "@fast"]),
+                with_tb(&["@write", "@fast"]),
+                with_tb(&["@write", "@slow"]),
+            ]
         );
-        assert!(tb_commands_in(&mut admin, "slow").is_empty());
+        //                                           take   peek   refund takeall
+        assert_eq!(
+            granted(&server, &mut admin, "w", &["+@write"]),
+            [true, false, true, true]
+        );
+        assert_eq!(
+            granted(&server, &mut admin, "r", &["+@read"]),
+            [false, true, false, false]
+        );
+        assert_eq!(
+            granted(&server, &mut admin, "f", &["+@fast"]),
+            [true, true, true, false]
+        );
     } else {
-        for category in ["write", "read", "fast", "slow"] {
-            assert!(tb_commands_in(&mut admin, category).is_empty());
-        }
-        // So a category grant does not reach them.
-        acl_setuser(
-            &mut admin,
-            &["writer", "on", ">pw", "~rl:*", "+@write", "+@fast"],
-        );
-        let mut writer = conn_as(&server, "writer", "pw");
-        assert_noperm(&mut writer, &["TB.TAKE", "rl:1", "5", "1", "1"]);
+        assert!(categories.iter().all(|c| c.is_empty()), "{categories:?}");
+        let rules = ["+@write", "+@read", "+@fast", "+@slow"];
+        assert_eq!(granted(&server, &mut admin, "w", &rules), [false; 4]);
     }
 
+    // A server that lists the category `tb` gives it to every TB command.
+    if acl_cat(&mut admin).iter().any(|c| c == "tb") {
+        assert!(
+            has_tb,
+            "ACL CAT lists tb, COMMAND INFO does not: {categories:?}"
+        );
+    }
     if has_tb {
         assert_eq!(
-            tb_commands_in(&mut admin, "tb"),
-            ["tb.peek", "tb.refund", "tb.take", "tb.takeall"]
+            granted(&server, &mut admin, "limiter", &["+@tb"]),
+            [true; 4]
         );
-        acl_setuser(&mut admin, &["limiter", "on", ">pw", "~rl:*", "+@tb"]);
         let mut limiter = conn_as(&server, "limiter", "pw");
-        assert_eq!(take(&mut limiter, "rl:1", "5", "1", "1")[0], 1);
-        assert_eq!(peek(&mut limiter, "rl:1", "5", "1", "1")[0], 1);
-        let _: Vec<i64> = cmd(&["TB.REFUND", "rl:1", "5", "1", "1"])
-            .query(&mut limiter)
-            .expect("TB.REFUND under +@tb");
-        assert_eq!(
-            takeall(
-                &mut limiter,
-                &["rl:1", "5", "1", "1", "rl:2", "5", "1", "1"]
-            )[0],
-            1
-        );
         assert_noperm(&mut limiter, &["TB.TAKE", "other:1", "5", "1", "1"]);
         assert_noperm(&mut limiter, &["HSET", "rl:1", "tokens", "100"]);
         assert_noperm(&mut limiter, &["FLUSHALL"]);

@@ -162,3 +162,81 @@ fn take_from_eval_replies_and_its_effects_reach_the_aof_as_hset_and_pexpireat() 
         "PEXPIREAT in the AOF"
     );
 }
+
+/// Which clock the module reads, as `INFO tb` reports it: `cached` (the server's command time,
+/// Redis 7.2+ and Valkey) or `wall` (Redis 7.0).
+fn clock(con: &mut redis::Connection) -> String {
+    common::info_field(con, "tb", "tb_clock").expect("INFO tb tb_clock")
+}
+
+fn last_refill(con: &mut redis::Connection, key: &str) -> i64 {
+    common::stored_last_refill(con, key)
+}
+
+/// `MULTI; TB.TAKE a; DEBUG SLEEP 0.01; TB.TAKE b; EXEC`: with the cached command time every
+/// call of the transaction sees the instant EXEC began; with the wall clock each sees its own.
+#[test]
+fn calls_in_one_transaction_share_an_instant_with_the_cached_clock_only() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd("TB.TAKE")
+        .arg(&["a", "10", "0.001", "1"])
+        .cmd("DEBUG")
+        .arg(&["SLEEP", "0.01"])
+        .cmd("TB.TAKE")
+        .arg(&["b", "10", "0.001", "1"]);
+    let _: redis::Value = pipe.query(&mut con).expect("MULTI/EXEC");
+    let gap_ms = last_refill(&mut con, "b") - last_refill(&mut con, "a");
+    match clock(&mut con).as_str() {
+        "cached" => assert_eq!(gap_ms, 0, "one instant for the whole transaction"),
+        "wall" => assert!(gap_ms >= 10, "each call reads the clock: {gap_ms} ms apart"),
+        other => panic!("tb_clock {other}"),
+    }
+}
+
+/// Two takes in one script, with `busy_us` of busy waiting between them.
+fn script_gap_ms(con: &mut redis::Connection, busy_us: i64, a: &str, b: &str) -> i64 {
+    const SCRIPT: &str = r#"
+        redis.call('TB.TAKE', KEYS[1], 10, 0.001, 1)
+        local start = redis.call('TIME')
+        local wait_us = tonumber(ARGV[1])
+        -- TIME may itself be frozen until the server refreshes its clock: bounded anyway.
+        for _ = 1, 200000000 do
+            local t = redis.call('TIME')
+            if (t[1] - start[1]) * 1000000 + (t[2] - start[2]) >= wait_us then break end
+        end
+        redis.call('TB.TAKE', KEYS[2], 10, 0.001, 1)
+        return 1
+    "#;
+    let _: i64 = redis::Script::new(SCRIPT)
+        .key(a)
+        .key(b)
+        .arg(busy_us)
+        .invoke(con)
+        .expect("script");
+    last_refill(con, b) - last_refill(con, a)
+}
+
+/// A script shorter than `busy-reply-threshold` sees one instant with the cached clock. Past the
+/// threshold the server starts answering other clients and refreshes that clock, so later calls
+/// of the same script see a later instant; with the wall clock each call sees its own.
+#[test]
+fn calls_in_one_script_share_an_instant_until_it_runs_past_busy_reply_threshold() {
+    let server = Server::start_with(&["--busy-reply-threshold", "50"]);
+    let mut con = server.conn();
+    let short = script_gap_ms(&mut con, 0, "short:a", "short:b");
+    let long = script_gap_ms(&mut con, 200_000, "long:a", "long:b");
+    match clock(&mut con).as_str() {
+        "cached" => {
+            assert_eq!(short, 0, "a short script sees one instant");
+            assert!(long >= 50, "refreshed past the threshold: {long} ms apart");
+        }
+        "wall" => {
+            assert!(short >= 0);
+            assert!(long >= 200, "each call reads the clock: {long} ms apart");
+        }
+        other => panic!("tb_clock {other}"),
+    }
+}

@@ -277,16 +277,36 @@ fn record(call: Call) {
     CURRENT.with(|c| c.set(Some(call)));
 }
 
+/// The bucket as the contract says every command sees it at `now`: a
+/// missing key is full, a `last_refill` later than now counts as now (and
+/// must be repaired: the second value).
+fn as_seen(state: Option<State>, limit: &Limit, now: f64) -> (State, bool) {
+    match state {
+        None => (
+            State {
+                tokens: limit.capacity,
+                last_refill_ms: now,
+            },
+            false,
+        ),
+        Some(s) if s.last_refill_ms > now => (
+            State {
+                tokens: s.tokens,
+                last_refill_ms: now,
+            },
+            true,
+        ),
+        Some(s) => (s, false),
+    }
+}
+
 /// TB.TAKE (and TB.PEEK: same function) at `now_ms`, with every rule of
 /// the contract checked. Returns the outcome.
 pub fn check_take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> Outcome {
     record(("take", state, *limit, n, now_ms));
     let got = bucket::take(state, limit, n, now_ms);
     let now = now_ms as f64;
-    let current = state.unwrap_or(State {
-        tokens: limit.capacity,
-        last_refill_ms: now,
-    });
+    let (current, future) = as_seen(state, limit, now);
     let available = current.available_at(limit, now);
     assert!(
         available.is_finite() && available >= 0.0 && available <= limit.capacity,
@@ -299,8 +319,8 @@ pub fn check_take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> O
     }
     assert_eq!(
         got.write.is_some(),
-        got.allowed && n > 0.0,
-        "writes iff allowed and n > 0"
+        (got.allowed && n > 0.0) || future,
+        "writes iff allowed and n > 0, or to repair a future last_refill"
     );
 
     let left = if got.allowed {
@@ -325,8 +345,8 @@ pub fn check_take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> O
             written.tokens
         );
         assert!(
-            same(Some(written.tokens), Some(available - n)),
-            "written tokens != available - n"
+            same(Some(written.tokens), Some(left)),
+            "written tokens != what is left"
         );
         assert!(
             same(Some(written.last_refill_ms), Some(now)),
@@ -351,6 +371,8 @@ pub fn check_take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> O
     } else if n > limit.capacity {
         assert_eq!(got.retry_after_ms, -1, "n > capacity must say never (-1)");
     } else {
+        // The same call later sees what this one stored (a clock repair).
+        let state = got.write.or(state);
         let retry = got.retry_after_ms;
         assert!(
             (1..=MAX_WAIT_MS).contains(&retry),
@@ -394,23 +416,35 @@ pub fn check_take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> O
 /// TB.REFUND at `now_ms`, every rule checked.
 pub fn check_refund(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> Outcome {
     record(("refund", state, *limit, n, now_ms));
-    let got = bucket::refund(state, limit, n, now_ms);
+    let refunded = bucket::refund(state, limit, n, now_ms);
+    let got = refunded.outcome;
     assert!(got.allowed, "refund denied");
     assert_eq!(got.retry_after_ms, 0, "refund with a retry");
-    let Some(current) = state else {
+    if state.is_none() {
         assert_eq!(got.write, None, "refund into a missing bucket wrote");
+        assert_eq!(refunded.added, 0.0, "refund into a missing bucket added");
         assert_eq!(got.remaining, floor_i64(limit.capacity));
         assert_eq!(got.reset_after_ms, 0);
         return got;
-    };
+    }
     let now = now_ms as f64;
+    let (current, future) = as_seen(state, limit, now);
     let available = current.available_at(limit, now);
     let tokens = (available + n).min(limit.capacity);
     assert!(
         tokens.is_finite() && tokens >= 0.0 && tokens <= limit.capacity,
         "refunded tokens {tokens:?} outside [0, capacity]"
     );
-    assert_eq!(got.write.is_some(), n > 0.0, "refund writes iff n > 0");
+    assert_eq!(
+        got.write.is_some(),
+        n > 0.0 || future,
+        "refund writes iff n > 0, or to repair a future last_refill"
+    );
+    assert!(
+        same(Some(refunded.added), Some((tokens - available).max(0.0))),
+        "refund counted {:?} added",
+        refunded.added
+    );
     if let Some(written) = got.write {
         assert!(
             same(Some(written.tokens), Some(tokens)),

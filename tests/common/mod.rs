@@ -54,8 +54,9 @@ pub struct Server {
     child: Mutex<Option<Child>>,
     /// Extra arguments given to `start_with`, kept for `restart`.
     extra: Vec<String>,
-    /// False for a server started by `start_without_module` (kept for `restart`).
-    with_module: bool,
+    /// The module and its load arguments; `None` for a server started by
+    /// `start_without_module` (kept for `restart`).
+    module: Option<(PathBuf, Vec<String>)>,
 }
 
 impl Server {
@@ -67,17 +68,24 @@ impl Server {
     /// A server with the defaults followed by `extra` (later arguments win), e.g.
     /// `&["--appendonly", "yes"]`. Panics, with the server log, if it does not come up.
     pub fn start_with(extra: &[&str]) -> Server {
-        Server::launch(extra, true)
+        Server::launch(extra, Some((module_path(), Vec::new())))
     }
 
-    fn launch(extra: &[&str], with_module: bool) -> Server {
+    /// A server that loads `module` with the load arguments `module_args` (e.g. the
+    /// fault-injection build, `fault_module_path()`), then the defaults and `extra`.
+    pub fn start_with_module(module: PathBuf, module_args: &[&str], extra: &[&str]) -> Server {
+        let module_args = module_args.iter().map(|s| s.to_string()).collect();
+        Server::launch(extra, Some((module, module_args)))
+    }
+
+    fn launch(extra: &[&str], module: Option<(PathBuf, Vec<String>)>) -> Server {
         let dir = fresh_dir();
         let mut server = Server {
             port: 0,
             dir,
             child: Mutex::new(None),
             extra: extra.iter().map(|s| s.to_string()).collect(),
-            with_module,
+            module,
         };
         let mut last_failure = String::new();
         for _ in 0..PORT_ATTEMPTS {
@@ -96,7 +104,7 @@ impl Server {
     /// Like `start_with`, but the module is NOT loaded (e.g. a replica that holds the
     /// buckets as plain hashes). `restart` keeps it module-less.
     pub fn start_without_module(extra: &[&str]) -> Server {
-        Server::launch(extra, false)
+        Server::launch(extra, None)
     }
 
     /// A synchronous connection, retried until the server answers PING (bounded).
@@ -215,9 +223,10 @@ impl Server {
             "--bind".into(),
             "127.0.0.1".into(),
         ];
-        if self.with_module {
+        if let Some((module, module_args)) = &self.module {
             args.push("--loadmodule".into());
-            args.push(module_path().display().to_string());
+            args.push(module.display().to_string());
+            args.extend(module_args.iter().cloned());
         }
         args.extend([
             "--dir".into(),
@@ -346,6 +355,24 @@ pub fn module_path() -> PathBuf {
     if !path.is_file() {
         panic!(
             "redis-tb module not found at {}: build it first: cargo build --release (or set TB_MODULE)",
+            path.display()
+        );
+    }
+    path.canonicalize().unwrap_or(path)
+}
+
+/// The test-only build with the `fault-injection` feature (see `src/fault.rs`):
+/// `TB_FAULT_MODULE`, else `<crate>/target/fault/debug/libredis_tb.so`, which `make test`
+/// builds. Panics, saying how to build it, when the file does not exist.
+pub fn fault_module_path() -> PathBuf {
+    let path = match std::env::var_os("TB_FAULT_MODULE") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/fault/debug/libredis_tb.so"),
+    };
+    if !path.is_file() {
+        panic!(
+            "fault-injection module not found at {}: build it first: \
+             cargo build --features fault-injection --target-dir target/fault (make test does)",
             path.display()
         );
     }

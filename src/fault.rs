@@ -1,0 +1,72 @@
+//! Fault injection for the tests of failed writes.
+//!
+//! The server refuses a bucket write only in states the module checks for
+//! beforehand (a wrong type, a key not open for writing), so the failure
+//! path cannot be reached from outside. Built with the cargo feature
+//! `fault-injection` (only `make test` does that, into its own target
+//! directory), the load argument `fault hash-set|expire EVERY` makes every
+//! EVERY-th attempt at that step fail as the server would, so the tests can
+//! check that a failed write replies an error, propagates nothing and
+//! leaves the key as it was. Without the feature `injected` is a constant
+//! `false` and the load argument does not exist.
+
+/// A step of a bucket write that can fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    HashSet,
+    Expire,
+}
+
+#[cfg(feature = "fault-injection")]
+mod enabled {
+    use super::Step;
+    use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+
+    /// 0: none, 1: HashSet, 2: Expire.
+    static STEP: AtomicU8 = AtomicU8::new(0);
+    static EVERY: AtomicU64 = AtomicU64::new(0);
+    static SEEN: AtomicU64 = AtomicU64::new(0);
+
+    fn code(step: Step) -> u8 {
+        match step {
+            Step::HashSet => 1,
+            Step::Expire => 2,
+        }
+    }
+
+    /// Parses `hash-set|expire EVERY` and arms the fault.
+    pub fn arm(step: &[u8], every: &[u8]) -> Result<(), String> {
+        let step = match step {
+            b"hash-set" => Step::HashSet,
+            b"expire" => Step::Expire,
+            _ => return Err("fault must be followed by hash-set or expire".into()),
+        };
+        let every: u64 = std::str::from_utf8(every)
+            .ok()
+            .and_then(|text| text.parse().ok())
+            .filter(|every| *every > 0)
+            .ok_or("fault STEP must be followed by a count > 0")?;
+        STEP.store(code(step), Relaxed);
+        EVERY.store(every, Relaxed);
+        SEEN.store(0, Relaxed);
+        Ok(())
+    }
+
+    pub fn injected(step: Step) -> bool {
+        if STEP.load(Relaxed) != code(step) {
+            return false;
+        }
+        let seen = SEEN.load(Relaxed).wrapping_add(1);
+        SEEN.store(seen, Relaxed);
+        seen.checked_rem(EVERY.load(Relaxed)) == Some(0)
+    }
+}
+
+#[cfg(feature = "fault-injection")]
+pub use enabled::{arm, injected};
+
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn injected(_step: Step) -> bool {
+    false
+}
