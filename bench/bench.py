@@ -494,7 +494,7 @@ SCALING_MSET_GROWTH_LIMIT = 1.2
 # Calls per command and size at --scale 1 (commandstats averages over them).
 # Few TB.TAKEALL calls over 20,000 keys: one whose duplicate-key check is
 # quadratic takes over a second there.
-SCALING_CALLS = {("TB.TAKEALL", 2_000): 40, ("TB.TAKEALL", 20_000): 6, ("MSET", 2_000): 400, ("MSET", 20_000): 40}
+SCALING_CALLS = {("TB.TAKEALL", 2_000): 40, ("TB.TAKEALL", 20_000): 10, ("MSET", 2_000): 400, ("MSET", 20_000): 40}
 
 
 def scaling_names() -> list[str]:
