@@ -7,8 +7,12 @@ measures:
 
 * server-side cost per call (INFO commandstats, CONFIG RESETSTAT before each
   row) and end-to-end throughput (redis-benchmark, pipelined) for PING, INCR,
-  a 2-field HSET, the Lua script via EVALSHA and TB.TAKE, on random keys and
-  on one hot key, allowed and denied paths apart, without and with AOF;
+  a 2-field HSET, the Lua script via EVALSHA, TB.TAKE and the peer module
+  redis-cell's CL.THROTTLE (when scripts/build-redis-cell.sh could build it;
+  loaded beside the module), on random keys and on one hot key, allowed and
+  denied paths apart, without and with AOF;
+* TB.TAKEALL over 2,000 and 20,000 keys in one call next to MSET of as many
+  keys (how the per-call cost scales with the number of keys);
 * memory per bucket (used_memory delta over many buckets, MEMORY USAGE);
 * replication bytes per call (master_repl_offset growth with a replica).
 
@@ -62,10 +66,33 @@ DENY = ("1", "0.000001", "1")
 # A fixed client clock for the seed's own calling convention (ARGV[4]).
 CLIENT_NOW = "1700000000000"
 
+# The peer: redis-cell's CL.THROTTLE key max_burst count_per_period period
+# [quantity] (GCRA; capacity = max_burst + 1, rate = count/period per second,
+# integers only). The same buckets as ALLOW and DENY as far as its integer
+# arguments and its nanosecond arithmetic allow: the allowed rows refill at
+# 0.001/s like ALLOW (1 per 1000 s, so a bucket's TTL is ~1000 s after one
+# call, as with TB.TAKE) with a burst of 10^6, not 10^9: redis-cell computes
+# period_ns * (max_burst + 1) in an i64, which overflows past ~9.2 * 10^18 ns
+# (10^6 * 10^12 ns fits). No row makes 10^6 calls on one key, so no allowed
+# row is ever denied. Denied: capacity 1 (max_burst 0) refilling at 10^-6/s,
+# drained beforehand with the same command.
+CL_ALLOW = ("999999", "1", "1000", "1")
+CL_DENY = ("0", "1", "1000000", "1")
+
 # Requests per redis-benchmark run, per command family, at --scale 1: sized so
 # each run lasts a few seconds on a small machine (Lua is ~10x slower than
 # PING) and the whole bench stays under ~10 minutes.
 BASE_N = {"ping": 1_000_000, "incr": 600_000, "hset": 400_000, "tb": 300_000, "lua": 100_000}
+
+
+def is_allowed(reply) -> bool:
+    """TB.TAKE replies [1, ...] when allowed, CL.THROTTLE [0, ...] (its first
+    element is "limited"); the Lua script replies like TB.TAKE."""
+    return reply[0] == 1
+
+
+def cl_allowed(reply) -> bool:
+    return reply[0] == 0
 
 
 # --------------------------------------------------------------------------
@@ -186,8 +213,11 @@ class Server:
 
     live: list["Server"] = []
 
-    def __init__(self, binary: str, module: Path, name: str, extra: list[str]):
+    def __init__(self, binary: str, module: Path, name: str, extra: list[str], peer: Path | None = None):
         self.name = name
+        modules = ["--loadmodule", str(module)]
+        if peer is not None:
+            modules += ["--loadmodule", str(peer)]
         self.dir = Path(tempfile.mkdtemp(prefix=f"tb-bench-{name}-"))
         last = ""
         for _ in range(5):
@@ -196,7 +226,7 @@ class Server:
                 binary, "--port", str(self.port), "--bind", "127.0.0.1",
                 "--dir", str(self.dir), "--logfile", str(self.dir / "server.log"),
                 "--daemonize", "no", "--save", "", "--appendonly", "no",
-                "--loglevel", "warning", "--loadmodule", str(module),
+                "--loglevel", "warning", *modules,
                 *extra,
             ]  # fmt: skip
             self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -323,6 +353,8 @@ class Row:
     args: Callable[[str], list[str]]  # key -> command argv (for redis-benchmark)
     drain: bool = False  # drain the buckets before the run (denied rows)
     result: dict = field(default_factory=dict)
+    allowed: Callable[[list], bool] = is_allowed  # reply -> was the call allowed
+    drain_cmd: Callable[[str], list[str]] = lambda k: ["TB.TAKE", k, *DENY]  # noqa: E731
 
     @property
     def name(self) -> str:
@@ -335,7 +367,7 @@ class Row:
         return self.args(key)
 
 
-def make_rows(sha: str) -> list[Row]:
+def make_rows(sha: str, peer: bool) -> list[Row]:
     rows = [Row("PING", "-", "-", "ping", "ping", lambda k: ["PING"])]
     for keys in ("random", "hot"):
         rows.append(Row("INCR", keys, "-", "incr", "incr", lambda k: ["INCR", k]))
@@ -359,6 +391,13 @@ def make_rows(sha: str) -> list[Row]:
                 Row("TB.TAKE", keys, path, "tb", "tb.take",
                     lambda k, p=params: ["TB.TAKE", k, *p], drain)
             )  # fmt: skip
+            if peer:
+                cl = CL_ALLOW if path == "allowed" else CL_DENY
+                rows.append(
+                    Row("CL.THROTTLE", keys, path, "tb", "cl.throttle",
+                        lambda k, p=cl: ["CL.THROTTLE", k, *p], drain,
+                        allowed=cl_allowed, drain_cmd=lambda k: ["CL.THROTTLE", k, *CL_DENY])
+                )  # fmt: skip
     # Several limits per request, all or nothing (random keys, allowed path).
     for buckets in (2, 3):
         rows.append(
@@ -378,7 +417,7 @@ def probe_allowed(c: Conn, row: Row) -> float | None:
         return None
     keys = [rand_key(random.randrange(KEYSPACE)) for _ in range(50)] if row.keys == "random" else [HOT_KEY] * 50
     replies = c.pipeline([row.concrete(k) for k in keys])
-    return sum(1 for r in replies if r[0] == 1) / len(replies)
+    return sum(1 for r in replies if row.allowed(r)) / len(replies)
 
 
 def run_row(server: Server, c: Conn, row: Row, n: int, aof: bool) -> dict:
@@ -387,8 +426,9 @@ def run_row(server: Server, c: Conn, row: Row, n: int, aof: bool) -> dict:
         # TB.TAKE drains the buckets for every denied row (the Lua script
         # reads the same layout, and this is 10x faster than draining with
         # it). Its last_refill is the real clock, later than CLIENT_NOW, so
-        # the client-now variant sees no elapsed time either.
-        c.pipeline([["TB.TAKE", k, *DENY] for k in keys_of(row)])
+        # the client-now variant sees no elapsed time either. CL.THROTTLE
+        # keeps its own format and drains its own buckets.
+        c.pipeline([row.drain_cmd(k) for k in keys_of(row)])
     elif row.keys != "-":
         # Every key exists before the timed run, written by the row's own
         # command: each row then measures the steady state (a limiter mostly
@@ -442,18 +482,110 @@ def bench_rows(servers: dict, rows: list[Row], reps: int, scale: float, log) -> 
 
 
 # --------------------------------------------------------------------------
+# TB.TAKEALL scaling: one call over many keys, next to MSET of as many keys
+
+SCALING_SIZES = (2_000, 20_000)
+# TB.TAKEALL does per key what TB.TAKE does (read, refill, write two fields,
+# set a TTL, replicate the effects) where MSET stores one string, so its cost
+# is a multiple of MSET's; what must hold is that the multiple does not grow
+# with the number of keys (MSET's own cost per key grows a little with the
+# keyspace: cache misses). Limit on multiple(20k) / multiple(2k):
+SCALING_MSET_GROWTH_LIMIT = 1.2
+# Calls per command and size at --scale 1 (commandstats averages over them).
+# Few TB.TAKEALL calls over 20,000 keys: one whose duplicate-key check is
+# quadratic takes over a second there.
+SCALING_CALLS = {("TB.TAKEALL", 2_000): 40, ("TB.TAKEALL", 20_000): 10, ("MSET", 2_000): 400, ("MSET", 20_000): 40}
+
+
+def scaling_names() -> list[str]:
+    return [f"{impl} {n} keys" for n in SCALING_SIZES for impl in ("TB.TAKEALL", "MSET")]
+
+
+def bench_scaling(server: Server, reps: int, scale: float, log) -> dict:
+    """Server us/call (commandstats) of one TB.TAKEALL over N distinct keys
+    (each `key capacity rate 1` with ALLOW's bucket) and of one MSET of the
+    same N keys, for each N in SCALING_SIZES. Every call finds its keys
+    already there (one untimed call creates them), as the cost rows do."""
+    per_rep = []
+    with server.conn() as c:
+        for rep in range(reps):
+            results = {}
+            for n in SCALING_SIZES:
+                keys = [rand_key(i) for i in range(n)]
+                cmds = {
+                    "TB.TAKEALL": ("tb.takeall", ["TB.TAKEALL", *[x for k in keys for x in (k, *ALLOW)]]),
+                    "MSET": ("mset", ["MSET", *[x for k in keys for x in (k, "1")]]),
+                }
+                for impl, (stat, cmd) in cmds.items():
+                    name = f"{impl} {n} keys"
+                    calls = max(3, int(SCALING_CALLS[(impl, n)] * scale))
+                    c.call("FLUSHALL")
+                    first = c.call(*cmd)
+                    if impl == "TB.TAKEALL" and first[0] != 1:
+                        raise RuntimeError(f"{name}: the first call was denied: {first[:3]}")
+                    c.call("CONFIG", "RESETSTAT")
+                    started = time.monotonic()
+                    for _ in range(calls):
+                        c.call(*cmd)
+                    elapsed = time.monotonic() - started
+                    stats = commandstats(c).get(stat)
+                    if not stats or stats["calls"] != calls or stats.get("failed_calls", 0):
+                        raise RuntimeError(f"{name}: commandstats show {stats} for {calls} calls")
+                    usec = stats["usec"] / stats["calls"]
+                    results[name] = {
+                        "keys": n, "calls": calls, "usec_per_call": usec, "usec_per_key": usec / n,
+                        "client_ms_per_call": elapsed / calls * 1000,
+                    }  # fmt: skip
+                    log(f"  [scaling rep {rep + 1}/{reps}] {name:<22} {usec / 1000:9.2f} ms/call "
+                        f"({usec / n:6.3f} us/key, {calls} calls, {elapsed / calls * 1000:8.1f} ms/call at the client)")  # fmt: skip
+            per_rep.append(results)
+        c.call("FLUSHALL")
+    small, big = SCALING_SIZES
+    ratios = {
+        f"TB.TAKEALL {big} / {small} keys": summary(
+            [r[f"TB.TAKEALL {big} keys"]["usec_per_call"] / r[f"TB.TAKEALL {small} keys"]["usec_per_call"] for r in per_rep]),
+        f"MSET {big} / {small} keys": summary(
+            [r[f"MSET {big} keys"]["usec_per_call"] / r[f"MSET {small} keys"]["usec_per_call"] for r in per_rep]),
+    }  # fmt: skip
+    for n in SCALING_SIZES:
+        ratios[f"TB.TAKEALL / MSET, {n} keys"] = summary(
+            [r[f"TB.TAKEALL {n} keys"]["usec_per_call"] / r[f"MSET {n} keys"]["usec_per_call"] for r in per_rep])
+    return {"sizes": SCALING_SIZES, "per_rep": per_rep, "ratios": ratios}
+
+
+def scaling_rows(scaling) -> list[list[str]]:
+    out = []
+    for name in scaling_names():
+        entries = [r[name] for r in scaling["per_rep"]]
+        u = summary([e["usec_per_call"] / 1000 for e in entries])
+        k = summary([e["usec_per_key"] for e in entries])
+        cl = summary([e["client_ms_per_call"] for e in entries])
+        out.append([name, str(entries[0]["calls"]), fmt(u["median"], 2), f"{fmt(u['min'], 2)}-{fmt(u['max'], 2)}",
+                    fmt(k["median"], 3), fmt(cl["median"], 1)])  # fmt: skip
+    for name, r in scaling["ratios"].items():
+        out.append([name, "", f"{fmt(r['median'], 2)}x", f"{fmt(r['min'], 2)}-{fmt(r['max'], 2)}", "", ""])
+    return out
+
+
+SCALING_HEAD = ["case", "calls", "server ms/call", "range", "us/key", "client ms/call"]
+
+
+# --------------------------------------------------------------------------
 # Memory per bucket
 
 MEM_BUCKETS = 100_000
 MEM_PARAMS = ("100", "0.01", "1")  # slow refill: tokens fractional, TTLs long
+CL_MEM_PARAMS = ("99", "1", "100", "1")  # the same bucket for CL.THROTTLE
 
 
-def bench_memory(server: Server, sha: str, reps: int, scale: float, log) -> dict:
+def bench_memory(server: Server, sha: str, reps: int, scale: float, log, peer: bool = False) -> dict:
     count = max(1000, int(MEM_BUCKETS * min(scale, 1.0)))
     impls = {
         "TB.TAKE": lambda k: ["TB.TAKE", k, *MEM_PARAMS],
         "Lua (TIME)": lambda k: ["EVALSHA", sha, "1", k, *MEM_PARAMS],
     }
+    if peer:
+        impls["CL.THROTTLE"] = lambda k: ["CL.THROTTLE", k, *CL_MEM_PARAMS]
     out = {name: {"delta": [], "usage": [], "sample": None} for name in impls}
     for rep in range(reps):
         for name, cmd in impls.items():
@@ -474,7 +606,10 @@ def bench_memory(server: Server, sha: str, reps: int, scale: float, log) -> dict
                     raise RuntimeError(f"memory: {name}: {dbsize} keys, expected {count}")
                 sample = random.sample(keys, 200)
                 usage = c.pipeline([["MEMORY", "USAGE", k, "SAMPLES", "0"] for k in sample])
-                fields = c.call("HGETALL", sample[0])
+                if c.call("TYPE", sample[0]) == "hash":
+                    fields = c.call("HGETALL", sample[0])
+                else:  # CL.THROTTLE: one string, its theoretical arrival time in ns
+                    fields = [b"tat_ns", c.call("GET", sample[0])]
                 ttl = c.call("PTTL", sample[0])
             out[name]["delta"].append((after - before) / count)
             out[name]["usage"].append(median(usage))
@@ -519,7 +654,17 @@ def repl_offset(c: Conn) -> int:
     return int(c.info("replication")["master_repl_offset"])
 
 
-def bench_replication(master: Server, sha: str, reps: int, scale: float, log) -> dict:
+def replica_catch_up(replica: Conn, offset: int):
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if repl_offset(replica) >= offset:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"the replica did not reach offset {offset}")
+
+
+def bench_replication(master: Server, replica: Server, sha: str, reps: int, scale: float, log,
+                      peer: bool = False) -> dict:  # fmt: skip
     calls = max(1000, int(REPL_CALLS * min(scale, 1.0)))
     cases = [
         ("HSET", "-", lambda k: ["HSET", k, "tokens", "1.5", "last_refill", "1700000000000"], "hset"),
@@ -530,31 +675,44 @@ def bench_replication(master: Server, sha: str, reps: int, scale: float, log) ->
         ("TB.TAKE", "allowed", lambda k: ["TB.TAKE", k, *ALLOW], "tb.take"),
         ("TB.TAKE", "denied", lambda k: ["TB.TAKE", k, *DENY], "tb.take"),
     ]
+    if peer:
+        cases += [
+            ("CL.THROTTLE", "allowed", lambda k: ["CL.THROTTLE", k, *CL_ALLOW], "cl.throttle"),
+            ("CL.THROTTLE", "denied", lambda k: ["CL.THROTTLE", k, *CL_DENY], "cl.throttle"),
+        ]
     out = {}
-    with master.conn() as c:
+    with master.conn() as c, replica.conn() as rc:
         for rep in range(reps):
             for impl, path, cmd, stat in cases:
                 name = impl if path == "-" else f"{impl} / {path}"
                 c.call("FLUSHALL")
                 keys = [rand_key(random.randrange(KEYSPACE)) for _ in range(calls)]
+                peer_case = impl == "CL.THROTTLE"
                 if path == "denied":
-                    c.pipeline([["TB.TAKE", k, *DENY] for k in set(keys)])
+                    drain = (lambda k: ["CL.THROTTLE", k, *CL_DENY]) if peer_case else (lambda k: ["TB.TAKE", k, *DENY])
+                    c.pipeline([drain(k) for k in set(keys)])
                 c.call("CONFIG", "RESETSTAT")
                 before = repl_offset(c)
                 replies = c.pipeline([cmd(k) for k in keys])
                 after = repl_offset(c)
                 stats = commandstats(c)[stat]
-                allowed = (
-                    None if path == "-" else sum(1 for r in replies if r[0] == 1) / len(replies)
-                )
+                # Does the replica hold what the master holds? (A command
+                # that writes keys without propagating anything leaves the
+                # replica without them.)
+                replica_catch_up(rc, after)
+                on_master, on_replica = c.call("DBSIZE"), rc.call("DBSIZE")
+                ok = cl_allowed if peer_case else is_allowed
+                allowed = None if path == "-" else sum(1 for r in replies if ok(r)) / len(replies)
                 entry = out.setdefault(
-                    name, {"impl": impl, "path": path, "bytes": [], "usec": [], "allowed_share": []}
+                    name, {"impl": impl, "path": path, "bytes": [], "usec": [], "allowed_share": [], "replica_keys": []}
                 )
+                entry["replica_keys"].append(on_replica / on_master if on_master else 1.0)
                 entry["bytes"].append((after - before) / calls)
                 entry["usec"].append(stats["usec"] / stats["calls"])
                 entry["allowed_share"].append(allowed)
                 log(f"  [replication rep {rep + 1}/{reps}] {name:<28} {entry['bytes'][-1]:7.1f} B/call "
-                    f"(allowed {'-' if allowed is None else f'{allowed:.0%}'})")  # fmt: skip
+                    f"(allowed {'-' if allowed is None else f'{allowed:.0%}'}; "
+                    f"replica holds {on_replica} of the master's {on_master} keys)")  # fmt: skip
         c.call("FLUSHALL")
     return {
         "calls": calls,
@@ -565,6 +723,7 @@ def bench_replication(master: Server, sha: str, reps: int, scale: float, log) ->
                 "bytes_per_call": summary(e["bytes"]),
                 "usec_per_call_with_replica": summary(e["usec"]),
                 "allowed_share": median([a for a in e["allowed_share"] if a is not None]),
+                "replica_keys_share": min(e["replica_keys"]),
             }
             for name, e in out.items()
         },
@@ -580,30 +739,26 @@ def ratio_summary(per_rep: list[dict], num: str, den: str, key: str) -> dict:
     return summary(values)
 
 
-def evaluate_targets(configs: dict, memory: dict, repl: dict) -> list[dict]:
+def evaluate_targets(configs: dict, memory: dict, repl: dict, scaling: dict | None, peer: bool) -> list[dict]:
     targets = []
     tb = "TB.TAKE / random / allowed"
+    cl = "CL.THROTTLE / random / allowed"
     luas = ["Lua (TIME) / random / allowed", "Lua (client now) / random / allowed"]
-    hset = "HSET / random"
     for cfg_name, per_rep in configs.items():
         suffix = "" if cfg_name == "plain" else f" [{cfg_name}]"
+        if peer:
+            vs_peer = ratio_summary(per_rep, tb, cl, "usec_per_call")
+            targets.append({
+                "target": f"TB.TAKE no costlier than CL.THROTTLE (redis-cell){suffix}",
+                "ratio": vs_peer, "limit": 1.0, "met": vs_peer["median"] <= 1.0,
+                "how": "TB.TAKE usec_per_call / CL.THROTTLE usec_per_call, random keys, allowed",
+            })  # fmt: skip
         # Against the cheaper Lua variant of each repetition: the stricter test.
         cost_vs_lua = summary([max(rep[tb]["usec_per_call"] / rep[l]["usec_per_call"] for l in luas) for rep in per_rep])
         targets.append({
             "target": f"TB.TAKE us/call <= 1/4 of Lua's{suffix}",
             "ratio": cost_vs_lua, "limit": 0.25, "met": cost_vs_lua["median"] <= 0.25,
             "how": "TB.TAKE usec_per_call / the cheaper Lua variant's, random keys, allowed",
-        })  # fmt: skip
-        cost_vs_hset = ratio_summary(per_rep, tb, hset, "usec_per_call")
-        targets.append({
-            "target": f"TB.TAKE us/call <= 2x a 2-field HSET (aim){suffix}",
-            "ratio": cost_vs_hset, "limit": 2.0, "met": cost_vs_hset["median"] <= 2.0,
-            "how": "TB.TAKE usec_per_call / HSET usec_per_call, random keys, allowed",
-        })  # fmt: skip
-        targets.append({
-            "target": f"TB.TAKE us/call < 3x HSET (the other native module){suffix}",
-            "ratio": cost_vs_hset, "limit": 3.0, "met": cost_vs_hset["median"] < 3.0,
-            "how": "same ratio, against the ~3x measured for another native rate-limit module",
         })  # fmt: skip
         tput = summary([min(rep[tb]["rps"] / rep[l]["rps"] for l in luas) for rep in per_rep])
         targets.append({
@@ -613,10 +768,13 @@ def evaluate_targets(configs: dict, memory: dict, repl: dict) -> list[dict]:
         })  # fmt: skip
     denied = repl["cases"]["TB.TAKE / denied"]["bytes_per_call"]
     lua_denied = repl["cases"]["Lua (TIME) / denied"]["bytes_per_call"]
+    others = f"Lua: {lua_denied['median']:.1f} B/call"
+    if "CL.THROTTLE / denied" in repl["cases"]:
+        others += f", CL.THROTTLE: {repl['cases']['CL.THROTTLE / denied']['bytes_per_call']['median']:.1f} B/call"
     targets.append({
         "target": "Denied TB.TAKE: 0 replication bytes",
         "ratio": denied, "limit": 0.0, "met": denied["max"] == 0.0, "unit": "B/call",
-        "how": f"master_repl_offset growth per denied call (Lua: {lua_denied['median']:.1f} B/call)",
+        "how": f"master_repl_offset growth per denied call ({others})",
     })  # fmt: skip
     tb_mem = memory["impls"]["TB.TAKE"]
     lua_mem = memory["impls"]["Lua (TIME)"]
@@ -632,7 +790,55 @@ def evaluate_targets(configs: dict, memory: dict, repl: dict) -> list[dict]:
         "ratio": summary([usage_ratio]), "limit": 1.0, "met": usage_ratio <= 1.0,
         "how": f"TB {tb_mem['usage']['median']:.0f} B vs Lua {lua_mem['usage']['median']:.0f} B",
     })  # fmt: skip
+    if scaling:
+        small, big = scaling["sizes"]
+        r = scaling["ratios"][f"TB.TAKEALL {big} / {small} keys"]
+        limit = 1.2 * big / small
+        targets.append({
+            "target": f"TB.TAKEALL of {big:,} keys costs about {big // small}x {small:,} keys (linear)",
+            "ratio": r, "limit": limit, "met": r["median"] <= limit,
+            "how": f"server us/call of TB.TAKEALL over {big} keys / over {small} keys "
+                   f"(MSET: {scaling['ratios'][f'MSET {big} / {small} keys']['median']:.2f}x)",
+        })  # fmt: skip
+        per_rep = scaling["per_rep"]
+        multiple = lambda r, n: r[f"TB.TAKEALL {n} keys"]["usec_per_call"] / r[f"MSET {n} keys"]["usec_per_call"]  # noqa: E731
+        growth = summary([multiple(r, big) / multiple(r, small) for r in per_rep])
+        m_small = scaling["ratios"][f"TB.TAKEALL / MSET, {small} keys"]["median"]
+        m_big = scaling["ratios"][f"TB.TAKEALL / MSET, {big} keys"]["median"]
+        targets.append({
+            "target": f"TB.TAKEALL stays the same multiple of MSET from {small:,} to {big:,} keys",
+            "ratio": growth, "limit": SCALING_MSET_GROWTH_LIMIT, "met": growth["median"] <= SCALING_MSET_GROWTH_LIMIT,
+            "how": f"(TB.TAKEALL / MSET at {big} keys) / (the same at {small} keys); "
+                   f"the multiples: {m_small:.1f}x at {small}, {m_big:.1f}x at {big}",
+        })  # fmt: skip
     return targets
+
+
+def peer_rows(configs: dict) -> list[list[str]]:
+    """TB.TAKE / CL.THROTTLE per configuration, keys and path: cost ratio
+    (lower is better) and throughput ratio (higher is better), each computed
+    within a repetition."""
+    out = []
+    for cfg_name, per_rep in configs.items():
+        for keys in ("random", "hot"):
+            for path in ("allowed", "denied"):
+                tb, cl = f"TB.TAKE / {keys} / {path}", f"CL.THROTTLE / {keys} / {path}"
+                if not all(tb in rep and cl in rep for rep in per_rep):
+                    continue
+                us = ratio_summary(per_rep, tb, cl, "usec_per_call")
+                rps = ratio_summary(per_rep, tb, cl, "rps")
+                tb_us = median([rep[tb]["usec_per_call"] for rep in per_rep])
+                cl_us = median([rep[cl]["usec_per_call"] for rep in per_rep])
+                out.append([
+                    cfg_name, keys, path, fmt(tb_us), fmt(cl_us),
+                    f"{fmt(us['median'], 3)}x", f"{fmt(us['min'], 3)}-{fmt(us['max'], 3)}",
+                    f"{fmt(rps['median'], 3)}x", f"{fmt(rps['min'], 3)}-{fmt(rps['max'], 3)}",
+                ])  # fmt: skip
+    return out
+
+
+PEER_HEAD = ["config", "keys", "path", "TB.TAKE us", "CL.THROTTLE us", "us ratio", "range",
+             "throughput ratio", "range"]  # fmt: skip
 
 
 # --------------------------------------------------------------------------
@@ -697,13 +903,14 @@ def memory_rows(memory) -> list[list[str]]:
     for name, m in memory["impls"].items():
         out.append([
             name, fmt(m["delta"]["median"], 1), f"{fmt(m['delta']['min'], 1)}-{fmt(m['delta']['max'], 1)}",
-            fmt(m["usage"]["median"], 0), m["sample"]["fields"].get("tokens", "?"),
+            fmt(m["usage"]["median"], 0),
+            m["sample"]["fields"].get("tokens") or " ".join(f"{k}={v}" for k, v in m["sample"]["fields"].items()),
             str(m["sample"]["pttl_ms"]),
         ])  # fmt: skip
     return out
 
 
-MEM_HEAD = ["impl", "used_memory B/bucket", "range", "MEMORY USAGE B", "sample tokens text", "sample PTTL ms"]
+MEM_HEAD = ["impl", "used_memory B/bucket", "range", "MEMORY USAGE B", "sample tokens text (or value)", "sample PTTL ms"]
 
 
 def repl_rows(repl) -> list[list[str]]:
@@ -714,12 +921,13 @@ def repl_rows(repl) -> list[list[str]]:
         a = e["allowed_share"]
         out.append([
             name, fmt(b["median"], 1), f"{fmt(b['min'], 1)}-{fmt(b['max'], 1)}",
-            fmt(u["median"]), "-" if a is None else f"{a:.0%}",
+            fmt(u["median"]), "-" if a is None else f"{a:.0%}", f"{e['replica_keys_share']:.0%}",
         ])  # fmt: skip
     return out
 
 
-REPL_HEAD = ["case", "repl bytes/call", "range", "us/call (replica attached)", "allowed"]
+REPL_HEAD = ["case", "repl bytes/call", "range", "us/call (replica attached)", "allowed",
+             "master's keys on the replica"]  # fmt: skip
 
 
 def esc(s: str) -> str:
@@ -769,8 +977,10 @@ def render_svg(results: dict) -> str:
               "used_memory delta": "#4878a8", "MEMORY USAGE": "#8c8c8c"}  # fmt: skip
     cfgs = [("plain", "no AOF"), ("aof", "AOF everysec")]
     shown = ["PING", "INCR / random", "HSET / random", "Lua (TIME) / random / allowed",
-             "Lua (client now) / random / allowed", "TB.TAKE / random / allowed",
-             "Lua (TIME) / random / denied", "TB.TAKE / random / denied"]  # fmt: skip
+             "Lua (client now) / random / allowed", "CL.THROTTLE / random / allowed", "TB.TAKE / random / allowed",
+             "Lua (TIME) / random / denied", "CL.THROTTLE / random / denied", "TB.TAKE / random / denied"]  # fmt: skip
+    first = next(iter(results["rows"].values()))[0]
+    shown = [name for name in shown if name in first]
     label = lambda n: n.replace(" / random", "").replace(" / allowed", " allowed").replace(" / denied", " denied")  # noqa: E731
 
     def groups(metric, scale=1.0):
@@ -791,7 +1001,9 @@ def render_svg(results: dict) -> str:
     p2, h2 = hbar_panel(20 + W, 60, W, f"Throughput, redis-benchmark -P {PIPELINE} -c {CLIENTS}", "k/s", groups("rps", 1e-3), series, 0)
     repl = results["replication"]["cases"]
     rg = []
-    for impl in ("HSET", "Lua (TIME)", "Lua (client now)", "TB.TAKE"):
+    for impl in ("HSET", "Lua (TIME)", "Lua (client now)", "CL.THROTTLE", "TB.TAKE"):
+        if not any(name.startswith(impl) for name in repl):
+            continue
         vals = {}
         for path in ("allowed", "denied"):
             e = repl.get(f"{impl} / {path}") or (repl.get(impl) if path == "allowed" else None)
@@ -830,13 +1042,23 @@ def render_svg(results: dict) -> str:
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * W + 30}" height="{height}" '
         f'viewBox="0 0 {2 * W + 30} {height}" font-family="Helvetica, Arial, sans-serif">',
         f'<rect width="100%" height="100%" fill="#fafafa"/>',
-        '<text x="10" y="26" font-size="18" font-weight="bold">redis-tb: TB.TAKE vs the Lua token bucket</text>',
+        '<text x="10" y="26" font-size="18" font-weight="bold">redis-tb: TB.TAKE vs the Lua token bucket'
+        + (" and redis-cell's CL.THROTTLE" if meta.get("peer_module") else "") + "</text>",
         f'<text x="10" y="46" font-size="12" fill="#555">{esc(sub)}</text>',
         p1, p2, p3, p4, "\n".join(tlines), "</svg>", "",
     ])  # fmt: skip
 
 
 # --------------------------------------------------------------------------
+
+
+def peer_text(meta: dict) -> str:
+    if not meta.get("peer_module"):
+        return f"Peer: redis-cell's CL.THROTTLE was not measured: {meta.get('peer_missing')}."
+    return ("Peer: redis-cell 0.2.2 (crates.io, built by scripts/build-redis-cell.sh outside the tree), "
+            "loaded beside the module; CL.THROTTLE key " + " ".join(CL_ALLOW) + " for the allowed rows "
+            "(rate 0.001/s like TB.TAKE's; burst 10^6, since redis-cell's nanosecond i64 arithmetic "
+            "overflows for 10^9 at that rate) and " + " ".join(CL_DENY) + " on drained keys for the denied rows.")  # fmt: skip
 
 
 def git_rev() -> str:
@@ -857,6 +1079,11 @@ def main() -> int:
     ap.add_argument("--module", default=os.environ.get("TB_MODULE", str(ROOT / "target/release/libredis_tb.so")))
     ap.add_argument("--out", default=str(BENCH_DIR), help="where results.json/.md and chart.svg go")
     ap.add_argument("--no-aof", action="store_true", help="skip the AOF rows")
+    ap.add_argument("--peer-module", default=os.environ.get("TB_PEER_MODULE", ""),
+                    help="redis-cell's .so (scripts/build-redis-cell.sh), loaded beside the module "
+                         "for the CL.THROTTLE rows; empty: no CL.THROTTLE rows")  # fmt: skip
+    ap.add_argument("--peer-missing", default=os.environ.get("TB_PEER_MISSING", ""),
+                    help="why there is no peer module (printed and recorded)")
     ap.add_argument("--rows", default="",
                     help="only the cost rows whose name contains one of these comma-separated "
                          "strings, and no memory or replication part (for quick comparisons)")  # fmt: skip
@@ -869,6 +1096,13 @@ def main() -> int:
         return 1
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    peer = Path(args.peer_module).resolve() if args.peer_module else None
+    peer_note = ""
+    if peer is not None and not peer.exists():
+        peer_note = f"{peer} does not exist"
+        peer = None
+    elif peer is None:
+        peer_note = args.peer_missing or "no peer module given (--peer-module / TB_PEER_MODULE)"
 
     atexit.register(stop_all)
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -878,7 +1112,19 @@ def main() -> int:
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     lua = LUA_PATH.read_text()
 
-    plain = Server(args.server, module, "plain", [])
+    if peer is not None:
+        try:
+            probe = Server(args.server, module, "peer-probe", [], peer)
+            with probe.conn() as c:
+                c.call("CL.THROTTLE", "probe", *CL_ALLOW)
+            probe.stop()
+        except (RuntimeError, ReplyError, OSError) as e:
+            peer_note = f"{peer} did not load or run in {args.server}: {str(e).strip()[-300:]}"
+            peer = None
+    if peer is None:
+        log(f"peer: redis-cell (CL.THROTTLE) not measured: {peer_note}")
+
+    plain = Server(args.server, module, "plain", [], peer)
     with plain.conn() as c:
         info = c.info("server")
         sha = c.call("SCRIPT", "LOAD", lua).decode()
@@ -896,6 +1142,8 @@ def main() -> int:
         "python": platform.python_version(), "reps": args.reps, "scale": args.scale,
         "pipeline": PIPELINE, "clients": CLIENTS, "keyspace": KEYSPACE,
         "allowed_params": ALLOW, "denied_params": DENY, "lua_sha": sha,
+        "peer_module": str(peer) if peer else None, "peer_missing": None if peer else peer_note,
+        "peer_allowed_params": CL_ALLOW, "peer_denied_params": CL_DENY,
         "lua_clock": ("'Lua (TIME)' reads now from redis.call('TIME') inside the script (one extra "
                       "redis.call); 'Lua (client now)' passes a fixed ARGV[4]=" + CLIENT_NOW +
                       " as the seed's caller would (a fixed value, since redis-benchmark sends the same "
@@ -905,8 +1153,10 @@ def main() -> int:
     log(f"module: {module} (git {meta['git']}); {meta['cpus']} CPUs; load {meta['loadavg_start']}")
     log(f"each row: redis-benchmark -c {CLIENTS} -P {PIPELINE} -r {KEYSPACE}; {args.reps} interleaved repetitions")
     log(f"Lua clock: {meta['lua_clock']}")
+    if peer:
+        log(f"peer: {peer}: CL.THROTTLE key {' '.join(CL_ALLOW)} (allowed), {' '.join(CL_DENY)} (denied, drained)")
 
-    rows = make_rows(sha)
+    rows = make_rows(sha, peer is not None)
     only = [x for x in args.rows.split(",") if x]
     if only:
         rows = [r for r in rows if any(x in r.name for x in only)]
@@ -915,7 +1165,7 @@ def main() -> int:
     configs = {"plain": (plain, False)}
     if not args.no_aof:
         aof = Server(args.server, module, "aof", ["--appendonly", "yes", "--appendfsync", "everysec",
-                                                   "--auto-aof-rewrite-percentage", "0"])  # fmt: skip
+                                                   "--auto-aof-rewrite-percentage", "0"], peer)  # fmt: skip
         with aof.conn() as c:
             c.call("SCRIPT", "LOAD", lua)
         configs["aof"] = (aof, True)
@@ -923,6 +1173,10 @@ def main() -> int:
     results["rows"] = bench_rows(configs, rows, args.reps, args.scale, log)
     if not args.no_aof:
         aof.stop()
+    want_scaling = not only or any(x == "scaling" or any(x in n for n in scaling_names()) for x in only)
+    if want_scaling:
+        log(f"\n== TB.TAKEALL over {' and '.join(f'{n:,}' for n in SCALING_SIZES)} keys in one call, next to MSET")
+        results["scaling"] = bench_scaling(plain, args.reps, args.scale, log)
     if only:
         # A quick comparison: medians only, nothing written.
         for name, per_rep in results["rows"].items():
@@ -930,34 +1184,43 @@ def main() -> int:
                 us = median([rep[row.name]["usec_per_call"] for rep in per_rep])
                 kops = median([rep[row.name]["rps"] for rep in per_rep]) / 1000
                 log(f"  {name:<5} {row.name:<38} {us:7.3f} us/call {kops:8.1f} kops/s")
+        if peer and rows:
+            log("\nTB.TAKE / CL.THROTTLE\n" + text_table(PEER_HEAD, peer_rows(results["rows"])))
+        if want_scaling:
+            log("\n" + text_table(SCALING_HEAD, scaling_rows(results["scaling"])))
         plain.stop()
         return 0
 
     log("\n== memory per bucket")
-    results["memory"] = bench_memory(plain, sha, args.reps, args.scale, log)
+    results["memory"] = bench_memory(plain, sha, args.reps, args.scale, log, peer is not None)
     plain.stop()
 
     log("\n== replication bytes per call (replica attached, repl-ping-replica-period 3600)")
-    master = Server(args.server, module, "master", ["--repl-ping-replica-period", "3600"])
-    replica = Server(args.server, module, "replica", ["--replicaof", "127.0.0.1", str(master.port)])
+    master = Server(args.server, module, "master", ["--repl-ping-replica-period", "3600"], peer)
+    replica = Server(args.server, module, "replica", ["--replicaof", "127.0.0.1", str(master.port)], peer)
     wait_replica_online(master, replica)
     with master.conn() as c:
         c.call("SCRIPT", "LOAD", lua)
-    results["replication"] = bench_replication(master, sha, args.reps, args.scale, log)
+    results["replication"] = bench_replication(master, replica, sha, args.reps, args.scale, log, peer is not None)
     replica.stop()
     master.stop()
 
-    results["targets"] = evaluate_targets(results["rows"], results["memory"], results["replication"])
+    results["targets"] = evaluate_targets(results["rows"], results["memory"], results["replication"],
+                                          results.get("scaling"), peer is not None)  # fmt: skip
     meta["seconds"] = round(time.monotonic() - t0, 1)
     meta["loadavg_end"] = os.getloadavg()
 
     rtab = row_table(results["rows"], rows)
     sections = [
         ("Cost per call and throughput (medians of %d; range = min-max)" % args.reps, ROW_HEAD, rtab),
+        ("TB.TAKE / CL.THROTTLE (redis-cell 0.2.2), ratios within each repetition"
+         + ("" if peer else f": not measured ({peer_note})"), PEER_HEAD, peer_rows(results["rows"])),
         ("Memory per bucket (%d buckets, TB.TAKE/EVALSHA %s twice, 1 s apart)"
          % (results["memory"]["buckets"], " ".join(MEM_PARAMS)), MEM_HEAD, memory_rows(results["memory"])),
         ("Replication (%d calls per case, random keys)" % results["replication"]["calls"], REPL_HEAD,
          repl_rows(results["replication"])),
+        ("TB.TAKEALL over many keys in one call, next to MSET (plain, medians of %d)" % args.reps,
+         SCALING_HEAD, scaling_rows(results["scaling"])),
         ("Targets (ratios within each repetition; random keys, allowed path)", TARGET_HEAD, target_rows(results["targets"])),
     ]  # fmt: skip
     header = (f"{server_name} {version}; {bench_version}; module git {meta['git']}; {meta['cpus']} CPUs; "
@@ -966,13 +1229,14 @@ def main() -> int:
     for title, head, body in sections:
         print(f"\n{title}\n" + text_table(head, body))
     print("\nLua clock: " + meta["lua_clock"])
+    print(peer_text(meta))
 
     (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     md = ["# redis-tb benchmark results", "", f"_{header}_", "",
           "Produced by `make bench` (scripts/bench.sh). Server cost = `usec/calls` from `INFO commandstats`; "
           f"throughput = `redis-benchmark -c {CLIENTS} -P {PIPELINE} -r {KEYSPACE}`. "
           f"Allowed rows: capacity/rate/n = {' '.join(ALLOW)}; denied rows: {' '.join(DENY)} on drained buckets. "
-          f"{meta['lua_clock']}.", "", "![benchmark chart](chart.svg)", ""]  # fmt: skip
+          f"{meta['lua_clock']}. {peer_text(meta)}", "", "![benchmark chart](chart.svg)", ""]  # fmt: skip
     for title, head, body in sections:
         md += [f"## {title}", "", md_table(head, body), ""]
     (out_dir / "results.md").write_text("\n".join(md))

@@ -12,7 +12,14 @@ each dump it reports, per call:
 * for TB.TAKE: where the module's instructions go (its own code and each
   server API function it calls, inclusive), and the hot-path rules: one key
   open, one clock read, how many times numbers are parsed, allocations per
-  API function.
+  API function;
+* the same for redis-cell's CL.THROTTLE when its .so is given (--peer-module,
+  TB_PEER_MODULE, or the one scripts/build-redis-cell.sh leaves in
+  ~/.cache/redis-tb-bench), loaded beside the module;
+* for TB.TAKE and CL.THROTTLE side by side: inclusive instructions per call of
+  the server functions they end up in (key open/close, hash and string
+  access, expire, replication and propagation, keyspace notifications, reply),
+  so two server builds can be compared function by function.
 
 Instruction counts do not depend on the machine's load, so before/after
 comparisons of a change are meaningful on a noisy machine; they do depend on
@@ -166,6 +173,7 @@ def start_server(args, out_dir: Path):
         args.server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(out_dir),
         "--save", "", "--appendonly", "no", "--daemonize", "no",
         "--logfile", str(out_dir / "server.log"), "--loadmodule", str(Path(args.module).resolve()),
+        *(["--loadmodule", str(Path(args.peer_module).resolve())] if args.peer_module else []),
     ]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(out_dir / "valgrind.log", "w"))
     deadline = time.monotonic() + 120
@@ -204,6 +212,9 @@ def main() -> int:
     ap.add_argument("--server", default=os.environ.get("TB_SERVER", "redis-server"))
     ap.add_argument("--module", default=os.environ.get("TB_MODULE", str(root / "target/release/libredis_tb.so")))
     ap.add_argument("--out", default=str(root / ".cache/profile"), help="callgrind dumps and reports go here")
+    default_peer = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "redis-tb-bench/redis-cell/libredis_cell.so"
+    ap.add_argument("--peer-module", default=os.environ.get("TB_PEER_MODULE", str(default_peer) if default_peer.exists() else ""),
+                    help="redis-cell's .so for the CL.THROTTLE workloads (empty: none)")  # fmt: skip
     ap.add_argument("--only", default="", help="comma-separated workload names (default: all)")
     ap.add_argument("--reanalyze", action="store_true", help="only re-read the dumps of the last run in --out")
     args = ap.parse_args()
@@ -237,6 +248,11 @@ def profile(args, out_dir: Path) -> dict:
             ("TB.TAKE allowed", ["TB.TAKE", "key:__rand_int__", *allow], "tb"),
             ("TB.TAKE denied", ["TB.TAKE", "key:__rand_int__", *deny], "drain"),
         ]  # fmt: skip
+        if args.peer_module:
+            workloads += [
+                ("CL.THROTTLE allowed", ["CL.THROTTLE", "key:__rand_int__", *bench.CL_ALLOW], "cl"),
+                ("CL.THROTTLE denied", ["CL.THROTTLE", "key:__rand_int__", *bench.CL_DENY], "cl-drain"),
+            ]  # fmt: skip
         if args.only:
             wanted = {w.strip() for w in args.only.split(",")}
             workloads = [w for w in workloads if w[0] in wanted]
@@ -253,6 +269,10 @@ def profile(args, out_dir: Path) -> dict:
                     c.pipeline([["TB.TAKE", k, *allow] for k in keys])
                 elif prep == "drain":
                     c.pipeline([["TB.TAKE", k, *deny] for k in keys])
+                elif prep == "cl":
+                    c.pipeline([["CL.THROTTLE", k, *bench.CL_ALLOW] for k in keys])
+                elif prep == "cl-drain":
+                    c.pipeline([["CL.THROTTLE", k, *bench.CL_DENY] for k in keys])
                 if cmd[0] == "INCR":
                     c.pipeline([["SET", k, "1"] for k in keys])
             before = set(out_dir.glob(f"callgrind.out.{proc.pid}*"))
@@ -279,6 +299,99 @@ def profile(args, out_dir: Path) -> dict:
     return results
 
 
+PEER_SO = "libredis_cell.so"
+
+# Server functions worth comparing between server builds, by what they do
+# (Redis 7.0's names; ALIASES gives Valkey's; a function a build lacks, or
+# one it inlined, shows "-").
+SERVER_FUNCTIONS = [
+    ("command", ["call", "RedisModuleCommandDispatcher", "moduleCreateContext", "moduleFreeContext",
+                 "moduleCallCommandUnblockedHandler", "afterCommand", "postExecutionUnitOperations"]),
+    ("keys", ["RM_OpenKey", "RM_CloseKey", "moduleCloseKey", "lookupKeyReadWithFlags", "lookupKeyWriteWithFlags",
+              "lookupKey", "dbFind", "dbFindWithDictIndex", "kvstoreDictFind", "dictFind", "expireIfNeeded",
+              "RM_KeyType", "RM_CreateString", "RM_FreeString", "RM_StringPtrLen", "RM_HoldString",
+              "moduleAutoMemoryFreed", "autoMemoryCollect"]),
+    ("hash", ["RM_HashGet", "RM_HashSet", "hashTypeGetValue", "hashTypeSet", "hashTypeTryConversion",
+              "hashTypeLength", "hashTypeConvert", "lpFind", "lpReplace", "lpInsertString"]),
+    ("string", ["RM_StringDMA", "RM_StringSet", "RM_StringTruncate", "setKey", "dbAdd", "dbOverwrite",
+                "dbSetValue", "dbUnshareStringValue", "dbGenericDelete", "dbGenericDeleteWithDictIndex"]),
+    ("expire", ["RM_GetExpire", "RM_SetExpire", "RM_GetAbsExpire", "RM_SetAbsExpire", "setExpire",
+                "setExpireWithDictIndex", "getExpire", "removeExpire"]),
+    ("replication", ["RM_Replicate", "RM_ReplicateVerbatim", "lookupCommandByCString", "lookupCommandBySdsLogic",
+                     "lookupCommandLogic", "sdssplitlen", "moduleCreateArgvFromUserFormat", "alsoPropagate",
+                     "propagatePendingCommands", "propagateNow", "propagatePendingCommandsFlags",
+                     "replicationFeedSlaves", "replicationFeedReplicas", "feedAppendOnlyFile",
+                     "redisOpArrayAppend", "redisOpArrayFree", "serverOpArrayAppend", "serverOpArrayFree",
+                     "createStringObject", "createRawStringObject", "createEmbeddedStringObject",
+                     "decrRefCount", "freeStringObject", "shouldPropagate"]),
+    ("notify", ["signalModifiedKey", "touchWatchedKey", "trackingInvalidateKey", "notifyKeyspaceEvent",
+                "dbUpdateObjectWithVolatileItemsTracking", "dbUntrackKeyWithVolatileItems",
+                "moduleNotifyKeyspaceEvent", "moduleNotifyKeyUnlink", "RM_SignalModifiedKey"]),
+    ("reply", ["RM_ReplyWithArray", "RM_ReplyWithLongLong", "RM_ReplyWithDouble", "RM_ReplyWithSimpleString",
+               "RM_ReplyWithStringBuffer", "RM_ReplyWithCString", "RM_ReplySetArrayLength", "addReplyLongLong",
+               "addReplyArrayLen", "addReplyDouble", "addReplyProto", "_addReplyToBufferOrList",
+               "prepareClientToWrite"]),
+    ("clock", ["RM_Milliseconds", "RM_CachedMicroseconds", "RM_MonotonicMicroseconds", "mstime", "ustime",
+               "commandTimeSnapshot", "getMonotonicUs", "clock_gettime", "__clock_gettime", "gettimeofday",
+               "__gettimeofday", "timegm", "gmtime_r", "localtime_r", "__mktime_internal", "__tz_convert"]),
+    ("memory", ["malloc", "calloc", "realloc", "free", "zmalloc", "zcalloc", "zrealloc", "zfree",
+                "ztrymalloc_usable", "zfree_usable", "je_malloc", "je_free", "sdallocx", "malloc_usable_size",
+                "_int_malloc", "_int_free", "je_malloc_usable_size"]),
+]
+
+
+ALIASES = {
+    "RedisModuleCommandDispatcher": ["ValkeyModuleCommandDispatcher"],
+    "dictFind": ["hashtableFind"],
+    "zmalloc": ["zmalloc_usable", "valkey_malloc"],
+    "zfree": ["valkey_free"],
+    "zrealloc": ["zrealloc_usable", "valkey_realloc"],
+    "lookupCommandByCString": [],
+    "replicationFeedSlaves": ["replicationFeedReplicas"],
+    "redisOpArrayAppend": ["serverOpArrayAppend"],
+    "redisOpArrayFree": ["serverOpArrayFree"],
+}
+
+
+def names_of(fn: str) -> list[str]:
+    """fn and what the same function is called in other builds (Valkey
+    renamed the module API RM_* -> VM_*)."""
+    out = [fn] + ALIASES.get(fn, [])
+    if fn.startswith("RM_"):
+        out.append("VM_" + fn[3:])
+    return out
+
+
+def server_functions(results: dict, n: int, report: dict) -> list[str]:
+    """Inclusive instructions and calls per command call of SERVER_FUNCTIONS,
+    for the TB.TAKE and CL.THROTTLE workloads side by side."""
+    labels = [x for x in ("TB.TAKE allowed", "CL.THROTTLE allowed", "TB.TAKE denied", "CL.THROTTLE denied") if x in results]
+    if not labels:
+        return []
+    out = ["", "== server functions per call (inclusive instructions / calls), all callers"]
+    head = f"{'function':<34}" + "".join(f" {x:>22}" for x in labels)
+    out += [head, "-" * len(head)]
+    table = {}
+    for group, fns in SERVER_FUNCTIONS:
+        out.append(f"[{group}]")
+        for fn in fns:
+            cells, seen = [], False
+            for label in labels:
+                prof, _ = results[label]
+                calls = sum(prof.calls_to.get(f, 0) for f in names_of(fn)) / n
+                incl = sum(prof.inclusive(f) for f in names_of(fn) if f in prof.self_ir or f in prof.out) / n
+                if calls or incl:
+                    seen = True
+                    table.setdefault(fn, {})[label] = {"instructions": incl, "calls": calls}
+                    cells.append(f" {incl:>13.0f} / {calls:5.2f}")
+                else:
+                    cells.append(f" {'-':>22}")
+            if seen:
+                out.append(f"  {fn:<32}" + "".join(cells))
+    report["server_functions"] = table
+    return out
+
+
 def analyze(results: dict, n: int, module_name: str, out_dir: Path) -> int:
     report = {"calls_per_workload": n, "keyspace": KEYS, "module": module_name, "workloads": {}}
     lines = [f"callgrind, {n} pipelined calls per workload (-P {bench.PIPELINE}), {KEYS} existing keys; per call:", ""]
@@ -296,12 +409,17 @@ def analyze(results: dict, n: int, module_name: str, out_dir: Path) -> int:
         report["workloads"][label] = w
         lines.append(f"{label:<34} {w['instructions_total']:11.0f} {call_ir:10.0f} {w['allocs']:7.2f} {w['frees']:6.2f}")
 
-    for label in ("TB.TAKE allowed", "TB.TAKE denied"):
+    for label, so_name, entry_rx in (
+        ("TB.TAKE allowed", module_name, r"tb_take$|tb_take::h|tb_take'"),
+        ("TB.TAKE denied", module_name, r"tb_take$|tb_take::h|tb_take'"),
+        ("CL.THROTTLE allowed", PEER_SO, r"^Throttle_RedisCommand$"),
+        ("CL.THROTTLE denied", PEER_SO, r"^Throttle_RedisCommand$"),
+    ):
         if label not in results:
             continue
         prof, dump = results[label]
-        module_fns = [f for f, ob in prof.obj.items() if ob and ob.endswith("/" + module_name)]
-        entry = [f for f in module_fns if re.search(r"tb_take$|tb_take::h|tb_take'", f)]
+        module_fns = [f for f, ob in prof.obj.items() if ob and ob.endswith("/" + so_name)]
+        entry = [f for f in module_fns if re.search(entry_rx, f)]
         lines += ["", f"== {label}: where the module's instructions go (per call, inclusive)"]
         if entry:
             lines.append(f"{'module entry ' + short(entry[0]):<70} {prof.inclusive(entry[0]) / n:8.0f}")
@@ -336,6 +454,8 @@ def analyze(results: dict, n: int, module_name: str, out_dir: Path) -> int:
         for k, v in rules.items():
             lines.append(f"    {k:<52} {v:6.2f}")
         report["workloads"][label].update({"module_instructions": module_total, "module_callees": api, "rules": rules})
+
+    lines += server_functions(results, n, report)
 
     text = "\n".join(lines)
     print("\n" + text)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `make bench`: TB.TAKE against the reference Lua token bucket (EVALSHA), PING,
-# INCR and a 2-field HSET, on servers this script starts itself (free loopback
-# ports, temporary directories, removed afterwards).
+# `make bench`: TB.TAKE against the reference Lua token bucket (EVALSHA), the
+# peer module redis-cell (CL.THROTTLE), PING, INCR, a 2-field HSET and MSET, on
+# servers this script starts itself (free loopback ports, temporary
+# directories, removed afterwards).
 #
 # Prints a table and the ratios the performance targets are about, and writes
 # bench/results.json, bench/results.md and bench/chart.svg.
@@ -11,6 +12,10 @@
 #   BENCH_SCALE=1    multiplies request counts; 0.1 for a quick smoke run
 #   TB_SERVER=...    server binary (default redis-server; valkey-server works)
 #   TB_MODULE=...    module to load (default target/release/libredis_tb.so)
+#   TB_PEER_MODULE=  redis-cell .so to load beside it; unset: built (once, cached
+#                    under ~/.cache/redis-tb-bench) by scripts/build-redis-cell.sh;
+#                    "none": no CL.THROTTLE rows. If it cannot be built, the bench
+#                    says why and runs without those rows.
 #   --no-aof         skip the AOF rows
 # A full run takes about 6-9 minutes on 2 cores.
 set -euo pipefail
@@ -28,6 +33,22 @@ done
 # Always go through cargo: it rebuilds only when a source changed.
 if [[ -z "${TB_MODULE:-}" ]]; then
     cargo build --release --quiet
+fi
+
+# The peer, redis-cell 0.2.2 from crates.io, built outside the project tree.
+if [[ -z "${TB_PEER_MODULE:-}" ]]; then
+    peer_log=$(mktemp)
+    if peer=$(bash scripts/build-redis-cell.sh 2>"$peer_log"); then
+        export TB_PEER_MODULE="$peer"
+    else
+        echo "bench: redis-cell could not be built; running without the CL.THROTTLE rows:" >&2
+        sed 's/^/  /' "$peer_log" >&2
+        TB_PEER_MISSING="scripts/build-redis-cell.sh failed: $(tail -n 1 "$peer_log")"
+        export TB_PEER_MISSING
+    fi
+    rm -f "$peer_log"
+elif [[ "$TB_PEER_MODULE" == none ]]; then
+    export TB_PEER_MODULE="" TB_PEER_MISSING="TB_PEER_MODULE=none"
 fi
 
 exec python3 bench/bench.py "$@"
