@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Instruction counts per call under callgrind: TB.TAKE (allowed and denied)
-# next to PING, INCR, a 2-field HSET and the Lua script via EVALSHA, plus where
-# the module's instructions go and its allocations per call.
+# next to PING, INCR, a 2-field HSET, the Lua script via EVALSHA and, when
+# scripts/build-redis-cell.sh has built it, redis-cell's CL.THROTTLE; plus where
+# the module's instructions go, its allocations per call, and a table of the
+# server functions TB.TAKE and CL.THROTTLE reach (compare two servers with
+# TB_SERVER=... and --out).
 #
 # Instruction counts are stable on a noisy machine, so this is the way to
 # judge a hot-path change: run it before and after, compare "instr total".
