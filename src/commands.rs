@@ -18,7 +18,7 @@ use crate::bucket::{self, Charge, Outcome};
 use crate::command_info::{CommandSpec, Shape};
 use crate::error::{corrupt_bucket_message, TbError};
 use crate::metrics;
-use crate::store::{Access, BucketKey, Corrupt, Expiry, WriteFailed};
+use crate::store::{Access, Applied, BucketKey, Corrupt, Expiry, WriteFailed};
 
 /// `tb.shadow-mode`: report denials as allowed (see `shadow`).
 pub static SHADOW_MODE: AtomicBool = AtomicBool::new(false);
@@ -275,6 +275,14 @@ pub struct Change<'s, 'a> {
 /// propagated and the command fails, so no replica, AOF or watcher can see
 /// what the master does not hold. Only then is each write propagated.
 pub fn store(changes: &[Change], now_ms: i64) -> Result<(), TbError> {
+    // One bucket, the usual case: nothing to take back, so nothing to keep
+    // (and no allocation on the hot path).
+    if let [change] = changes {
+        if let Some(done) = change.apply(now_ms)? {
+            change.propagate(&done);
+        }
+        return Ok(());
+    }
     let writes = changes
         .iter()
         .filter(|change| change.outcome.write.is_some())
@@ -290,32 +298,48 @@ pub fn store(changes: &[Change], now_ms: i64) -> Result<(), TbError> {
     };
     let mut applied = Vec::with_capacity(writes);
     for (index, change) in changes.iter().enumerate() {
-        let Some(state) = change.outcome.write else {
-            continue;
-        };
-        let deadline_ms = bucket::expire_at_ms(now_ms, change.outcome.reset_after_ms);
-        match change.bucket.apply(&state, now_ms, deadline_ms) {
-            Ok(done) => applied.push((index, done)),
-            Err(WriteFailed) => {
+        match change.apply(now_ms) {
+            Ok(Some(done)) => applied.push((index, done)),
+            Ok(None) => {}
+            Err(error) => {
                 for (index, done) in applied.into_iter().rev() {
                     if let Some(change) = changes.get(index) {
                         let expiry = expiries.get(index).copied().unwrap_or(Expiry::Unknown);
                         change.bucket.rollback(done, expiry);
                     }
                 }
-                return Err(TbError::WriteFailed);
+                return Err(error);
             }
         }
     }
     for (index, done) in &applied {
         if let Some(change) = changes.get(*index) {
-            change.bucket.propagate(done);
-            if change.was_missing {
-                metrics::BUCKETS_CREATED.bump();
-            }
+            change.propagate(done);
         }
     }
     Ok(())
+}
+
+impl<'a> Change<'_, 'a> {
+    /// Applies the write, if the outcome has one, to the keyspace only.
+    fn apply(&self, now_ms: i64) -> Result<Option<Applied<'a>>, TbError> {
+        let Some(state) = self.outcome.write else {
+            return Ok(None);
+        };
+        let deadline_ms = bucket::expire_at_ms(now_ms, self.outcome.reset_after_ms);
+        self.bucket
+            .apply(&state, now_ms, deadline_ms)
+            .map(Some)
+            .map_err(|WriteFailed| TbError::WriteFailed)
+    }
+
+    /// Propagates an applied write and counts a new bucket.
+    fn propagate(&self, done: &Applied<'a>) {
+        self.bucket.propagate(done);
+        if self.was_missing {
+            metrics::BUCKETS_CREATED.bump();
+        }
+    }
 }
 
 /// Counts a TB.TAKE / TB.TAKEALL decision for `INFO tb`.
