@@ -276,5 +276,11 @@ class RateLimiter:
         if not self._cluster and self.timeout is not None:
             self.client.close()
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
 
 __all__ = ["RateLimiter", "LimiterError", "LimiterUnavailable", "limiter_client"]
