@@ -59,7 +59,9 @@ class AsyncRateLimiter:
 
     async def _on_all(self, *args):
         if self._cluster:
-            return await self.client.execute_command(*args, target_nodes=AsyncRedisCluster.PRIMARIES)
+            await self.client.initialize()
+            # explicit nodes: redis.asyncio routes FUNCTION LOAD by policy, not by the flag
+            return await self.client.execute_command(*args, target_nodes=self.client.get_primaries())
         return await self.client.execute_command(*args)
 
     async def _load_function(self):
@@ -70,6 +72,7 @@ class AsyncRateLimiter:
         """A connection of the pool (a cluster: of the key's node, or any
         node), closed if the command on it did not end with a reply."""
         if self._cluster:
+            await self.client.initialize()  # once; loads the slot map
             node = self.client.get_node_from_key(key) if key else self.client.get_random_node()
             conn = node.acquire_connection()
         else:
