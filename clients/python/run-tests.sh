@@ -15,9 +15,9 @@ PYTHON=${PYTHON:-python3}
 if ! command -v "${TB_SERVER:-redis-server}" >/dev/null; then
     bash "$ROOT/scripts/ensure-deps.sh"
 fi
-export TB_MODULE=${TB_MODULE:-$ROOT/target/release/libredis_tb.so}
-if [ ! -f "$TB_MODULE" ]; then
-    (cd "$ROOT" && cargo build --release)
+if [ -z "${TB_MODULE:-}" ]; then
+    export TB_MODULE=$ROOT/target/release/libredis_tb.so
+    [ -f "$TB_MODULE" ] || (cd "$ROOT" && cargo build --release)
 fi
 
 # Debian's python3 lacks ensurepip until python3-venv is installed.
