@@ -1,0 +1,34 @@
+"""redis-tb client: token-bucket rate limiting on Redis/Valkey with the
+redis-tb module, or its Lua fallback (lua/tb.lua) where the module is not
+loaded. See README.md."""
+
+from ._core import (
+    Decision,
+    InvalidNumber,
+    Limit,
+    LimiterError,
+    LimiterReplyError,
+    LimiterUnavailable,
+    Policy,
+    lua_library,
+    lua_script,
+)
+from .aio import AsyncRateLimiter
+from .limiter import RateLimiter
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncRateLimiter",
+    "Decision",
+    "InvalidNumber",
+    "Limit",
+    "LimiterError",
+    "LimiterReplyError",
+    "LimiterUnavailable",
+    "Policy",
+    "RateLimiter",
+    "lua_library",
+    "lua_script",
+    "__version__",
+]

@@ -1,0 +1,96 @@
+"""ASGI middleware (Starlette, FastAPI, any ASGI app) on an AsyncRateLimiter."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Sequence, Union
+
+from . import _middleware as mw
+from ._core import LimiterError, Policy
+from .aio import AsyncRateLimiter
+
+
+def client_ip(scope) -> str:
+    """The default key: the peer address ASGI reports (behind a proxy, use
+    the proxy's forwarded header in a key function of your own)."""
+    client = scope.get("client")
+    return client[0] if client else "unknown"
+
+
+async def _maybe_await(value):
+    return await value if inspect.isawaitable(value) else value
+
+
+class RateLimitMiddleware:
+    """Rate-limits HTTP requests of an ASGI app.
+
+    policies: a `Policy` (one bucket per key) or a list (all at once, via
+        take_all; the tightest decides).
+    key(scope) -> str: whose bucket (default: client IP); may be async.
+    cost(scope) -> number: tokens per request (default 1); may be async.
+    prefix: prepended to bucket keys (`<prefix>{<key>}:<policy name>`).
+    fail_open: True (default) lets requests through without headers when
+        the limiter fails; False answers 503.
+    """
+
+    def __init__(
+        self,
+        app,
+        limiter: AsyncRateLimiter,
+        policies: Union[Policy, Sequence[Policy]],
+        *,
+        key=client_ip,
+        cost=None,
+        prefix: str = "ratelimit:",
+        fail_open: bool = True,
+    ):
+        self.app = app
+        self.limiter = limiter
+        self.policies = mw.policies(policies)
+        self.key = key
+        self.cost = cost
+        self.prefix = prefix
+        self.outage = mw.Outage(fail_open)
+
+    async def _decide(self, scope):
+        identity = str(await _maybe_await(self.key(scope)))
+        n = 1 if self.cost is None else await _maybe_await(self.cost(scope))
+        limits = mw.limits_for(self.prefix, identity, self.policies, n)
+        if len(limits) == 1:
+            lim = limits[0]
+            return await self.limiter.take(lim.key, lim.capacity, lim.rate, lim.n, name=lim.name)
+        return await self.limiter.take_all(limits)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        try:
+            d = await self._decide(scope)
+        except LimiterError as e:
+            self.outage.failed(e)
+            if self.outage.fail_open:
+                return await self.app(scope, receive, send)
+            return await _respond(send, 503, [], mw.unavailable_body())
+        self.outage.ok()
+        headers = mw.header_list(d)
+        if not d.allowed:
+            return await _respond(send, 429, headers, mw.denied_body(d))
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                message = dict(message)
+                message["headers"] = list(message.get("headers", [])) + raw
+            await send(message)
+
+        return await self.app(scope, receive, send_with_headers)
+
+
+async def _respond(send, status, headers, body: bytes):
+    raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+    raw += [(b"content-type", mw.PROBLEM_JSON.encode()), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+__all__ = ["RateLimitMiddleware", "client_ip"]

@@ -1,0 +1,85 @@
+"""WSGI middleware (Flask, Django, any WSGI app) on a RateLimiter."""
+
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+from . import _middleware as mw
+from ._core import LimiterError, Policy
+from .limiter import RateLimiter
+
+
+def client_ip(environ) -> str:
+    """The default key: REMOTE_ADDR (behind a proxy, use the proxy's
+    forwarded header in a key function of your own)."""
+    return environ.get("REMOTE_ADDR") or "unknown"
+
+
+_STATUS = {429: "429 Too Many Requests", 503: "503 Service Unavailable"}
+
+
+class RateLimitMiddleware:
+    """Rate-limits requests of a WSGI app; the options are those of
+    `redis_tb.asgi.RateLimitMiddleware`, with `key(environ)` and
+    `cost(environ)`.
+
+    Flask: ``app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter, Policy(10, 1))``
+    Django: wrap ``get_wsgi_application()`` in wsgi.py the same way.
+    """
+
+    def __init__(
+        self,
+        app,
+        limiter: RateLimiter,
+        policies: Union[Policy, Sequence[Policy]],
+        *,
+        key=client_ip,
+        cost=None,
+        prefix: str = "ratelimit:",
+        fail_open: bool = True,
+    ):
+        self.app = app
+        self.limiter = limiter
+        self.policies = mw.policies(policies)
+        self.key = key
+        self.cost = cost
+        self.prefix = prefix
+        self.outage = mw.Outage(fail_open)
+
+    def _decide(self, environ):
+        identity = str(self.key(environ))
+        n = 1 if self.cost is None else self.cost(environ)
+        limits = mw.limits_for(self.prefix, identity, self.policies, n)
+        if len(limits) == 1:
+            lim = limits[0]
+            return self.limiter.take(lim.key, lim.capacity, lim.rate, lim.n, name=lim.name)
+        return self.limiter.take_all(limits)
+
+    def __call__(self, environ, start_response):
+        try:
+            d = self._decide(environ)
+        except LimiterError as e:
+            self.outage.failed(e)
+            if self.outage.fail_open:
+                return self.app(environ, start_response)
+            return _respond(start_response, 503, [], mw.unavailable_body())
+        self.outage.ok()
+        headers = mw.header_list(d)
+        if not d.allowed:
+            return _respond(start_response, 429, headers, mw.denied_body(d))
+
+        def start_with_headers(status, response_headers, exc_info=None):
+            return start_response(status, list(response_headers) + headers, exc_info)
+
+        return self.app(environ, start_with_headers)
+
+
+def _respond(start_response, status, headers, body: bytes):
+    start_response(
+        _STATUS[status],
+        list(headers) + [("Content-Type", mw.PROBLEM_JSON), ("Content-Length", str(len(body)))],
+    )
+    return [body]
+
+
+__all__ = ["RateLimitMiddleware", "client_ip"]
