@@ -1008,7 +1008,8 @@ pub const CAPACITY_ERROR: &str = "ERR capacity must be a positive finite number"
 pub const RATE_ERROR: &str = "ERR rate must be a positive finite number";
 pub const N_ERROR: &str = "ERR n must be a non-negative finite number";
 /// The server's reply for a key of another type.
-pub const WRONGTYPE_ERROR: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+pub const WRONGTYPE_ERROR: &str =
+    "WRONGTYPE Operation against a key holding the wrong kind of value";
 
 /// The error for a hash that is not a bucket, naming the key as the module shows it.
 pub fn corrupt_error(shown_key: &str) -> String {
@@ -1025,7 +1026,10 @@ pub fn seed_bucket(
     hset(
         con,
         key,
-        &[("tokens", tokens), ("last_refill", &last_refill.to_string())],
+        &[
+            ("tokens", tokens),
+            ("last_refill", &last_refill.to_string()),
+        ],
     );
 }
 
