@@ -407,6 +407,21 @@ pub fn tb(
         .unwrap_or_else(|e| panic!("{command} {key} {capacity} {rate} {n} failed: {e}"))
 }
 
+/// The exact error text of `TB.<COMMAND> key capacity rate n`; panics if the call succeeds.
+pub fn tb_error(
+    con: &mut redis::Connection,
+    command: &str,
+    key: &str,
+    capacity: &str,
+    rate: &str,
+    n: &str,
+) -> String {
+    match tb_cmd(command, key, capacity, rate, n).query::<redis::Value>(con) {
+        Ok(v) => panic!("expected an error from {command} {key} {capacity} {rate} {n}, got {v:?}"),
+        Err(e) => error_text(&e),
+    }
+}
+
 /// `TB.TAKE key capacity rate n`; panics (naming the call) on an error reply.
 pub fn take(
     con: &mut redis::Connection,
