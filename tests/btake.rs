@@ -216,7 +216,7 @@ fn a_hand_written_hset_re_evaluates_the_queue() {
     let mut waiter = btake(&server, &["k", "3", SLOW, "2", "0"]);
     wait_for_waiting(&mut con, 1);
     let now = server_time_ms(&mut con).to_string();
-    hset(&mut con, "k", &[("tokens", "3"), ("last_refill", &now)]);
+    seed_bucket(&mut con, "k", "3", now);
     assert_eq!(ints(waiter.reply())[..3], [1, 1, 0]);
 }
 

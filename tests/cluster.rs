@@ -325,6 +325,50 @@ fn free_port() -> u16 {
     listener.local_addr().expect("local addr").port()
 }
 
+/// Marks `slot` IMPORTING on the target (from the source) and MIGRATING on the source (to
+/// the target), as the first step of a classic slot move; nodes by port, with a connection.
+fn start_slot_move(
+    cluster: &Cluster,
+    slot: u16,
+    (source, src): (u16, &mut redis::Connection),
+    (target, dst): (u16, &mut redis::Connection),
+) {
+    let src_id = cluster.node(source).id.clone();
+    let dst_id = cluster.node(target).id.clone();
+    ok(
+        dst,
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("IMPORTING")
+            .arg(&src_id),
+    );
+    ok(
+        src,
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("MIGRATING")
+            .arg(&dst_id),
+    );
+}
+
+/// `CLUSTER SETSLOT slot NODE <target>` on each node of `ports`, in that order: the last step
+/// of a classic slot move.
+fn finish_slot_move(cluster: &Cluster, slot: u16, target: u16, ports: [u16; 3]) {
+    let dst_id = cluster.node(target).id.clone();
+    for port in ports {
+        ok(
+            &mut cluster.node(port).con(),
+            redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg("NODE")
+                .arg(&dst_id),
+        );
+    }
+}
+
 /// Runs a command that must answer OK.
 fn ok(con: &mut impl ConnectionLike, cmd: &redis::Cmd) {
     let reply: String = cmd
@@ -697,24 +741,7 @@ fn moving_a_slot_with_setslot_and_migrate_keeps_bucket_state_and_ttl() {
     }
     let before = stored_all(&mut src, &keys);
 
-    let src_id = cluster.node(source).id.clone();
-    let dst_id = cluster.node(target).id.clone();
-    ok(
-        &mut dst,
-        redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg("IMPORTING")
-            .arg(&src_id),
-    );
-    ok(
-        &mut src,
-        redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg("MIGRATING")
-            .arg(&dst_id),
-    );
+    start_slot_move(&cluster, slot, (source, &mut src), (target, &mut dst));
     let mut in_slot: Vec<String> = redis::cmd("CLUSTER")
         .arg("GETKEYSINSLOT")
         .arg(slot)
@@ -749,16 +776,7 @@ fn moving_a_slot_with_setslot_and_migrate_keeps_bucket_state_and_ttl() {
     assert_eq!(tb_take(&mut client, &keys[0], "1")[..2], [1, 8]);
 
     // Finish the move: the target first, then the source, then the third master.
-    for port in [target, source, ports[2]] {
-        ok(
-            &mut cluster.node(port).con(),
-            redis::cmd("CLUSTER")
-                .arg("SETSLOT")
-                .arg(slot)
-                .arg("NODE")
-                .arg(&dst_id),
-        );
-    }
+    finish_slot_move(&cluster, slot, target, [target, source, ports[2]]);
     cluster.wait_owner(slot, target);
 
     let after = stored_all(&mut dst, &keys);
@@ -889,24 +907,7 @@ fn a_waiter_on_a_slot_that_moves_away_is_redirected_and_takes_nothing() {
         }
     });
 
-    let src_id = cluster.node(source).id.clone();
-    let dst_id = cluster.node(target).id.clone();
-    ok(
-        &mut dst,
-        redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg("IMPORTING")
-            .arg(&src_id),
-    );
-    ok(
-        &mut src,
-        redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg("MIGRATING")
-            .arg(&dst_id),
-    );
+    start_slot_move(&cluster, slot, (source, &mut src), (target, &mut dst));
     ok(
         &mut src,
         redis::cmd("MIGRATE")
@@ -924,16 +925,7 @@ fn a_waiter_on_a_slot_that_moves_away_is_redirected_and_takes_nothing() {
         None,
         "served mid-move"
     );
-    for port in [target, source, ports[2]] {
-        ok(
-            &mut cluster.node(port).con(),
-            redis::cmd("CLUSTER")
-                .arg("SETSLOT")
-                .arg(slot)
-                .arg("NODE")
-                .arg(&dst_id),
-        );
-    }
+    finish_slot_move(&cluster, slot, target, [target, source, ports[2]]);
     cluster.wait_owner(slot, target);
     match waiter.reply_within(Duration::from_secs(10)) {
         Some(Resp::Error(text)) => {

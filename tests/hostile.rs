@@ -33,10 +33,6 @@ const SLOW: &str = "0.001";
 const SLOW_TOKEN_MS: i64 = 1_000_000;
 const DAY_MS: i64 = 86_400_000;
 
-fn corrupt_error(shown_key: &str) -> String {
-    format!("ERR corrupt bucket '{shown_key}': tokens and last_refill must be finite numbers")
-}
-
 /// HSET with raw bytes for the key, the fields and the values.
 fn hset_bytes(con: &mut redis::Connection, key: &[u8], fields: &[(&[u8], &[u8])]) {
     let mut cmd = redis::cmd("HSET");
@@ -203,11 +199,7 @@ fn a_hash_missing_either_field_is_a_corrupt_bucket() {
 fn peek_refund_and_takeall_refuse_a_corrupt_bucket_the_same_way() {
     let server = Server::start();
     let mut con = server.conn();
-    hset(
-        &mut con,
-        "corrupt",
-        &[("tokens", "nan"), ("last_refill", "1")],
-    );
+    seed_bucket(&mut con, "corrupt", "nan", "1");
     take(&mut con, "healthy", "10", SLOW, "3");
     let corrupt_before = snapshot(&mut con, b"corrupt");
     let healthy_before = snapshot(&mut con, b"healthy");
@@ -272,11 +264,7 @@ fn negative_tokens_count_as_empty_and_the_wait_is_computed_from_zero() {
     let server = Server::start();
     let mut con = server.conn();
     let now = server_time_ms(&mut con);
-    hset(
-        &mut con,
-        "negative",
-        &[("tokens", "-5"), ("last_refill", &now.to_string())],
-    );
+    seed_bucket(&mut con, "negative", "-5", now);
     let before = snapshot(&mut con, b"negative");
     let reply = take(&mut con, "negative", "10", SLOW, "1");
     assert_sane(&reply, "negative tokens");
@@ -306,11 +294,7 @@ fn a_hugely_negative_bucket_allows_again_once_refilled() {
     // 200 s ago at one token per 100 s: two tokens, whatever the debt. The slow rate keeps
     // the refill during the test far below the half token the assertions allow.
     let long_ago = server_time_ms(&mut con) - 200_000;
-    hset(
-        &mut con,
-        "debt",
-        &[("tokens", "-1e300"), ("last_refill", &long_ago.to_string())],
-    );
+    seed_bucket(&mut con, "debt", "-1e300", long_ago);
     let reply = take(&mut con, "debt", "10", "0.01", "2");
     assert_eq!(&reply[..3], &[1, 0, 0], "{reply:?}");
     let stored = stored_tokens(&mut con, "debt");
@@ -322,11 +306,7 @@ fn tokens_above_capacity_are_capped() {
     let server = Server::start();
     let mut con = server.conn();
     let now = server_time_ms(&mut con).to_string();
-    hset(
-        &mut con,
-        "overfull",
-        &[("tokens", "1e9"), ("last_refill", &now)],
-    );
+    seed_bucket(&mut con, "overfull", "1e9", now);
     let peeked = peek(&mut con, "overfull", "10", SLOW, "1");
     assert_eq!(&peeked[..3], &[1, 9, 0], "peek: {peeked:?}");
     let reply = take(&mut con, "overfull", "10", SLOW, "1");
@@ -341,11 +321,7 @@ fn a_last_refill_far_in_the_future_counts_as_now_for_peek_without_a_write() {
     let server = Server::start();
     let mut con = server.conn();
     let tomorrow = server_time_ms(&mut con) + DAY_MS;
-    hset(
-        &mut con,
-        "future",
-        &[("tokens", "2"), ("last_refill", &tomorrow.to_string())],
-    );
+    seed_bucket(&mut con, "future", "2", tomorrow);
     let before = snapshot(&mut con, b"future");
     // The gap is never credited as refill, and the wait is counted from now, not tomorrow:
     // one token short at 1000 per second, full 8 tokens later.
@@ -363,11 +339,7 @@ fn a_last_refill_far_in_the_future_grants_only_the_stored_tokens() {
     let server = Server::start();
     let mut con = server.conn();
     let tomorrow = server_time_ms(&mut con) + DAY_MS;
-    hset(
-        &mut con,
-        "future",
-        &[("tokens", "2"), ("last_refill", &tomorrow.to_string())],
-    );
+    seed_bucket(&mut con, "future", "2", tomorrow);
     assert_eq!(take(&mut con, "future", "10", SLOW, "3")[0], 0, "3 > 2");
     // The denial above repaired the future instant to the server's own now.
     let after = stored_last_refill(&mut con, "future");
@@ -412,11 +384,7 @@ fn a_last_refill_beyond_any_clock_counts_as_now() {
 fn an_allowed_take_on_a_bucket_beyond_any_clock_sets_a_positive_ttl() {
     let server = Server::start();
     let mut con = server.conn();
-    hset(
-        &mut con,
-        "beyond",
-        &[("tokens", "5"), ("last_refill", "1e300")],
-    );
+    seed_bucket(&mut con, "beyond", "5", "1e300");
     // 6 tokens short at one per 100 s: the key cannot expire before its PTTL is read.
     let reply = take(&mut con, "beyond", "10", "0.01", "1");
     assert_eq!(reply, vec![1, 4, 0, 600_000]);
@@ -469,25 +437,14 @@ fn a_last_refill_with_an_exponent_is_read_as_the_number_it_spells() {
     let server = Server::start();
     let mut con = server.conn();
     // "1.7e12" is November 2023: long past, so the bucket is full.
-    hset(
-        &mut con,
-        "exp-past",
-        &[("tokens", "0"), ("last_refill", "1.7e12")],
-    );
+    seed_bucket(&mut con, "exp-past", "0", "1.7e12");
     assert_eq!(take(&mut con, "exp-past", "10", "1", "10")[..3], [1, 0, 0]);
 
     // About a minute from now (59 to 60 s: the instant is rounded down to a whole second),
     // spelled in seconds with an exponent: the wait shows the value was read as milliseconds
     // since 1970, not as a small number.
     let in_a_minute_s = server_time_ms(&mut con) / 1000 + 60;
-    hset(
-        &mut con,
-        "exp-future",
-        &[
-            ("tokens", "0"),
-            ("last_refill", &format!("{in_a_minute_s}e3")),
-        ],
-    );
+    seed_bucket(&mut con, "exp-future", "0", format!("{in_a_minute_s}e3"));
     let reply = take(&mut con, "exp-future", "10", "1", "1");
     assert_sane(&reply, "exp-future");
     // Read as a small number it would lie in 1970 and leave a full bucket; read as ms it lies
@@ -505,11 +462,7 @@ fn a_last_refill_with_a_fraction_or_a_sign_is_read_as_a_number() {
         ("plus-sign", format!("+{now}")),
         ("exponent-sign", format!("{}e+3", now / 1000)),
     ] {
-        hset(
-            &mut con,
-            key,
-            &[("tokens", "4.5"), ("last_refill", &last_refill)],
-        );
+        seed_bucket(&mut con, key, "4.5", &last_refill);
         let reply = take(&mut con, key, "10", SLOW, "1");
         assert_eq!(&reply[..3], &[1, 3, 0], "{key} = {last_refill}: {reply:?}");
         // Rewritten as the server's integer ms.
@@ -677,11 +630,7 @@ fn a_drained_bucket_a_minute_in_the_future_is_granted_again_within_milliseconds(
     let server = Server::start();
     let mut con = server.conn();
     let ahead = server_time_ms(&mut con) + 60_000;
-    hset(
-        &mut con,
-        "drained",
-        &[("tokens", "0"), ("last_refill", &ahead.to_string())],
-    );
+    seed_bucket(&mut con, "drained", "0", ahead);
     let denied = take(&mut con, "drained", "10", "1000", "1");
     assert_eq!(denied, vec![0, 0, 1, 10], "counted from now: {denied:?}");
     let started = std::time::Instant::now();
@@ -699,11 +648,7 @@ fn a_denied_takeall_repairs_only_the_buckets_in_the_future() {
     let mut con = server.conn();
     bucket_a_minute_ahead(&mut con, "{u}ahead");
     let now = server_time_ms(&mut con).to_string();
-    hset(
-        &mut con,
-        "{u}drained",
-        &[("tokens", "0"), ("last_refill", &now)],
-    );
+    seed_bucket(&mut con, "{u}drained", "0", now);
     let drained = snapshot(&mut con, b"{u}drained");
     let reply: Vec<i64> = redis::cmd("TB.TAKEALL")
         .arg(&["{u}ahead", "10", SLOW, "1", "{u}drained", "10", SLOW, "1"])

@@ -117,41 +117,19 @@ fn module_cmd(key: &[u8], args: &[&[u8]]) -> redis::Cmd {
     cmd
 }
 
+/// `HSET key field value ...` as a command (for a pipeline or a raw key).
+fn hset_cmd(key: &[u8], fields: &[(&str, impl redis::ToRedisArgs)]) -> redis::Cmd {
+    let mut cmd = redis::cmd("HSET");
+    cmd.arg(key);
+    for (field, value) in fields {
+        cmd.arg(*field).arg(value);
+    }
+    cmd
+}
+
 /// A reply, or the exact error text.
 fn outcome(con: &mut redis::Connection, cmd: &redis::Cmd) -> Result<Value, String> {
     cmd.query::<Value>(con).map_err(|e| error_text(&e))
-}
-
-/// SplitMix64: small, seeded, the same on every platform.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// True with probability `percent` / 100.
-    fn percent(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.below(items.len() as u64) as usize]
-    }
-
-    /// A decimal in [low, low + span) with `places` decimals, as text.
-    fn decimal(&mut self, low: f64, span: f64, places: usize) -> String {
-        let unit = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        format!("{:.*}", places, low + unit * span)
-    }
 }
 
 fn seed() -> u64 {
@@ -438,11 +416,11 @@ fn differential(
 
     let mut tally = Tally::default();
     for step in 0..steps {
-        let index = rng.below(pairs.len() as u64) as usize;
-        if rng.percent(8) {
+        let index = rng.below(pairs.len());
+        if rng.chance(8) {
             pairs[index].capacity = random_capacity(&mut rng);
         }
-        if rng.percent(8) {
+        if rng.chance(8) {
             pairs[index].rate = random_rate(&mut rng);
         }
         // Mostly TB.TAKE; the other commands too, each against its own twin.
@@ -455,7 +433,7 @@ fn differential(
         let mut chosen = vec![index];
         if command == "takeall" {
             for _ in 0..rng.below(3) {
-                let other = rng.below(pairs.len() as u64) as usize;
+                let other = rng.below(pairs.len());
                 if !chosen.contains(&other) {
                     chosen.push(other);
                 }
@@ -466,7 +444,7 @@ fn differential(
             .iter()
             .map(|pair| random_n(&mut rng, pair.capacity.parse().expect("capacity parses")))
             .collect();
-        let omit_n = command == "peek" && rng.percent(30);
+        let omit_n = command == "peek" && rng.chance(30);
         let n_args: Vec<Option<&str>> =
             ns.iter().map(|n| (!omit_n).then_some(n.as_str())).collect();
         let pair = call_pairs[0];
@@ -564,9 +542,9 @@ fn differential(
             }
         }
         // Sometimes let time pass, so refills (and expiries) happen between calls.
-        if rng.percent(3) {
+        if rng.chance(3) {
             sleep_ms(100 + rng.below(200) as i64);
-        } else if rng.percent(30) {
+        } else if rng.chance(30) {
             sleep_ms(1 + rng.below(20) as i64);
         }
     }
@@ -618,113 +596,30 @@ fn the_script_matches_the_module_at_the_extremes() {
     let fallback = Fallback::script(&mut con);
     let now = server_time_ms(&mut con);
     let ago = |ms: i64| (now - ms).to_string();
-    #[rustfmt::skip]
     type Fields<'a> = Vec<(&'a str, String)>;
+    let stored = |tokens: &str, last_refill: String| -> Fields {
+        vec![("tokens", tokens.into()), ("last_refill", last_refill)]
+    };
+    #[rustfmt::skip]
     let rows: Vec<(Fields, &str, &str, &str)> = vec![
-        // stored fields                                     capacity  rate      n
-        (vec![], MAX_TOKENS, "1e-300", "1"),
-        (
-            vec![("tokens", "0".into()), ("last_refill", ago(0))],
-            MAX_TOKENS,
-            "1e-300",
-            "1",
-        ),
-        (
-            vec![("tokens", "0".into()), ("last_refill", ago(0))],
-            "1000",
-            "0.001",
-            "1",
-        ),
-        (
-            vec![("tokens", "0.5".into()), ("last_refill", ago(0))],
-            "10",
-            "0.5",
-            "1",
-        ),
-        (
-            vec![("tokens", "0".into()), ("last_refill", ago(0))],
-            "1",
-            "1e-10",
-            "1e-300",
-        ),
-        (
-            vec![("tokens", "0".into()), ("last_refill", ago(0))],
-            MAX_TOKENS,
-            "1e300",
-            MAX_TOKENS,
-        ),
-        (vec![], "5e-324", "5e-324", "5e-324"),
-        (vec![], "5e-324", "1", "0"),
-        (
-            vec![("tokens", "1e308".into()), ("last_refill", "0".into())],
-            MAX_TOKENS,
-            "1.7976931348623157e308",
-            MAX_TOKENS,
-        ),
-        (
-            vec![("tokens", "-1e308".into()), ("last_refill", ago(5))],
-            "1",
-            "1e-300",
-            "1",
-        ),
-        (
-            vec![("tokens", "0.25".into()), ("last_refill", "9e15".into())],
-            "1",
-            "1",
-            "0.5",
-        ),
-        (
-            vec![("tokens", "0.25".into()), ("last_refill", "-9e15".into())],
-            "1",
-            "1",
-            "0.5",
-        ),
-        (
-            vec![
-                ("tokens", "0.30000000000000004".into()),
-                ("last_refill", ago(1)),
-            ],
-            "0.3",
-            "0.1",
-            "0.1",
-        ),
-        (
-            vec![
-                ("tokens", "2.9802322387695313e-8".into()),
-                ("last_refill", ago(0)),
-            ],
-            "1",
-            "3e-7",
-            "1e-7",
-        ),
-        (
-            vec![
-                ("tokens", "+5".into()),
-                ("last_refill", format!("{}E0", ago(7))),
-            ],
-            "7.",
-            ".5",
-            "4.9999999999999999",
-        ),
-        (
-            vec![
-                ("tokens", "123456789012345678".into()),
-                ("last_refill", ago(3)),
-            ],
-            "9e15",
-            "1e14",
-            "1e15",
-        ),
-        (
-            vec![
-                ("last_refill", ago(100)),
-                ("tokens", "3".into()),
-                ("x", "y".into()),
-            ],
-            "4",
-            "1000",
-            "4",
-        ),
+        // stored fields                                       capacity    rate                      n
+        (vec![],                                               MAX_TOKENS, "1e-300",                 "1"),
+        (stored("0", ago(0)),                                  MAX_TOKENS, "1e-300",                 "1"),
+        (stored("0", ago(0)),                                  "1000",     "0.001",                  "1"),
+        (stored("0.5", ago(0)),                                "10",       "0.5",                    "1"),
+        (stored("0", ago(0)),                                  "1",        "1e-10",                  "1e-300"),
+        (stored("0", ago(0)),                                  MAX_TOKENS, "1e300",                  MAX_TOKENS),
+        (vec![],                                               "5e-324",   "5e-324",                 "5e-324"),
+        (vec![],                                               "5e-324",   "1",                      "0"),
+        (stored("1e308", "0".into()),                          MAX_TOKENS, "1.7976931348623157e308", MAX_TOKENS),
+        (stored("-1e308", ago(5)),                             "1",        "1e-300",                 "1"),
+        (stored("0.25", "9e15".into()),                        "1",        "1",                      "0.5"),
+        (stored("0.25", "-9e15".into()),                       "1",        "1",                      "0.5"),
+        (stored("0.30000000000000004", ago(1)),                "0.3",      "0.1",                    "0.1"),
+        (stored("2.9802322387695313e-8", ago(0)),              "1",        "3e-7",                   "1e-7"),
+        (stored("+5", format!("{}E0", ago(7))),                "7.",       ".5",                     "4.9999999999999999"),
+        (stored("123456789012345678", ago(3)),                 "9e15",     "1e14",                   "1e15"),
+        (vec![("last_refill", ago(100)), ("tokens", "3".into()), ("x", "y".into())], "4", "1000", "4"),
     ];
     for (row, (fields, capacity, rate, n)) in rows.iter().enumerate() {
         let pair = Pair {
@@ -739,12 +634,7 @@ fn the_script_matches_the_module_at_the_extremes() {
             del.arg(key);
             setup.push(del);
             if !fields.is_empty() {
-                let mut hset = redis::cmd("HSET");
-                hset.arg(key);
-                for (f, v) in fields {
-                    hset.arg(*f).arg(v);
-                }
-                setup.push(hset);
+                setup.push(hset_cmd(key.as_bytes(), fields));
             }
         }
         let mut attempts = 0;
@@ -1057,6 +947,20 @@ fn assert_same_error(
     assert_eq!(snapshot(con, key), before, "{what}: key touched");
 }
 
+/// TB.TAKE `args` on `key` through the module and through `fallback`: the same error text,
+/// nothing touched.
+fn assert_same_take_error(
+    con: &mut redis::Connection,
+    fallback: &Fallback,
+    key: &[u8],
+    args: &[&[u8]],
+    what: &str,
+) {
+    let module = module_cmd(key, args);
+    let script = fallback.cmd(&[key], args);
+    assert_same_error(con, fallback, key, &module, &script, what);
+}
+
 fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
     let key: &[u8] = b"rl:err";
     // A real bucket, so an error that wrote anything would show.
@@ -1069,12 +973,11 @@ fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
         for position in 0..3 {
             let mut args: Vec<&[u8]> = vec![b"10", b"1", b"1"];
             args[position] = &bad;
-            assert_same_error(
+            assert_same_take_error(
                 con,
                 fallback,
                 key,
-                &module_cmd(key, &args),
-                &fallback.cmd(&[key], &args),
+                &args,
                 &format!("{what} as argument {position}"),
             );
         }
@@ -1083,12 +986,11 @@ fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
         for position in 0..2 {
             let mut args: Vec<&[u8]> = vec![b"10", b"1", b"1"];
             args[position] = zero.as_bytes();
-            assert_same_error(
+            assert_same_take_error(
                 con,
                 fallback,
                 key,
-                &module_cmd(key, &args),
-                &fallback.cmd(&[key], &args),
+                &args,
                 &format!("{zero} as argument {position}"),
             );
         }
@@ -1098,23 +1000,15 @@ fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
         (vec![&b"x"[..], b"y", b"z"], "all bad"),
         (vec![&b"1"[..], b"y", b"z"], "rate and n bad"),
     ] {
-        assert_same_error(
-            con,
-            fallback,
-            key,
-            &module_cmd(key, &args),
-            &fallback.cmd(&[key], &args),
-            what,
-        );
+        assert_same_take_error(con, fallback, key, &args, what);
     }
     // Arity: the server checks TB.TAKE's; the script checks its own, in the same words.
     for args in [vec![&b"10"[..], b"1"], vec![&b"10"[..], b"1", b"1", b"1"]] {
-        assert_same_error(
+        assert_same_take_error(
             con,
             fallback,
             key,
-            &module_cmd(key, &args),
-            &fallback.cmd(&[key], &args),
+            &args,
             &format!("{} arguments", args.len()),
         );
     }
@@ -1140,12 +1034,11 @@ fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
     ];
     for (foreign_key, create) in foreign {
         raw(con, create).expect("create a foreign value");
-        assert_same_error(
+        assert_same_take_error(
             con,
             fallback,
             foreign_key,
-            &module_cmd(foreign_key, &args),
-            &fallback.cmd(&[foreign_key], &args),
+            &args,
             &format!("{:?}", String::from_utf8_lossy(foreign_key)),
         );
     }
@@ -1177,18 +1070,12 @@ fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
     for bad_key in &keys {
         for fields in &corrupt {
             let _: i64 = redis::cmd("DEL").arg(bad_key).query(con).unwrap();
-            let mut hset = redis::cmd("HSET");
-            hset.arg(bad_key);
-            for (f, v) in fields {
-                hset.arg(*f).arg(*v);
-            }
-            let _: i64 = hset.query(con).unwrap();
-            assert_same_error(
+            let _: i64 = hset_cmd(bad_key, fields).query(con).unwrap();
+            assert_same_take_error(
                 con,
                 fallback,
                 bad_key,
-                &module_cmd(bad_key, &args),
-                &fallback.cmd(&[bad_key], &args),
+                &args,
                 &format!("{fields:?} under {:?}", String::from_utf8_lossy(bad_key)),
             );
         }

@@ -112,6 +112,26 @@ fn an_allowed_take_notifies_hset_and_expire() {
 }
 
 /// An empty bucket that refills one token per 1000 s.
+/// Runs `calls`, then `SET other x`: the first event `sub` sees must be about `other`.
+fn assert_notifies_nothing(
+    con: &mut redis::Connection,
+    sub: &mut redis::PubSub<'_>,
+    what: &str,
+    calls: impl FnOnce(&mut redis::Connection),
+) {
+    calls(con);
+    let _: () = redis::cmd("SET")
+        .arg("other")
+        .arg("x")
+        .query(con)
+        .expect("SET other");
+    let first = next_event(sub);
+    assert!(
+        is_about(&first, "other"),
+        "first event after {what}: {first:?}"
+    );
+}
+
 fn exhaust(con: &mut redis::Connection, key: &str) {
     assert_eq!(take(con, key, "1", "0.001", "1")[0], 1);
 }
@@ -126,20 +146,11 @@ fn a_denied_take_notifies_nothing() {
     let mut sub = sub_con.as_pubsub();
     subscribe(&mut sub);
 
-    assert_eq!(take(&mut con, "tb:d", "1", "0.001", "1")[0], 0);
-    // Denied on a missing key too (n > capacity).
-    assert_eq!(take(&mut con, "tb:missing", "1", "0.001", "2")[0], 0);
-    let _: () = redis::cmd("SET")
-        .arg("other")
-        .arg("x")
-        .query(&mut con)
-        .expect("SET other");
-
-    let first = next_event(&mut sub);
-    assert!(
-        is_about(&first, "other"),
-        "first event after a denied take: {first:?}"
-    );
+    assert_notifies_nothing(&mut con, &mut sub, "a denied take", |con| {
+        assert_eq!(take(con, "tb:d", "1", "0.001", "1")[0], 0);
+        // Denied on a missing key too (n > capacity).
+        assert_eq!(take(con, "tb:missing", "1", "0.001", "2")[0], 0);
+    });
 }
 
 #[test]
@@ -153,17 +164,8 @@ fn a_take_of_zero_tokens_notifies_nothing() {
     let mut sub = sub_con.as_pubsub();
     subscribe(&mut sub);
 
-    assert_eq!(take(&mut con, "tb:z", "10", "0.001", "0")[0], 1);
-    assert_eq!(take(&mut con, "tb:z-missing", "10", "1", "0")[0], 1);
-    let _: () = redis::cmd("SET")
-        .arg("other")
-        .arg("x")
-        .query(&mut con)
-        .expect("SET other");
-
-    let first = next_event(&mut sub);
-    assert!(
-        is_about(&first, "other"),
-        "first event after n = 0: {first:?}"
-    );
+    assert_notifies_nothing(&mut con, &mut sub, "n = 0", |con| {
+        assert_eq!(take(con, "tb:z", "10", "0.001", "0")[0], 1);
+        assert_eq!(take(con, "tb:z-missing", "10", "1", "0")[0], 1);
+    });
 }

@@ -68,15 +68,8 @@ fn peek_never_writes_an_existing_bucket() {
     let server = Server::start();
     let mut con = server.conn();
     let t0 = server_time_ms(&mut con);
-    hset(
-        &mut con,
-        "b",
-        &[
-            ("tokens", "4"),
-            ("last_refill", &t0.to_string()),
-            ("owner", "alice"),
-        ],
-    );
+    seed_bucket(&mut con, "b", "4", t0);
+    hset(&mut con, "b", &[("owner", "alice")]);
     let far = t0 + 3_600_000;
     let _: i64 = redis::cmd("PEXPIREAT")
         .arg("b")
@@ -116,12 +109,12 @@ fn peek_after_a_take_does_not_touch_the_ttl() {
 fn peek_does_not_signal_a_watched_key() {
     let server = Server::start();
     let mut con = server.conn();
-    let mut other = server.conn();
     take(&mut con, "b", "5", "0.001", "1");
-    watch(&mut con, "b");
-    assert_eq!(peek(&mut other, "b", "5", "0.001", "1")[0], 1);
+    let peeked = |other: &mut redis::Connection| {
+        assert_eq!(peek(other, "b", "5", "0.001", "1")[0], 1);
+    };
     assert!(
-        watched_transaction_runs(&mut con),
+        watch_survives(&server, &mut con, "b", peeked),
         "EXEC aborted: TB.PEEK signalled WATCH"
     );
 }
@@ -174,25 +167,10 @@ fn peek_works_inside_multi_exec_and_eval() {
         .query(&mut con)
         .unwrap();
     assert_eq!(peeked, vec![1, 9, 0, 500]);
-    let from_eval: Vec<i64> = redis::cmd("EVAL")
-        .arg("return redis.call('TB.PEEK', KEYS[1], ARGV[1], ARGV[2], ARGV[3])")
-        .arg(1)
-        .arg("b")
-        .arg("10")
-        .arg("2")
-        .arg("3")
-        .query(&mut con)
-        .unwrap();
+    let from_eval = eval_tb(&mut con, "EVAL", "TB.PEEK", "b", &["10", "2", "3"]);
     assert_eq!(from_eval, vec![1, 7, 0, 1500]);
     // EVAL_RO only allows read-only commands.
-    let from_eval_ro: Vec<i64> = redis::cmd("EVAL_RO")
-        .arg("return redis.call('TB.PEEK', KEYS[1], ARGV[1], ARGV[2])")
-        .arg(1)
-        .arg("b")
-        .arg("10")
-        .arg("2")
-        .query(&mut con)
-        .unwrap();
+    let from_eval_ro = eval_tb(&mut con, "EVAL_RO", "TB.PEEK", "b", &["10", "2"]);
     assert_eq!(from_eval_ro, vec![1, 9, 0, 500]);
     assert!(!exists(&mut con, "b"));
 }

@@ -32,37 +32,6 @@ use common::*;
 const DEFAULT_SEED: u64 = 0x7b5e_ed00_2026_0005;
 const DEFAULT_CALLS: usize = 20_000;
 
-/// SplitMix64: tiny, seedable, good enough to pick test inputs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (n > 0).
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    /// True with probability `percent` / 100.
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-
-    fn digits(&mut self, count: usize) -> Vec<u8> {
-        (0..count).map(|_| b'0' + self.below(10) as u8).collect()
-    }
-}
-
 /// Spellings that sit on some edge of the number grammar or of f64.
 const SPECIALS: &[&str] = &[
     "nan",

@@ -12,51 +12,21 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{
-    aof_commands, error_text, exists, expect_error, hgetall, hgetall_bytes, hset, pexpiretime,
-    pttl, repl_offset, server_time_ms, start_replica_of, stored_last_refill, stored_tokens, take,
-    wait_for_replica, wait_until, Server, QUIET_MASTER_ARGS,
-};
+use common::*;
 
 fn refund_cmd(key: &str, capacity: &str, rate: &str, n: &str) -> redis::Cmd {
-    let mut cmd = redis::cmd("TB.REFUND");
-    cmd.arg(key).arg(capacity).arg(rate).arg(n);
-    cmd
+    tb_cmd("TB.REFUND", key, capacity, rate, n)
 }
 
 /// `TB.REFUND key capacity rate n`; panics, naming the call, on an error reply.
 fn refund(con: &mut redis::Connection, key: &str, capacity: &str, rate: &str, n: &str) -> Vec<i64> {
-    let reply: Vec<i64> = refund_cmd(key, capacity, rate, n)
-        .query(con)
-        .unwrap_or_else(|e| panic!("TB.REFUND {key} {capacity} {rate} {n} failed: {e}"));
+    let reply = tb(con, "TB.REFUND", key, capacity, rate, n);
     assert_eq!(
         reply.len(),
         4,
         "TB.REFUND {key} {capacity} {rate} {n} replied {reply:?}"
     );
     reply
-}
-
-/// Everything about a bucket a command could change: its fields and its absolute expiry
-/// (`PEXPIRETIME`: -2 when the key does not exist).
-#[derive(Debug, PartialEq, Eq, Clone)]
-struct Bucket {
-    fields: BTreeMap<Vec<u8>, Vec<u8>>,
-    expire_at_ms: i64,
-}
-
-fn bucket(con: &mut redis::Connection, key: &str) -> Bucket {
-    Bucket {
-        fields: hgetall_bytes(con, key),
-        expire_at_ms: pexpiretime(con, key),
-    }
-}
-
-fn assert_within(what: &str, value: i64, low: i64, high: i64) {
-    assert!(
-        low <= value && value <= high,
-        "{what} = {value}, expected within [{low}, {high}]"
-    );
 }
 
 // --- Arithmetic ----------------------------------------------------------------------------------
@@ -69,11 +39,7 @@ fn refund_refills_first_then_adds() {
     // back (a refund that skipped the refill would leave 5). The slow rate leaves 200 s
     // before the cap, however slow the machine.
     let written_ms = server_time_ms(&mut con) - 300_000;
-    hset(
-        &mut con,
-        "tb:r",
-        &[("tokens", "2"), ("last_refill", &written_ms.to_string())],
-    );
+    seed_bucket(&mut con, "tb:r", "2", written_ms);
 
     let reply = refund(&mut con, "tb:r", "10", "0.01", "3");
     let after_ms = server_time_ms(&mut con);
@@ -130,11 +96,7 @@ fn refund_counts_negative_stored_tokens_as_empty() {
     let server = Server::start();
     let mut con = server.conn();
     let now_ms = server_time_ms(&mut con).to_string();
-    hset(
-        &mut con,
-        "tb:r",
-        &[("tokens", "-7"), ("last_refill", &now_ms)],
-    );
+    seed_bucket(&mut con, "tb:r", "-7", now_ms);
 
     let reply = refund(&mut con, "tb:r", "10", "0.001", "2");
 
@@ -249,73 +211,25 @@ fn refund_argument_errors_are_those_of_tb_take_and_touch_nothing() {
     let before = bucket(&mut con, "tb:r");
 
     for ((capacity, rate, n), message) in [
-        (
-            ("0", "1", "1"),
-            "ERR capacity must be a positive finite number",
-        ),
-        (
-            ("-1", "1", "1"),
-            "ERR capacity must be a positive finite number",
-        ),
-        (
-            ("1e400", "1", "1"),
-            "ERR capacity must be a positive finite number",
-        ),
-        (
-            ("10", "0", "1"),
-            "ERR rate must be a positive finite number",
-        ),
-        (
-            ("10", "inf", "1"),
-            "ERR rate must be a positive finite number",
-        ),
-        (
-            ("10", "1", "-1"),
-            "ERR n must be a non-negative finite number",
-        ),
-        (
-            ("10", "1", "nan"),
-            "ERR n must be a non-negative finite number",
-        ),
-        (
-            ("10", "1", ""),
-            "ERR n must be a non-negative finite number",
-        ),
+        (("0", "1", "1"), CAPACITY_ERROR),
+        (("-1", "1", "1"), CAPACITY_ERROR),
+        (("1e400", "1", "1"), CAPACITY_ERROR),
+        (("10", "0", "1"), RATE_ERROR),
+        (("10", "inf", "1"), RATE_ERROR),
+        (("10", "1", "-1"), N_ERROR),
+        (("10", "1", "nan"), N_ERROR),
+        (("10", "1", ""), N_ERROR),
         // Checked in argument order: capacity, rate, n.
-        (
-            ("x", "x", "x"),
-            "ERR capacity must be a positive finite number",
-        ),
-        (
-            ("10", "x", "x"),
-            "ERR rate must be a positive finite number",
-        ),
+        (("x", "x", "x"), CAPACITY_ERROR),
+        (("10", "x", "x"), RATE_ERROR),
     ] {
         for key in ["tb:r", "tb:missing"] {
-            let refunded = expect_error(
-                &mut con,
-                &[
-                    b"TB.REFUND",
-                    key.as_bytes(),
-                    capacity.as_bytes(),
-                    rate.as_bytes(),
-                    n.as_bytes(),
-                ],
-            );
+            let refunded = tb_error(&mut con, "TB.REFUND", key, capacity, rate, n);
             assert_eq!(
                 refunded, message,
                 "TB.REFUND {key} {capacity:?} {rate:?} {n:?}"
             );
-            let taken = expect_error(
-                &mut con,
-                &[
-                    b"TB.TAKE",
-                    key.as_bytes(),
-                    capacity.as_bytes(),
-                    rate.as_bytes(),
-                    n.as_bytes(),
-                ],
-            );
+            let taken = tb_error(&mut con, "TB.TAKE", key, capacity, rate, n);
             assert_eq!(refunded, taken, "TB.TAKE {key} {capacity:?} {rate:?} {n:?}");
         }
     }
@@ -337,10 +251,7 @@ fn refund_into_a_key_of_another_type_is_wrongtype() {
         .query::<redis::Value>(&mut con)
         .expect_err("TB.REFUND on a string must fail");
 
-    assert_eq!(
-        error_text(&error),
-        "WRONGTYPE Operation against a key holding the wrong kind of value"
-    );
+    assert_eq!(error_text(&error), WRONGTYPE_ERROR);
     let value: String = redis::cmd("GET")
         .arg("tb:string")
         .query(&mut con)
@@ -362,10 +273,7 @@ fn refund_into_a_corrupt_bucket_names_the_key_and_touches_nothing() {
         let error = refund_cmd(key, "10", "1", "1")
             .query::<redis::Value>(&mut con)
             .expect_err("TB.REFUND on a corrupt bucket must fail");
-        assert_eq!(
-            error_text(&error),
-            format!("ERR corrupt bucket '{key}': tokens and last_refill must be finite numbers")
-        );
+        assert_eq!(error_text(&error), corrupt_error(key));
         assert_eq!(bucket(&mut con, key), before, "{key}");
     }
 }

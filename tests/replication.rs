@@ -12,48 +12,14 @@
 //! `master_repl_offset` at a random moment and make the "offset does not move"
 //! tests flaky.
 //!
-//! All waits are bounded polls (`SYNC_TIMEOUT`).
+//! All waits are bounded polls (`common::SYNC_TIMEOUT`).
 
 mod common;
 
-use std::thread::sleep;
-use std::time::{Duration, Instant};
-
-use common::{exists, hgetall_bytes, peek, pexpiretime, pttl, take, Server};
-
-/// How long any wait for the replica may take before the test fails.
-const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// Polls `ready` every 10 ms until it returns true; panics after `timeout`.
-fn wait_until(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !ready() {
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        sleep(Duration::from_millis(10));
-    }
-}
-
-/// One `field:value` line of `INFO replication`, if present.
-fn info_replication(con: &mut redis::Connection, field: &str) -> Option<String> {
-    let info: String = redis::cmd("INFO")
-        .arg("replication")
-        .query(con)
-        .expect("INFO replication");
-    info.lines()
-        .filter_map(|line| line.split_once(':'))
-        .find(|(name, _)| *name == field)
-        .map(|(_, value)| value.trim().to_string())
-}
-
-fn repl_offset(con: &mut redis::Connection) -> i64 {
-    info_replication(con, "master_repl_offset")
-        .expect("master_repl_offset in INFO replication")
-        .parse()
-        .expect("master_repl_offset is an integer")
-}
+use common::{
+    exists, hgetall_bytes, peek, pexpiretime, pttl, repl_offset, start_replica_of, take, Server,
+    QUIET_MASTER_ARGS,
+};
 
 /// A master and a replica that has finished its initial sync.
 struct Pair {
@@ -63,47 +29,14 @@ struct Pair {
 
 impl Pair {
     fn start() -> Pair {
-        let master = Server::start_with(&[
-            "--repl-ping-replica-period",
-            "3600",
-            // Start the initial sync at once instead of after 5 s.
-            "--repl-diskless-sync-delay",
-            "0",
-        ]);
-        let replica = Server::start();
-        let mut rcon = replica.conn();
-        let _: () = redis::cmd("REPLICAOF")
-            .arg("127.0.0.1")
-            .arg(master.port)
-            .query(&mut rcon)
-            .expect("REPLICAOF");
-        wait_until("master_link_status:up on the replica", SYNC_TIMEOUT, || {
-            info_replication(&mut rcon, "master_link_status").as_deref() == Some("up")
-        });
-        let pair = Pair { master, replica };
-        pair.wait_for_replica();
-        pair
+        let master = Server::start_with(QUIET_MASTER_ARGS);
+        let replica = start_replica_of(&master);
+        Pair { master, replica }
     }
 
-    /// Waits until the replica has applied everything the master has sent:
-    /// the replica's `master_repl_offset` equals the master's.
+    /// Waits until the replica has applied everything the master has sent.
     fn wait_for_replica(&self) {
-        let mut mcon = self.master.conn();
-        let mut rcon = self.replica.conn();
-        let start = Instant::now();
-        loop {
-            let m = repl_offset(&mut mcon);
-            let r = repl_offset(&mut rcon);
-            if m == r {
-                return;
-            }
-            assert!(
-                start.elapsed() < SYNC_TIMEOUT,
-                "replica did not catch up within {SYNC_TIMEOUT:?}: \
-                 master offset {m}, replica offset {r}"
-            );
-            sleep(Duration::from_millis(10));
-        }
+        common::wait_for_replica(&self.master, &self.replica);
     }
 }
 

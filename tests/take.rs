@@ -45,11 +45,7 @@ fn retry_after_ms_is_the_time_until_n_tokens_are_there() {
     let server = Server::start();
     let mut con = server.conn();
     let t0 = server_time_ms(&mut con);
-    hset(
-        &mut con,
-        "b",
-        &[("tokens", "0"), ("last_refill", &t0.to_string())],
-    );
+    seed_bucket(&mut con, "b", "0", t0);
     // One token per 100 s: however slow the machine, the call is still denied.
     let reply = take(&mut con, "b", "10", "0.01", "3");
     let t1 = server_time_ms(&mut con);
@@ -234,12 +230,12 @@ fn denied_call_leaves_hash_and_ttl_alone() {
 fn denied_call_does_not_touch_a_watched_key() {
     let server = Server::start();
     let mut con = server.conn();
-    let mut other = server.conn();
     take(&mut con, "b", "1", "0.001", "1");
-    watch(&mut con, "b");
-    assert_eq!(take(&mut other, "b", "1", "0.001", "1")[0], 0);
+    let denied = |other: &mut redis::Connection| {
+        assert_eq!(take(other, "b", "1", "0.001", "1")[0], 0);
+    };
     assert!(
-        watched_transaction_runs(&mut con),
+        watch_survives(&server, &mut con, "b", denied),
         "EXEC aborted: a denied TB.TAKE signalled WATCH"
     );
 }
@@ -248,12 +244,12 @@ fn denied_call_does_not_touch_a_watched_key() {
 fn allowed_call_signals_a_watched_key() {
     let server = Server::start();
     let mut con = server.conn();
-    let mut other = server.conn();
     take(&mut con, "b", "5", "0.001", "1");
-    watch(&mut con, "b");
-    assert_eq!(take(&mut other, "b", "5", "0.001", "1")[0], 1);
+    let allowed = |other: &mut redis::Connection| {
+        assert_eq!(take(other, "b", "5", "0.001", "1")[0], 1);
+    };
     assert!(
-        !watched_transaction_runs(&mut con),
+        !watch_survives(&server, &mut con, "b", allowed),
         "EXEC ran although an allowed TB.TAKE wrote the watched key"
     );
 }
@@ -325,11 +321,7 @@ fn stored_tokens_below_zero_count_as_zero() {
     let server = Server::start();
     let mut con = server.conn();
     let t0 = server_time_ms(&mut con);
-    hset(
-        &mut con,
-        "b",
-        &[("tokens", "-1"), ("last_refill", &t0.to_string())],
-    );
+    seed_bucket(&mut con, "b", "-1", t0);
     let reply = take(&mut con, "b", "10", "0.001", "1");
     assert_eq!(&reply[..2], &[0, 0], "reply {reply:?}");
     // From 0, not from -1: one token is 1_000_000 ms away, not 2_000_000.
@@ -345,11 +337,7 @@ fn stored_tokens_above_capacity_are_capped() {
     let server = Server::start();
     let mut con = server.conn();
     let t0 = server_time_ms(&mut con);
-    hset(
-        &mut con,
-        "b",
-        &[("tokens", "1e+15"), ("last_refill", &t0.to_string())],
-    );
+    seed_bucket(&mut con, "b", "1e+15", t0);
     assert_eq!(&take(&mut con, "b", "10", "0.001", "1")[..3], &[1, 9, 0]);
     assert!((9.0..9.01).contains(&stored_tokens(&mut con, "b")));
 }
@@ -360,11 +348,7 @@ fn stored_numbers_may_carry_exponent_and_long_decimals() {
     let mut con = server.conn();
     let t0 = server_time_ms(&mut con);
     let last = format!("{t0}e0");
-    hset(
-        &mut con,
-        "b",
-        &[("tokens", "0.50000000000000001e1"), ("last_refill", &last)],
-    );
+    seed_bucket(&mut con, "b", "0.50000000000000001e1", last);
     assert_eq!(&take(&mut con, "b", "10", "0.001", "1")[..3], &[1, 4, 0]);
 }
 
@@ -374,7 +358,7 @@ fn future_last_refill_counts_as_no_elapsed_time() {
     let mut con = server.conn();
     let t0 = server_time_ms(&mut con);
     let future = (t0 + 1_000_000_000).to_string();
-    hset(&mut con, "b", &[("tokens", "3"), ("last_refill", &future)]);
+    seed_bucket(&mut con, "b", "3", future);
     // A negative elapsed time must not drain the bucket: 3 - 1 = 2.
     assert_eq!(&take(&mut con, "b", "10", "1000", "1")[..3], &[1, 2, 0]);
     let t1 = server_time_ms(&mut con);
@@ -405,16 +389,8 @@ fn take_works_inside_multi_exec() {
     let mut con = server.conn();
     let replies: (Vec<i64>, Vec<i64>) = redis::pipe()
         .atomic()
-        .cmd("TB.TAKE")
-        .arg("b")
-        .arg("2")
-        .arg("0.001")
-        .arg("1")
-        .cmd("TB.TAKE")
-        .arg("b")
-        .arg("2")
-        .arg("0.001")
-        .arg("1")
+        .add_command(tb_cmd("TB.TAKE", "b", "2", "0.001", "1"))
+        .add_command(tb_cmd("TB.TAKE", "b", "2", "0.001", "1"))
         .query(&mut con)
         .unwrap();
     assert_eq!(&replies.0[..3], &[1, 1, 0]);
@@ -427,15 +403,7 @@ fn take_works_from_eval() {
     let server = Server::start();
     let mut con = server.conn();
     // A slow rate (full again in 300 s), so the bucket is still there to be read back.
-    let reply: Vec<i64> = redis::cmd("EVAL")
-        .arg("return redis.call('TB.TAKE', KEYS[1], ARGV[1], ARGV[2], ARGV[3])")
-        .arg(1)
-        .arg("b")
-        .arg("10")
-        .arg("0.01")
-        .arg("3")
-        .query(&mut con)
-        .unwrap();
+    let reply = eval_tb(&mut con, "EVAL", "TB.TAKE", "b", &["10", "0.01", "3"]);
     assert_eq!(reply, vec![1, 7, 0, 300_000]);
     assert_eq!(stored_tokens(&mut con, "b"), 7.0);
 }

@@ -38,6 +38,19 @@ fn bucket_by_hand(con: &mut redis::Connection, key: &str, tokens: &str) {
         .expect("PEXPIREAT");
 }
 
+/// TB.TAKEALL of `{u}:a` then `{u}:b` (both 10 tokens, SLOW), one token each.
+const TAKEALL_A_AND_B: &[&str] = &[
+    "TB.TAKEALL",
+    "{u}:a",
+    "10",
+    SLOW,
+    "1",
+    "{u}:b",
+    "10",
+    SLOW,
+    "1",
+];
+
 fn refused(con: &mut redis::Connection, args: &[&str]) {
     let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
     assert_eq!(expect_error(con, &args), REFUSED, "{}", show_args(&args));
@@ -115,20 +128,7 @@ fn a_takeall_whose_second_write_fails_takes_back_the_first() {
     let before_a = snapshot(&mut con, b"{u}:a");
     let before_b = snapshot(&mut con, b"{u}:b");
     let offset = repl_offset(&mut con);
-    refused(
-        &mut con,
-        &[
-            "TB.TAKEALL",
-            "{u}:a",
-            "10",
-            SLOW,
-            "1",
-            "{u}:b",
-            "10",
-            SLOW,
-            "1",
-        ],
-    );
+    refused(&mut con, TAKEALL_A_AND_B);
     assert_untouched(&master, &replica, "{u}:a", &before_a, offset);
     assert_untouched(&master, &replica, "{u}:b", &before_b, offset);
 }
@@ -142,20 +142,7 @@ fn a_takeall_whose_second_write_fails_deletes_a_first_bucket_it_created() {
     let missing = snapshot(&mut con, b"{u}:a");
     let before_b = snapshot(&mut con, b"{u}:b");
     let offset = repl_offset(&mut con);
-    refused(
-        &mut con,
-        &[
-            "TB.TAKEALL",
-            "{u}:a",
-            "10",
-            SLOW,
-            "1",
-            "{u}:b",
-            "10",
-            SLOW,
-            "1",
-        ],
-    );
+    refused(&mut con, TAKEALL_A_AND_B);
     assert_untouched(&master, &replica, "{u}:a", &missing, offset);
     assert_untouched(&master, &replica, "{u}:b", &before_b, offset);
 }
@@ -165,12 +152,9 @@ fn a_refused_write_counts_as_an_error_not_a_decision() {
     let (master, _replica) = master_and_replica("hash-set", "1");
     let mut con = master.conn();
     refused(&mut con, &["TB.TAKE", "rl:a", "10", SLOW, "1"]);
-    let field = |con: &mut redis::Connection, name: &str| {
-        info_field(con, "tb", name).unwrap_or_else(|| panic!("INFO tb {name}"))
-    };
-    assert_eq!(field(&mut con, "tb_errors"), "1");
-    assert_eq!(field(&mut con, "tb_allowed"), "0");
-    assert_eq!(field(&mut con, "tb_buckets_created"), "0");
+    assert_eq!(tb_field(&mut con, "tb_errors"), "1");
+    assert_eq!(tb_field(&mut con, "tb_allowed"), "0");
+    assert_eq!(tb_field(&mut con, "tb_buckets_created"), "0");
 }
 
 #[test]

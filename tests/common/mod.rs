@@ -384,6 +384,44 @@ pub fn server_binary() -> String {
     std::env::var("TB_SERVER").unwrap_or_else(|_| "redis-server".to_string())
 }
 
+/// `TB.<COMMAND> key capacity rate n` as a command, e.g. for a pipeline (`command`: the
+/// full name, `"TB.TAKE"`).
+pub fn tb_cmd(command: &str, key: &str, capacity: &str, rate: &str, n: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd(command);
+    cmd.arg(key).arg(capacity).arg(rate).arg(n);
+    cmd
+}
+
+/// `TB.<COMMAND> key capacity rate n` (e.g. `tb(con, "TB.REFUND", ..)`); panics, naming the
+/// call, on an error reply.
+pub fn tb(
+    con: &mut redis::Connection,
+    command: &str,
+    key: &str,
+    capacity: &str,
+    rate: &str,
+    n: &str,
+) -> Vec<i64> {
+    tb_cmd(command, key, capacity, rate, n)
+        .query(con)
+        .unwrap_or_else(|e| panic!("{command} {key} {capacity} {rate} {n} failed: {e}"))
+}
+
+/// The exact error text of `TB.<COMMAND> key capacity rate n`; panics if the call succeeds.
+pub fn tb_error(
+    con: &mut redis::Connection,
+    command: &str,
+    key: &str,
+    capacity: &str,
+    rate: &str,
+    n: &str,
+) -> String {
+    match tb_cmd(command, key, capacity, rate, n).query::<redis::Value>(con) {
+        Ok(v) => panic!("expected an error from {command} {key} {capacity} {rate} {n}, got {v:?}"),
+        Err(e) => error_text(&e),
+    }
+}
+
 /// `TB.TAKE key capacity rate n`; panics (naming the call) on an error reply.
 pub fn take(
     con: &mut redis::Connection,
@@ -392,13 +430,7 @@ pub fn take(
     rate: &str,
     n: &str,
 ) -> Vec<i64> {
-    redis::cmd("TB.TAKE")
-        .arg(key)
-        .arg(capacity)
-        .arg(rate)
-        .arg(n)
-        .query(con)
-        .unwrap_or_else(|e| panic!("TB.TAKE {key} {capacity} {rate} {n} failed: {e}"))
+    tb(con, "TB.TAKE", key, capacity, rate, n)
 }
 
 /// `WATCH key` on `con`.
@@ -434,13 +466,7 @@ pub fn peek(
     rate: &str,
     n: &str,
 ) -> Vec<i64> {
-    redis::cmd("TB.PEEK")
-        .arg(key)
-        .arg(capacity)
-        .arg(rate)
-        .arg(n)
-        .query(con)
-        .unwrap_or_else(|e| panic!("TB.PEEK {key} {capacity} {rate} {n} failed: {e}"))
+    tb(con, "TB.PEEK", key, capacity, rate, n)
 }
 
 /// `TB.PEEK key capacity rate` (n left to its default); panics on an error reply.
@@ -987,5 +1013,141 @@ fn parse_resp(bytes: &[u8]) -> Option<(Resp, usize)> {
             Some((Resp::Ints(ints), at))
         }
         _ => Some((Resp::Other(line), first + 2)),
+    }
+}
+
+// --- Shared test vocabulary -------------------------------------------------------------------
+
+/// The argument errors every TB.* command replies (checked in order: capacity, rate, n).
+pub const CAPACITY_ERROR: &str = "ERR capacity must be a positive finite number";
+pub const RATE_ERROR: &str = "ERR rate must be a positive finite number";
+pub const N_ERROR: &str = "ERR n must be a non-negative finite number";
+/// The server's reply for a key of another type.
+pub const WRONGTYPE_ERROR: &str =
+    "WRONGTYPE Operation against a key holding the wrong kind of value";
+
+/// The error for a hash that is not a bucket, naming the key as the module shows it.
+pub fn corrupt_error(shown_key: &str) -> String {
+    format!("ERR corrupt bucket '{shown_key}': tokens and last_refill must be finite numbers")
+}
+
+/// Writes a bucket by hand: `tokens` and `last_refill` (ms, or any spelling of it).
+pub fn seed_bucket(
+    con: &mut redis::Connection,
+    key: &str,
+    tokens: &str,
+    last_refill: impl std::fmt::Display,
+) {
+    hset(
+        con,
+        key,
+        &[
+            ("tokens", tokens),
+            ("last_refill", &last_refill.to_string()),
+        ],
+    );
+}
+
+/// Everything about a bucket a command could change: its fields and its absolute expiry
+/// (`PEXPIRETIME`: -2 when the key does not exist).
+#[derive(Debug, PartialEq, Eq, Clone)]
+pub struct Bucket {
+    pub fields: BTreeMap<Vec<u8>, Vec<u8>>,
+    pub expire_at_ms: i64,
+}
+
+pub fn bucket(con: &mut redis::Connection, key: &str) -> Bucket {
+    Bucket {
+        fields: hgetall_bytes(con, key),
+        expire_at_ms: pexpiretime(con, key),
+    }
+}
+
+pub fn buckets(con: &mut redis::Connection, keys: &[&str]) -> Vec<Bucket> {
+    keys.iter().map(|key| bucket(con, key)).collect()
+}
+
+/// Asserts `low <= value <= high`, naming `what`.
+pub fn assert_within(what: &str, value: i64, low: i64, high: i64) {
+    assert!(
+        low <= value && value <= high,
+        "{what} = {value}, expected within [{low}, {high}]"
+    );
+}
+
+/// WATCHes `key` on `con`, runs `call` on a second connection, and says whether the watching
+/// transaction still runs (`false`: `call` signalled the key).
+pub fn watch_survives(
+    server: &Server,
+    con: &mut redis::Connection,
+    key: &str,
+    call: impl FnOnce(&mut redis::Connection),
+) -> bool {
+    let mut other = server.conn();
+    watch(con, key);
+    call(&mut other);
+    watched_transaction_runs(con)
+}
+
+/// `EVAL` (or `EVAL_RO`, ...) of `return redis.call('<command>', KEYS[1], ARGV[1], ...)` with
+/// `key` and `args`; panics on an error reply.
+pub fn eval_tb(
+    con: &mut redis::Connection,
+    eval: &str,
+    command: &str,
+    key: &str,
+    args: &[&str],
+) -> Vec<i64> {
+    let argv: Vec<String> = (1..=args.len()).map(|i| format!(", ARGV[{i}]")).collect();
+    let script = format!("return redis.call('{command}', KEYS[1]{})", argv.concat());
+    redis::cmd(eval)
+        .arg(&script)
+        .arg(1)
+        .arg(key)
+        .arg(args)
+        .query(con)
+        .unwrap_or_else(|e| panic!("{eval} {command} {key} {args:?} failed: {e}"))
+}
+
+/// One field of `INFO tb`; panics when it is missing.
+pub fn tb_field(con: &mut redis::Connection, name: &str) -> String {
+    info_field(con, "tb", name).unwrap_or_else(|| panic!("INFO tb {name}"))
+}
+
+/// SplitMix64: small, seeded, the same on every platform; for picking test inputs.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (n > 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    /// True with probability `percent` / 100.
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+
+    /// `count` random decimal digits.
+    pub fn digits(&mut self, count: usize) -> Vec<u8> {
+        (0..count).map(|_| b'0' + self.below(10) as u8).collect()
+    }
+
+    /// A decimal in [low, low + span) with `places` decimals, as text.
+    pub fn decimal(&mut self, low: f64, span: f64, places: usize) -> String {
+        let unit = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        format!("{:.*}", places, low + unit * span)
     }
 }
