@@ -5,7 +5,9 @@
 # directories, removed afterwards).
 #
 # Prints a table and the ratios the performance targets are about, and writes
-# bench/results.json, bench/results.md and bench/chart.svg.
+# bench/results.json, bench/results.md and bench/chart.svg. Then TB.BTAKE with
+# 1,000 and 10,000 waiters on one key (bench/btake_bench.py: order, losses,
+# wake latency, CPU and memory per waiter; bench/btake-results.md).
 #
 # Knobs (environment or flags passed through to bench/bench.py):
 #   BENCH_REPS=3     repetitions (medians and min-max spreads over these)
@@ -17,7 +19,9 @@
 #                    "none": no CL.THROTTLE rows. If it cannot be built, the bench
 #                    says why and runs without those rows.
 #   --no-aof         skip the AOF rows
-# A full run takes about 6-9 minutes on 2 cores.
+#   BENCH_BTAKE=0    skip the TB.BTAKE part; BENCH_BTAKE_ARGS=... passes
+#                    options to it (e.g. "--quick", "--servers redis")
+# A full run takes about 9-12 minutes on 2 cores.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -51,4 +55,8 @@ elif [[ "$TB_PEER_MODULE" == none ]]; then
     export TB_PEER_MODULE="" TB_PEER_MISSING="TB_PEER_MODULE=none"
 fi
 
-exec python3 bench/bench.py "$@"
+python3 bench/bench.py "$@"
+if [[ "${BENCH_BTAKE:-1}" != 0 ]]; then
+    # shellcheck disable=SC2086
+    python3 bench/btake_bench.py ${BENCH_BTAKE_ARGS:-}
+fi
