@@ -488,20 +488,23 @@ fn may_run(con: &mut redis::Connection, args: &[&str]) -> bool {
     }
 }
 
-const TB_CALLS: [&[&str]; 4] = [
+const TB_CALLS: [&[&str]; 5] = [
     &["TB.TAKE", "rl:1", "5", "1", "1"],
     &["TB.PEEK", "rl:1", "5", "1", "1"],
     &["TB.REFUND", "rl:1", "5", "1", "1"],
     &["TB.TAKEALL", "rl:1", "5", "1", "1", "rl:2", "5", "1", "1"],
+    // Granted at once (a full bucket): no wait.
+    &["TB.BTAKE", "rl:3", "5", "1", "1", "0"],
 ];
 
-/// Which of TB.TAKE, TB.PEEK, TB.REFUND, TB.TAKEALL a user with `rules` (and `~rl:*`) may run.
+/// Which of TB.TAKE, TB.PEEK, TB.REFUND, TB.TAKEALL, TB.BTAKE a user with `rules` (and
+/// `~rl:*`) may run.
 fn granted(
     server: &Server,
     admin: &mut redis::Connection,
     user: &str,
     rules: &[&str],
-) -> [bool; 4] {
+) -> [bool; 5] {
     let mut all = vec![user, "on", ">pw", "~rl:*"];
     all.extend_from_slice(rules);
     acl_setuser(admin, &all);
@@ -518,7 +521,7 @@ fn granted(
 fn acl_categories_are_those_the_server_supports() {
     let server = Server::start();
     let mut admin = server.conn();
-    let commands = ["tb.take", "tb.peek", "tb.refund", "tb.takeall"];
+    let commands = ["tb.take", "tb.peek", "tb.refund", "tb.takeall", "tb.btake"];
     let categories: Vec<Vec<String>> = commands
         .iter()
         .map(|command| categories_of(&mut admin, command))
@@ -543,25 +546,30 @@ fn acl_categories_are_those_the_server_supports() {
                 with_tb(&["@read", "@fast"]),
                 with_tb(&["@write", "@fast"]),
                 with_tb(&["@write", "@slow"]),
+                with_tb(&["@write", "@slow", "@blocking"]),
             ]
         );
-        //                                           take   peek   refund takeall
+        //                                           take   peek   refund takeall btake
         assert_eq!(
             granted(&server, &mut admin, "w", &["+@write"]),
-            [true, false, true, true]
+            [true, false, true, true, true]
         );
         assert_eq!(
             granted(&server, &mut admin, "r", &["+@read"]),
-            [false, true, false, false]
+            [false, true, false, false, false]
         );
         assert_eq!(
             granted(&server, &mut admin, "f", &["+@fast"]),
-            [true, true, true, false]
+            [true, true, true, false, false]
+        );
+        assert_eq!(
+            granted(&server, &mut admin, "b", &["+@blocking"]),
+            [false, false, false, false, true]
         );
     } else {
         assert!(categories.iter().all(|c| c.is_empty()), "{categories:?}");
-        let rules = ["+@write", "+@read", "+@fast", "+@slow"];
-        assert_eq!(granted(&server, &mut admin, "w", &rules), [false; 4]);
+        let rules = ["+@write", "+@read", "+@fast", "+@slow", "+@blocking"];
+        assert_eq!(granted(&server, &mut admin, "w", &rules), [false; 5]);
     }
 
     // A server that lists the category `tb` gives it to every TB command.
@@ -574,7 +582,7 @@ fn acl_categories_are_those_the_server_supports() {
     if has_tb {
         assert_eq!(
             granted(&server, &mut admin, "limiter", &["+@tb"]),
-            [true; 4]
+            [true; 5]
         );
         let mut limiter = conn_as(&server, "limiter", "pw");
         assert_noperm(&mut limiter, &["TB.TAKE", "other:1", "5", "1", "1"]);
