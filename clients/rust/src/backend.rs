@@ -1,0 +1,405 @@
+//! Which server side answers (module, FUNCTION library, EVALSHA script), the
+//! commands each one takes, and what the sync and async limiters share.
+
+use crate::decision::{number, Decision, Limit, Policy};
+use crate::error::{Error, Result};
+use redis::{Cmd, Value};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The Lua fallback, `lua/tb.lua` of the repository (through the `lua`
+/// symlink in this package): as it is, a `FUNCTION LOAD` library.
+pub const LUA_LIBRARY: &str = include_str!("../lua/tb.lua");
+
+/// The same text without its first line (`#!lua name=tb`): the EVAL script.
+pub fn lua_script() -> &'static str {
+    LUA_LIBRARY
+        .split_once('\n')
+        .map(|(_, rest)| rest)
+        .unwrap_or(LUA_LIBRARY)
+}
+
+/// The server side a limiter calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// The redis-tb module: `TB.TAKE`, `TB.PEEK`, `TB.REFUND`, `TB.TAKEALL`, `TB.BTAKE`.
+    Module,
+    /// `lua/tb.lua` as a FUNCTION library (`FCALL tb_take ...`; Redis 7+, Valkey).
+    Function,
+    /// `lua/tb.lua` as an EVALSHA script (any Redis 4+), reloaded on NOSCRIPT.
+    Script,
+}
+
+impl Backend {
+    /// `"module"`, `"function"` or `"script"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Backend::Module => "module",
+            Backend::Function => "function",
+            Backend::Script => "script",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A log sink: `(level, message)`. Without one the `log` crate is used
+/// (target `redis_tb_client`).
+pub type Logger = Arc<dyn Fn(log::Level, &str) + Send + Sync>;
+
+pub(crate) fn emit(logger: &Option<Logger>, level: log::Level, message: &str) {
+    match logger {
+        Some(f) => f(level, message),
+        None => log::log!(target: "redis_tb_client", level, "{message}"),
+    }
+}
+
+/// Timeouts of the connections a limiter makes itself, and (async) of every call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Connecting, including the connection's handshake. Default 200 ms.
+    pub connect: Duration,
+    /// One command (or one limiter call, async). Default 200 ms.
+    pub command: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_millis(200),
+            command: Duration::from_millis(200),
+        }
+    }
+}
+
+/// The backend in use and what it needs (the script's SHA1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Resolved {
+    pub backend: Backend,
+    pub sha: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Take,
+    Peek,
+    Refund,
+    TakeAll,
+}
+
+impl Op {
+    fn module_command(self) -> &'static str {
+        match self {
+            Op::Take => "TB.TAKE",
+            Op::Peek => "TB.PEEK",
+            Op::Refund => "TB.REFUND",
+            Op::TakeAll => "TB.TAKEALL",
+        }
+    }
+    fn function(self) -> &'static str {
+        match self {
+            Op::Take => "tb_take",
+            Op::Peek => "tb_peek",
+            Op::Refund => "tb_refund",
+            Op::TakeAll => "tb_takeall",
+        }
+    }
+    fn script_word(self) -> &'static str {
+        match self {
+            Op::Take => "take",
+            Op::Peek => "peek",
+            Op::Refund => "refund",
+            Op::TakeAll => "takeall",
+        }
+    }
+}
+
+/// One bucket of a call, its numbers already as text.
+#[derive(Debug, Clone)]
+pub(crate) struct Bucket {
+    key: String,
+    args: [String; 3],
+}
+
+/// A checked call: the buckets and the policies for the decision.
+#[derive(Debug, Clone)]
+pub(crate) struct Call {
+    pub op: Op,
+    buckets: Vec<Bucket>,
+    policies: Vec<Policy>,
+}
+
+impl Call {
+    pub fn single(op: Op, key: &str, capacity: f64, rate: f64, n: f64, name: &str) -> Result<Call> {
+        Ok(Call {
+            op,
+            buckets: vec![bucket(key, capacity, rate, n)?],
+            policies: vec![Policy::new(name, capacity, rate)],
+        })
+    }
+
+    pub fn all(limits: &[Limit]) -> Result<Call> {
+        if limits.is_empty() {
+            return Err(Error::InvalidArgument(
+                "take_all needs at least one limit".into(),
+            ));
+        }
+        let mut buckets = Vec::with_capacity(limits.len());
+        let mut policies = Vec::with_capacity(limits.len());
+        for (i, limit) in limits.iter().enumerate() {
+            buckets.push(bucket(&limit.key, limit.capacity, limit.rate, limit.n)?);
+            let name = limit.name.clone().unwrap_or_else(|| format!("limit{i}"));
+            policies.push(Policy::new(name, limit.capacity, limit.rate));
+        }
+        Ok(Call {
+            op: Op::TakeAll,
+            buckets,
+            policies,
+        })
+    }
+
+    /// The command for `backend` (the script: EVALSHA, or with `eval` the
+    /// full text, which also caches it on that node).
+    pub fn command(&self, resolved: &Resolved, eval: bool) -> Cmd {
+        let mut cmd;
+        match resolved.backend {
+            Backend::Module => {
+                cmd = redis::cmd(self.op.module_command());
+                for b in &self.buckets {
+                    cmd.arg(&b.key).arg(&b.args[..]);
+                }
+                return cmd;
+            }
+            Backend::Function => {
+                cmd = redis::cmd("FCALL");
+                cmd.arg(self.op.function());
+            }
+            Backend::Script => {
+                if eval || resolved.sha.is_none() {
+                    cmd = redis::cmd("EVAL");
+                    cmd.arg(lua_script());
+                } else {
+                    cmd = redis::cmd("EVALSHA");
+                    cmd.arg(resolved.sha.as_deref().unwrap_or_default());
+                }
+            }
+        }
+        cmd.arg(self.buckets.len());
+        for b in &self.buckets {
+            cmd.arg(&b.key);
+        }
+        if resolved.backend == Backend::Script {
+            cmd.arg(self.op.script_word());
+        }
+        for b in &self.buckets {
+            cmd.arg(&b.args[..]);
+        }
+        cmd
+    }
+
+    /// `TB.BTAKE key capacity rate n timeout_ms` (single-bucket calls only).
+    pub fn btake(&self, timeout_ms: u64) -> Cmd {
+        let mut cmd = redis::cmd("TB.BTAKE");
+        for b in &self.buckets {
+            cmd.arg(&b.key).arg(&b.args[..]);
+        }
+        cmd.arg(timeout_ms);
+        cmd
+    }
+
+    pub fn decision(&self, value: &Value) -> Result<Decision> {
+        Decision::from_reply(value, self.policies.clone(), self.op == Op::TakeAll)
+    }
+}
+
+fn bucket(key: &str, capacity: f64, rate: f64, n: f64) -> Result<Bucket> {
+    Ok(Bucket {
+        key: key.to_string(),
+        args: [
+            number("capacity", capacity)?,
+            number("rate", rate)?,
+            number("n", n)?,
+        ],
+    })
+}
+
+/// The error means the script is not cached on the node that answered.
+pub(crate) fn is_noscript(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::NoScriptError || e.code() == Some("NOSCRIPT")
+}
+
+/// The error means the FUNCTION library is gone (FUNCTION FLUSH, a new node).
+pub(crate) fn is_function_missing(e: &redis::RedisError) -> bool {
+    e.to_string().contains("Function not found") || e.to_string().contains("function not found")
+}
+
+/// `COMMAND INFO tb.take` has an entry: the module is loaded.
+pub(crate) fn command_info_has_entry(v: &Value) -> bool {
+    match v {
+        Value::Array(items) => items.iter().any(|i| !matches!(i, Value::Nil)),
+        Value::Map(items) => !items.is_empty(),
+        _ => false,
+    }
+}
+
+pub(crate) fn command_info() -> Cmd {
+    let mut cmd = redis::cmd("COMMAND");
+    cmd.arg("INFO").arg("tb.take");
+    cmd
+}
+
+pub(crate) fn function_load() -> Cmd {
+    let mut cmd = redis::cmd("FUNCTION");
+    cmd.arg("LOAD").arg("REPLACE").arg(LUA_LIBRARY);
+    cmd
+}
+
+pub(crate) fn script_load() -> Cmd {
+    let mut cmd = redis::cmd("SCRIPT");
+    cmd.arg("LOAD").arg(lua_script());
+    cmd
+}
+
+pub(crate) fn cluster_info() -> Cmd {
+    redis::cmd("CLUSTER").arg("INFO").clone()
+}
+
+/// The SHA1 SCRIPT LOAD replied (a cluster client may answer with one per node).
+pub(crate) fn sha_of(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Array(items) => items.iter().find_map(sha_of),
+        Value::Map(items) => items.iter().find_map(|(_, v)| sha_of(v)),
+        _ => None,
+    }
+}
+
+/// Why a backend was picked, for the one log line.
+pub(crate) fn chosen(logger: &Option<Logger>, backend: Backend, why: &str) {
+    emit(
+        logger,
+        log::Level::Info,
+        &format!("redis-tb: using the {backend} backend ({why})"),
+    );
+}
+
+pub(crate) const WHY_MODULE: &str = "COMMAND INFO tb.take: the redis-tb module is loaded";
+pub(crate) const WHY_FUNCTION: &str =
+    "the module is not loaded; FUNCTION LOAD REPLACE of lua/tb.lua succeeded";
+pub(crate) const WHY_CLUSTER: &str = "the module is not loaded; a cluster: EVALSHA is routed by its key (redis-rs routes FCALL by the function name), reloaded per node on NOSCRIPT";
+pub(crate) const WHY_FORCED: &str = "forced by the caller";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(cmd: &Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                redis::Arg::Cursor => "<cursor>".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn script_is_the_library_without_its_first_line() {
+        assert!(LUA_LIBRARY.starts_with("#!lua name=tb\n"));
+        assert!(!lua_script().starts_with("#!lua"));
+        assert_eq!(
+            lua_script().len() + "#!lua name=tb\n".len(),
+            LUA_LIBRARY.len()
+        );
+    }
+
+    #[test]
+    fn the_library_text_is_the_repository_file() {
+        let repo =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lua/tb.lua"))
+                .unwrap();
+        assert_eq!(repo, LUA_LIBRARY);
+    }
+
+    #[test]
+    fn commands_per_backend() {
+        let take = Call::single(Op::Take, "k", 10.0, 0.5, 1.0, "default").unwrap();
+        let module = Resolved {
+            backend: Backend::Module,
+            sha: None,
+        };
+        let function = Resolved {
+            backend: Backend::Function,
+            sha: None,
+        };
+        let script = Resolved {
+            backend: Backend::Script,
+            sha: Some("abc".into()),
+        };
+        assert_eq!(
+            args(&take.command(&module, false)),
+            ["TB.TAKE", "k", "10", "0.5", "1"]
+        );
+        assert_eq!(
+            args(&take.command(&function, false)),
+            ["FCALL", "tb_take", "1", "k", "10", "0.5", "1"]
+        );
+        assert_eq!(
+            args(&take.command(&script, false)),
+            ["EVALSHA", "abc", "1", "k", "take", "10", "0.5", "1"]
+        );
+        assert_eq!(args(&take.command(&script, true))[0], "EVAL");
+        let all = Call::all(&[
+            Limit::new("{u}:a", 10, 2),
+            Limit::new("{u}:b", 5000, 0.25).cost(2),
+        ])
+        .unwrap();
+        assert_eq!(
+            args(&all.command(&module, false)),
+            [
+                "TB.TAKEALL",
+                "{u}:a",
+                "10",
+                "2",
+                "1",
+                "{u}:b",
+                "5000",
+                "0.25",
+                "2"
+            ]
+        );
+        assert_eq!(
+            args(&all.command(&function, false)),
+            [
+                "FCALL",
+                "tb_takeall",
+                "2",
+                "{u}:a",
+                "{u}:b",
+                "10",
+                "2",
+                "1",
+                "5000",
+                "0.25",
+                "2"
+            ]
+        );
+        assert_eq!(
+            args(&all.command(&script, false)),
+            [
+                "EVALSHA", "abc", "2", "{u}:a", "{u}:b", "takeall", "10", "2", "1", "5000", "0.25",
+                "2"
+            ]
+        );
+        assert_eq!(
+            args(&take.btake(250)),
+            ["TB.BTAKE", "k", "10", "0.5", "1", "250"]
+        );
+        assert!(Call::all(&[]).is_err());
+    }
+}

@@ -1,0 +1,369 @@
+//! Decisions, limits and the draft-11 `RateLimit` headers.
+
+use crate::error::{Error, Result};
+use http::{HeaderMap, HeaderName, HeaderValue};
+use redis::Value;
+
+/// The limit a decision was judged with, kept for the headers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    /// Policy name in the headers (`"default"` unless set; `take_all`:
+    /// `"limit<index>"` unless the [`Limit`] has a name).
+    pub name: String,
+    /// Tokens in a full bucket.
+    pub capacity: f64,
+    /// Tokens added per second.
+    pub rate: f64,
+}
+
+impl Policy {
+    /// A policy named `name`: `capacity` tokens, refilled at `rate` per second.
+    pub fn new(name: impl Into<String>, capacity: impl Into<f64>, rate: impl Into<f64>) -> Policy {
+        Policy {
+            name: name.into(),
+            capacity: capacity.into(),
+            rate: rate.into(),
+        }
+    }
+
+    /// `floor(capacity)`: whole requests of cost 1 in a full bucket.
+    pub fn quota(&self) -> u64 {
+        // `as` saturates (NaN -> 0), never panics.
+        self.capacity.floor() as u64
+    }
+
+    /// `ceil(capacity / rate)` seconds: the time to refill an empty bucket.
+    pub fn window_secs(&self) -> u64 {
+        (self.capacity / self.rate).ceil() as u64
+    }
+
+    /// This policy as one `RateLimit-Policy` item: `"name";q=10;w=5`.
+    pub fn header_item(&self) -> String {
+        format!(
+            "{};q={};w={}",
+            sf_string(&self.name),
+            self.quota(),
+            self.window_secs()
+        )
+    }
+}
+
+/// One bucket of a [`take_all`](crate::RateLimiter::take_all) call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limit {
+    /// The bucket's key. In a cluster all keys of one call must share a hash
+    /// slot: give them a common hash tag, e.g. `{user:42}:sec`, `{user:42}:day`.
+    pub key: String,
+    /// Tokens in a full bucket.
+    pub capacity: f64,
+    /// Tokens added per second.
+    pub rate: f64,
+    /// Tokens this call takes (default 1).
+    pub n: f64,
+    /// Policy name in the headers (default `"limit<index>"`).
+    pub name: Option<String>,
+}
+
+impl Limit {
+    /// A limit of `capacity` tokens refilled at `rate` per second; costs 1.
+    pub fn new(key: impl Into<String>, capacity: impl Into<f64>, rate: impl Into<f64>) -> Limit {
+        Limit {
+            key: key.into(),
+            capacity: capacity.into(),
+            rate: rate.into(),
+            n: 1.0,
+            name: None,
+        }
+    }
+
+    /// Sets the cost (tokens taken).
+    pub fn cost(mut self, n: impl Into<f64>) -> Limit {
+        self.n = n.into();
+        self
+    }
+
+    /// Sets the policy name used in the headers.
+    pub fn name(mut self, name: impl Into<String>) -> Limit {
+        self.name = Some(name.into());
+        self
+    }
+}
+
+/// The answer of a limiter call: the module's (or the script's) reply plus
+/// the limits it was judged with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// The tokens were taken (peek: would be).
+    pub allowed: bool,
+    /// Whole tokens left after the call; when denied, whole tokens available now.
+    pub remaining: u64,
+    /// 0 when allowed; when denied the shortest wait in ms after which the
+    /// same call would succeed; -1 when it never can (`n > capacity`).
+    pub retry_after_ms: i64,
+    /// Shortest wait in ms until the bucket is full again (0: full).
+    pub reset_after_ms: u64,
+    /// `take_all` only: 0-based position of the deciding limit.
+    pub index: Option<usize>,
+    /// The limits judged, in the call's order (one outside `take_all`).
+    pub policies: Vec<Policy>,
+}
+
+impl Decision {
+    /// The deciding limit (`policies[index]`, or the only one).
+    pub fn policy(&self) -> Option<&Policy> {
+        self.policies.get(self.index.unwrap_or(0))
+    }
+
+    /// Renames the deciding policy (the only one outside `take_all`).
+    pub fn with_policy_name(mut self, name: impl Into<String>) -> Decision {
+        let at = self.index.unwrap_or(0);
+        if let Some(policy) = self.policies.get_mut(at) {
+            policy.name = name.into();
+        }
+        self
+    }
+
+    /// True when denied and no wait makes the same call succeed (`n > capacity`).
+    pub fn can_never_succeed(&self) -> bool {
+        !self.allowed && self.retry_after_ms < 0
+    }
+
+    /// `ceil(retry_after_ms / 1000)`: the `Retry-After` seconds on a denial
+    /// with `retry_after_ms >= 0`; `None` when allowed or when waiting cannot help.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        if self.allowed || self.retry_after_ms < 0 {
+            return None;
+        }
+        Some((self.retry_after_ms as u64).div_ceil(1000))
+    }
+
+    /// `ceil(reset_after_ms / 1000)`.
+    pub fn reset_secs(&self) -> u64 {
+        self.reset_after_ms.div_ceil(1000)
+    }
+
+    /// The draft-ietf-httpapi-ratelimit-headers-11 response headers, in this
+    /// order: `RateLimit-Policy` (one item per limit, in the call's order),
+    /// `RateLimit` (the deciding limit), and `Retry-After` on a denial that a
+    /// wait can fix.
+    pub fn headers(&self) -> Vec<(&'static str, String)> {
+        let mut headers = Vec::with_capacity(3);
+        let items: Vec<String> = self.policies.iter().map(Policy::header_item).collect();
+        headers.push(("RateLimit-Policy", items.join(", ")));
+        let name = self.policy().map(|p| p.name.as_str()).unwrap_or("default");
+        headers.push((
+            "RateLimit",
+            format!(
+                "{};r={};t={}",
+                sf_string(name),
+                self.remaining,
+                self.reset_secs()
+            ),
+        ));
+        if let Some(secs) = self.retry_after_secs() {
+            headers.push(("Retry-After", secs.to_string()));
+        }
+        headers
+    }
+
+    /// [`headers`](Self::headers) as an [`http::HeaderMap`].
+    pub fn header_map(&self) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in self.headers() {
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                map.insert(HeaderName::from_static(lower(name)), value);
+            }
+        }
+        map
+    }
+
+    /// Builds a decision from a four- (or, for `take_all`, five-) integer reply.
+    pub(crate) fn from_reply(value: &Value, policies: Vec<Policy>, all: bool) -> Result<Decision> {
+        let ints: Vec<i64> = redis::FromRedisValue::from_redis_value(value)
+            .map_err(|_| Error::UnexpectedReply(format!("{value:?}")))?;
+        let bad = || Error::UnexpectedReply(format!("{ints:?}"));
+        let want = if all { 5 } else { 4 };
+        if ints.len() != want {
+            return Err(bad());
+        }
+        let field = |i: usize| ints.get(i).copied().ok_or_else(bad);
+        let index = if all {
+            let index = usize::try_from(field(4)?).map_err(|_| bad())?;
+            if index >= policies.len() {
+                return Err(bad());
+            }
+            Some(index)
+        } else {
+            None
+        };
+        Ok(Decision {
+            allowed: field(0)? == 1,
+            remaining: u64::try_from(field(1)?).map_err(|_| bad())?,
+            retry_after_ms: field(2)?,
+            reset_after_ms: u64::try_from(field(3)?).map_err(|_| bad())?,
+            index,
+            policies,
+        })
+    }
+}
+
+fn lower(name: &'static str) -> &'static str {
+    match name {
+        "RateLimit-Policy" => "ratelimit-policy",
+        "RateLimit" => "ratelimit",
+        _ => "retry-after",
+    }
+}
+
+/// A Structured Field string: `"..."` with `\` and `"` escaped; characters
+/// outside printable ASCII (which sf-strings cannot hold) become `?`.
+pub(crate) fn sf_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('?'),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A number as the module reads it: the shortest text that reads back as
+/// the same double (Rust's `{}`), or exponent form when that is long
+/// (`1e-70`); NaN and infinities are refused before anything is sent.
+pub(crate) fn number(what: &str, x: f64) -> Result<String> {
+    if !x.is_finite() {
+        return Err(Error::InvalidArgument(format!(
+            "{what} must be a finite number, got {x}"
+        )));
+    }
+    let plain = format!("{x}");
+    if plain.len() <= 32 {
+        Ok(plain)
+    } else {
+        Ok(format!("{x:e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decision(allowed: bool, remaining: u64, retry: i64, reset: u64) -> Decision {
+        Decision {
+            allowed,
+            remaining,
+            retry_after_ms: retry,
+            reset_after_ms: reset,
+            index: None,
+            policies: vec![Policy::new("default", 10, 2)],
+        }
+    }
+
+    #[test]
+    fn allowed_headers() {
+        assert_eq!(
+            decision(true, 9, 0, 500).headers(),
+            vec![
+                ("RateLimit-Policy", "\"default\";q=10;w=5".to_string()),
+                ("RateLimit", "\"default\";r=9;t=1".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn denied_headers_round_up() {
+        let h = decision(false, 0, 1001, 4000).headers();
+        assert_eq!(h[2], ("Retry-After", "2".to_string()));
+        assert_eq!(h[1].1, "\"default\";r=0;t=4");
+        let h = decision(false, 0, 1000, 4001).headers();
+        assert_eq!(h[2].1, "1");
+        assert_eq!(h[1].1, "\"default\";r=0;t=5");
+    }
+
+    #[test]
+    fn never_possible_has_no_retry_after() {
+        let d = decision(false, 10, -1, 0);
+        assert!(d.can_never_succeed());
+        assert_eq!(d.headers().len(), 2);
+    }
+
+    #[test]
+    fn take_all_headers_list_every_policy_and_use_the_deciding_one() {
+        let d = Decision {
+            allowed: false,
+            remaining: 0,
+            retry_after_ms: 17_280_000,
+            reset_after_ms: 86_400_000,
+            index: Some(1),
+            policies: vec![
+                Policy::new("sec", 10, 2),
+                Policy::new("day", 5000, 5000.0 / 86400.0),
+            ],
+        };
+        let h = d.headers();
+        assert_eq!(h[0].1, "\"sec\";q=10;w=5, \"day\";q=5000;w=86400");
+        assert_eq!(h[1].1, "\"day\";r=0;t=86400");
+        assert_eq!(h[2].1, "17280");
+        let map = d.header_map();
+        assert_eq!(map["retry-after"], "17280");
+        assert_eq!(map["ratelimit"], "\"day\";r=0;t=86400");
+    }
+
+    #[test]
+    fn fractional_capacity_and_names_are_escaped() {
+        let p = Policy::new("a\"b\\c\u{e9}", 2.5, 1);
+        assert_eq!(p.header_item(), "\"a\\\"b\\\\c?\";q=2;w=3");
+    }
+
+    #[test]
+    fn numbers_are_shortest_exact_decimals() {
+        assert_eq!(number("rate", 20.0).unwrap(), "20");
+        assert_eq!(number("rate", 0.001).unwrap(), "0.001");
+        assert_eq!(number("rate", 2.5).unwrap(), "2.5");
+        assert_eq!(number("rate", 1e-70).unwrap(), "1e-70");
+        assert_eq!(number("rate", 1e300).unwrap(), "1e300");
+        assert_eq!(number("rate", 0.1 + 0.2).unwrap(), "0.30000000000000004");
+        assert!(matches!(
+            number("rate", f64::NAN),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            number("rate", f64::INFINITY),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
+    fn replies_parse_and_odd_shapes_are_errors() {
+        let v = Value::Array(vec![
+            Value::Int(0),
+            Value::Int(3),
+            Value::Int(-1),
+            Value::Int(250),
+        ]);
+        let d = Decision::from_reply(&v, vec![Policy::new("x", 1, 1)], false).unwrap();
+        assert_eq!(
+            (d.allowed, d.remaining, d.retry_after_ms, d.reset_after_ms),
+            (false, 3, -1, 250)
+        );
+        assert!(Decision::from_reply(&v, vec![], true).is_err());
+        assert!(Decision::from_reply(&Value::Int(1), vec![], false).is_err());
+        let five = Value::Array((0..5).map(|_| Value::Int(1)).collect());
+        assert!(Decision::from_reply(&five, vec![Policy::new("x", 1, 1)], false).is_err());
+        let d = Decision::from_reply(
+            &five,
+            vec![Policy::new("a", 1, 1), Policy::new("b", 1, 1)],
+            true,
+        )
+        .unwrap();
+        assert_eq!(d.index, Some(1));
+        assert_eq!(d.policy().unwrap().name, "b");
+    }
+}

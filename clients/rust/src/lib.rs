@@ -1,0 +1,56 @@
+//! Client library for [redis-tb](https://github.com/), the token-bucket rate
+//! limiter for Redis and Valkey: the same API whether the module is loaded
+//! (TB.TAKE ...) or not (the Lua fallback `lua/tb.lua`, as a FUNCTION library
+//! or an EVALSHA script), draft-11 `RateLimit` headers, and (feature
+//! `tower`) a fail-open tower/axum middleware. See README.md.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), redis_tb_client::Error> {
+//! use redis_tb_client::RateLimiter;
+//! let mut limiter = RateLimiter::open("redis://127.0.0.1/")?;
+//! // 20 requests of burst, refilled at 5 per second; this request costs 1.
+//! let d = limiter.take("user:42", 20, 5, 1)?;
+//! for (name, value) in d.headers() {
+//!     println!("{name}: {value}");
+//! }
+//! if !d.allowed { /* 429 */ }
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
+#![cfg_attr(
+    test,
+    allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::panic
+    )
+)]
+
+mod aio;
+mod backend;
+mod decision;
+mod error;
+#[cfg(feature = "tower")]
+mod middleware;
+mod sync;
+
+pub use aio::AsyncRateLimiter;
+pub use backend::{lua_script, Backend, Logger, Timeouts, LUA_LIBRARY};
+pub use decision::{Decision, Limit, Policy};
+pub use error::{Error, Result};
+#[cfg(feature = "tower")]
+pub use middleware::{
+    client_ip, connect_info_ip, problem_body, CostFn, KeyFn, RateLimitLayer, RateLimitService,
+    QUOTA_EXCEEDED,
+};
+pub use sync::{ManagedConnection, RateLimiter};
+
+/// This crate's version (the module's: both are 0.1.0).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,503 @@
+//! The blocking limiter, over any `redis::ConnectionLike` (a plain
+//! `redis::Connection`, a `redis::cluster::ClusterConnection`, or the
+//! [`ManagedConnection`] this crate makes with short timeouts).
+
+use crate::backend::{
+    self, chosen, command_info_has_entry, emit, is_function_missing, is_noscript, Backend, Call,
+    Logger, Op, Resolved, Timeouts,
+};
+use crate::decision::{Decision, Limit};
+use crate::error::{is_connection_problem, Error, Result};
+use redis::{ConnectionLike, IntoConnectionInfo, RedisResult, Value};
+use std::io;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+/// Settings shared by both limiters.
+#[derive(Clone)]
+pub(crate) struct Options {
+    pub backend: Option<Backend>,
+    pub logger: Option<Logger>,
+    pub timeouts: Timeouts,
+    pub policy_name: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            backend: None,
+            logger: None,
+            timeouts: Timeouts::default(),
+            policy_name: "default".into(),
+        }
+    }
+}
+
+/// The extra time a TB.BTAKE read may take beyond its own timeout.
+pub(crate) fn btake_margin(timeouts: &Timeouts) -> Duration {
+    timeouts.command + Duration::from_secs(1)
+}
+
+/// A `redis::Connection` made with bounded connect, handshake, read and
+/// write timeouts, dropped after any I/O error or timeout (so a late reply
+/// can never be read as the answer to the next command) and made again on
+/// the next call.
+///
+/// The handshake of a new `redis::Connection` (`CLIENT SETINFO`) has no read
+/// timeout of its own, so connecting runs on a helper thread that the caller
+/// waits for at most `Timeouts::connect`; at most one such thread is pending
+/// at a time (against a hung server it finishes when the server answers).
+pub struct ManagedConnection {
+    client: redis::Client,
+    timeouts: Timeouts,
+    read_timeout: Option<Duration>,
+    con: Option<redis::Connection>,
+    pending: Option<Receiver<RedisResult<redis::Connection>>>,
+}
+
+impl ManagedConnection {
+    /// A connection to `client`'s server with `timeouts` (nothing is sent yet).
+    pub fn new(client: redis::Client, timeouts: Timeouts) -> ManagedConnection {
+        ManagedConnection::with_read_timeout(client, timeouts, Some(timeouts.command))
+    }
+
+    pub(crate) fn with_read_timeout(
+        client: redis::Client,
+        timeouts: Timeouts,
+        read_timeout: Option<Duration>,
+    ) -> ManagedConnection {
+        ManagedConnection {
+            client,
+            timeouts,
+            read_timeout,
+            con: None,
+            pending: None,
+        }
+    }
+
+    /// The client this connection is made from.
+    pub fn client(&self) -> &redis::Client {
+        &self.client
+    }
+
+    fn connection(&mut self) -> RedisResult<&mut redis::Connection> {
+        if self.con.is_none() {
+            let pending = match self.pending.take() {
+                Some(pending) => pending,
+                None => self.start_connect()?,
+            };
+            match pending.recv_timeout(self.timeouts.connect) {
+                Ok(Ok(con)) => {
+                    con.set_read_timeout(self.read_timeout)?;
+                    con.set_write_timeout(Some(self.timeouts.command))?;
+                    self.con = Some(con);
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(RecvTimeoutError::Timeout) => {
+                    self.pending = Some(pending);
+                    return Err(io_error(io::ErrorKind::TimedOut, "connect timed out"));
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(io_error(io::ErrorKind::Other, "connect thread ended"))
+                }
+            }
+        }
+        self.con
+            .as_mut()
+            .ok_or_else(|| io_error(io::ErrorKind::NotConnected, "not connected"))
+    }
+
+    fn start_connect(&self) -> RedisResult<Receiver<RedisResult<redis::Connection>>> {
+        let (tx, rx) = mpsc::channel();
+        let client = self.client.clone();
+        let timeout = self.timeouts.connect;
+        std::thread::Builder::new()
+            .name("redis-tb-connect".into())
+            .spawn(move || {
+                let _ = tx.send(client.get_connection_with_timeout(timeout));
+            })
+            .map_err(redis::RedisError::from)?;
+        Ok(rx)
+    }
+
+    fn check<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
+        if let Err(e) = &result {
+            if is_connection_problem(e) {
+                self.con = None;
+            }
+        }
+        result
+    }
+}
+
+fn io_error(kind: io::ErrorKind, message: &str) -> redis::RedisError {
+    redis::RedisError::from(io::Error::new(kind, message.to_string()))
+}
+
+impl ConnectionLike for ManagedConnection {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        let result = self
+            .connection()
+            .and_then(|con| con.req_packed_command(cmd));
+        self.check(result)
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        let result = self
+            .connection()
+            .and_then(|con| con.req_packed_commands(cmd, offset, count));
+        self.check(result)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.client.get_connection_info().redis.db
+    }
+
+    fn check_connection(&mut self) -> bool {
+        redis::cmd("PING").query::<String>(self).is_ok()
+    }
+
+    fn is_open(&self) -> bool {
+        self.con.as_ref().map(|c| c.is_open()).unwrap_or(true)
+    }
+}
+
+/// A token-bucket rate limiter over a blocking connection.
+///
+/// The backend (module, FUNCTION library or EVALSHA script) is chosen at
+/// the first call or at [`connect`](Self::connect) and logged once.
+pub struct RateLimiter<C = ManagedConnection> {
+    con: C,
+    opts: Options,
+    resolved: Option<Resolved>,
+    blocking: Option<redis::Client>,
+    polling_logged: bool,
+}
+
+impl RateLimiter<ManagedConnection> {
+    /// A limiter on a [`ManagedConnection`] to `url` with the default
+    /// timeouts (200 ms connect, 200 ms per command); `wait_take` gets its
+    /// own connections to the same server.
+    pub fn open<T: IntoConnectionInfo>(url: T) -> Result<Self> {
+        Ok(Self::from_client(
+            redis::Client::open(url)?,
+            Timeouts::default(),
+        ))
+    }
+
+    /// A limiter on a [`ManagedConnection`] made from `client` with `timeouts`.
+    pub fn from_client(client: redis::Client, timeouts: Timeouts) -> Self {
+        let mut limiter = RateLimiter::new(ManagedConnection::new(client.clone(), timeouts));
+        limiter.opts.timeouts = timeouts;
+        limiter.blocking = Some(client);
+        limiter
+    }
+}
+
+impl<C: ConnectionLike> RateLimiter<C> {
+    /// A limiter on `con`. Its timeouts are the connection's: set short
+    /// read/write timeouts on it (`redis::Connection::set_read_timeout`,
+    /// `ClusterClientBuilder::read_timeout`) or the limiter hangs when Redis
+    /// hangs.
+    pub fn new(con: C) -> Self {
+        RateLimiter {
+            con,
+            opts: Options::default(),
+            resolved: None,
+            blocking: None,
+            polling_logged: false,
+        }
+    }
+
+    /// Forces a backend instead of choosing one.
+    pub fn with_backend(mut self, backend: Backend) -> Self {
+        self.opts.backend = Some(backend);
+        self
+    }
+
+    /// Sends the log lines to `logger` instead of the `log` crate.
+    pub fn with_logger(mut self, logger: Logger) -> Self {
+        self.opts.logger = Some(logger);
+        self
+    }
+
+    /// The policy name of `take`/`peek`/`refund`/`wait_take` decisions
+    /// (default `"default"`).
+    pub fn with_policy_name(mut self, name: impl Into<String>) -> Self {
+        self.opts.policy_name = name.into();
+        self
+    }
+
+    /// Timeouts for the connections `wait_take` makes (`command` is also
+    /// the margin added to a TB.BTAKE's own timeout).
+    pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
+        self.opts.timeouts = timeouts;
+        self
+    }
+
+    /// A client for the dedicated connections `wait_take` uses for TB.BTAKE
+    /// (a blocking command must not share a connection, and needs a read
+    /// timeout above its own). Without one, `wait_take` polls.
+    pub fn with_blocking_client(mut self, client: redis::Client) -> Self {
+        self.blocking = Some(client);
+        self
+    }
+
+    /// The backend in use, once chosen.
+    pub fn backend(&self) -> Option<Backend> {
+        self.resolved.as_ref().map(|r| r.backend)
+    }
+
+    /// The connection.
+    pub fn connection_mut(&mut self) -> &mut C {
+        &mut self.con
+    }
+
+    /// Chooses the backend now (loading the Lua library or script if
+    /// needed) instead of at the first call.
+    pub fn connect(&mut self) -> Result<Backend> {
+        Ok(self.resolve()?.backend)
+    }
+
+    fn query(&mut self, cmd: &redis::Cmd) -> Result<Value> {
+        Ok(cmd.query::<Value>(&mut self.con)?)
+    }
+
+    fn resolve(&mut self) -> Result<Resolved> {
+        if let Some(r) = &self.resolved {
+            return Ok(r.clone());
+        }
+        let (resolved, why) = match self.opts.backend {
+            Some(Backend::Module) => (
+                resolved(Backend::Module, None),
+                backend::WHY_FORCED.to_string(),
+            ),
+            Some(Backend::Function) => {
+                self.query(&backend::function_load())?;
+                (
+                    resolved(Backend::Function, None),
+                    backend::WHY_FORCED.to_string(),
+                )
+            }
+            Some(Backend::Script) => {
+                let sha = backend::sha_of(&self.query(&backend::script_load())?);
+                (
+                    resolved(Backend::Script, sha),
+                    backend::WHY_FORCED.to_string(),
+                )
+            }
+            None => self.detect()?,
+        };
+        chosen(&self.opts.logger, resolved.backend, &why);
+        self.resolved = Some(resolved.clone());
+        Ok(resolved)
+    }
+
+    fn detect(&mut self) -> Result<(Resolved, String)> {
+        if command_info_has_entry(&self.query(&backend::command_info())?) {
+            return Ok((resolved(Backend::Module, None), backend::WHY_MODULE.into()));
+        }
+        let cluster = match backend::cluster_info().query::<Value>(&mut self.con) {
+            Ok(_) => true,
+            Err(e) if is_connection_problem(&e) => return Err(e.into()),
+            Err(_) => false,
+        };
+        if !cluster {
+            match backend::function_load().query::<Value>(&mut self.con) {
+                Ok(_) => {
+                    return Ok((
+                        resolved(Backend::Function, None),
+                        backend::WHY_FUNCTION.into(),
+                    ))
+                }
+                Err(e) if is_connection_problem(&e) => return Err(e.into()),
+                Err(e) => {
+                    let sha = backend::sha_of(&self.query(&backend::script_load())?);
+                    let why =
+                        format!("the module is not loaded; FUNCTION LOAD failed ({e}): EVALSHA");
+                    return Ok((resolved(Backend::Script, sha), why));
+                }
+            }
+        }
+        let sha = backend::sha_of(&self.query(&backend::script_load())?);
+        Ok((resolved(Backend::Script, sha), backend::WHY_CLUSTER.into()))
+    }
+
+    fn run(&mut self, call: &Call) -> Result<Decision> {
+        let resolved = self.resolve()?;
+        let value = match call.command(&resolved, false).query::<Value>(&mut self.con) {
+            Ok(v) => v,
+            Err(e) if resolved.backend == Backend::Script && is_noscript(&e) => {
+                self.query(&call.command(&resolved, true))?
+            }
+            Err(e) if resolved.backend == Backend::Function && is_function_missing(&e) => {
+                self.query(&backend::function_load())?;
+                self.query(&call.command(&resolved, false))?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        call.decision(&value)
+    }
+
+    /// Takes `n` tokens from the bucket at `key` (burst `capacity`, refilled
+    /// at `rate` tokens per second) if it holds them.
+    pub fn take(
+        &mut self,
+        key: &str,
+        capacity: impl Into<f64>,
+        rate: impl Into<f64>,
+        n: impl Into<f64>,
+    ) -> Result<Decision> {
+        let call = Call::single(
+            Op::Take,
+            key,
+            capacity.into(),
+            rate.into(),
+            n.into(),
+            &self.opts.policy_name,
+        )?;
+        self.run(&call)
+    }
+
+    /// What `take` would answer now; writes nothing.
+    pub fn peek(
+        &mut self,
+        key: &str,
+        capacity: impl Into<f64>,
+        rate: impl Into<f64>,
+        n: impl Into<f64>,
+    ) -> Result<Decision> {
+        let call = Call::single(
+            Op::Peek,
+            key,
+            capacity.into(),
+            rate.into(),
+            n.into(),
+            &self.opts.policy_name,
+        )?;
+        self.run(&call)
+    }
+
+    /// Gives `n` tokens back (capped at `capacity`).
+    pub fn refund(
+        &mut self,
+        key: &str,
+        capacity: impl Into<f64>,
+        rate: impl Into<f64>,
+        n: impl Into<f64>,
+    ) -> Result<Decision> {
+        let call = Call::single(
+            Op::Refund,
+            key,
+            capacity.into(),
+            rate.into(),
+            n.into(),
+            &self.opts.policy_name,
+        )?;
+        self.run(&call)
+    }
+
+    /// Several limits, all or nothing; the decision names the deciding one
+    /// (`index`). In a cluster the keys must share a hash slot.
+    pub fn take_all(&mut self, limits: &[Limit]) -> Result<Decision> {
+        self.run(&Call::all(limits)?)
+    }
+
+    /// Takes `n` tokens, waiting up to `timeout_ms` (0: no limit) for them;
+    /// on timeout the last denial.
+    ///
+    /// Module backend with a blocking client (see [`with_blocking_client`](Self::with_blocking_client);
+    /// [`open`](RateLimiter::open) sets one): TB.BTAKE on a dedicated
+    /// connection whose read timeout is `timeout_ms` plus a margin; waiters
+    /// are served first come, first served by the server.
+    ///
+    /// **Otherwise this polls**: take, sleep `min(retry_after_ms, time left)`,
+    /// again. Polling waiters are NOT served in arrival order.
+    pub fn wait_take(
+        &mut self,
+        key: &str,
+        capacity: impl Into<f64>,
+        rate: impl Into<f64>,
+        n: impl Into<f64>,
+        timeout_ms: u64,
+    ) -> Result<Decision> {
+        let call = Call::single(
+            Op::Take,
+            key,
+            capacity.into(),
+            rate.into(),
+            n.into(),
+            &self.opts.policy_name,
+        )?;
+        let resolved = self.resolve()?;
+        if resolved.backend == Backend::Module {
+            if let Some(client) = self.blocking.clone() {
+                return self.btake(client, &call, timeout_ms);
+            }
+            if !self.polling_logged {
+                self.polling_logged = true;
+                emit(
+                    &self.opts.logger,
+                    log::Level::Info,
+                    "redis-tb: wait_take polls (not FIFO): no client for a dedicated TB.BTAKE connection",
+                );
+            }
+        }
+        self.poll(&call, timeout_ms)
+    }
+
+    fn btake(&mut self, client: redis::Client, call: &Call, timeout_ms: u64) -> Result<Decision> {
+        let read = match timeout_ms {
+            0 => None,
+            ms => Some(Duration::from_millis(ms) + btake_margin(&self.opts.timeouts)),
+        };
+        let mut con = ManagedConnection::with_read_timeout(client, self.opts.timeouts, read);
+        let value = call.btake(timeout_ms).query::<Value>(&mut con)?;
+        call.decision(&value)
+    }
+
+    fn poll(&mut self, call: &Call, timeout_ms: u64) -> Result<Decision> {
+        let deadline = match timeout_ms {
+            0 => None,
+            ms => Instant::now().checked_add(Duration::from_millis(ms)),
+        };
+        loop {
+            let decision = self.run(call)?;
+            if decision.allowed || decision.retry_after_ms < 0 {
+                return Ok(decision);
+            }
+            let mut wait = Duration::from_millis(decision.retry_after_ms.unsigned_abs().max(1));
+            if let Some(deadline) = deadline {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Ok(decision);
+                }
+                wait = wait.min(left);
+            }
+            std::thread::sleep(wait);
+        }
+    }
+}
+
+fn resolved(backend: Backend, sha: Option<String>) -> Resolved {
+    Resolved { backend, sha }
+}
+
+impl<C> std::fmt::Debug for RateLimiter<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimiter")
+            .field("backend", &self.resolved.as_ref().map(|r| r.backend))
+            .finish()
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_error_is_send_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Error>();
+}
