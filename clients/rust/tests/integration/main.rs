@@ -1,4 +1,7 @@
 //! Integration tests against real servers (one binary: one link).
 
 mod api;
+mod cluster;
 mod common;
+mod migration;
+mod wait_take;
