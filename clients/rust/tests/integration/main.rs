@@ -5,3 +5,5 @@ mod cluster;
 mod common;
 mod migration;
 mod wait_take;
+mod web;
+mod middleware;
