@@ -183,9 +183,6 @@ impl Lines {
     pub fn all(&self) -> Vec<(log::Level, String)> {
         self.0.lock().unwrap().clone()
     }
-    pub fn count(&self, level: log::Level) -> usize {
-        self.all().iter().filter(|(l, _)| *l == level).count()
-    }
 }
 
 /// A slow bucket: nothing refills while a test runs (1 token per 1000 s).

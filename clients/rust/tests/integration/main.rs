@@ -7,3 +7,4 @@ mod migration;
 mod wait_take;
 mod web;
 mod middleware;
+mod fail_open;

@@ -1,0 +1,148 @@
+//! Redis stopped, and hung (SIGSTOP): the middleware lets requests through
+//! fast, without headers, logging once per outage; the plain API returns
+//! the library's error fast and recovers without mixing up replies.
+
+use crate::common::*;
+use crate::web::{get, serve};
+use redis_tb_client::{AsyncRateLimiter, RateLimitLayer, RateLimiter};
+use std::time::{Duration, Instant};
+
+const FAST: Duration = Duration::from_secs(1);
+
+fn count(lines: &Lines, level: log::Level, text: &str) -> usize {
+    lines
+        .all()
+        .iter()
+        .filter(|(l, m)| *l == level && m.contains(text))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn middleware_fails_open_while_stopped_and_logs_once() {
+    let mut server = Server::with_module();
+    let lines = Lines::default();
+    let limiter = AsyncRateLimiter::from_client(server.client(), Default::default())
+        .await
+        .unwrap();
+    let addr = serve(RateLimitLayer::new(limiter, 100, SLOW).logger(lines.logger())).await;
+    assert!(get(addr, "/").await.has_rate_limit_headers());
+
+    server.stop();
+    for _ in 0..20 {
+        let started = Instant::now();
+        let r = get(addr, "/").await;
+        assert!(started.elapsed() < FAST, "{:?}", started.elapsed());
+        assert_eq!((r.status, r.body.as_str()), (200, "hello"));
+        assert!(!r.has_rate_limit_headers(), "{:?}", r.headers);
+    }
+    assert_eq!(count(&lines, log::Level::Warn, "unavailable"), 1, "{:?}", lines.all());
+
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = get(addr, "/").await;
+        assert_eq!(r.status, 200);
+        if r.has_rate_limit_headers() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the limiter never came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(count(&lines, log::Level::Info, "available again"), 1, "{:?}", lines.all());
+    assert_eq!(count(&lines, log::Level::Warn, "unavailable"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn middleware_fails_open_while_hung_and_closed_when_asked() {
+    let server = Server::with_module();
+    let lines = Lines::default();
+    let limiter = AsyncRateLimiter::from_client(server.client(), Default::default())
+        .await
+        .unwrap();
+    let open = serve(RateLimitLayer::new(limiter.clone(), 100, SLOW).logger(lines.logger())).await;
+    let closed = serve(
+        RateLimitLayer::new(limiter, 100, SLOW)
+            .fail_open(false)
+            .policy_name("closed")
+            .logger(Lines::default().logger()),
+    )
+    .await;
+    assert!(get(open, "/").await.has_rate_limit_headers());
+    assert!(get(closed, "/").await.has_rate_limit_headers());
+
+    server.signal(libc::SIGSTOP);
+    let outcome = async move {
+        for _ in 0..10 {
+            let started = Instant::now();
+            let r = get(open, "/").await;
+            assert!(started.elapsed() < FAST, "{:?}", started.elapsed());
+            assert_eq!(r.status, 200);
+            assert!(!r.has_rate_limit_headers());
+        }
+        let started = Instant::now();
+        let r = get(closed, "/").await;
+        assert!(started.elapsed() < FAST, "{:?}", started.elapsed());
+        assert_eq!(r.status, 503);
+    };
+    let result = tokio::spawn(outcome).await;
+    server.signal(libc::SIGCONT);
+    result.unwrap();
+    assert_eq!(count(&lines, log::Level::Warn, "unavailable"), 1, "{:?}", lines.all());
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = get(open, "/").await;
+        if r.has_rate_limit_headers() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the limiter never came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(count(&lines, log::Level::Info, "available again"), 1);
+}
+
+#[test]
+fn sync_api_errors_fast_and_never_mixes_up_replies() {
+    let mut server = Server::with_module();
+    let mut l = RateLimiter::open(server.url()).unwrap();
+    assert_eq!(l.take("a", 50, SLOW, 1).unwrap().remaining, 49);
+
+    server.signal(libc::SIGSTOP);
+    let started = Instant::now();
+    let e = l.take("a", 50, SLOW, 1).unwrap_err();
+    assert!(e.is_unavailable(), "{e}");
+    // A new limiter cannot connect either (the handshake would hang): fast error.
+    let mut fresh = RateLimiter::open(server.url()).unwrap();
+    assert!(fresh.take("a", 50, SLOW, 1).unwrap_err().is_unavailable());
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    server.signal(libc::SIGCONT);
+
+    // The late reply for "a" is never read as the answer for "b".
+    let d = l.take("b", 10, SLOW, 1).unwrap();
+    assert_eq!((d.allowed, d.remaining, d.policies[0].capacity), (true, 9, 10.0));
+
+    server.stop();
+    let started = Instant::now();
+    assert!(l.take("b", 10, SLOW, 1).unwrap_err().is_unavailable());
+    assert!(started.elapsed() < FAST);
+    server.restart();
+    assert_eq!(l.take("b", 10, SLOW, 1).unwrap().remaining, 9, "a new server, a new bucket");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_api_times_out_fast_and_recovers() {
+    let server = Server::with_module();
+    let l = AsyncRateLimiter::connect_url(server.url()).await.unwrap();
+    assert_eq!(l.take("a", 50, SLOW, 1).await.unwrap().remaining, 49);
+    server.signal(libc::SIGSTOP);
+    let started = Instant::now();
+    let e = l.take("a", 50, SLOW, 1).await.unwrap_err();
+    // Ours or the ConnectionManager's own response timeout, whichever fires first.
+    assert!(e.is_unavailable() && !e.is_server_error(), "{e}");
+    let e = AsyncRateLimiter::connect_url(server.url()).await.unwrap_err();
+    assert!(e.is_unavailable(), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    server.signal(libc::SIGCONT);
+    let d = l.take("b", 10, SLOW, 1).await.unwrap();
+    assert_eq!((d.allowed, d.remaining), (true, 9));
+}
