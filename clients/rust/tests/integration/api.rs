@@ -49,7 +49,9 @@ pub fn scenario(prefix: &str) -> Vec<Step> {
             Limit::new(format!("{{{prefix}}}:day"), 3, SLOW),
         ]),
         All(vec![
-            Limit::new(format!("{{{prefix}}}:sec"), 5, SLOW).cost(6).name("sec"),
+            Limit::new(format!("{{{prefix}}}:sec"), 5, SLOW)
+                .cost(6)
+                .name("sec"),
             Limit::new(format!("{{{prefix}}}:day"), 3, SLOW),
         ]),
     ]
@@ -62,17 +64,25 @@ pub fn assert_same(x: &Decision, y: &Decision) {
         (y.allowed, y.remaining, y.index, &y.policies),
         "{x:?} vs {y:?}"
     );
-    assert!((x.retry_after_ms - y.retry_after_ms).abs() < 2000, "{x:?} vs {y:?}");
+    assert!(
+        (x.retry_after_ms - y.retry_after_ms).abs() < 2000,
+        "{x:?} vs {y:?}"
+    );
     assert_eq!(x.retry_after_ms < 0, y.retry_after_ms < 0, "{x:?} vs {y:?}");
-    assert!(x.reset_after_ms.abs_diff(y.reset_after_ms) < 2000, "{x:?} vs {y:?}");
+    assert!(
+        x.reset_after_ms.abs_diff(y.reset_after_ms) < 2000,
+        "{x:?} vs {y:?}"
+    );
     assert_eq!(x.headers(), y.headers());
 }
 
 /// What the scenario must answer (checked on the module's run; the Lua run
 /// must then match it).
 fn check_expected(d: &[Decision]) {
-    let basics: Vec<(bool, u64, Option<usize>)> =
-        d.iter().map(|d| (d.allowed, d.remaining, d.index)).collect();
+    let basics: Vec<(bool, u64, Option<usize>)> = d
+        .iter()
+        .map(|d| (d.allowed, d.remaining, d.index))
+        .collect();
     assert_eq!(
         basics,
         [
@@ -92,16 +102,30 @@ fn check_expected(d: &[Decision]) {
             (false, 3, Some(0)),
         ]
     );
-    assert!((990_000..=1_000_000).contains(&d[2].retry_after_ms), "{:?}", d[2]);
+    assert!(
+        (990_000..=1_000_000).contains(&d[2].retry_after_ms),
+        "{:?}",
+        d[2]
+    );
     assert_eq!(d[6].retry_after_ms, -1);
-    assert_eq!(d[13].retry_after_ms, -1, "cost 6 > capacity 5 can never succeed");
+    assert_eq!(
+        d[13].retry_after_ms, -1,
+        "cost 6 > capacity 5 can never succeed"
+    );
     let h = d[0].headers();
-    assert_eq!(h[0], ("RateLimit-Policy", "\"default\";q=10;w=10000".into()));
+    assert_eq!(
+        h[0],
+        ("RateLimit-Policy", "\"default\";q=10;w=10000".into())
+    );
     assert_eq!(h[1], ("RateLimit", "\"default\";r=9;t=1000".into()));
     assert_eq!(h.len(), 2);
     let h = d[2].headers();
     assert_eq!(h[2], ("Retry-After", "1000".into()));
-    assert_eq!(d[6].headers().len(), 2, "no Retry-After when waiting cannot help");
+    assert_eq!(
+        d[6].headers().len(),
+        2,
+        "no Retry-After when waiting cannot help"
+    );
     let h = d[12].headers();
     assert_eq!(h[0].1, "\"sec\";q=5;w=5000, \"limit1\";q=3;w=3000");
     assert!(h[1].1.starts_with("\"limit1\";r=0;t="), "{h:?}");
@@ -163,7 +187,10 @@ fn sync_same_decisions_with_and_without_the_module() {
         assert_eq!(l.backend(), Some(backend));
         let all = lines.all();
         assert_eq!(all.len(), 1, "{all:?}");
-        assert!(all[0].1.contains(&format!("the {backend} backend")), "{all:?}");
+        assert!(
+            all[0].1.contains(&format!("the {backend} backend")),
+            "{all:?}"
+        );
         // A plain redis::Connection works too.
         let mut plain = RateLimiter::new(server.conn());
         runs.push(run_sync(&mut plain, &scenario("p:")));
@@ -201,7 +228,10 @@ fn forced_script_backend_matches_and_survives_script_flush() {
     assert_eq!(l.backend(), Some(Backend::Script));
     check_expected(&forced);
     // NOSCRIPT: reloaded and retried once.
-    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut server.conn()).unwrap();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.conn())
+        .unwrap();
     let d = l.take("x:after-flush", 3, SLOW, 1).unwrap();
     assert_eq!((d.allowed, d.remaining), (true, 2));
     let d = l.take("x:after-flush", 3, SLOW, 1).unwrap();
@@ -209,7 +239,10 @@ fn forced_script_backend_matches_and_survives_script_flush() {
     // The function library gone (FUNCTION FLUSH): loaded again.
     let mut f = RateLimiter::from_client(server.client(), GENEROUS);
     assert_eq!(f.connect().unwrap(), Backend::Function);
-    let _: () = redis::cmd("FUNCTION").arg("FLUSH").query(&mut server.conn()).unwrap();
+    let _: () = redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query(&mut server.conn())
+        .unwrap();
     let d = f.take("x:after-flush", 3, SLOW, 1).unwrap();
     assert_eq!((d.allowed, d.remaining), (true, 0));
 }
@@ -222,7 +255,10 @@ async fn async_forced_script_survives_script_flush() {
         .unwrap()
         .with_backend(Backend::Script);
     assert_eq!(l.take("y", 3, SLOW, 1).await.unwrap().remaining, 2);
-    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut server.conn()).unwrap();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.conn())
+        .unwrap();
     assert_eq!(l.take("y", 3, SLOW, 1).await.unwrap().remaining, 1);
 }
 
@@ -232,21 +268,46 @@ fn errors_are_the_same_on_both() {
         let mut l = RateLimiter::from_client(server.client(), GENEROUS);
         let e = l.take("e", 5, 0, 1).unwrap_err();
         assert!(e.is_server_error() && !e.is_unavailable(), "{e}");
-        assert_eq!(e.server_detail(), Some("rate must be a positive finite number"), "{e}");
+        assert_eq!(
+            e.server_detail(),
+            Some("rate must be a positive finite number"),
+            "{e}"
+        );
         let e = l.take("e", -1, 1, 1).unwrap_err();
-        assert_eq!(e.server_detail(), Some("capacity must be a positive finite number"), "{e}");
+        assert_eq!(
+            e.server_detail(),
+            Some("capacity must be a positive finite number"),
+            "{e}"
+        );
         let e = l
             .take_all(&[Limit::new("{d}x", 5, 1), Limit::new("{d}x", 5, 1)])
             .unwrap_err();
-        assert_eq!(e.server_detail(), Some("each key may appear only once in TB.TAKEALL"), "{e}");
-        let _: () = redis::cmd("SET").arg("str").arg("x").query(&mut server.conn()).unwrap();
+        assert_eq!(
+            e.server_detail(),
+            Some("each key may appear only once in TB.TAKEALL"),
+            "{e}"
+        );
+        let _: () = redis::cmd("SET")
+            .arg("str")
+            .arg("x")
+            .query(&mut server.conn())
+            .unwrap();
         let e = l.take("str", 5, 1, 1).unwrap_err();
         assert!(e.to_string().contains("WRONGTYPE"), "{e}");
         // Refused before sending.
-        assert!(matches!(l.take("e", f64::NAN, 1, 1), Err(Error::InvalidArgument(_))));
-        assert!(matches!(l.peek("e", 5, f64::INFINITY, 1), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            l.take("e", f64::NAN, 1, 1),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            l.peek("e", 5, f64::INFINITY, 1),
+            Err(Error::InvalidArgument(_))
+        ));
         assert!(matches!(l.take_all(&[]), Err(Error::InvalidArgument(_))));
-        let exists: bool = redis::cmd("EXISTS").arg("e").query(&mut server.conn()).unwrap();
+        let exists: bool = redis::cmd("EXISTS")
+            .arg("e")
+            .query(&mut server.conn())
+            .unwrap();
         assert!(!exists);
     }
 }
@@ -258,7 +319,11 @@ fn buckets_are_the_modules_hash_with_its_expiry() {
         let mut l = RateLimiter::from_client(server.client(), GENEROUS);
         l.take("h", 10, 2, 3).unwrap();
         let mut con = server.conn();
-        let tokens: String = redis::cmd("HGET").arg("h").arg("tokens").query(&mut con).unwrap();
+        let tokens: String = redis::cmd("HGET")
+            .arg("h")
+            .arg("tokens")
+            .query(&mut con)
+            .unwrap();
         assert_eq!(tokens, "7");
         let pttl: i64 = redis::cmd("PTTL").arg("h").query(&mut con).unwrap();
         assert!((1..=1500).contains(&pttl), "{pttl}");

@@ -17,7 +17,11 @@ fn dbsizes(cluster: &Cluster) -> Vec<i64> {
 fn run(module: bool) {
     let cluster = Cluster::start(module);
     let client = cluster.client();
-    let expected = if module { Backend::Module } else { Backend::Script };
+    let expected = if module {
+        Backend::Module
+    } else {
+        Backend::Script
+    };
 
     let lines = Lines::default();
     let mut sync = RateLimiter::new(client.get_connection().unwrap()).with_logger(lines.logger());
@@ -28,12 +32,18 @@ fn run(module: bool) {
     }
     assert_eq!(sync.backend(), Some(expected));
     assert_eq!(lines.all().len(), 1, "{:?}", lines.all());
-    assert!(dbsizes(&cluster).iter().all(|&n| n > 0), "{:?}", dbsizes(&cluster));
+    assert!(
+        dbsizes(&cluster).iter().all(|&n| n > 0),
+        "{:?}",
+        dbsizes(&cluster)
+    );
 
     let limits = |day_cost: u32| {
         vec![
             Limit::new("{user:7}:sec", 5, SLOW).name("sec"),
-            Limit::new("{user:7}:day", 3, SLOW).name("day").cost(day_cost),
+            Limit::new("{user:7}:day", 3, SLOW)
+                .name("day")
+                .cost(day_cost),
         ]
     };
     let d = sync.take_all(&limits(1)).unwrap();
@@ -41,7 +51,10 @@ fn run(module: bool) {
     let e = sync
         .take_all(&[Limit::new("a", 5, SLOW), Limit::new("b", 5, SLOW)])
         .unwrap_err();
-    assert!(e.is_server_error() && e.to_string().to_lowercase().contains("crossslot"), "{e}");
+    assert!(
+        e.is_server_error() && e.to_string().to_lowercase().contains("crossslot"),
+        "{e}"
+    );
 
     // The async cluster client continues the same buckets.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -64,7 +77,10 @@ fn run(module: bool) {
         if !module {
             // Scripts are per node: flushed everywhere, each node gets it again.
             for node in &cluster.nodes {
-                let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut node.conn()).unwrap();
+                let _: () = redis::cmd("SCRIPT")
+                    .arg("FLUSH")
+                    .query(&mut node.conn())
+                    .unwrap();
             }
             for i in 0..12 {
                 let d = l.peek(&format!("c:{i}"), 5, SLOW, 1).await.unwrap();

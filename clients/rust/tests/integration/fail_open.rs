@@ -35,7 +35,12 @@ async fn middleware_fails_open_while_stopped_and_logs_once() {
         assert_eq!((r.status, r.body.as_str()), (200, "hello"));
         assert!(!r.has_rate_limit_headers(), "{:?}", r.headers);
     }
-    assert_eq!(count(&lines, log::Level::Warn, "unavailable"), 1, "{:?}", lines.all());
+    assert_eq!(
+        count(&lines, log::Level::Warn, "unavailable"),
+        1,
+        "{:?}",
+        lines.all()
+    );
 
     server.restart();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -48,7 +53,12 @@ async fn middleware_fails_open_while_stopped_and_logs_once() {
         assert!(Instant::now() < deadline, "the limiter never came back");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(count(&lines, log::Level::Info, "available again"), 1, "{:?}", lines.all());
+    assert_eq!(
+        count(&lines, log::Level::Info, "available again"),
+        1,
+        "{:?}",
+        lines.all()
+    );
     assert_eq!(count(&lines, log::Level::Warn, "unavailable"), 1);
 }
 
@@ -87,7 +97,12 @@ async fn middleware_fails_open_while_hung_and_closed_when_asked() {
     let result = tokio::spawn(outcome).await;
     server.signal(libc::SIGCONT);
     result.unwrap();
-    assert_eq!(count(&lines, log::Level::Warn, "unavailable"), 1, "{:?}", lines.all());
+    assert_eq!(
+        count(&lines, log::Level::Warn, "unavailable"),
+        1,
+        "{:?}",
+        lines.all()
+    );
 
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -114,19 +129,30 @@ fn sync_api_errors_fast_and_never_mixes_up_replies() {
     // A new limiter cannot connect either (the handshake would hang): fast error.
     let mut fresh = RateLimiter::open(server.url()).unwrap();
     assert!(fresh.take("a", 50, SLOW, 1).unwrap_err().is_unavailable());
-    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
     server.signal(libc::SIGCONT);
 
     // The late reply for "a" is never read as the answer for "b".
     let d = l.take("b", 10, SLOW, 1).unwrap();
-    assert_eq!((d.allowed, d.remaining, d.policies[0].capacity), (true, 9, 10.0));
+    assert_eq!(
+        (d.allowed, d.remaining, d.policies[0].capacity),
+        (true, 9, 10.0)
+    );
 
     server.stop();
     let started = Instant::now();
     assert!(l.take("b", 10, SLOW, 1).unwrap_err().is_unavailable());
     assert!(started.elapsed() < FAST);
     server.restart();
-    assert_eq!(l.take("b", 10, SLOW, 1).unwrap().remaining, 9, "a new server, a new bucket");
+    assert_eq!(
+        l.take("b", 10, SLOW, 1).unwrap().remaining,
+        9,
+        "a new server, a new bucket"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -139,9 +165,15 @@ async fn async_api_times_out_fast_and_recovers() {
     let e = l.take("a", 50, SLOW, 1).await.unwrap_err();
     // Ours or the ConnectionManager's own response timeout, whichever fires first.
     assert!(e.is_unavailable() && !e.is_server_error(), "{e}");
-    let e = AsyncRateLimiter::connect_url(server.url()).await.unwrap_err();
+    let e = AsyncRateLimiter::connect_url(server.url())
+        .await
+        .unwrap_err();
     assert!(e.is_unavailable(), "{e}");
-    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
     server.signal(libc::SIGCONT);
     let d = l.take("b", 10, SLOW, 1).await.unwrap();
     assert_eq!((d.allowed, d.remaining), (true, 9));

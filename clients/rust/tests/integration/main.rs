@@ -3,8 +3,9 @@
 mod api;
 mod cluster;
 mod common;
+mod fail_open;
+mod middleware;
 mod migration;
+mod package;
 mod wait_take;
 mod web;
-mod middleware;
-mod fail_open;

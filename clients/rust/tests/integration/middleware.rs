@@ -34,7 +34,10 @@ async fn headers_on_allow_and_problem_json_on_deny() {
         }
         let denied = &replies[3];
         assert_eq!(denied.status, 429);
-        assert_eq!(denied.header("content-type"), Some("application/problem+json"));
+        assert_eq!(
+            denied.header("content-type"),
+            Some("application/problem+json")
+        );
         assert_eq!(denied.header("retry-after"), Some("1000"));
         assert_eq!(denied.header("ratelimit"), Some("\"default\";r=0;t=3000"));
         let body: serde_json::Value = serde_json::from_str(&denied.body).unwrap();
@@ -42,7 +45,13 @@ async fn headers_on_allow_and_problem_json_on_deny() {
         assert_eq!(body["title"], "Too Many Requests");
         assert_eq!(body["status"], 429);
         assert_eq!(body["violated-policies"], serde_json::json!(["default"]));
-        assert!(body["detail"].as_str().unwrap().contains("retry after 1000 s"), "{body}");
+        assert!(
+            body["detail"]
+                .as_str()
+                .unwrap()
+                .contains("retry after 1000 s"),
+            "{body}"
+        );
         // The bucket of this client: the loopback IP, in one hash tag.
         let mut con = server.conn();
         let exists: bool = redis::cmd("EXISTS")
@@ -53,7 +62,14 @@ async fn headers_on_allow_and_problem_json_on_deny() {
         seen.push(
             replies
                 .iter()
-                .map(|r| (r.status, r.headers.get("ratelimit").cloned(), r.headers.get("retry-after").cloned(), r.body.clone()))
+                .map(|r| {
+                    (
+                        r.status,
+                        r.headers.get("ratelimit").cloned(),
+                        r.headers.get("retry-after").cloned(),
+                        r.body.clone(),
+                    )
+                })
                 .collect::<Vec<_>>(),
         );
     }
@@ -77,16 +93,25 @@ async fn key_and_cost_functions() {
     let alice = [("x-user", "alice")];
     let bob = [("x-user", "bob")];
     let r = get_with(addr, "/search", &alice).await;
-    assert_eq!((r.status, r.header("ratelimit")), (200, Some("\"per-user\";r=2;t=3000")));
+    assert_eq!(
+        (r.status, r.header("ratelimit")),
+        (200, Some("\"per-user\";r=2;t=3000"))
+    );
     let r = get_with(addr, "/search", &alice).await;
     assert_eq!(r.status, 429);
     let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
     assert_eq!(body["violated-policies"], serde_json::json!(["per-user"]));
     let r = get_with(addr, "/", &alice).await;
-    assert_eq!((r.status, r.header("ratelimit")), (200, Some("\"per-user\";r=1;t=4000")));
+    assert_eq!(
+        (r.status, r.header("ratelimit")),
+        (200, Some("\"per-user\";r=1;t=4000"))
+    );
     // Bob has his own bucket.
     let r = get_with(addr, "/search", &bob).await;
-    assert_eq!((r.status, r.header("ratelimit")), (200, Some("\"per-user\";r=2;t=3000")));
+    assert_eq!(
+        (r.status, r.header("ratelimit")),
+        (200, Some("\"per-user\";r=2;t=3000"))
+    );
     // No key: not limited, no headers.
     let r = get(addr, "/search").await;
     assert_eq!(r.status, 200);
@@ -110,7 +135,10 @@ async fn several_limits_at_once() {
         .await;
         let a = get(addr, "/").await;
         assert_eq!(a.status, 200);
-        assert_eq!(a.header("ratelimit-policy"), Some("\"sec\";q=10;w=10000, \"day\";q=2;w=2000"));
+        assert_eq!(
+            a.header("ratelimit-policy"),
+            Some("\"sec\";q=10;w=10000, \"day\";q=2;w=2000")
+        );
         assert_eq!(a.header("ratelimit"), Some("\"day\";r=1;t=1000"));
         assert_eq!(get(addr, "/").await.status, 200);
         let denied = get(addr, "/").await;
@@ -126,7 +154,11 @@ async fn several_limits_at_once() {
             .query(&mut con)
             .unwrap();
         assert!(sec.starts_with('8'), "{sec}: the denied call took nothing");
-        seen.push((a.headers.get("ratelimit").cloned(), denied.body.clone(), denied.headers.get("retry-after").cloned()));
+        seen.push((
+            a.headers.get("ratelimit").cloned(),
+            denied.body.clone(),
+            denied.headers.get("retry-after").cloned(),
+        ));
     }
     assert_eq!(seen[0], seen[1]);
 }
@@ -138,7 +170,11 @@ async fn as_a_plain_tower_service_with_oneshot() {
     let app = axum::Router::new()
         .route("/", axum::routing::get(|| async { "ok" }))
         .layer(layer);
-    let request = || http::Request::get("/").body(axum::body::Body::empty()).unwrap();
+    let request = || {
+        http::Request::get("/")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
     let ok = app.clone().oneshot(request()).await.unwrap();
     assert_eq!(ok.status(), 200);
     assert_eq!(ok.headers()["ratelimit"], "\"default\";r=0;t=1000");

@@ -22,7 +22,8 @@ fn module_after_script_continues_the_buckets() {
     assert_eq!(lua.take_all(&limits()).unwrap().remaining, 3);
     assert_eq!(lua.backend(), Some(Backend::Function));
     // The script form writes the same buckets as the function form.
-    let mut script = RateLimiter::from_client(server.client(), GENEROUS).with_backend(Backend::Script);
+    let mut script =
+        RateLimiter::from_client(server.client(), GENEROUS).with_backend(Backend::Script);
     assert_eq!(script.take("mig", 10, SLOW, 1).unwrap().remaining, 5);
 
     let _: () = redis::cmd("MODULE")

@@ -7,7 +7,10 @@ use redis_tb_client::{AsyncRateLimiter, Backend, RateLimiter};
 use std::time::{Duration, Instant};
 
 fn waits_started(server: &Server) -> Option<i64> {
-    let info: String = redis::cmd("INFO").arg("tb").query(&mut server.conn()).unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("tb")
+        .query(&mut server.conn())
+        .unwrap();
     info.lines()
         .find_map(|l| l.strip_prefix("tb_waits_started:"))
         .map(|v| v.trim().parse::<f64>().unwrap() as i64)
@@ -23,7 +26,10 @@ fn sync_wait_take_on_both() {
         let d = l.wait_take("w", 2, 20, 1, 3000).unwrap();
         let took = started.elapsed();
         assert!(d.allowed, "{d:?}");
-        assert!(took >= Duration::from_millis(20) && took < Duration::from_millis(1500), "{took:?}");
+        assert!(
+            took >= Duration::from_millis(20) && took < Duration::from_millis(1500),
+            "{took:?}"
+        );
 
         // Times out with a denial.
         assert!(l.take("slow", 2, SLOW, 2).unwrap().allowed);
@@ -31,7 +37,10 @@ fn sync_wait_take_on_both() {
         let d = l.wait_take("slow", 2, SLOW, 1, 300).unwrap();
         let took = started.elapsed();
         assert!(!d.allowed && d.retry_after_ms > 0, "{d:?}");
-        assert!(took >= Duration::from_millis(280) && took < Duration::from_secs(3), "{took:?}");
+        assert!(
+            took >= Duration::from_millis(280) && took < Duration::from_secs(3),
+            "{took:?}"
+        );
 
         // Never possible: answered at once.
         let d = l.wait_take("slow", 2, SLOW, 3, 5000).unwrap();
@@ -60,25 +69,38 @@ fn without_a_client_the_module_backend_polls_and_says_so() {
     assert!(l.take("w2", 2, 20, 2).unwrap().allowed);
     assert!(l.wait_take("w2", 2, 20, 1, 3000).unwrap().allowed);
     assert_eq!(waits_started(&server), Some(0));
-    let polls: Vec<_> = lines.all().into_iter().filter(|(_, m)| m.contains("polls")).collect();
+    let polls: Vec<_> = lines
+        .all()
+        .into_iter()
+        .filter(|(_, m)| m.contains("polls"))
+        .collect();
     assert_eq!(polls.len(), 1, "{polls:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn async_wait_take_on_both() {
     for server in Server::both() {
-        let l = AsyncRateLimiter::from_client(server.client(), GENEROUS).await.unwrap();
+        let l = AsyncRateLimiter::from_client(server.client(), GENEROUS)
+            .await
+            .unwrap();
         assert!(l.take("w", 2, 20, 2).await.unwrap().allowed);
         let started = Instant::now();
         let d = l.wait_take("w", 2, 20, 1, 3000).await.unwrap();
         let took = started.elapsed();
         assert!(d.allowed, "{d:?}");
-        assert!(took >= Duration::from_millis(20) && took < Duration::from_millis(1500), "{took:?}");
+        assert!(
+            took >= Duration::from_millis(20) && took < Duration::from_millis(1500),
+            "{took:?}"
+        );
         assert!(l.take("slow", 2, SLOW, 2).await.unwrap().allowed);
         let started = Instant::now();
         let d = l.wait_take("slow", 2, SLOW, 1, 300).await.unwrap();
         assert!(!d.allowed, "{d:?}");
-        assert!(started.elapsed() >= Duration::from_millis(280), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() >= Duration::from_millis(280),
+            "{:?}",
+            started.elapsed()
+        );
         // A waiter blocks only its own connection: other calls go on meanwhile.
         let waiter = {
             let l = l.clone();
@@ -87,7 +109,11 @@ async fn async_wait_take_on_both() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let quick = Instant::now();
         assert!(l.take("other", 2, SLOW, 1).await.unwrap().allowed);
-        assert!(quick.elapsed() < Duration::from_millis(500), "{:?}", quick.elapsed());
+        assert!(
+            quick.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            quick.elapsed()
+        );
         assert!(!waiter.await.unwrap().unwrap().allowed);
         if server.module {
             assert!(waits_started(&server).unwrap() >= 3);

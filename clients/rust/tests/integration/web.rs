@@ -57,7 +57,14 @@ pub async fn get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) ->
     let raw = String::from_utf8(raw).unwrap();
     let (head, body) = raw.split_once("\r\n\r\n").unwrap();
     let mut lines = head.lines();
-    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
     let headers = lines
         .filter_map(|l| l.split_once(": "))
         .map(|(n, v)| (n.to_lowercase(), v.to_string()))

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# redis-tb-client: format, lint, build, then every test against real servers
+# (redis-server with and without the module, a 3-master cluster each way).
+#
+#   TB_MODULE  absolute path of the module (default <repo>/target/release/libredis_tb.so,
+#              built with `cargo build --release` at the repository root if missing)
+#   TB_SERVER  server binary (default redis-server on PATH)
+#
+# Exits non-zero on any failure; the last line is "N passed, M failed".
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+cd "$here"
+
+export TB_MODULE="${TB_MODULE:-$root/target/release/libredis_tb.so}"
+export TB_SERVER="${TB_SERVER:-redis-server}"
+if [[ ! -f "$TB_MODULE" ]]; then
+  echo "--- building the module: $TB_MODULE is missing"
+  (cd "$root" && cargo build --release)
+fi
+if ! command -v "$TB_SERVER" >/dev/null; then
+  echo "no $TB_SERVER (try: bash $root/scripts/ensure-deps.sh)" >&2
+  exit 1
+fi
+
+echo "--- cargo fmt --check"
+cargo fmt --check
+echo "--- cargo clippy -D warnings (all features, and the library without them)"
+cargo clippy --locked --all-targets --all-features -- -D warnings
+cargo clippy --locked --lib --no-default-features -- -D warnings
+cargo build --locked --all-features
+
+# A fresh crate with a path dependency on this one, built in the same target
+# dir: it must see lua/tb.lua byte for byte through the `lua` symlink.
+echo "--- path dependency from a fresh crate ships lua/tb.lua"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/src"
+cat >"$tmp/Cargo.toml" <<TOML
+[package]
+name = "redis-tb-client-pathdep-check"
+version = "0.0.0"
+edition = "2021"
+publish = false
+[workspace]
+[dependencies]
+redis-tb-client = { path = "$here", features = ["axum"] }
+TOML
+cat >"$tmp/src/main.rs" <<'RS'
+fn main() {
+    let path = std::env::args().nth(1).expect("path of lua/tb.lua");
+    let repo = std::fs::read_to_string(&path).expect("read lua/tb.lua");
+    assert_eq!(redis_tb_client::LUA_LIBRARY, repo, "the dependency's Lua text differs from {path}");
+    println!("path dependency: {} bytes of lua/tb.lua, identical", repo.len());
+}
+RS
+cp Cargo.lock "$tmp/Cargo.lock"
+(cd "$tmp" && CARGO_TARGET_DIR="$here/target" cargo run --quiet --offline -- "$root/lua/tb.lua")
+
+echo "--- cargo test (TB_MODULE=$TB_MODULE, TB_SERVER=$TB_SERVER)"
+log="$tmp/test.log"
+set +e
+cargo test --locked --all-features 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$log"
+exit "$status"
