@@ -58,6 +58,15 @@ struct Outage {
     failing: AtomicBool,
 }
 
+impl Clone for Outage {
+    fn clone(&self) -> Self {
+        Outage {
+            failing: AtomicBool::new(self.failing.load(Ordering::SeqCst)),
+        }
+    }
+}
+
+#[derive(Clone)]
 struct Shared<C> {
     limiter: AsyncRateLimiter<C>,
     policies: Vec<Policy>,
@@ -134,9 +143,8 @@ where
     }
 
     fn edit(mut self, f: impl FnOnce(&mut Shared<C>)) -> Self {
-        if let Some(shared) = Arc::get_mut(&mut self.shared) {
-            f(shared);
-        }
+        // A layer cloned before this call keeps its own settings.
+        f(Arc::make_mut(&mut self.shared));
         self
     }
 
