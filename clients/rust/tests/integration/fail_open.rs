@@ -9,6 +9,34 @@ use std::time::{Duration, Instant};
 
 const FAST: Duration = Duration::from_secs(1);
 
+/// Requests until one comes back with rate-limit headers (the limiter is
+/// up: before an outage, or after it once the connection is back).
+async fn until_headers(addr: std::net::SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = get(addr, "/").await;
+        assert_eq!(r.status, 200);
+        if r.has_rate_limit_headers() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the limiter never answered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The first successful answer of `f` (the 200 ms default timeouts can miss
+/// on a loaded machine right after a start or a SIGCONT).
+fn first_ok<T>(mut f: impl FnMut() -> redis_tb_client::Result<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(e) if Instant::now() > deadline => panic!("{e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
 fn count(lines: &Lines, level: log::Level, text: &str) -> usize {
     lines
         .all()
@@ -25,7 +53,7 @@ async fn middleware_fails_open_while_stopped_and_logs_once() {
         .await
         .unwrap();
     let addr = serve(RateLimitLayer::new(limiter, 100, SLOW).logger(lines.logger())).await;
-    assert!(get(addr, "/").await.has_rate_limit_headers());
+    until_headers(addr).await;
 
     server.stop();
     for _ in 0..20 {
@@ -43,16 +71,7 @@ async fn middleware_fails_open_while_stopped_and_logs_once() {
     );
 
     server.restart();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let r = get(addr, "/").await;
-        assert_eq!(r.status, 200);
-        if r.has_rate_limit_headers() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the limiter never came back");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_headers(addr).await;
     assert_eq!(
         count(&lines, log::Level::Info, "available again"),
         1,
@@ -77,8 +96,8 @@ async fn middleware_fails_open_while_hung_and_closed_when_asked() {
             .logger(Lines::default().logger()),
     )
     .await;
-    assert!(get(open, "/").await.has_rate_limit_headers());
-    assert!(get(closed, "/").await.has_rate_limit_headers());
+    until_headers(open).await;
+    until_headers(closed).await;
 
     server.signal(libc::SIGSTOP);
     let outcome = async move {
@@ -104,15 +123,7 @@ async fn middleware_fails_open_while_hung_and_closed_when_asked() {
         lines.all()
     );
 
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let r = get(open, "/").await;
-        if r.has_rate_limit_headers() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the limiter never came back");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_headers(open).await;
     assert_eq!(count(&lines, log::Level::Info, "available again"), 1);
 }
 
@@ -120,7 +131,7 @@ async fn middleware_fails_open_while_hung_and_closed_when_asked() {
 fn sync_api_errors_fast_and_never_mixes_up_replies() {
     let mut server = Server::with_module();
     let mut l = RateLimiter::open(server.url()).unwrap();
-    assert_eq!(l.take("a", 50, SLOW, 1).unwrap().remaining, 49);
+    assert!(first_ok(|| l.take("a", 50, SLOW, 1)).remaining >= 40);
 
     server.signal(libc::SIGSTOP);
     let started = Instant::now();
@@ -159,7 +170,7 @@ fn sync_api_errors_fast_and_never_mixes_up_replies() {
 async fn async_api_times_out_fast_and_recovers() {
     let server = Server::with_module();
     let l = AsyncRateLimiter::connect_url(server.url()).await.unwrap();
-    assert_eq!(l.take("a", 50, SLOW, 1).await.unwrap().remaining, 49);
+    l.connect().await.unwrap();
     server.signal(libc::SIGSTOP);
     let started = Instant::now();
     let e = l.take("a", 50, SLOW, 1).await.unwrap_err();
@@ -175,6 +186,13 @@ async fn async_api_times_out_fast_and_recovers() {
         started.elapsed()
     );
     server.signal(libc::SIGCONT);
-    let d = l.take("b", 10, SLOW, 1).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let d = loop {
+        match l.take("b", 10, SLOW, 1).await {
+            Ok(d) => break d,
+            Err(e) => assert!(Instant::now() < deadline, "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_eq!((d.allowed, d.remaining), (true, 9));
 }
