@@ -18,6 +18,7 @@ if [[ ! -f "$TB_MODULE" ]]; then
   echo "--- building the module: $TB_MODULE is missing"
   (cd "$root" && cargo build --release)
 fi
+TB_MODULE="$(realpath "$TB_MODULE")"
 if ! command -v "$TB_SERVER" >/dev/null; then
   echo "no $TB_SERVER (try: bash $root/scripts/ensure-deps.sh)" >&2
   exit 1
@@ -60,7 +61,7 @@ cp Cargo.lock "$tmp/Cargo.lock"
 echo "--- cargo test (TB_MODULE=$TB_MODULE, TB_SERVER=$TB_SERVER)"
 log="$tmp/test.log"
 set +e
-cargo test --locked --all-features 2>&1 | tee "$log"
+cargo test --locked --all-features --no-fail-fast 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$log"

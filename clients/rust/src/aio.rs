@@ -190,8 +190,15 @@ where
     }
 
     async fn detect(&self, con: &mut C) -> Result<(Resolved, String)> {
-        if command_info_has_entry(&self.query(con, &backend::command_info()).await?) {
-            return Ok((resolved(Backend::Module, None), backend::WHY_MODULE.into()));
+        // A server error (e.g. an ACL without COMMAND) counts as "no module":
+        // the Lua fallback gives the same answers.
+        match self.query(con, &backend::command_info()).await {
+            Ok(info) if command_info_has_entry(&info) => {
+                return Ok((resolved(Backend::Module, None), backend::WHY_MODULE.into()));
+            }
+            Err(Error::Redis(e)) if !is_connection_problem(&e) => {}
+            Err(e) => return Err(e),
+            Ok(_) => {}
         }
         let cluster = match self.query(con, &backend::cluster_info()).await {
             Ok(_) => true,

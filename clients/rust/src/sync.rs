@@ -299,8 +299,14 @@ impl<C: ConnectionLike> RateLimiter<C> {
     }
 
     fn detect(&mut self) -> Result<(Resolved, String)> {
-        if command_info_has_entry(&self.query(&backend::command_info())?) {
-            return Ok((resolved(Backend::Module, None), backend::WHY_MODULE.into()));
+        // A server error (e.g. an ACL without COMMAND) counts as "no module":
+        // the Lua fallback gives the same answers.
+        match backend::command_info().query::<Value>(&mut self.con) {
+            Ok(info) if command_info_has_entry(&info) => {
+                return Ok((resolved(Backend::Module, None), backend::WHY_MODULE.into()));
+            }
+            Err(e) if is_connection_problem(&e) => return Err(e.into()),
+            _ => {}
         }
         let cluster = match backend::cluster_info().query::<Value>(&mut self.con) {
             Ok(_) => true,
