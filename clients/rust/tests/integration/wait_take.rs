@@ -120,3 +120,40 @@ async fn async_wait_take_on_both() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn module_waiters_are_served_first_come_first_served() {
+    let server = Server::with_module();
+    let l = AsyncRateLimiter::from_client(server.client(), GENEROUS)
+        .await
+        .unwrap();
+    assert!(l.take("fifo", 1, SLOW, 1).await.unwrap().allowed);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for name in ["first", "second"] {
+        let (l, tx) = (l.clone(), tx.clone());
+        tokio::spawn(async move {
+            let d = l.wait_take("fifo", 1, SLOW, 1, 20_000).await.unwrap();
+            tx.send((name, d.allowed)).unwrap();
+        });
+        // The first waiter is queued in the server before the second starts.
+        let want = if name == "first" { 1 } else { 2 };
+        let mut con = server.conn();
+        wait_for("the waiter to queue", || {
+            let info: String = redis::cmd("INFO").arg("tb").query(&mut con).unwrap();
+            let waiting = info
+                .lines()
+                .find_map(|l| l.strip_prefix("tb_waiting:"))
+                .map(|v| v.trim().parse::<f64>().unwrap() as i64);
+            if waiting == Some(want) {
+                Ok(())
+            } else {
+                Err(info)
+            }
+        });
+    }
+    for expected in ["first", "second"] {
+        let _ = l.refund("fifo", 1, SLOW, 1).await.unwrap();
+        let (name, allowed) = rx.recv().await.unwrap();
+        assert_eq!((name, allowed), (expected, true));
+    }
+}
