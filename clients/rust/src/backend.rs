@@ -285,7 +285,7 @@ pub(crate) fn chosen(logger: &Option<Logger>, backend: Backend, why: &str) {
     emit(
         logger,
         log::Level::Info,
-        &format!("redis-tb: using the {backend} backend ({why})"),
+        &format!("redis-tb backend: {backend} ({why})"),
     );
 }
 

@@ -4,6 +4,9 @@ use crate::error::{Error, Result};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use redis::Value;
 
+/// The largest Structured Fields integer; larger header values are capped.
+pub(crate) const SF_INT_MAX: u64 = 999_999_999_999_999;
+
 /// The limit a decision was judged with, kept for the headers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
@@ -42,8 +45,8 @@ impl Policy {
         format!(
             "{};q={};w={}",
             sf_string(&self.name),
-            self.quota(),
-            self.window_secs()
+            self.quota().min(SF_INT_MAX),
+            self.window_secs().min(SF_INT_MAX)
         )
     }
 }
@@ -156,8 +159,8 @@ impl Decision {
             format!(
                 "{};r={};t={}",
                 sf_string(name),
-                self.remaining,
-                self.reset_secs()
+                self.remaining.min(SF_INT_MAX),
+                self.reset_secs().min(SF_INT_MAX)
             ),
         ));
         if let Some(secs) = self.retry_after_secs() {
@@ -314,6 +317,22 @@ mod tests {
         let map = d.header_map();
         assert_eq!(map["retry-after"], "17280");
         assert_eq!(map["ratelimit"], "\"day\";r=0;t=86400");
+    }
+
+    #[test]
+    fn header_integers_are_capped_at_the_structured_fields_maximum() {
+        let d = Decision {
+            allowed: false,
+            remaining: 1 << 53,
+            retry_after_ms: 1 << 53,
+            reset_after_ms: 1 << 53,
+            index: None,
+            policies: vec![Policy::new("big", 9007199254740992.0, 1e-300)],
+        };
+        let h = d.headers();
+        assert_eq!(h[0].1, "\"big\";q=999999999999999;w=999999999999999");
+        assert_eq!(h[1].1, "\"big\";r=999999999999999;t=9007199254741");
+        assert_eq!(h[2].1, "9007199254741");
     }
 
     #[test]

@@ -82,7 +82,7 @@ struct Shared<C> {
 /// at once ([`RateLimitLayer::all`], TB.TAKEALL: all or nothing).
 ///
 /// The bucket of policy `name` for caller `id` is `<prefix>{<id>}:<name>`
-/// (prefix default `"rl:"`): one hash tag per caller, so all its buckets
+/// (prefix default `"ratelimit:"`, as in the Python library): one hash tag per caller, so all its buckets
 /// share a cluster slot. The caller id comes from the key function (default:
 /// the client IP, see [`client_ip`]; a request without one is not limited).
 ///
@@ -132,7 +132,7 @@ where
                 policies,
                 key_fn: Arc::new(default_key),
                 cost_fn: Arc::new(|_| 1.0),
-                prefix: "rl:".into(),
+                prefix: "ratelimit:".into(),
                 fail_open: true,
                 logger,
                 outage: Outage {
@@ -170,7 +170,7 @@ where
         })
     }
 
-    /// The bucket key prefix (default `"rl:"`).
+    /// The bucket key prefix (default `"ratelimit:"`).
     pub fn prefix(self, prefix: impl Into<String>) -> Self {
         let prefix = prefix.into();
         self.edit(|s| s.prefix = prefix)
@@ -275,14 +275,14 @@ where
     fn failed(&self, e: &Error) {
         if !self.outage.failing.swap(true, Ordering::SeqCst) {
             let action = if self.fail_open {
-                "letting requests through (fail open)"
+                "letting requests through"
             } else {
-                "answering 503 (fail closed)"
+                "answering 503"
             };
             emit(
                 &self.logger,
                 log::Level::Warn,
-                &format!("redis-tb: rate limiter unavailable ({e}); {action} until it recovers"),
+                &format!("redis-tb: rate limiter unavailable, {action}: {e}"),
             );
         }
     }
@@ -311,11 +311,11 @@ pub fn problem_body(decision: &Decision) -> String {
         .unwrap_or("default");
     let detail = match decision.retry_after_secs() {
         Some(secs) => format!(
-            "Rate limit {} exceeded; retry after {secs} s",
+            "Rate limit of policy {} exceeded; retry in {secs} s.",
             sf_string(name)
         ),
         None => format!(
-            "The request costs more than rate limit {} allows at once",
+            "This request costs more than policy {} can ever allow.",
             sf_string(name)
         ),
     };
@@ -382,7 +382,7 @@ where
                 Verdict::Unavailable if shared.fail_open => inner.call(request).await,
                 Verdict::Unavailable => Ok(problem_response(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "{\"title\": \"Service Unavailable\", \"status\": 503, \"detail\": \"The rate limiter is unavailable\"}".to_string(),
+                    "{\"title\": \"Service Unavailable\", \"status\": 503, \"detail\": \"The rate limiter is unavailable.\"}".to_string(),
                 )),
             }
         })

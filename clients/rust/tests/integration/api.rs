@@ -188,7 +188,9 @@ fn sync_same_decisions_with_and_without_the_module() {
         let all = lines.all();
         assert_eq!(all.len(), 1, "{all:?}");
         assert!(
-            all[0].1.contains(&format!("the {backend} backend")),
+            all[0]
+                .1
+                .starts_with(&format!("redis-tb backend: {backend} (")),
             "{all:?}"
         );
         // A plain redis::Connection works too.

@@ -46,16 +46,14 @@ async fn headers_on_allow_and_problem_json_on_deny() {
         assert_eq!(body["status"], 429);
         assert_eq!(body["violated-policies"], serde_json::json!(["default"]));
         assert!(
-            body["detail"]
-                .as_str()
-                .unwrap()
-                .contains("retry after 1000 s"),
+            body["detail"].as_str().unwrap()
+                == "Rate limit of policy \"default\" exceeded; retry in 1000 s.",
             "{body}"
         );
         // The bucket of this client: the loopback IP, in one hash tag.
         let mut con = server.conn();
         let exists: bool = redis::cmd("EXISTS")
-            .arg("rl:{127.0.0.1}:default")
+            .arg("ratelimit:{127.0.0.1}:default")
             .query(&mut con)
             .unwrap();
         assert!(exists);
@@ -149,7 +147,7 @@ async fn several_limits_at_once() {
         assert_eq!(get(addr, "/search").await.status, 200);
         let mut con = server.conn();
         let sec: String = redis::cmd("HGET")
-            .arg("rl:{127.0.0.1:/}:sec")
+            .arg("ratelimit:{127.0.0.1:/}:sec")
             .arg("tokens")
             .query(&mut con)
             .unwrap();
