@@ -141,7 +141,7 @@ async function fastifyRateLimit(fastify, options) {
     const outcome = await decide(request);
     reply.headers(outcome.headers);
     if (outcome.status !== 0) {
-      reply.code(outcome.status).type('application/problem+json').send(JSON.stringify(outcome.body));
+      reply.code(outcome.status).header('content-type', 'application/problem+json').send(Buffer.from(JSON.stringify(outcome.body)));
       return reply;
     }
     return undefined;
