@@ -7,7 +7,7 @@
 const assert = require('node:assert/strict');
 const { after, before, describe, test } = require('node:test');
 const { RateLimiter, RateLimiterError, Limit, createClient, luaSource } = require('..');
-const { startServer, admin } = require('./servers');
+const { startServer, admin, stopAll } = require('./servers');
 
 const RATE = 0.001;
 const servers = {};
@@ -19,7 +19,7 @@ before(async () => {
 
 after(async () => {
   clients.forEach((c) => c.disconnect());
-  await Promise.all(Object.values(servers).map((s) => s.stop()));
+  await stopAll();
 });
 
 const BACKENDS = [

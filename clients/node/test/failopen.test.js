@@ -11,7 +11,7 @@ const express = require('express');
 const Fastify = require('fastify');
 const Redis = require('ioredis');
 const { RateLimiter, RateLimiterError, createClient, expressRateLimit, fastifyRateLimit } = require('..');
-const { startServer } = require('./servers');
+const { startServer, stopAll } = require('./servers');
 
 let server;
 const clients = [];
@@ -63,7 +63,7 @@ before(async () => {
 after(async () => {
   await Promise.all(closers.map((close) => close()));
   clients.forEach((c) => c.disconnect());
-  await server.stop();
+  await stopAll();
 });
 
 const outageLines = (log) => log.filter((l) => l.level === 'warn' || /answers again/.test(l.message));

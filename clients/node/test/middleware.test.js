@@ -9,7 +9,7 @@ const { after, before, describe, test } = require('node:test');
 const express = require('express');
 const Fastify = require('fastify');
 const { RateLimiter, createClient, expressRateLimit, fastifyRateLimit } = require('..');
-const { startServer } = require('./servers');
+const { startServer, stopAll } = require('./servers');
 
 const RATE = 0.001;
 const servers = {};
@@ -21,7 +21,7 @@ before(async () => {
 
 after(async () => {
   clients.forEach((c) => c.disconnect());
-  await Promise.all(Object.values(servers).map((s) => s.stop()));
+  await stopAll();
 });
 
 let counter = 0;

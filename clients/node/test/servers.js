@@ -26,6 +26,7 @@ function modulePath() {
 const serverBin = () => process.env.TB_SERVER ?? 'redis-server';
 
 const children = new Set();
+const started = new Set();
 process.on('exit', () => {
   for (const child of children) {
     try {
@@ -76,6 +77,9 @@ async function startServer({ module = false, args = [] } = {}) {
     if (module) argv.push('--loadmodule', modulePath());
     const child = spawn(serverBin(), argv, { stdio: ['ignore', 'ignore', 'inherit'] });
     children.add(child);
+    // Not keeping the test process alive: a failed test still ends, and the exit
+    // handler above kills what is left.
+    child.unref();
     let running = true;
     const exited = new Promise((resolve) => child.once('exit', () => {
       running = false;
@@ -96,12 +100,16 @@ async function startServer({ module = false, args = [] } = {}) {
           child.kill('SIGKILL');
           await exited;
         }
+        started.delete(server);
         fs.rmSync(dir, { recursive: true, force: true });
       },
     };
     const deadline = Date.now() + 10_000;
     while (running && Date.now() < deadline) {
-      if (await ping(port)) return server;
+      if (await ping(port)) {
+        started.add(server);
+        return server;
+      }
       await sleep(20);
     }
     await server.stop();
@@ -124,11 +132,13 @@ async function startCluster({ module = false } = {}) {
   const nodes = [];
   for (let i = 0; i < 3; i++) {
     const bus = await freePort();
-    nodes.push(await startServer({
+    const node = await startServer({
       module,
       args: ['--cluster-enabled', 'yes', '--cluster-config-file', 'nodes.conf', '--cluster-port', String(bus),
         '--cluster-node-timeout', '5000'],
-    }));
+    });
+    node.busPort = bus;
+    nodes.push(node);
   }
   const conns = nodes.map((n) => admin(n.port));
   try {
@@ -137,7 +147,7 @@ async function startCluster({ module = false } = {}) {
       await conns[i].call('cluster', 'addslotsrange', String(SLOT_RANGES[i][0]), String(SLOT_RANGES[i][1]));
     }
     for (let i = 1; i < 3; i++) {
-      await conns[0].call('cluster', 'meet', '127.0.0.1', String(nodes[i].port));
+      await conns[0].call('cluster', 'meet', '127.0.0.1', String(nodes[i].port), String(nodes[i].busPort));
     }
     const deadline = Date.now() + 30_000;
     for (;;) {
@@ -150,6 +160,9 @@ async function startCluster({ module = false } = {}) {
       if (Date.now() > deadline) throw new Error('cluster did not converge');
       await sleep(100);
     }
+  } catch (err) {
+    await Promise.all(nodes.map((n) => n.stop()));
+    throw err;
   } finally {
     conns.forEach((c) => c.disconnect());
   }
@@ -162,4 +175,10 @@ async function startCluster({ module = false } = {}) {
   };
 }
 
-module.exports = { startServer, startCluster, admin, modulePath, REPO };
+// Stops every server this process started (for after hooks: also those of a setup that
+// failed half-way).
+async function stopAll() {
+  await Promise.all([...started].map((s) => s.stop()));
+}
+
+module.exports = { stopAll, startServer, startCluster, admin, modulePath, REPO };

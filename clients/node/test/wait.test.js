@@ -6,7 +6,7 @@
 const assert = require('node:assert/strict');
 const { after, before, describe, test } = require('node:test');
 const { RateLimiter, createClient } = require('..');
-const { startServer, admin } = require('./servers');
+const { startServer, admin, stopAll } = require('./servers');
 
 const servers = {};
 const clients = [];
@@ -19,7 +19,7 @@ before(async () => {
 after(async () => {
   limiters.forEach((l) => l.close());
   clients.forEach((c) => c.disconnect());
-  await Promise.all(Object.values(servers).map((s) => s.stop()));
+  await stopAll();
 });
 
 const BACKENDS = [
