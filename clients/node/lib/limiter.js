@@ -159,9 +159,10 @@ class RateLimiter {
   // client: an ioredis Redis or Cluster. Options:
   //   backend          'auto' (default) | 'module' | 'function' | 'script'
   //   timeoutMs        per-command timeout, default 200 (0: none)
-  //   connectTimeoutMs how long waitTake waits for its own connection, default 200 * 5
+  //   connectTimeoutMs how long waitTake waits for a connection of its own, default 1000
   //   blockingMarginMs added to a waitTake's timeout_ms for the client-side timer, default 1000
   //   blockingPoolSize idle blocking connections kept for waitTake, default 4
+  //   blockingIdleMs   an idle blocking connection is closed after this, default 5000
   //   logger           (level, message) => void, or an object with debug/info/warn
   constructor(client, options = {}) {
     if (!client || typeof client.sendCommand !== 'function') {
@@ -177,6 +178,8 @@ class RateLimiter {
     this.connectTimeoutMs = options.connectTimeoutMs ?? 1000;
     this.blockingMarginMs = options.blockingMarginMs ?? 1000;
     this.blockingPoolSize = options.blockingPoolSize ?? 4;
+    this.blockingIdleMs = options.blockingIdleMs ?? 5000;
+    this._idleTimer = null;
     this.log = toLog(options.logger);
     this._backend = null;
     this._resolving = null;
@@ -455,7 +458,11 @@ class RateLimiter {
       }
       conn.disconnect();
     }
-    const conn = this.client.duplicate();
+    // A connection of waitTake's does not reconnect: one that drops is discarded (and a
+    // new one made by the next waitTake), so nothing lingers when the server is gone.
+    const conn = this.isCluster
+      ? this.client.duplicate([], { clusterRetryStrategy: () => null })
+      : this.client.duplicate({ retryStrategy: () => null });
     conn.on('error', () => {});
     if (conn.status === 'wait') {
       conn.connect().catch(() => {});
@@ -484,17 +491,31 @@ class RateLimiter {
     return conn;
   }
 
+  // Idle connections are kept for the next waitTake, and closed after blockingIdleMs
+  // unused (an open socket keeps a Node process alive: call close() at shutdown).
   _release(conn) {
     if (!this._closed && this._idle.length < this.blockingPoolSize && conn.status === 'ready') {
       this._idle.push(conn);
+      this._armIdleTimer();
     } else {
       conn.disconnect();
     }
   }
 
+  _armIdleTimer() {
+    clearTimeout(this._idleTimer);
+    this._idleTimer = setTimeout(() => {
+      for (const conn of this._idle.splice(0)) {
+        conn.disconnect();
+      }
+    }, this.blockingIdleMs);
+    this._idleTimer.unref();
+  }
+
   // Closes the limiter's own connections (waitTake's); the client passed in stays open.
   close() {
     this._closed = true;
+    clearTimeout(this._idleTimer);
     for (const conn of [...this._idle, ...this._busy]) {
       conn.disconnect();
     }
