@@ -8,7 +8,8 @@
 #     without (function and script backends), 3-master clusters with and without it,
 #     fail-open (stopped, SIGSTOP), migration script -> module, Express/Fastify over HTTP,
 #     npm install/pack of the package, tsc on index.d.ts.
-# Ends with "N passed, M failed"; exits non-zero on any failure.
+# Ends with node's summary (# tests/# pass/# fail ... lines, as .ci/run reads them) and
+# "N passed, M failed"; exits non-zero on any failure.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -48,6 +49,8 @@ passed=$(sed -n 's/^# pass \([0-9]*\)$/\1/p' "$tap" | tail -1)
 failed=$(sed -n 's/^# fail \([0-9]*\)$/\1/p' "$tap" | tail -1)
 cancelled=$(sed -n 's/^# cancelled \([0-9]*\)$/\1/p' "$tap" | tail -1)
 failed=$(( ${failed:-0} + ${cancelled:-0} ))
+# node's own summary lines (what .ci/run adds up), then one plain line.
+grep -E '^# (tests|suites|pass|fail|cancelled|skipped|todo) [0-9]+$' "$tap" || true
 echo "${passed:-0} passed, ${failed} failed"
 if [[ $status -eq 0 && ( -z "$passed" || "$passed" -eq 0 || "$failed" -ne 0 ) ]]; then
     status=1

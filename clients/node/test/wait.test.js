@@ -55,6 +55,16 @@ for (const backend of BACKENDS) {
       assert.ok(took >= 20 && took < 1000, `served after ${took.toFixed(0)} ms`);
     });
 
+    test('a wait longer than the client\'s commandTimeout (200 ms) is not cut short by it', async () => {
+      const key = fresh('longer');
+      await limiter.take(key, 1, 2);
+      const started = performance.now();
+      const d = await limiter.waitTake(key, 1, 2, 1, { timeoutMs: 3000 });
+      const took = performance.now() - started;
+      assert.equal(d.allowed, true);
+      assert.ok(took >= 300 && took < 2000, `served after ${took.toFixed(0)} ms`);
+    });
+
     test('tokens there: granted at once', async () => {
       const started = performance.now();
       const d = await limiter.waitTake(fresh('full'), 5, 0.001, 2, { timeoutMs: 1000, name: 'w' });
