@@ -89,9 +89,25 @@ export declare class Decision {
 
 export type ErrorKind = 'argument' | 'server' | 'unavailable';
 
-export declare class RateLimiterError extends Error {
+/** Base class of everything the library throws. */
+export declare class LimiterError extends Error {
   constructor(kind: ErrorKind, message: string, options?: { cause?: unknown });
   readonly kind: ErrorKind;
+}
+/** kind 'argument': refused before sending (NaN, Infinity, no key, bad policy name, ...). */
+export declare class InvalidArgument extends LimiterError {
+  constructor(message: string, options?: { cause?: unknown });
+  readonly kind: 'argument';
+}
+/** kind 'server': the server's error reply, its text unchanged. */
+export declare class LimiterReplyError extends LimiterError {
+  constructor(message: string, options?: { cause?: unknown });
+  readonly kind: 'server';
+}
+/** kind 'unavailable': no answer in time, connection refused or lost, LOADING, CLUSTERDOWN, ... */
+export declare class LimiterUnavailable extends LimiterError {
+  constructor(message: string, options?: { cause?: unknown });
+  readonly kind: 'unavailable';
 }
 
 export declare class RateLimiter {
@@ -125,7 +141,7 @@ interface MiddlewareBase<Req> {
   key?: (req: Req) => string | number | Promise<string | number>;
   /** Tokens a request takes. Default 1. */
   cost?: (req: Req) => number | Promise<number>;
-  /** Bucket keys are `${keyPrefix}{${key}}:${policy name}`. Default "rl:". */
+  /** Bucket keys are `${keyPrefix}{${key}}:${policy name}`. Default "ratelimit:". */
   keyPrefix?: string;
   /** true (default): pass requests through when the limiter fails; false: 503. */
   failOpen?: boolean;

@@ -3,7 +3,7 @@
 // redis-tb: token-bucket rate limiting over ioredis. The module's TB.* commands when the
 // server has them, the Lua fallback (lua/tb.lua) otherwise; same replies either way.
 const { RateLimiter, Decision, Limit, createClient, createClusterClient, lua } = require('./lib/limiter');
-const { RateLimiterError } = require('./lib/errors');
+const { LimiterError, InvalidArgument, LimiterReplyError, LimiterUnavailable } = require('./lib/errors');
 const { rateLimitHeaders } = require('./lib/headers');
 const { expressRateLimit, fastifyRateLimit } = require('./lib/middleware');
 
@@ -11,7 +11,10 @@ module.exports = {
   RateLimiter,
   Decision,
   Limit,
-  RateLimiterError,
+  LimiterError,
+  InvalidArgument,
+  LimiterReplyError,
+  LimiterUnavailable,
   rateLimitHeaders,
   expressRateLimit,
   fastifyRateLimit,

@@ -16,8 +16,8 @@ function sfInteger(x) {
   return String(Math.min(x, SF_INTEGER_MAX));
 }
 
-// An sf-string: printable ASCII only, with \ and " escaped. Anything else in a policy name
-// becomes '?', so a name can never break the header.
+// An sf-string: printable ASCII only, with \ and " escaped. The limiter refuses other policy
+// names; for a Decision built by hand anything else becomes '?', so a header never breaks.
 function sfString(text) {
   const printable = String(text).replace(/[^\x20-\x7e]/g, '?');
   return `"${printable.replace(/[\\"]/g, (c) => `\\${c}`)}"`;

@@ -7,7 +7,7 @@ const util = require('node:util');
 const { setTimeout: sleep } = require('node:timers/promises');
 const { Command } = require('ioredis');
 
-const { RateLimiterError, wrap, isReplyError } = require('./errors');
+const { InvalidArgument, LimiterUnavailable, LimiterReplyError, wrap, isReplyError } = require('./errors');
 const { rateLimitHeaders } = require('./headers');
 
 // ---------------------------------------------------------------------------------------
@@ -24,7 +24,7 @@ function lua() {
   if (luaCache === null) {
     const file = LUA_CANDIDATES.find((candidate) => fs.existsSync(candidate));
     if (!file) {
-      throw new RateLimiterError('argument', `redis-tb: tb.lua not found (looked for ${LUA_CANDIDATES.join(', ')})`);
+      throw new InvalidArgument(`redis-tb: tb.lua not found (looked for ${LUA_CANDIDATES.join(', ')})`);
     }
     const library = fs.readFileSync(file, 'utf8');
     // The EVAL script is the library without its first line (`#!lua name=tb`).
@@ -47,14 +47,22 @@ function lua() {
 // ("0.001", "1e-7", "1e+21"), which the module and the script both accept.
 function numberText(value, what) {
   if (typeof value !== 'number' || !Number.isFinite(value)) {
-    throw new RateLimiterError('argument', `${what} must be a finite number, got ${String(value)}`);
+    throw new InvalidArgument(`${what} must be a finite number, got ${String(value)}`);
   }
   return String(value);
 }
 
+// A policy name goes into the headers as an sf-string: non-empty printable ASCII only.
+function checkName(name) {
+  if (typeof name !== 'string' || !/^[\x20-\x7e]+$/.test(name)) {
+    throw new InvalidArgument(`a policy name must be non-empty printable ASCII, not ${util.inspect(name)}`);
+  }
+  return name;
+}
+
 function checkKey(key) {
   if (!(typeof key === 'string' || Buffer.isBuffer(key)) || key.length === 0) {
-    throw new RateLimiterError('argument', 'key must be a non-empty string or Buffer');
+    throw new InvalidArgument('key must be a non-empty string or Buffer');
   }
   return key;
 }
@@ -95,7 +103,7 @@ class Decision {
 function decisionFrom(reply, limits, withIndex) {
   const count = withIndex ? 5 : 4;
   if (!Array.isArray(reply) || reply.length !== count || !reply.every((x) => typeof x === 'number')) {
-    throw new RateLimiterError('server', `unexpected reply: ${util.inspect(reply)}`);
+    throw new LimiterReplyError(`unexpected reply: ${util.inspect(reply)}`);
   }
   return new Decision(reply, limits, withIndex ? reply[4] : null);
 }
@@ -166,11 +174,11 @@ class RateLimiter {
   //   logger           (level, message) => void, or an object with debug/info/warn
   constructor(client, options = {}) {
     if (!client || typeof client.sendCommand !== 'function') {
-      throw new RateLimiterError('argument', 'RateLimiter needs an ioredis Redis or Cluster client');
+      throw new InvalidArgument('RateLimiter needs an ioredis Redis or Cluster client');
     }
     const backend = options.backend ?? 'auto';
     if (!BACKENDS.includes(backend)) {
-      throw new RateLimiterError('argument', `backend must be one of ${BACKENDS.join(', ')}, got ${backend}`);
+      throw new InvalidArgument(`backend must be one of ${BACKENDS.join(', ')}, got ${backend}`);
     }
     this.client = client;
     this.requestedBackend = backend;
@@ -227,19 +235,28 @@ class RateLimiter {
     try {
       const forced = this.requestedBackend;
       if (forced === 'module') {
-        return this._choose('module', 'forced by the backend option');
+        return this._choose('module', 'forced');
       }
       if (forced === 'function') {
         await this._loadFunction();
-        return this._choose('function', 'forced by the backend option; FUNCTION LOAD REPLACE tb.lua');
+        return this._choose('function', 'forced; FUNCTION LOAD tb done');
       }
       if (forced === 'script') {
         await this._loadScript();
-        return this._choose('script', 'forced by the backend option; SCRIPT LOAD tb.lua');
+        return this._choose('script', 'forced; SCRIPT LOAD done');
       }
-      const info = await send(this.client, 'command', ['info', 'tb.take'], null, this.timeoutMs);
+      let info = null;
+      try {
+        info = await send(this.client, 'command', ['info', 'tb.take'], null, this.timeoutMs);
+      } catch (err) {
+        // An error reply (e.g. an ACL that refuses COMMAND) says nothing about the module:
+        // go on to the Lua fallback.
+        if (!isReplyError(err)) {
+          throw err;
+        }
+      }
       if (Array.isArray(info) && Array.isArray(info[0])) {
-        return this._choose('module', 'COMMAND INFO tb.take: the module is loaded');
+        return this._choose('module', 'the server has TB.TAKE');
       }
       try {
         await this._loadFunction();
@@ -248,9 +265,9 @@ class RateLimiter {
           throw err;
         }
         await this._loadScript();
-        return this._choose('script', `no TB.TAKE on the server and FUNCTION LOAD failed (${err.message}); EVALSHA of tb.lua`);
+        return this._choose('script', `no TB.TAKE; FUNCTION LOAD failed (${err.message}); EVALSHA of lua/tb.lua`);
       }
-      return this._choose('function', 'no TB.TAKE on the server; FUNCTION LOAD REPLACE tb.lua');
+      return this._choose('function', 'no TB.TAKE on the server; FUNCTION LOAD of lua/tb.lua');
     } catch (err) {
       throw wrap(err);
     }
@@ -263,7 +280,7 @@ class RateLimiter {
     }
     const masters = this.client.nodes('master');
     if (masters.length === 0) {
-      throw new RateLimiterError('unavailable', 'the cluster client is not connected (no master known yet)');
+      throw new LimiterUnavailable('the cluster client is not connected (no master known yet)');
     }
     return masters;
   }
@@ -321,12 +338,12 @@ class RateLimiter {
         }
       }
       default:
-        throw new RateLimiterError('argument', `no backend chosen (${this._backend})`);
+        throw new InvalidArgument(`no backend chosen (${this._backend})`);
     }
   }
 
   async _single(op, key, capacity, rate, n, options) {
-    const limits = [{ name: (options && options.name) ?? 'default', capacity, rate }];
+    const limits = [{ name: checkName((options && options.name) ?? 'default'), capacity, rate }];
     const numbers = [numberText(capacity, 'capacity'), numberText(rate, 'rate'), numberText(n, 'n')];
     const keys = [prefixed(this.client, checkKey(key))];
     let reply;
@@ -351,7 +368,7 @@ class RateLimiter {
   // Gives n tokens back (capped at the capacity).
   refund(key, capacity, rate, n, options = {}) {
     if (n === undefined) {
-      return Promise.reject(new RateLimiterError('argument', 'refund needs n'));
+      return Promise.reject(new InvalidArgument('refund needs n'));
     }
     return this._single('refund', key, capacity, rate, n, options);
   }
@@ -360,7 +377,7 @@ class RateLimiter {
   // key must hash to one slot (use a hash tag: '{user:42}:sec', '{user:42}:day').
   async takeAll(limits) {
     if (!Array.isArray(limits) || limits.length === 0) {
-      throw new RateLimiterError('argument', 'takeAll needs a non-empty array of limits');
+      throw new InvalidArgument('takeAll needs a non-empty array of limits');
     }
     const judged = [];
     const keys = [];
@@ -370,7 +387,7 @@ class RateLimiter {
       keys.push(prefixed(this.client, checkKey(limit.key)));
       numbers.push(numberText(limit.capacity, `limits[${i}].capacity`), numberText(limit.rate, `limits[${i}].rate`),
         numberText(n, `limits[${i}].n`));
-      judged.push({ name: limit.name ?? `limit${i}`, capacity: limit.capacity, rate: limit.rate });
+      judged.push({ name: checkName(limit.name ?? `limit${i}`), capacity: limit.capacity, rate: limit.rate });
     });
     let reply;
     try {
@@ -387,11 +404,11 @@ class RateLimiter {
   // Function/script backends: POLLING, NOT FIFO: take, sleep min(retry_after_ms, time
   // left), retry; a later caller can be served before an earlier one.
   async waitTake(key, capacity, rate, n = 1, options = {}) {
-    const timeoutMs = options.timeoutMs;
-    if (typeof timeoutMs !== 'number' || !Number.isInteger(timeoutMs) || timeoutMs < 0) {
-      throw new RateLimiterError('argument', 'waitTake needs options.timeoutMs, a whole number of ms >= 0 (0: no limit)');
+    if (typeof options.timeoutMs !== 'number' || !Number.isFinite(options.timeoutMs) || options.timeoutMs < 0) {
+      throw new InvalidArgument('waitTake needs options.timeoutMs, a finite number of ms >= 0 (0: no limit)');
     }
-    const limits = [{ name: options.name ?? 'default', capacity, rate }];
+    const timeoutMs = Math.ceil(options.timeoutMs);
+    const limits = [{ name: checkName(options.name ?? 'default'), capacity, rate }];
     const numbers = [numberText(capacity, 'capacity'), numberText(rate, 'rate'), numberText(n, 'n')];
     checkKey(key);
     try {
@@ -449,7 +466,7 @@ class RateLimiter {
 
   async _acquire() {
     if (this._closed) {
-      throw new RateLimiterError('unavailable', 'the RateLimiter is closed');
+      throw new LimiterUnavailable('the RateLimiter is closed');
     }
     while (this._idle.length > 0) {
       const conn = this._idle.pop();
@@ -469,10 +486,10 @@ class RateLimiter {
     }
     if (conn.status !== 'ready') {
       await new Promise((resolve, reject) => {
-        const timer = setTimeout(() => done(new RateLimiterError('unavailable',
+        const timer = setTimeout(() => done(new LimiterUnavailable(
           `no connection for waitTake within ${this.connectTimeoutMs} ms`)), this.connectTimeoutMs);
         const onReady = () => done(null);
-        const onEnd = () => done(new RateLimiterError('unavailable', 'the connection for waitTake closed'));
+        const onEnd = () => done(new LimiterUnavailable('the connection for waitTake closed'));
         function done(err) {
           clearTimeout(timer);
           conn.off('ready', onReady);
@@ -524,19 +541,18 @@ class RateLimiter {
   }
 
   // Middleware bookkeeping: one warning when failures start, one info line when they end.
-  _failed(err) {
+  _failed(err, failOpen) {
     if (this._outage === null) {
-      this._outage = { since: Date.now(), failures: 0 };
-      this.log('warn', `redis-tb: rate limiter unavailable, requests pass unlimited until it answers again: ${err.message}`);
+      this._outage = { since: Date.now() };
+      const action = failOpen ? 'letting requests through' : 'answering 503';
+      this.log('warn', `redis-tb: rate limiter unavailable, ${action}: ${err.message}`);
     }
-    this._outage.failures += 1;
   }
 
   _succeeded() {
     if (this._outage !== null) {
-      const { since, failures } = this._outage;
       this._outage = null;
-      this.log('info', `redis-tb: rate limiter answers again after ${Date.now() - since} ms (${failures} requests passed unlimited)`);
+      this.log('info', 'redis-tb: rate limiter available again');
     }
   }
 }
@@ -575,4 +591,4 @@ function createClusterClient(nodes, options = {}) {
   return client;
 }
 
-module.exports = { RateLimiter, Decision, Limit, createClient, createClusterClient, lua, numberText };
+module.exports = { RateLimiter, Decision, Limit, createClient, createClusterClient, lua, numberText, checkName };

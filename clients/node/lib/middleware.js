@@ -1,14 +1,13 @@
 'use strict';
 
-const { RateLimiterError } = require('./errors');
-const { Limit } = require('./limiter');
-const { sfString } = require('./headers');
+const { InvalidArgument } = require('./errors');
+const { Limit, checkName } = require('./limiter');
 
 const QUOTA_EXCEEDED = 'https://iana.org/assignments/http-problem-types#quota-exceeded';
 
 function positive(value, what) {
   if (typeof value !== 'number' || !Number.isFinite(value) || !(value > 0)) {
-    throw new RateLimiterError('argument', `${what} must be a positive finite number, got ${String(value)}`);
+    throw new InvalidArgument(`${what} must be a positive finite number, got ${String(value)}`);
   }
 }
 
@@ -23,19 +22,19 @@ function defaultKey(req) {
 //                                  default to "limit<index>" and must differ
 //   key(req)   who is limited: default the client IP (req.ip); e.g. req => req.user.id
 //   cost(req)  tokens this request takes (weighted n), default 1
-//   keyPrefix  bucket keys are `${keyPrefix}{${key(req)}}:${name}`; default "rl:"
+//   keyPrefix  bucket keys are `${keyPrefix}{${key(req)}}:${name}`; default "ratelimit:"
 //              (the hash tag keeps one caller's buckets in one cluster slot)
 //   failOpen   true (default): when the limiter fails the request passes without headers;
 //              false: 503
 function limiterCore(options) {
   const { limiter } = options;
   if (!limiter || typeof limiter.take !== 'function') {
-    throw new RateLimiterError('argument', 'the middleware needs options.limiter, a RateLimiter');
+    throw new InvalidArgument('the middleware needs options.limiter, a RateLimiter');
   }
   let limits;
   if (options.limits !== undefined) {
     if (!Array.isArray(options.limits) || options.limits.length === 0) {
-      throw new RateLimiterError('argument', 'options.limits must be a non-empty array');
+      throw new InvalidArgument('options.limits must be a non-empty array');
     }
     limits = options.limits.map((limit, i) => ({
       name: limit.name ?? `limit${i}`, capacity: limit.capacity, rate: limit.rate,
@@ -48,13 +47,17 @@ function limiterCore(options) {
     positive(limit.capacity, `limits[${i}].capacity`);
     positive(limit.rate, `limits[${i}].rate`);
     if (names.has(limit.name)) {
-      throw new RateLimiterError('argument', `two limits are named ${limit.name}`);
+      throw new InvalidArgument(`two limits are named ${limit.name}`);
     }
+    checkName(limit.name);
     names.add(limit.name);
   });
   const key = options.key ?? defaultKey;
   const cost = options.cost ?? (() => 1);
-  const keyPrefix = options.keyPrefix ?? 'rl:';
+  const keyPrefix = options.keyPrefix ?? 'ratelimit:';
+  // `<prefix>{<identity>}:<name>`: the hash tag keeps one caller's buckets in one cluster
+  // slot, so several policies can be taken at once (the Python and Rust libraries' keys).
+  const bucketKey = (who, name) => `${keyPrefix}{${who || '-'}}:${name}`;
   const failOpen = options.failOpen ?? true;
   const several = options.limits !== undefined;
 
@@ -62,18 +65,19 @@ function limiterCore(options) {
   return async function decide(req) {
     // The key and cost functions are the application's: their errors are its own, and
     // propagate (Express: next(err); Fastify: the error handler).
-    const who = String(await key(req));
+    const id = await key(req);
+    const who = id === undefined || id === null ? '' : String(id);
     const n = await cost(req);
     let decision;
     try {
       if (several) {
-        decision = await limiter.takeAll(limits.map((l) => new Limit(`${keyPrefix}{${who}}:${l.name}`, l.capacity, l.rate, n, l.name)));
+        decision = await limiter.takeAll(limits.map((l) => new Limit(bucketKey(who, l.name), l.capacity, l.rate, n, l.name)));
       } else {
         const [l] = limits;
-        decision = await limiter.take(`${keyPrefix}{${who}}:${l.name}`, l.capacity, l.rate, n, { name: l.name });
+        decision = await limiter.take(bucketKey(who, l.name), l.capacity, l.rate, n, { name: l.name });
       }
     } catch (err) {
-      limiter._failed(err);
+      limiter._failed(err, failOpen);
       if (failOpen) {
         return { status: 0, headers: {}, body: null };
       }
@@ -81,10 +85,9 @@ function limiterCore(options) {
         status: 503,
         headers: {},
         body: {
-          type: 'about:blank',
           title: 'Service Unavailable',
           status: 503,
-          detail: 'the rate limiter is unavailable',
+          detail: 'The rate limiter is unavailable.',
         },
       };
     }
@@ -94,8 +97,8 @@ function limiterCore(options) {
       return { status: 0, headers, body: null };
     }
     const detail = decision.retryAfterMs < 0
-      ? `the request costs more than the capacity of ${sfString(decision.policy)} (${decision.capacity}); waiting will not help`
-      : `quota ${sfString(decision.policy)} exceeded; retry after ${headers['Retry-After']} s`;
+      ? `This request costs more than policy "${decision.policy}" can ever allow.`
+      : `Rate limit of policy "${decision.policy}" exceeded; retry in ${headers['Retry-After']} s.`;
     return {
       status: 429,
       headers,

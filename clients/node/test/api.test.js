@@ -6,7 +6,7 @@
 
 const assert = require('node:assert/strict');
 const { after, before, describe, test } = require('node:test');
-const { RateLimiter, RateLimiterError, Limit, createClient, luaSource } = require('..');
+const { RateLimiter, LimiterError, InvalidArgument, LimiterReplyError, Limit, createClient, luaSource } = require('..');
 const { startServer, admin, stopAll } = require('./servers');
 
 const RATE = 0.001;
@@ -142,11 +142,11 @@ for (const backend of BACKENDS) {
       assert.equal(d.headers()['RateLimit-Policy'], '"limit0";q=4;w=4000, "limit1";q=9;w=9000');
     });
 
-    test('server errors: the module\'s texts as RateLimiterError kind "server"', async () => {
+    test('server errors: the module\'s texts as LimiterReplyError (kind "server")', async () => {
       const key = fresh('errors');
       const expectServer = async (promise, message) => {
         await assert.rejects(promise, (err) => {
-          assert.ok(err instanceof RateLimiterError, String(err));
+          assert.ok(err instanceof LimiterReplyError && err instanceof LimiterError, String(err));
           assert.equal(err.kind, 'server');
           assert.equal(err.message, message);
           return true;
@@ -170,10 +170,15 @@ for (const backend of BACKENDS) {
     test('NaN, Infinity and non-numbers are refused before sending (kind "argument")', async () => {
       const key = fresh('args');
       for (const [capacity, rate, n] of [[NaN, 1, 1], [10, Infinity, 1], [10, 1, -Infinity], ['10', 1, 1], [10, 1, null]]) {
-        await assert.rejects(limiter.take(key, capacity, rate, n), (err) => err instanceof RateLimiterError && err.kind === 'argument');
+        await assert.rejects(limiter.take(key, capacity, rate, n), (err) => err instanceof InvalidArgument && err.kind === 'argument');
       }
       await assert.rejects(limiter.take('', 1, 1), (err) => err.kind === 'argument');
       await assert.rejects(limiter.takeAll([]), (err) => err.kind === 'argument');
+      for (const name of ['', 'zürich', 'a\nb', 42]) {
+        await assert.rejects(limiter.take(key, 1, 1, 1, { name }), (err) => err instanceof InvalidArgument, String(name));
+      }
+      await assert.rejects(limiter.waitTake(key, 1, 1, 1, { timeoutMs: -1 }), (err) => err.kind === 'argument');
+      await assert.rejects(limiter.waitTake(key, 1, 1, 1, { timeoutMs: NaN }), (err) => err.kind === 'argument');
       await assert.rejects(limiter.waitTake(key, 1, 1, 1), (err) => err.kind === 'argument');
       const r = admin(servers[backend.server].port);
       try {

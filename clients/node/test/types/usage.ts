@@ -1,7 +1,7 @@
 // Compiled with `tsc --noEmit` (test/types.test.js): index.d.ts describes the API as used.
 import Redis, { Cluster } from 'ioredis';
 import {
-  Decision, Limit, RateLimiter, RateLimiterError, createClient, createClusterClient,
+  Decision, Limit, RateLimiter, LimiterError, LimiterUnavailable, createClient, createClusterClient,
   expressRateLimit, fastifyRateLimit, rateLimitHeaders, luaSource, version,
 } from 'redis-tb';
 
@@ -26,7 +26,10 @@ async function main(): Promise<void> {
   try {
     await limiter.take('k', NaN, 1);
   } catch (err) {
-    if (err instanceof RateLimiterError) {
+    if (err instanceof LimiterUnavailable) {
+      const unavailable: 'unavailable' = err.kind;
+      console.log(unavailable);
+    } else if (err instanceof LimiterError) {
       const kind: 'argument' | 'server' | 'unavailable' = err.kind;
       console.log(kind);
     }
