@@ -1,0 +1,104 @@
+'use strict';
+
+// The package as users get it: the version agrees with the module's, tb.lua is the
+// repository's lua/tb.lua through a relative symlink (never a copy), `npm install
+// ./clients/node` into a fresh project reaches it, and so does a tarball (`npm pack`,
+// where npm drops symlinks: the prepack step ships the text as dist/tb.lua). index.d.ts
+// type-checks against a usage file.
+
+const assert = require('node:assert/strict');
+const { execFileSync } = require('node:child_process');
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+const { after, test } = require('node:test');
+const { luaSource, version } = require('..');
+const { REPO, startServer, stopAll } = require('./servers');
+
+const PKG = path.resolve(__dirname, '..');
+const LUA = fs.readFileSync(path.join(REPO, 'lua', 'tb.lua'), 'utf8');
+const temps = [];
+
+after(async () => {
+  temps.forEach((dir) => fs.rmSync(dir, { recursive: true, force: true }));
+  await stopAll();
+});
+
+function tempProject() {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tb-node-install-'));
+  temps.push(dir);
+  fs.writeFileSync(path.join(dir, 'package.json'), JSON.stringify({ name: 'tb-install-test', version: '1.0.0', private: true }));
+  return dir;
+}
+
+const npm = (args, cwd) => execFileSync('npm', [...args, '--no-audit', '--no-fund', '--prefer-offline', '--loglevel=error'],
+  { cwd, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+
+// Runs `code` with node in `dir`, where require('redis-tb') is the installed package.
+const nodeIn = (dir, code, env = {}) => execFileSync(process.execPath, ['-e', code],
+  { cwd: dir, encoding: 'utf8', env: { ...process.env, ...env } });
+
+test('version 0.1.0 is the module\'s (Cargo.toml)', () => {
+  const cargo = fs.readFileSync(path.join(REPO, 'Cargo.toml'), 'utf8');
+  const moduleVersion = /^\[package\][^[]*?^version = "([^"]+)"/m.exec(cargo)[1];
+  assert.equal(version, moduleVersion);
+  assert.equal(version, '0.1.0');
+});
+
+test('tb.lua is a relative symlink to the repository\'s lua/tb.lua, and what the library loads', () => {
+  assert.equal(fs.readlinkSync(path.join(PKG, 'tb.lua')), '../../lua/tb.lua');
+  const source = luaSource();
+  assert.equal(source.library, LUA);
+  assert.equal(source.script, LUA.slice(LUA.indexOf('\n') + 1));
+  assert.ok(source.library.startsWith('#!lua name=tb\n'));
+  assert.ok(!source.script.startsWith('#!'));
+});
+
+test('npm install ./clients/node into a fresh project: the Lua text is there (through the symlink)', () => {
+  const dir = tempProject();
+  npm(['install', PKG], dir);
+  const installed = path.join(dir, 'node_modules', 'redis-tb');
+  // npm links a directory dependency (install-links=false, npm's default).
+  assert.equal(fs.realpathSync(installed), fs.realpathSync(PKG));
+  const out = JSON.parse(nodeIn(dir, "const t = require('redis-tb'); const s = t.luaSource(); "
+    + 'console.log(JSON.stringify({ file: require("fs").realpathSync(s.file), text: s.library, version: t.version }))'));
+  assert.equal(out.text, LUA);
+  assert.equal(out.file, fs.realpathSync(path.join(REPO, 'lua', 'tb.lua')));
+  assert.equal(out.version, '0.1.0');
+  assert.ok(fs.existsSync(path.join(installed, 'index.d.ts')));
+});
+
+test('npm pack ./clients/node and install the tarball: dist/tb.lua ships the same text, and it runs', async () => {
+  const packDir = fs.mkdtempSync(path.join(os.tmpdir(), 'tb-node-pack-'));
+  temps.push(packDir);
+  const tarball = npm(['pack', PKG, '--pack-destination', packDir], PKG).trim().split('\n').pop();
+  // postpack removed the build output from the checkout again.
+  assert.equal(fs.existsSync(path.join(PKG, 'dist')), false);
+  const dir = tempProject();
+  npm(['install', path.join(packDir, tarball)], dir);
+  const installed = path.join(dir, 'node_modules', 'redis-tb');
+  assert.equal(fs.lstatSync(installed).isSymbolicLink(), false);
+  assert.equal(fs.existsSync(path.join(installed, 'tb.lua')), false, 'npm left the symlink out');
+  assert.equal(fs.readFileSync(path.join(installed, 'dist', 'tb.lua'), 'utf8'), LUA);
+  // The installed copy works against a server without the module (FUNCTION LOAD of that text).
+  const server = await startServer();
+  const out = nodeIn(dir, `
+    const { RateLimiter, createClient } = require('redis-tb');
+    const client = createClient(process.env.URL);
+    client.once('ready', async () => {
+      const limiter = new RateLimiter(client);
+      const d = await limiter.take('installed', 5, 0.001, 2);
+      console.log(JSON.stringify({ backend: limiter.backend, remaining: d.remaining }));
+      client.disconnect();
+    });`, { URL: server.url });
+  assert.deepEqual(JSON.parse(out), { backend: 'function', remaining: 3 });
+});
+
+test('index.d.ts type-checks against test/types/usage.ts (tsc --noEmit)', () => {
+  const tsc = path.join(PKG, 'node_modules', '.bin', 'tsc');
+  try {
+    execFileSync(tsc, ['-p', path.join(__dirname, 'types', 'tsconfig.json')], { encoding: 'utf8', stdio: 'pipe' });
+  } catch (err) {
+    assert.fail(`tsc failed:\n${err.stdout}${err.stderr}`);
+  }
+});
