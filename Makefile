@@ -17,7 +17,7 @@ PORT ?= 6379
 export TB_MODULE ?= $(MODULE)
 export TB_SERVER ?= redis-server
 
-.PHONY: help deps build run lint test test-valkey test-examples servers bench profile fuzz sanitize clean
+.PHONY: help deps build run lint test test-valkey test-clients servers bench profile fuzz sanitize clean
 
 help: ## List the targets
 	@echo "usage: make <target> [PORT=6379]"
@@ -54,11 +54,11 @@ lint: deps ## rustfmt check and clippy with warnings as errors
 # module users run.
 FAULT_BUILD := cargo build --features fault-injection --target-dir target/fault
 
-test: deps lint ## Everything: lint, unit/property/integration tests on Redis and Valkey, client examples
+test: deps lint ## Everything: lint, unit/property/integration tests on Redis and Valkey, client libraries
 	cd $(ROOT) && cargo build --release
 	cd $(ROOT) && $(FAULT_BUILD)
 	cd $(ROOT) && cargo test
-	@$(MAKE) --no-print-directory test-valkey test-examples
+	@$(MAKE) --no-print-directory test-valkey test-clients
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10
 
 # The same .so, unchanged, in each Valkey: every integration test runs again
@@ -73,8 +73,15 @@ test-valkey: servers ## Integration tests against Valkey 8.1 and 9.1 (fetched by
 	  ( cd $(ROOT) && TB_SERVER="$$server" cargo test --test '*' ) || status=1; \
 	done; exit $$status
 
-test-examples: build ## Client examples (Rust, Python, Node) against a real server
-	cd $(ROOT) && TB_MODULE=$(MODULE) bash examples/run-all.sh
+# Each library's own suite (clients/<lang>/run-tests.sh): real servers with
+# and without the module, a cluster, fail-open; it installs its own
+# dependencies (a venv, npm ci, cargo) on the first run.
+CLIENTS := python node rust
+test-clients: build ## Client libraries (Python, Node, Rust) against real servers, with and without the module
+	@status=0; for client in $(CLIENTS); do \
+	  echo "--- clients/$$client"; \
+	  ( cd $(ROOT) && TB_MODULE=$(MODULE) bash clients/$$client/run-tests.sh ) || status=1; \
+	done; exit $$status
 
 FUZZ_SECONDS ?= 60
 fuzz: ## Fuzz parsing, stored-state decoding and the arithmetic (FUZZ_SECONDS per target)

