@@ -411,10 +411,14 @@ local function figures(outcome)
   return {outcome.allowed, outcome.remaining, outcome.retry, outcome.reset}
 end
 
--- TB.TAKE key capacity rate n
-local function tb_take(keys, args)
-  if #keys ~= 1 or #args ~= 3 then
-    return arity_error('tb.take')
+-- One bucket, `key capacity rate n` (n optional where `n_optional`): the
+-- shared path of TB.TAKE, TB.PEEK and TB.REFUND. Checks the arguments and
+-- the key, reads the clock once, judges with `judge`, and stores the
+-- outcome's write unless `read_only`.
+local function single(command, keys, args, n_optional, read_only, judge)
+  local min_args = n_optional and 2 or 3
+  if #keys ~= 1 or #args < min_args or #args > 3 then
+    return arity_error(command)
   end
   local request, err = parse_request(args[1], args[2], args[3])
   if err then
@@ -425,44 +429,30 @@ local function tb_take(keys, args)
     return read_err
   end
   local now = server_now()
-  local outcome = judge_take(bucket, request, request.n, now)
-  store(keys[1], outcome, now)
+  local outcome = judge(bucket, request, now)
+  if not read_only then
+    store(keys[1], outcome, now)
+  end
   return figures(outcome)
+end
+
+local function judge_take_n(bucket, request, now)
+  return judge_take(bucket, request, request.n, now)
+end
+
+-- TB.TAKE key capacity rate n
+local function tb_take(keys, args)
+  return single('tb.take', keys, args, false, false, judge_take_n)
 end
 
 -- TB.PEEK key capacity rate [n]: what TB.TAKE would reply; writes nothing.
 local function tb_peek(keys, args)
-  if #keys ~= 1 or #args < 2 or #args > 3 then
-    return arity_error('tb.peek')
-  end
-  local request, err = parse_request(args[1], args[2], args[3])
-  if err then
-    return err
-  end
-  local bucket, read_err = read_bucket(keys[1])
-  if read_err then
-    return read_err
-  end
-  return figures(judge_take(bucket, request, request.n, server_now()))
+  return single('tb.peek', keys, args, true, true, judge_take_n)
 end
 
 -- TB.REFUND key capacity rate n
 local function tb_refund(keys, args)
-  if #keys ~= 1 or #args ~= 3 then
-    return arity_error('tb.refund')
-  end
-  local request, err = parse_request(args[1], args[2], args[3])
-  if err then
-    return err
-  end
-  local bucket, read_err = read_bucket(keys[1])
-  if read_err then
-    return read_err
-  end
-  local now = server_now()
-  local outcome = judge_refund(bucket, request, now)
-  store(keys[1], outcome, now)
-  return figures(outcome)
+  return single('tb.refund', keys, args, false, false, judge_refund)
 end
 
 -- TB.TAKEALL: every bucket or none (src/bucket.rs take_all). Keys come as

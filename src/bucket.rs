@@ -144,17 +144,26 @@ pub fn take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> Outcome
         tokens: available - n,
         last_refill_ms: now,
     };
+    granted(after, n, &current, repair, limit, now)
+}
+
+/// An allowed call that leaves the bucket at `after`. It stores `after`
+/// when it changed the bucket (`n > 0`), else only a clock repair; the time
+/// to full counts from what is stored.
+fn granted(
+    after: State,
+    n: f64,
+    current: &State,
+    repair: Option<State>,
+    limit: &Limit,
+    now: f64,
+) -> Outcome {
     let write = if n > 0.0 { Some(after) } else { repair };
     Outcome {
         allowed: true,
         remaining: floor_to_i64(after.tokens),
         retry_after_ms: 0,
-        reset_after_ms: first_ms_when(
-            write.as_ref().unwrap_or(&current),
-            limit,
-            now,
-            limit.capacity,
-        ),
+        reset_after_ms: first_ms_when(write.as_ref().unwrap_or(current), limit, now, limit.capacity),
         write,
     }
 }
@@ -225,20 +234,8 @@ pub fn refund(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> Refun
         tokens: (available + n).min(limit.capacity),
         last_refill_ms: now,
     };
-    let write = if n > 0.0 { Some(after) } else { repair };
     Refunded {
-        outcome: Outcome {
-            allowed: true,
-            remaining: floor_to_i64(after.tokens),
-            retry_after_ms: 0,
-            reset_after_ms: first_ms_when(
-                write.as_ref().unwrap_or(&current),
-                limit,
-                now,
-                limit.capacity,
-            ),
-            write,
-        },
+        outcome: granted(after, n, &current, repair, limit, now),
         added: (after.tokens - available).max(0.0),
     }
 }
