@@ -163,7 +163,12 @@ fn granted(
         allowed: true,
         remaining: floor_to_i64(after.tokens),
         retry_after_ms: 0,
-        reset_after_ms: first_ms_when(write.as_ref().unwrap_or(current), limit, now, limit.capacity),
+        reset_after_ms: first_ms_when(
+            write.as_ref().unwrap_or(current),
+            limit,
+            now,
+            limit.capacity,
+        ),
         write,
     }
 }
