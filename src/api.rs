@@ -11,9 +11,9 @@ use std::sync::OnceLock;
 use redis_module::raw::{
     mstime_t, ustime_t, RedisModuleBlockedClient, RedisModuleCallReply, RedisModuleCmdFunc,
     RedisModuleCtx, RedisModuleDisconnectFunc, RedisModuleKey, RedisModuleString,
-    RedisModuleTimerID, RedisModuleTimerProc, RedisModule_BlockClientOnKeys,
-    RedisModule_CachedMicroseconds, RedisModule_Call, RedisModule_CloseKey,
-    RedisModule_CreateString, RedisModule_CreateTimer, RedisModule_DeleteKey,
+    RedisModuleTimerID, RedisModuleTimerProc, RedisModule_AvoidReplicaTraffic,
+    RedisModule_BlockClientOnKeys, RedisModule_CachedMicroseconds, RedisModule_Call,
+    RedisModule_CloseKey, RedisModule_CreateString, RedisModule_CreateTimer, RedisModule_DeleteKey,
     RedisModule_FreeCallReply, RedisModule_FreeString, RedisModule_GetAbsExpire,
     RedisModule_GetBlockedClientPrivateData, RedisModule_GetContextFlags,
     RedisModule_GetSelectedDb, RedisModule_HashGet, RedisModule_HashSet, RedisModule_KeyType,
@@ -92,6 +92,10 @@ pub struct Api {
     pub stop_timer:
         unsafe extern "C" fn(*mut RedisModuleCtx, RedisModuleTimerID, *mut *mut c_void) -> c_int,
     pub context_flags: unsafe extern "C" fn(*mut RedisModuleCtx) -> c_int,
+    /// True while the server pauses writes (CLIENT PAUSE WRITE/ALL,
+    /// FAILOVER, CLUSTER FAILOVER); present on every server with modules
+    /// that can block (6.0+), optional all the same.
+    pub avoid_replica_traffic: Option<unsafe extern "C" fn() -> c_int>,
     pub selected_db: unsafe extern "C" fn(*mut RedisModuleCtx) -> c_int,
     pub select_db: unsafe extern "C" fn(*mut RedisModuleCtx, c_int) -> c_int,
     pub call: unsafe extern "C" fn(
@@ -181,6 +185,7 @@ pub unsafe fn resolve() -> Result<&'static Api, &'static str> {
         create_timer: need!(RedisModule_CreateTimer),
         stop_timer: need!(RedisModule_StopTimer),
         context_flags: need!(RedisModule_GetContextFlags),
+        avoid_replica_traffic: RedisModule_AvoidReplicaTraffic,
         selected_db: need!(RedisModule_GetSelectedDb),
         select_db: need!(RedisModule_SelectDb),
         call: need!(RedisModule_Call),

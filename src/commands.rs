@@ -8,36 +8,27 @@ use std::os::raw::{c_int, c_long};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-use redis_module::commands::KeySpecFlags;
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
 use crate::api::{self, Api};
 use crate::args::{self, parse_request};
-use crate::btake;
 use crate::bucket::{self, Charge, Outcome};
-use crate::command_info::{CommandSpec, Shape};
 use crate::error::{corrupt_bucket_message, TbError};
 use crate::metrics;
-use crate::store::{Access, Applied, BucketKey, Corrupt, Expiry, WriteFailed};
+use crate::store::{store, Access, BucketKey, Corrupt};
+use crate::wait;
 
 /// `tb.shadow-mode`: report denials as allowed (see `shadow`).
 pub static SHADOW_MODE: AtomicBool = AtomicBool::new(false);
 
-/// What a command replies: TB.TAKE's four integers
-/// `[allowed, remaining, retry_after_ms, reset_after_ms]`, and for
-/// TB.TAKEALL a fifth, the index of the bucket those figures belong to.
-pub struct Reply {
-    outcome: Outcome,
-    bucket_index: Option<usize>,
-}
-
-impl From<Outcome> for Reply {
-    fn from(outcome: Outcome) -> Self {
-        Reply {
-            outcome,
-            bucket_index: None,
-        }
-    }
+/// What a command answers: TB.TAKE's four integers
+/// `[allowed, remaining, retry_after_ms, reset_after_ms]`; for TB.TAKEALL a
+/// fifth, the index of the bucket those figures belong to; or nothing yet,
+/// when TB.BTAKE has blocked the client (`btake.rs` answers it later).
+pub enum Reply {
+    Decision(Outcome),
+    All { outcome: Outcome, index: usize },
+    Blocked,
 }
 
 /// The argument index of the key in TB.TAKE, TB.PEEK and TB.REFUND.
@@ -51,12 +42,12 @@ fn take(
     api: &Api,
     ctx: *mut RedisModuleCtx,
     args: &[*mut RedisModuleString],
-) -> Result<Answer, TbError> {
+) -> Result<Reply, TbError> {
     let single = Single::open(api, ctx, args, Access::Write)?;
     let outcome = single.charge.judge(single.now_ms);
-    store(&[single.change(&outcome)], single.now_ms)?;
+    store(&[(&single.bucket, &outcome)], single.now_ms)?;
     count_decision(outcome.allowed, single.charge.n);
-    Ok(shadow(outcome).into())
+    Ok(Reply::Decision(shadow(outcome)))
 }
 
 /// TB.PEEK key capacity rate [n]
@@ -68,9 +59,9 @@ fn peek(
     api: &Api,
     ctx: *mut RedisModuleCtx,
     args: &[*mut RedisModuleString],
-) -> Result<Answer, TbError> {
+) -> Result<Reply, TbError> {
     let single = Single::open(api, ctx, args, Access::Read)?;
-    Ok(single.charge.judge(single.now_ms).into())
+    Ok(Reply::Decision(single.charge.judge(single.now_ms)))
 }
 
 /// TB.REFUND key capacity rate n
@@ -83,13 +74,13 @@ fn refund(
     api: &Api,
     ctx: *mut RedisModuleCtx,
     args: &[*mut RedisModuleString],
-) -> Result<Answer, TbError> {
+) -> Result<Reply, TbError> {
     let single = Single::open(api, ctx, args, Access::Write)?;
     let charge = &single.charge;
     let refunded = bucket::refund(charge.state, &charge.limit, charge.n, single.now_ms);
-    store(&[single.change(&refunded.outcome)], single.now_ms)?;
+    store(&[(&single.bucket, &refunded.outcome)], single.now_ms)?;
     metrics::TOKENS_REFUNDED.add(refunded.added);
-    Ok(refunded.outcome.into())
+    Ok(Reply::Decision(refunded.outcome))
 }
 
 /// One bucket named by `key capacity rate n` (n optional for reads, as in
@@ -157,19 +148,25 @@ impl<'a> Single<'a> {
                 state,
                 limit: request.limit,
                 n: request.n,
-                behind: btake::queued_on(api, ctx, key),
+                behind: queued_on(api, ctx, key),
             },
             now_ms: now(api),
         })
     }
+}
 
-    pub fn change<'s>(&'s self, outcome: &Outcome) -> Change<'s, 'a> {
-        Change {
-            bucket: &self.bucket,
-            was_missing: self.charge.state.is_none(),
-            outcome: *outcome,
+/// The tokens TB.BTAKE callers waiting on `key` want, if any wait: the
+/// commands leave those tokens to the queue (`bucket::take_behind`).
+fn queued_on(api: &Api, ctx: *mut RedisModuleCtx, key: *mut RedisModuleString) -> Option<f64> {
+    wait::with_machine(|machine| {
+        if machine.is_empty() {
+            return None; // the usual case: no lookup at all
         }
-    }
+        // SAFETY: a live context and argument.
+        let (db, name) = unsafe { ((api.selected_db)(ctx), api.bytes(&key)) };
+        machine.queued(db, name)
+    })
+    .flatten()
 }
 
 /// TB.TAKEALL key capacity rate n [key capacity rate n ...]
@@ -184,7 +181,7 @@ fn take_all(
     api: &Api,
     ctx: *mut RedisModuleCtx,
     args: &[*mut RedisModuleString],
-) -> Result<Answer, TbError> {
+) -> Result<Reply, TbError> {
     let groups = args.get(1..).unwrap_or_default();
     if groups.is_empty() || groups.len() % 4 != 0 {
         return Err(TbError::WrongArity);
@@ -223,23 +220,14 @@ fn take_all(
             state: read(&mut bucket, index.saturating_mul(4).saturating_add(KEY_ARG))?,
             limit: request.limit,
             n: request.n,
-            behind: btake::queued_on(api, ctx, *key),
+            behind: queued_on(api, ctx, *key),
         });
         buckets.push(bucket);
     }
     let now_ms = now(api);
     let result = bucket::take_all(&charges, now_ms);
-    let changes: Vec<Change> = buckets
-        .iter()
-        .zip(&result.outcomes)
-        .zip(&charges)
-        .map(|((bucket, outcome), charge)| Change {
-            bucket,
-            was_missing: charge.state.is_none(),
-            outcome: *outcome,
-        })
-        .collect();
-    store(&changes, now_ms)?;
+    let writes: Vec<(&BucketKey, &Outcome)> = buckets.iter().zip(&result.outcomes).collect();
+    store(&writes, now_ms)?;
     // The deciding bucket allows exactly when the whole call does: a
     // denial is decided by a denying bucket (see `bucket::take_all`).
     let outcome = result
@@ -248,98 +236,16 @@ fn take_all(
         .copied()
         .ok_or(TbError::Internal)?;
     count_decision(outcome.allowed, charges.iter().map(|charge| charge.n).sum());
-    Ok(Reply {
+    Ok(Reply::All {
         outcome: shadow(outcome),
-        bucket_index: Some(result.decisive),
-    }
-    .into())
+        index: result.decisive,
+    })
 }
 
 pub fn read(bucket: &mut BucketKey, key_arg: usize) -> Result<Option<bucket::State>, TbError> {
     bucket
         .read()
         .map_err(|Corrupt| TbError::CorruptBucket { key_arg })
-}
-
-/// One bucket's outcome, to be stored if it writes.
-pub struct Change<'s, 'a> {
-    pub bucket: &'s BucketKey<'a>,
-    pub was_missing: bool,
-    pub outcome: Outcome,
-}
-
-/// Stores every outcome that writes, all or none.
-///
-/// Every write is first applied to the keyspace only; if the server
-/// refuses one, those already applied are taken back, nothing is
-/// propagated and the command fails, so no replica, AOF or watcher can see
-/// what the master does not hold. Only then is each write propagated.
-pub fn store(changes: &[Change], now_ms: i64) -> Result<(), TbError> {
-    // One bucket, the usual case: nothing to take back, so nothing to keep
-    // (and no allocation on the hot path).
-    if let [change] = changes {
-        if let Some(done) = change.apply(now_ms)? {
-            change.propagate(&done);
-        }
-        return Ok(());
-    }
-    let writes = changes
-        .iter()
-        .filter(|change| change.outcome.write.is_some())
-        .count();
-    // What to put back if a later write fails; a lone write needs none.
-    let expiries: Vec<Expiry> = if writes > 1 {
-        changes
-            .iter()
-            .map(|change| change.bucket.expiry())
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let mut applied = Vec::with_capacity(writes);
-    for (index, change) in changes.iter().enumerate() {
-        match change.apply(now_ms) {
-            Ok(Some(done)) => applied.push((index, done)),
-            Ok(None) => {}
-            Err(error) => {
-                for (index, done) in applied.into_iter().rev() {
-                    if let Some(change) = changes.get(index) {
-                        let expiry = expiries.get(index).copied().unwrap_or(Expiry::Unknown);
-                        change.bucket.rollback(done, expiry);
-                    }
-                }
-                return Err(error);
-            }
-        }
-    }
-    for (index, done) in &applied {
-        if let Some(change) = changes.get(*index) {
-            change.propagate(done);
-        }
-    }
-    Ok(())
-}
-
-impl<'a> Change<'_, 'a> {
-    /// Applies the write, if the outcome has one, to the keyspace only.
-    fn apply(&self, now_ms: i64) -> Result<Option<Applied<'a>>, TbError> {
-        let Some(state) = self.outcome.write else {
-            return Ok(None);
-        };
-        let deadline_ms = bucket::expire_at_ms(now_ms, self.outcome.reset_after_ms);
-        self.bucket
-            .apply(&state, now_ms, deadline_ms)
-            .map(Some)
-            .map_err(|WriteFailed| TbError::WriteFailed)
-    }
-
-    /// Propagates an applied write and counts a new bucket.
-    fn propagate(&self, done: &Applied<'a>) {
-        self.bucket.propagate(done);
-        if self.was_missing {
-            metrics::BUCKETS_CREATED.bump();
-        }
-    }
 }
 
 /// Counts a TB.TAKE / TB.TAKEALL decision for `INFO tb`.
@@ -372,32 +278,14 @@ pub fn now(api: &Api) -> i64 {
     api.now_ms()
 }
 
-/// What a handler gives back: a reply now, or `Waiting` when TB.BTAKE has
-/// blocked the client, which `btake.rs` answers later.
-pub enum Answer {
-    Now(Reply),
-    Waiting,
-}
-
-impl From<Reply> for Answer {
-    fn from(reply: Reply) -> Self {
-        Answer::Now(reply)
-    }
-}
-
-impl From<Outcome> for Answer {
-    fn from(outcome: Outcome) -> Self {
-        Answer::Now(outcome.into())
-    }
-}
-
-type Handler = fn(&Api, *mut RedisModuleCtx, &[*mut RedisModuleString]) -> Result<Answer, TbError>;
+pub type Handler =
+    fn(&Api, *mut RedisModuleCtx, &[*mut RedisModuleString]) -> Result<Reply, TbError>;
 
 /// Runs a handler and sends its reply. A panic (a bug: no input should cause
 /// one) would abort the whole server if it crossed this `extern "C"`
 /// boundary, so it is caught here, logged by the panic hook, and answered
 /// with an error instead.
-fn run(
+pub fn run(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
     argc: c_int,
@@ -413,11 +301,7 @@ fn run(
     };
     let result = catch_unwind(AssertUnwindSafe(|| handler(api, ctx, args)))
         .unwrap_or(Err(TbError::Internal));
-    match result {
-        Ok(Answer::Waiting) => {}
-        Ok(Answer::Now(reply)) => send(api, ctx, args, Ok(reply)),
-        Err(error) => send(api, ctx, args, Err(error)),
-    }
+    send(api, ctx, args, result);
     raw::REDISMODULE_OK as c_int
 }
 
@@ -430,6 +314,7 @@ pub fn send(
     result: Result<Reply, TbError>,
 ) {
     match &result {
+        Ok(Reply::Blocked) => return,
         Ok(_) => metrics::CALLS.bump(),
         Err(_) => metrics::ERRORS.bump(),
     }
@@ -437,19 +322,11 @@ pub fn send(
     // blocked client's callback).
     unsafe {
         match result {
-            Ok(Reply {
-                outcome,
-                bucket_index,
-            }) => {
-                let index = bucket_index.map(|index| i64::try_from(index).unwrap_or(i64::MAX));
-                (api.reply_with_array)(ctx, if index.is_some() { 5 } else { 4 } as c_long);
-                (api.reply_with_long_long)(ctx, i64::from(outcome.allowed));
-                (api.reply_with_long_long)(ctx, outcome.remaining);
-                (api.reply_with_long_long)(ctx, outcome.retry_after_ms);
-                (api.reply_with_long_long)(ctx, outcome.reset_after_ms);
-                if let Some(index) = index {
-                    (api.reply_with_long_long)(ctx, index);
-                }
+            Ok(Reply::Blocked) => {}
+            Ok(Reply::Decision(outcome)) => reply_outcome(api, ctx, &outcome, None),
+            Ok(Reply::All { outcome, index }) => {
+                let index = i64::try_from(index).unwrap_or(i64::MAX);
+                reply_outcome(api, ctx, &outcome, Some(index));
             }
             Err(TbError::WrongArity) => {
                 (api.wrong_arity)(ctx);
@@ -469,7 +346,7 @@ pub fn send(
     }
 }
 
-extern "C" fn tb_take(
+pub extern "C" fn tb_take(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
     argc: c_int,
@@ -477,7 +354,7 @@ extern "C" fn tb_take(
     run(ctx, argv, argc, take)
 }
 
-extern "C" fn tb_peek(
+pub extern "C" fn tb_peek(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
     argc: c_int,
@@ -485,7 +362,7 @@ extern "C" fn tb_peek(
     run(ctx, argv, argc, peek)
 }
 
-extern "C" fn tb_refund(
+pub extern "C" fn tb_refund(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
     argc: c_int,
@@ -493,15 +370,7 @@ extern "C" fn tb_refund(
     run(ctx, argv, argc, refund)
 }
 
-extern "C" fn tb_btake(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    run(ctx, argv, argc, btake::btake)
-}
-
-extern "C" fn tb_takeall(
+pub extern "C" fn tb_takeall(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
     argc: c_int,
@@ -509,65 +378,23 @@ extern "C" fn tb_takeall(
     run(ctx, argv, argc, take_all)
 }
 
-pub const COMMANDS: [CommandSpec; 5] = [
-    CommandSpec {
-        name: c"tb.take",
-        handler: Some(tb_take),
-        flags: c"write deny-oom fast",
-        acl_categories: c"write fast",
-        summary: c"Takes n tokens from a token bucket if it holds that many. Replies [allowed, remaining, retry_after_ms, reset_after_ms].",
-        complexity: c"O(1)",
-        arity: 5,
-        key_flags: READ_WRITE_UPDATE,
-        shape: Shape::Single { n_optional: false },
-    },
-    CommandSpec {
-        name: c"tb.peek",
-        handler: Some(tb_peek),
-        flags: c"readonly fast",
-        acl_categories: c"read fast",
-        summary: c"Replies what TB.TAKE would for n tokens (default 1), without taking or writing anything.",
-        complexity: c"O(1)",
-        arity: -4,
-        key_flags: KeySpecFlags::READ_ONLY.union(KeySpecFlags::ACCESS),
-        shape: Shape::Single { n_optional: true },
-    },
-    CommandSpec {
-        name: c"tb.refund",
-        handler: Some(tb_refund),
-        flags: c"write deny-oom fast",
-        acl_categories: c"write fast",
-        summary: c"Gives n tokens back to a bucket, capped at capacity. Replies like TB.TAKE.",
-        complexity: c"O(1)",
-        arity: 5,
-        key_flags: READ_WRITE_UPDATE,
-        shape: Shape::Single { n_optional: false },
-    },
-    CommandSpec {
-        name: c"tb.btake",
-        handler: Some(tb_btake),
-        flags: c"write deny-oom blocking",
-        acl_categories: c"write slow blocking",
-        summary: c"Like TB.TAKE, but waits up to timeout_ms (0: no limit) for the tokens, first come first served. Replies like TB.TAKE.",
-        complexity: c"O(1)",
-        arity: 6,
-        key_flags: READ_WRITE_UPDATE,
-        shape: Shape::Blocking,
-    },
-    CommandSpec {
-        name: c"tb.takeall",
-        handler: Some(tb_takeall),
-        // Not `fast`: its cost grows with the number of buckets, like MSET.
-        flags: c"write deny-oom",
-        acl_categories: c"write slow",
-        summary: c"Takes from every bucket if all hold enough, else from none. Replies [allowed, remaining, retry_after_ms, reset_after_ms, index] for the deciding bucket.",
-        complexity: c"O(N) where N is the number of buckets",
-        arity: -5,
-        key_flags: READ_WRITE_UPDATE,
-        shape: Shape::Repeated,
-    },
-];
-
-const READ_WRITE_UPDATE: KeySpecFlags = KeySpecFlags::READ_WRITE
-    .union(KeySpecFlags::ACCESS)
-    .union(KeySpecFlags::UPDATE);
+/// `[allowed, remaining, retry_after_ms, reset_after_ms]`, and the deciding
+/// bucket's index for TB.TAKEALL.
+///
+/// # Safety
+/// `ctx` must be a context with a client.
+unsafe fn reply_outcome(
+    api: &Api,
+    ctx: *mut RedisModuleCtx,
+    outcome: &Outcome,
+    index: Option<i64>,
+) {
+    (api.reply_with_array)(ctx, if index.is_some() { 5 } else { 4 } as c_long);
+    (api.reply_with_long_long)(ctx, i64::from(outcome.allowed));
+    (api.reply_with_long_long)(ctx, outcome.remaining);
+    (api.reply_with_long_long)(ctx, outcome.retry_after_ms);
+    (api.reply_with_long_long)(ctx, outcome.reset_after_ms);
+    if let Some(index) = index {
+        (api.reply_with_long_long)(ctx, index);
+    }
+}

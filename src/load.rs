@@ -7,13 +7,15 @@ use std::os::raw::{c_char, c_int, c_longlong, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering::Relaxed;
 
+use redis_module::commands::KeySpecFlags;
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
 use crate::btake::{DEFAULT_MAX_WAITERS, MAX_WAITERS};
-use crate::commands::{COMMANDS, SHADOW_MODE};
+use crate::command_info::{CommandSpec, Shape};
+use crate::commands::SHADOW_MODE;
 #[cfg(feature = "fault-injection")]
 use crate::fault;
-use crate::{api, btake, command_info, metrics};
+use crate::{api, btake, command_info, commands, metrics};
 
 /// The server's entry point on `loadmodule` / `MODULE LOAD`.
 ///
@@ -62,6 +64,21 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
         api::write_log(log, ctx, c"warning", &format!("tb: not loaded: {failure}"));
     }
     raw::REDISMODULE_ERR as c_int
+}
+
+/// The server's hook on `MODULE UNLOAD`, which it refuses by itself while
+/// clients wait or timers are pending; the waiting state is dropped.
+///
+/// # Safety
+/// Called by the server, on its main thread.
+#[no_mangle]
+pub unsafe extern "C" fn RedisModule_OnUnload(ctx: *mut RedisModuleCtx) -> c_int {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        if let Some(api) = api::api() {
+            btake::on_unload(api, ctx);
+        }
+    }));
+    raw::REDISMODULE_OK as c_int
 }
 
 /// The module version `MODULE LIST` shows.
@@ -241,6 +258,7 @@ fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
         }
     }));
     set_module_options(ctx);
+    metrics::CACHED_CLOCK.store(api.cached_microseconds.is_some(), Relaxed);
     btake::reset_at_load();
     // SAFETY: OnLoad context. This replaces the crate's default INFO callback.
     if let Some(register_info) = unsafe { raw::RedisModule_RegisterInfoFunc } {
@@ -256,14 +274,18 @@ fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
         }
         None => false,
     };
-    // TB.BTAKE: after FLUSHDB/FLUSHALL every bucket with waiters is full.
+    // TB.BTAKE: FLUSHDB/FLUSHALL and SWAPDB change the buckets of waiters
+    // without a keyspace event.
     if let Some(subscribe) = unsafe { raw::RedisModule_SubscribeToServerEvent } {
-        let flush = raw::RedisModuleEvent {
-            id: raw::REDISMODULE_EVENT_FLUSHDB,
-            dataver: 1,
-        };
-        // SAFETY: OnLoad context.
-        unsafe { subscribe(ctx, flush, Some(btake::on_flush)) };
+        let events: [(u64, raw::RedisModuleEventCallback); 2] = [
+            (raw::REDISMODULE_EVENT_FLUSHDB, Some(btake::on_flush)),
+            (raw::REDISMODULE_EVENT_SWAPDB, Some(btake::on_swapdb)),
+        ];
+        for (id, callback) in events {
+            let event = raw::RedisModuleEvent { id, dataver: 1 };
+            // SAFETY: OnLoad context.
+            unsafe { subscribe(ctx, event, callback) };
+        }
     }
     for spec in &COMMANDS {
         // SAFETY: OnLoad context.
@@ -322,3 +344,67 @@ fn valkey_major(ctx: *mut RedisModuleCtx) -> Option<u32> {
         version?.split('.').next()?.parse().ok()
     }
 }
+
+/// Every command the module registers, with its COMMAND DOCS and key specs.
+pub const COMMANDS: [CommandSpec; 5] = [
+    CommandSpec {
+        name: c"tb.take",
+        handler: Some(commands::tb_take),
+        flags: c"write deny-oom fast",
+        acl_categories: c"write fast",
+        summary: c"Takes n tokens from a token bucket if it holds that many. Replies [allowed, remaining, retry_after_ms, reset_after_ms].",
+        complexity: c"O(1)",
+        arity: 5,
+        key_flags: READ_WRITE_UPDATE,
+        shape: Shape::Single { n_optional: false },
+    },
+    CommandSpec {
+        name: c"tb.peek",
+        handler: Some(commands::tb_peek),
+        flags: c"readonly fast",
+        acl_categories: c"read fast",
+        summary: c"Replies what TB.TAKE would for n tokens (default 1), without taking or writing anything.",
+        complexity: c"O(1)",
+        arity: -4,
+        key_flags: KeySpecFlags::READ_ONLY.union(KeySpecFlags::ACCESS),
+        shape: Shape::Single { n_optional: true },
+    },
+    CommandSpec {
+        name: c"tb.refund",
+        handler: Some(commands::tb_refund),
+        flags: c"write deny-oom fast",
+        acl_categories: c"write fast",
+        summary: c"Gives n tokens back to a bucket, capped at capacity. Replies like TB.TAKE.",
+        complexity: c"O(1)",
+        arity: 5,
+        key_flags: READ_WRITE_UPDATE,
+        shape: Shape::Single { n_optional: false },
+    },
+    CommandSpec {
+        name: c"tb.btake",
+        handler: Some(btake::tb_btake),
+        flags: c"write deny-oom blocking",
+        acl_categories: c"write slow blocking",
+        summary: c"Like TB.TAKE, but waits up to timeout_ms (0: no limit) for the tokens, first come first served. Replies like TB.TAKE.",
+        complexity: c"O(1)",
+        arity: 6,
+        key_flags: READ_WRITE_UPDATE,
+        shape: Shape::Blocking,
+    },
+    CommandSpec {
+        name: c"tb.takeall",
+        handler: Some(commands::tb_takeall),
+        // Not `fast`: its cost grows with the number of buckets, like MSET.
+        flags: c"write deny-oom",
+        acl_categories: c"write slow",
+        summary: c"Takes from every bucket if all hold enough, else from none. Replies [allowed, remaining, retry_after_ms, reset_after_ms, index] for the deciding bucket.",
+        complexity: c"O(N) where N is the number of buckets",
+        arity: -5,
+        key_flags: READ_WRITE_UPDATE,
+        shape: Shape::Repeated,
+    },
+];
+
+const READ_WRITE_UPDATE: KeySpecFlags = KeySpecFlags::READ_WRITE
+    .union(KeySpecFlags::ACCESS)
+    .union(KeySpecFlags::UPDATE);

@@ -5,7 +5,7 @@
 //! hot path. Atomics are used only so the statics are `Sync`.
 
 use std::os::raw::c_int;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use redis_module::raw::{
     RedisModuleInfoCtx, RedisModule_InfoAddFieldCString, RedisModule_InfoAddFieldDouble,
@@ -21,6 +21,23 @@ impl Counter {
 
     pub fn bump(&self) {
         self.0.store(self.0.load(Relaxed).wrapping_add(1), Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+}
+
+/// A value that is set rather than counted.
+pub struct Gauge(AtomicU64);
+
+impl Gauge {
+    const fn new() -> Self {
+        Gauge(AtomicU64::new(0))
+    }
+
+    pub fn set(&self, value: u64) {
+        self.0.store(value, Relaxed);
     }
 
     pub fn get(&self) -> u64 {
@@ -69,6 +86,11 @@ pub static WAITS_TIMED_OUT: Counter = Counter::new();
 pub static WAITS_ABANDONED: Counter = Counter::new();
 /// Milliseconds waited in all, over every wait that ended.
 pub static WAIT_MS: Sum = Sum::new();
+/// TB.BTAKE: clients whose wait has not ended, set by `btake.rs`.
+pub static WAITING: Gauge = Gauge::new();
+/// Which clock the commands read (see `Api::now_ms`), set at load: the
+/// server's cached command time (Redis 7.2+, Valkey) or the wall clock.
+pub static CACHED_CLOCK: AtomicBool = AtomicBool::new(false);
 
 /// The `INFO tb` callback: section `tb_stats`, fields `tb_<name>`.
 pub extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
@@ -95,8 +117,7 @@ pub extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
         }
         add_f64(ctx, c"tokens_granted".as_ptr(), TOKENS_GRANTED.get());
         add_f64(ctx, c"tokens_refunded".as_ptr(), TOKENS_REFUNDED.get());
-        let waiting = u64::try_from(crate::btake::waiting()).unwrap_or(u64::MAX);
-        add_u64(ctx, c"waiting".as_ptr(), waiting);
+        add_u64(ctx, c"waiting".as_ptr(), WAITING.get());
         for (name, counter) in [
             (c"waits_started", &WAITS_STARTED),
             (c"waits_served", &WAITS_SERVED),
@@ -106,10 +127,10 @@ pub extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
             add_u64(ctx, name.as_ptr(), counter.get());
         }
         add_f64(ctx, c"wait_ms".as_ptr(), WAIT_MS.get());
-        // Which clock the commands read (see `Api::now_ms`): `cached`, the
-        // server's command time (Redis 7.2+, Valkey), or `wall` (Redis 7.0).
-        if let (Some(add_text), Some(api)) = (RedisModule_InfoAddFieldCString, crate::api::api()) {
-            let clock = if api.cached_microseconds.is_some() {
+        // `cached`, the server's command time (Redis 7.2+, Valkey), or
+        // `wall` (Redis 7.0).
+        if let Some(add_text) = RedisModule_InfoAddFieldCString {
+            let clock = if CACHED_CLOCK.load(Relaxed) {
                 c"cached"
             } else {
                 c"wall"

@@ -1,5 +1,6 @@
 //! A bucket's hash in the keyspace: type check, read, write with an
-//! absolute deadline, and propagation of the effects.
+//! absolute deadline, propagation of the effects, and `store`, which
+//! writes several buckets all or nothing.
 //!
 //! Layout (shared with the Lua script it replaces, so either can take over
 //! from the other): a hash with `tokens` (decimal text) and `last_refill`
@@ -17,9 +18,10 @@ use redis_module::raw::{
 };
 
 use crate::api::Api;
-use crate::bucket::State;
+use crate::bucket::{self, Outcome, State};
 use crate::error::TbError;
 use crate::fault;
+use crate::metrics;
 use crate::number::{format_integer, format_tokens, parse_decimal, Sign};
 
 /// The key holds a hash that is not a bucket: `tokens` or `last_refill` is
@@ -41,14 +43,16 @@ pub struct BucketKey<'a> {
     key: *mut RedisModuleKey,
     /// The `tokens` and `last_refill` values as read, kept until the key is
     /// closed so that a write that fails half way can put them back.
-    prior: Option<(OwnedString<'a>, OwnedString<'a>)>,
+    prior: Option<(ServerString<'a>, ServerString<'a>)>,
+    /// No bucket was there when read: a write creates one.
+    was_missing: bool,
 }
 
 /// A write that reached the keyspace but not yet replicas, the AOF or
 /// anyone watching: `propagate` tells them, `rollback` takes it back.
 pub struct Applied<'a> {
-    tokens: OwnedString<'a>,
-    last_refill: OwnedString<'a>,
+    tokens: ServerString<'a>,
+    last_refill: ServerString<'a>,
     deadline_ms: i64,
 }
 
@@ -89,6 +93,7 @@ impl<'a> BucketKey<'a> {
             name,
             key,
             prior: None,
+            was_missing: false,
         };
         // A read-only open of a missing key gives NULL, which is simply an
         // empty bucket.
@@ -104,7 +109,8 @@ impl<'a> BucketKey<'a> {
     /// The stored state, `None` for a missing key (a full bucket), or
     /// `Corrupt` if the hash lacks a readable `tokens` or `last_refill`.
     pub fn read(&mut self) -> Result<Option<State>, Corrupt> {
-        if self.is_empty() {
+        self.was_missing = self.is_empty();
+        if self.was_missing {
             return Ok(None);
         }
         let mut tokens: *mut RedisModuleString = ptr::null_mut();
@@ -122,8 +128,8 @@ impl<'a> BucketKey<'a> {
                 ptr::null::<RedisModuleString>(),
             );
         }
-        let tokens = OwnedString::new(self.api, self.ctx, tokens);
-        let last_refill = OwnedString::new(self.api, self.ctx, last_refill);
+        let tokens = ServerString::new(self.api, self.ctx, tokens);
+        let last_refill = ServerString::new(self.api, self.ctx, last_refill);
         let state = match (tokens.number(), last_refill.number()) {
             (Some(tokens), Some(last_refill_ms)) => State {
                 tokens,
@@ -161,7 +167,9 @@ impl<'a> BucketKey<'a> {
             return Err(WriteFailed);
         }
         // RM_HashSet checks everything before it changes anything, so a
-        // refusal leaves the key as it was.
+        // refusal leaves the key as it was. Faults are injected here, once
+        // per step, and never into `restore_fields`: the undo must run as
+        // it would in production.
         if fault::injected(fault::Step::HashSet) || !self.set_fields(&tokens, &last_refill) {
             return Err(WriteFailed);
         }
@@ -224,6 +232,9 @@ impl<'a> BucketKey<'a> {
     /// expire the key at the same millisecond. Redis wraps the two commands
     /// in MULTI/EXEC, so a replica never sees one without the other.
     pub fn propagate(&self, applied: &Applied<'a>) {
+        if self.was_missing {
+            metrics::BUCKETS_CREATED.bump();
+        }
         let api = self.api;
         // SAFETY: ctx/name are live for this command; the strings belong
         // to `applied`.
@@ -258,23 +269,28 @@ impl<'a> BucketKey<'a> {
                 self.name,
             );
             // The module opts out of the implicit "modified" signal on every
-            // write-open (see lib.rs), so WATCH and client tracking are told
-            // here, only when the bucket really changed.
+            // write-open (`set_module_options` in load.rs), so WATCH and
+            // client tracking are told here, only when the bucket changed.
             (api.signal_modified_key)(self.ctx, self.name);
         }
     }
 
-    fn create_string(&self, bytes: &[u8]) -> OwnedString<'a> {
-        // SAFETY: a live context; the bytes are copied by the server.
-        let ptr = unsafe { (self.api.create_string)(self.ctx, bytes.as_ptr().cast(), bytes.len()) };
-        OwnedString::new(self.api, self.ctx, ptr)
+    /// Stores `state` with its absolute expiry and propagates it: `apply`
+    /// then `propagate`, for a lone bucket.
+    pub fn write(&self, state: &State, now_ms: i64, deadline_ms: i64) -> Result<(), TbError> {
+        let applied = self
+            .apply(state, now_ms, deadline_ms)
+            .map_err(|WriteFailed| TbError::WriteFailed)?;
+        self.propagate(&applied);
+        Ok(())
+    }
+
+    fn create_string(&self, bytes: &[u8]) -> ServerString<'a> {
+        ServerString::from_bytes(self.api, self.ctx, bytes)
     }
 
     /// RM_HashSet of both fields; false if the server refused.
-    fn set_fields(&self, tokens: &OwnedString, last_refill: &OwnedString) -> bool {
-        if fault::injected(fault::Step::HashSet) {
-            return false;
-        }
+    fn set_fields(&self, tokens: &ServerString, last_refill: &ServerString) -> bool {
         // RM_HashSet returns how many fields it updated, so 0 is also the
         // answer for a new bucket; only errno tells a refusal (EINVAL,
         // ENOTSUP, EBADF) from that (ENOENT).
@@ -299,9 +315,6 @@ impl<'a> BucketKey<'a> {
 
     /// Sets the absolute expiry; false if the server refused.
     fn set_deadline(&self, now_ms: i64, deadline_ms: i64) -> bool {
-        if fault::injected(fault::Step::Expire) {
-            return false;
-        }
         // SAFETY: the key is open for writing and holds the hash.
         let status = unsafe {
             match self.api.set_abs_expire {
@@ -343,16 +356,34 @@ impl Drop for BucketKey<'_> {
     }
 }
 
-/// A server string this module created or was handed ownership of.
-struct OwnedString<'a> {
+/// A server string this module created or was handed ownership of; freed
+/// when dropped.
+pub struct ServerString<'a> {
     api: &'a Api,
     ctx: *mut RedisModuleCtx,
     ptr: *mut RedisModuleString,
 }
 
-impl<'a> OwnedString<'a> {
+impl<'a> ServerString<'a> {
     fn new(api: &'a Api, ctx: *mut RedisModuleCtx, ptr: *mut RedisModuleString) -> Self {
-        OwnedString { api, ctx, ptr }
+        ServerString { api, ctx, ptr }
+    }
+
+    fn from_bytes(api: &'a Api, ctx: *mut RedisModuleCtx, bytes: &[u8]) -> Self {
+        // SAFETY: a live context; the bytes are copied by the server.
+        let ptr = unsafe { (api.create_string)(ctx, bytes.as_ptr().cast(), bytes.len()) };
+        ServerString::new(api, ctx, ptr)
+    }
+
+    /// A copy of `bytes` (a key name), or `None` if the server could not
+    /// make one.
+    pub fn copy(api: &'a Api, ctx: *mut RedisModuleCtx, bytes: &[u8]) -> Option<Self> {
+        let string = ServerString::from_bytes(api, ctx, bytes);
+        (!string.ptr.is_null()).then_some(string)
+    }
+
+    pub fn ptr(&self) -> *mut RedisModuleString {
+        self.ptr
     }
 
     /// The value as a finite number, `None` if absent or not a number.
@@ -365,11 +396,63 @@ impl<'a> OwnedString<'a> {
     }
 }
 
-impl Drop for OwnedString<'_> {
+impl Drop for ServerString<'_> {
     fn drop(&mut self) {
         if !self.ptr.is_null() {
             // SAFETY: created for or handed to this module, freed once.
             unsafe { (self.api.free_string)(self.ctx, self.ptr) };
         }
     }
+}
+
+/// Stores every outcome that writes, all or none.
+///
+/// Every write is first applied to the keyspace only; if the server
+/// refuses one, those already applied are taken back, nothing is
+/// propagated and the command fails, so no replica, AOF or watcher can see
+/// what the master does not hold. Only then is each write propagated.
+pub fn store(outcomes: &[(&BucketKey, &Outcome)], now_ms: i64) -> Result<(), TbError> {
+    let deadline = |outcome: &Outcome| bucket::expire_at_ms(now_ms, outcome.reset_after_ms);
+    // One bucket, the usual case: nothing to take back, so nothing to keep
+    // (and no allocation on the hot path).
+    if let [(bucket, outcome)] = outcomes {
+        return match &outcome.write {
+            Some(state) => bucket.write(state, now_ms, deadline(outcome)),
+            None => Ok(()),
+        };
+    }
+    let writes = outcomes
+        .iter()
+        .filter(|(_, outcome)| outcome.write.is_some())
+        .count();
+    // What to put back if a later write fails; a lone write needs none.
+    let expiries: Vec<Expiry> = if writes > 1 {
+        outcomes.iter().map(|(bucket, _)| bucket.expiry()).collect()
+    } else {
+        Vec::new()
+    };
+    let mut applied = Vec::with_capacity(writes);
+    for (index, (bucket, outcome)) in outcomes.iter().enumerate() {
+        let Some(state) = &outcome.write else {
+            continue;
+        };
+        match bucket.apply(state, now_ms, deadline(outcome)) {
+            Ok(done) => applied.push((index, done)),
+            Err(WriteFailed) => {
+                for (index, done) in applied.into_iter().rev() {
+                    if let Some((bucket, _)) = outcomes.get(index) {
+                        let expiry = expiries.get(index).copied().unwrap_or(Expiry::Unknown);
+                        bucket.rollback(done, expiry);
+                    }
+                }
+                return Err(TbError::WriteFailed);
+            }
+        }
+    }
+    for (index, done) in &applied {
+        if let Some((bucket, _)) = outcomes.get(*index) {
+            bucket.propagate(done);
+        }
+    }
+    Ok(())
 }

@@ -1,324 +1,829 @@
-//! The queues of TB.BTAKE: who waits on which bucket, in arrival order.
+//! TB.BTAKE's waiting as one explicit state machine: `Machine::on(event)`.
 //!
-//! Pure bookkeeping, no Redis types: the glue (`btake.rs`) keeps one
-//! `Queues` for the whole server and asks it who is at the head of a key's
-//! queue, how many tokens the queue ahead of a newcomer wants, and so on.
-//! A waiter is removed in O(1) wherever it stands (a timeout, a disconnect):
-//! its id simply stops resolving, and the queue skips such ids when it next
-//! looks at its head.
+//! Pure and the same on every server: no Redis types, no clock of its own.
+//! The glue (`btake.rs`) turns each server callback into an [`Event`],
+//! gives the machine a [`Server`] to read and write buckets and to arm and
+//! cancel timers with (calls that never call back into the module), and
+//! carries out the [`Action`]s it returns: unblocking a client, whose
+//! callback the server runs at once (Redis 7.0 and 7.2, Valkey) or just
+//! before the event loop sleeps (Redis 7.4+), and replying in that callback.
+//!
+//! The rules, each enforced in one place below:
+//! - A key's waiters are served in arrival order, and only from a wake-up
+//!   of the key (`drive`): one wake-up serves every head the bucket can
+//!   serve, with one write of the bucket for all of them.
+//! - The take happens at the wake-up; the callback only replies. So a
+//!   served waiter has left the queue before its callback runs, whenever
+//!   that is, and nobody can be served twice or after its deadline.
+//! - Nothing is written while the server forbids writes (a client pause,
+//!   a failover): the wake-up looks again every `PAUSED_RECHECK_MS`, so the
+//!   waiters are served as soon as writes resume. The server has no event
+//!   for the end of a pause; this recheck is how it is noticed.
+//! - Each key with waiters has exactly one wake-up timer; each waiter with
+//!   a timeout has one deadline timer. A waiter that leaves, however it
+//!   leaves, takes its record and its timer with it: memory follows the
+//!   live waiters, nothing stays behind per waiter that left.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
+use std::rc::Rc;
 
-use crate::bucket::Limit;
+use crate::bucket::{self, Limit, Outcome, State};
+use crate::error::TbError;
 
-/// A bucket key in one database.
-pub type KeyName = (i32, Vec<u8>);
+pub type Db = i32;
+/// A wait, numbered by the machine (never 0); the server hands it back as
+/// the blocked client's private data.
+pub type WaiterId = u64;
+/// The server's id of a timer.
+pub type TimerId = u64;
+/// The server's handle of a blocked client, opaque here.
+pub type Client = usize;
 
-/// One client waiting in TB.BTAKE.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Waiter {
-    pub key: KeyName,
-    pub limit: Limit,
-    pub n: f64,
-    /// When it started waiting (Unix ms), for the time-waited counter.
-    pub since_ms: i64,
-    /// The server's handle of the blocked client (opaque here).
-    pub handle: usize,
-    /// The timer that ends the wait at its timeout, if it has one.
-    pub deadline_timer: Option<u64>,
-    pub state: WaitState,
+/// The longest single timer; a longer delay is looked at again when it fires.
+pub const MAX_TIMER_MS: i64 = 1 << 30;
+/// How soon a due key is looked at again while writes are paused.
+pub const PAUSED_RECHECK_MS: i64 = 10;
+/// How soon a due key is looked at again while its slot moves elsewhere.
+pub const MIGRATING_RECHECK_MS: i64 = 100;
+
+/// Whether the machine may write a bucket now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Writable {
+    Yes,
+    /// Writes are paused (CLIENT PAUSE WRITE/ALL, FAILOVER, CLUSTER
+    /// FAILOVER), or this server is a replica.
+    Paused,
+    /// In a cluster, the key's slot is on its way to another node.
+    Elsewhere,
+}
+
+/// A timer the machine asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timer<'a> {
+    /// Look at the key's queue again; `token` comes back in `Event::Wake`.
+    Wake { db: Db, key: &'a [u8], token: u64 },
+    /// The waiter's timeout.
+    Deadline(WaiterId),
+}
+
+/// What the machine asks of the server while it handles an event. None of
+/// these may call back into the machine.
+pub trait Server {
+    /// The bucket at `key` in `db`: `None` when missing (a full bucket), an
+    /// error when the key holds something that is not a bucket.
+    fn read(&mut self, db: Db, key: &[u8]) -> Result<Option<State>, TbError>;
+    /// Stores a bucket and its absolute expiry, and propagates it; all or
+    /// nothing.
+    fn write(
+        &mut self,
+        db: Db,
+        key: &[u8],
+        state: &State,
+        now_ms: i64,
+        expire_at_ms: i64,
+    ) -> Result<(), TbError>;
+    fn writable(&mut self, db: Db, key: &[u8]) -> Writable;
+    fn arm(&mut self, timer: Timer<'_>, delay_ms: i64) -> TimerId;
+    /// Stops a timer that has not fired; `wake` says which kind it was.
+    fn cancel(&mut self, timer: TimerId, wake: bool);
+}
+
+/// What the server did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Event<'a> {
+    /// A TB.BTAKE that must wait has been blocked as `client`, with `id`
+    /// (from `Machine::reserve`) as its private data. `retry_after_ms` is
+    /// when its own tokens could exist, from its judgement on arrival.
+    Arrive {
+        id: WaiterId,
+        client: Client,
+        db: Db,
+        key: &'a [u8],
+        limit: Limit,
+        n: f64,
+        timeout_ms: i64,
+        retry_after_ms: i64,
+        now_ms: i64,
+    },
+    /// A key's wake-up timer fired.
+    Wake {
+        db: Db,
+        key: &'a [u8],
+        token: u64,
+        now_ms: i64,
+    },
+    /// A waiter's deadline timer fired.
+    Deadline { id: WaiterId, now_ms: i64 },
+    /// The server ran the waiter's callback: after our `Unblock`, or because
+    /// of CLIENT UNBLOCK. The reply goes out now.
+    Unblocked { id: WaiterId, now_ms: i64 },
+    /// The client left without a reply: disconnect, CLIENT KILL, the
+    /// server turned replica (-UNBLOCKED), its slot moved (MOVED).
+    Left { id: WaiterId, now_ms: i64 },
+    /// The server freed the wait: its last callback, whatever came before.
+    Freed { id: WaiterId },
+    /// The key may have changed: a write, DEL, expiry, eviction, another
+    /// type written over it, RENAME or MOVE away or in.
+    Changed { db: Db, key: &'a [u8], now_ms: i64 },
+    /// FLUSHDB (`Some(db)`) or FLUSHALL (`None`).
+    Flushed { db: Option<Db>, now_ms: i64 },
+    /// SWAPDB: waiters stay on their database number, so they now see the
+    /// other database's buckets.
+    Swapped { a: Db, b: Db, now_ms: i64 },
+    /// MODULE UNLOAD: forget everything.
+    Unload,
+}
+
+/// What the glue must do, in order, after `on` returns.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Action {
+    /// End this client's wait; the server then runs its callback, which
+    /// becomes `Event::Unblocked`.
+    Unblock(Client),
+    /// The reply to send from the callback being handled: a grant, a denial
+    /// at its timeout (or CLIENT UNBLOCK), or an error. `n` is what the
+    /// waiter asked for.
+    Reply {
+        result: Result<Outcome, TbError>,
+        n: f64,
+        waited_ms: i64,
+    },
+    /// A waiter left without a reply.
+    Abandoned { waited_ms: i64 },
 }
 
 /// Where a waiter stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WaitState {
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Phase {
+    /// In its key's queue.
     Waiting,
-    /// Its tokens are there: the take and the reply follow in the server's
-    /// callback, which may run a little later (see `btake.rs`).
-    Serve,
-    /// Its key no longer holds a bucket: it gets an error.
-    Fail,
+    /// Out of the queue, unblocked, its callback yet to run: served (the
+    /// tokens are taken and stored), timed out, or failed.
+    Granted {
+        remaining: i64,
+        reset_after_ms: i64,
+    },
+    TimedOut,
+    Failed(TbError),
 }
 
-/// One key's queue.
-#[derive(Debug, Default)]
+#[derive(Debug)]
+struct Waiter {
+    db: Db,
+    key: Rc<[u8]>,
+    limit: Limit,
+    n: f64,
+    client: Client,
+    since_ms: i64,
+    deadline_ms: Option<i64>,
+    deadline_timer: Option<TimerId>,
+    /// Neighbours in the queue, while `Waiting` (0: none).
+    prev: WaiterId,
+    next: WaiterId,
+    phase: Phase,
+}
+
+/// One key's queue: a list linked through the waiters, so a waiter leaves
+/// from anywhere in O(1) and leaves nothing behind.
+#[derive(Debug)]
 struct Queue {
-    /// Waiter ids in arrival order; ids of waiters that left are skipped.
-    order: VecDeque<u64>,
-    /// How many of `order` are still waiting.
+    head: WaiterId,
+    tail: WaiterId,
     len: usize,
-    /// The sum of their `n`: what the queue ahead of a newcomer will take.
+    /// The sum of the waiters' `n`: what the queue ahead of a newcomer wants.
     wanted: f64,
-    /// The pending wake-up timer (server id) and when it is due.
-    timer: Option<(u64, i64)>,
+    /// The wake-up timer: its id, when it is due, and its token.
+    timer: Option<(TimerId, i64, u64)>,
 }
 
-/// Every queue of the server.
 #[derive(Debug, Default)]
-pub struct Queues {
-    queues: HashMap<KeyName, Queue>,
-    waiters: HashMap<u64, Waiter>,
-    next_id: u64,
+pub struct Machine {
+    /// Queues by database, then key; only keys with waiters have one.
+    queues: HashMap<Db, HashMap<Rc<[u8]>, Queue>>,
+    waiters: HashMap<WaiterId, Waiter>,
+    last_id: WaiterId,
+    last_token: u64,
 }
 
-impl Queues {
-    /// No one waits anywhere: the commands' fast path skips every lookup.
+impl Machine {
+    /// The id for the next arrival, given to the server before `Arrive`.
+    pub fn reserve(&mut self) -> WaiterId {
+        loop {
+            self.last_id = self.last_id.wrapping_add(1);
+            if self.last_id != 0 && !self.waiters.contains_key(&self.last_id) {
+                return self.last_id;
+            }
+        }
+    }
+
+    /// Nobody waits anywhere (the commands' fast path).
     pub fn is_empty(&self) -> bool {
         self.waiters.is_empty()
     }
 
-    /// Clients waiting now, over all keys.
+    /// Clients whose wait has not ended yet, over all keys.
     pub fn waiting(&self) -> usize {
         self.waiters.len()
     }
 
-    /// How many wait on `key`, and the tokens they want in all.
-    pub fn ahead(&self, key: &KeyName) -> Option<(usize, f64)> {
-        let queue = self.queues.get(key)?;
-        (queue.len > 0).then_some((queue.len, queue.wanted))
+    /// How many wait on `key` now.
+    pub fn waiting_on(&self, db: Db, key: &[u8]) -> usize {
+        self.queue(db, key).map_or(0, |queue| queue.len)
     }
 
-    /// Appends a waiter to its key's queue; returns its id (never 0) and
-    /// whether it is the head (no one was waiting before it).
-    pub fn push(&mut self, waiter: Waiter) -> (u64, bool) {
-        self.next_id = self.next_id.wrapping_add(1).max(1);
-        let id = self.next_id;
-        let queue = self.queues.entry(waiter.key.clone()).or_default();
-        queue.order.push_back(id);
+    /// The tokens the waiters on `key` want, if any wait: other commands
+    /// leave them to the queue (`bucket::take_behind`). A hash lookup only.
+    pub fn queued(&self, db: Db, key: &[u8]) -> Option<f64> {
+        self.queue(db, key).map(|queue| queue.wanted)
+    }
+
+    /// Handles one event; the glue carries out the returned actions in order.
+    pub fn on(&mut self, event: Event<'_>, server: &mut dyn Server) -> Vec<Action> {
+        let mut actions = Vec::new();
+        match event {
+            Event::Arrive {
+                id,
+                client,
+                db,
+                key,
+                limit,
+                n,
+                timeout_ms,
+                retry_after_ms,
+                now_ms,
+            } => self.arrive(
+                id,
+                Arrival {
+                    client,
+                    db,
+                    key,
+                    limit,
+                    n,
+                    timeout_ms,
+                    retry_after_ms,
+                    now_ms,
+                },
+                server,
+            ),
+            Event::Wake {
+                db,
+                key,
+                token,
+                now_ms,
+            } => {
+                let fired = self
+                    .queue_mut(db, key)
+                    .filter(|queue| queue.timer.is_some_and(|(_, _, own)| own == token));
+                if let Some(queue) = fired {
+                    queue.timer = None;
+                    self.drive(db, key, now_ms, server, &mut actions);
+                }
+            }
+            Event::Deadline { id, now_ms } => self.deadline(id, now_ms, server, &mut actions),
+            Event::Unblocked { id, now_ms } => self.unblocked(id, now_ms, server, &mut actions),
+            Event::Left { id, now_ms } => {
+                if let Some(waiter) = self.leave(id, now_ms, server) {
+                    actions.push(Action::Abandoned {
+                        waited_ms: waited(&waiter, now_ms),
+                    });
+                }
+            }
+            Event::Freed { id } => {
+                self.leave(id, 0, server);
+            }
+            Event::Changed { db, key, now_ms } => {
+                if self.queue(db, key).is_some() {
+                    self.wake_soon(db, key, 0, now_ms, server);
+                }
+            }
+            Event::Flushed { db, now_ms } => {
+                let dbs: Vec<Db> = match db {
+                    Some(db) => vec![db],
+                    None => self.queues.keys().copied().collect(),
+                };
+                self.wake_dbs(&dbs, now_ms, server);
+            }
+            Event::Swapped { a, b, now_ms } => self.wake_dbs(&[a, b], now_ms, server),
+            Event::Unload => {
+                for queue in self.queues.values().flat_map(HashMap::values) {
+                    if let Some((timer, _, _)) = queue.timer {
+                        server.cancel(timer, true);
+                    }
+                }
+                for waiter in self.waiters.values() {
+                    if let Some(timer) = waiter.deadline_timer {
+                        server.cancel(timer, false);
+                    }
+                }
+                *self = Machine::default();
+            }
+        }
+        actions
+    }
+
+    fn arrive(&mut self, id: WaiterId, arrival: Arrival<'_>, server: &mut dyn Server) {
+        let Arrival {
+            client,
+            db,
+            key,
+            limit,
+            n,
+            timeout_ms,
+            retry_after_ms,
+            now_ms,
+        } = arrival;
+        let queues = self.queues.entry(db).or_default();
+        let key_rc: Rc<[u8]> = match queues.get_key_value(key) {
+            Some((key_rc, _)) => key_rc.clone(),
+            None => Rc::from(key),
+        };
+        let queue = queues.entry(key_rc.clone()).or_insert(Queue {
+            head: 0,
+            tail: 0,
+            len: 0,
+            wanted: 0.0,
+            timer: None,
+        });
+        let prev = queue.tail;
+        queue.tail = id;
+        if prev == 0 {
+            queue.head = id;
+        }
         queue.len = queue.len.saturating_add(1);
-        queue.wanted += waiter.n;
-        let is_head = queue.len == 1;
-        self.waiters.insert(id, waiter);
-        (id, is_head)
-    }
-
-    pub fn get(&self, id: u64) -> Option<&Waiter> {
-        self.waiters.get(&id)
-    }
-
-    /// Its timeout timer has fired (nothing left to stop).
-    pub fn clear_deadline(&mut self, id: u64) {
-        if let Some(waiter) = self.waiters.get_mut(&id) {
-            waiter.deadline_timer = None;
+        queue.wanted += n;
+        if let Some(before) = self.waiters.get_mut(&prev) {
+            before.next = id;
         }
+        let deadline_ms = (timeout_ms > 0).then(|| now_ms.saturating_add(timeout_ms));
+        let deadline_timer =
+            deadline_ms.map(|_| server.arm(Timer::Deadline(id), timeout_ms.min(MAX_TIMER_MS)));
+        self.waiters.insert(
+            id,
+            Waiter {
+                db,
+                key: key_rc,
+                limit,
+                n,
+                client,
+                since_ms: now_ms,
+                deadline_ms,
+                deadline_timer,
+                prev,
+                next: 0,
+                phase: Phase::Waiting,
+            },
+        );
+        // The head's wake-up decides; a sooner one for a newcomer behind it
+        // is kept only if none is due sooner.
+        self.wake_soon(db, key, retry_after_ms, now_ms, server);
     }
 
-    pub fn set_state(&mut self, id: u64, state: WaitState) {
-        if let Some(waiter) = self.waiters.get_mut(&id) {
-            waiter.state = state;
-        }
-    }
-
-    pub fn set_handle(&mut self, id: u64, handle: usize, deadline_timer: Option<u64>) {
-        if let Some(waiter) = self.waiters.get_mut(&id) {
-            waiter.handle = handle;
-            waiter.deadline_timer = deadline_timer;
-        }
-    }
-
-    /// Removes a waiter wherever it stands. Returns it, and whether it was
-    /// the head of its queue (so the next one may now be served).
-    pub fn remove(&mut self, id: u64) -> Option<(Waiter, bool)> {
-        let waiter = self.waiters.remove(&id)?;
-        let mut was_head = false;
-        if let Some(queue) = self.queues.get_mut(&waiter.key) {
-            // Its place is skipped from now on; the head is the first id
-            // that still resolves (or this one).
-            while let Some(&front) = queue.order.front() {
-                if front == id {
-                    was_head = true;
-                } else if self.waiters.contains_key(&front) {
-                    break;
-                }
-                queue.order.pop_front();
+    /// Serves the key's queue from its head for as long as the bucket holds
+    /// the head's tokens, with one write for all of them, then sets the
+    /// wake-up for the next head.
+    fn drive(
+        &mut self,
+        db: Db,
+        key: &[u8],
+        now_ms: i64,
+        server: &mut dyn Server,
+        actions: &mut Vec<Action>,
+    ) {
+        match server.writable(db, key) {
+            Writable::Yes => {}
+            Writable::Paused => return self.wake_soon(db, key, PAUSED_RECHECK_MS, now_ms, server),
+            Writable::Elsewhere => {
+                return self.wake_soon(db, key, MIGRATING_RECHECK_MS, now_ms, server)
             }
-            queue.len = queue.len.saturating_sub(1);
-            // Exact again once empty, whatever rounding the sums left.
-            queue.wanted = if queue.len == 0 {
-                0.0
-            } else {
-                (queue.wanted - waiter.n).max(0.0)
+        }
+        let mut state = match server.read(db, key) {
+            Ok(state) => state,
+            Err(error) => {
+                // Not a bucket any more: every waiter of the key fails alike.
+                for id in self.queued_ids(db, key) {
+                    self.end(id, Phase::Failed(error), server, actions);
+                }
+                return;
+            }
+        };
+        let mut served: Vec<(WaiterId, Outcome)> = Vec::new();
+        let mut written: Option<(State, i64)> = None;
+        let mut retry_after_ms = None;
+        let mut cursor = self.queue(db, key).map_or(0, |queue| queue.head);
+        while let Some(waiter) = self.waiters.get(&cursor) {
+            let id = cursor;
+            cursor = waiter.next;
+            if waiter
+                .deadline_ms
+                .is_some_and(|deadline| now_ms >= deadline)
+            {
+                // Its deadline timer has yet to fire: it is late, not served.
+                self.end(id, Phase::TimedOut, server, actions);
+                continue;
+            }
+            let outcome = bucket::take(state, &waiter.limit, waiter.n, now_ms);
+            if !outcome.allowed {
+                retry_after_ms = Some(outcome.retry_after_ms);
+                break;
+            }
+            if let Some(after) = outcome.write {
+                state = Some(after);
+                written = Some((after, outcome.reset_after_ms));
+            }
+            served.push((id, outcome));
+        }
+        let stored = match written {
+            Some((after, reset_after_ms)) => server.write(
+                db,
+                key,
+                &after,
+                now_ms,
+                bucket::expire_at_ms(now_ms, reset_after_ms),
+            ),
+            None => Ok(()),
+        };
+        if stored.is_err() {
+            // The bucket is as it was: the next head is judged on it anew.
+            retry_after_ms = Some(0);
+        }
+        for (id, outcome) in served {
+            let phase = match stored {
+                Ok(()) => Phase::Granted {
+                    remaining: outcome.remaining,
+                    reset_after_ms: outcome.reset_after_ms,
+                },
+                Err(error) => Phase::Failed(error),
             };
+            self.end(id, phase, server, actions);
         }
-        Some((waiter, was_head))
+        if let Some(delay_ms) = retry_after_ms {
+            // -1 (never) cannot wait; should it ever, look again later.
+            let delay_ms = if delay_ms < 0 { MAX_TIMER_MS } else { delay_ms };
+            self.wake_soon(db, key, delay_ms, now_ms, server);
+        }
     }
 
-    /// The first waiter still waiting on `key`.
-    pub fn head(&mut self, key: &KeyName) -> Option<(u64, &Waiter)> {
-        self.skip_gone(key);
-        let id = *self.queues.get(key)?.order.front()?;
-        self.waiters.get(&id).map(|waiter| (id, waiter))
+    fn deadline(
+        &mut self,
+        id: WaiterId,
+        now_ms: i64,
+        server: &mut dyn Server,
+        actions: &mut Vec<Action>,
+    ) {
+        let Some(waiter) = self.waiters.get_mut(&id) else {
+            return;
+        };
+        if waiter.deadline_timer.take().is_none() || waiter.phase != Phase::Waiting {
+            return;
+        }
+        let Some(deadline_ms) = waiter.deadline_ms else {
+            return;
+        };
+        if now_ms < deadline_ms {
+            // A timeout longer than one timer: the rest of it.
+            let rest = deadline_ms.saturating_sub(now_ms).min(MAX_TIMER_MS);
+            waiter.deadline_timer = Some(server.arm(Timer::Deadline(id), rest));
+            return;
+        }
+        let key = (waiter.db, waiter.key.clone());
+        if self.end(id, Phase::TimedOut, server, actions) {
+            // The next one may be servable now.
+            self.wake_soon(key.0, &key.1, 0, now_ms, server);
+        }
     }
 
-    /// Drops the ids of waiters that left from the front of the queue.
-    fn skip_gone(&mut self, key: &KeyName) {
-        if let Some(queue) = self.queues.get_mut(key) {
-            while let Some(id) = queue.order.front() {
-                if self.waiters.contains_key(id) {
-                    break;
-                }
-                queue.order.pop_front();
+    fn unblocked(
+        &mut self,
+        id: WaiterId,
+        now_ms: i64,
+        server: &mut dyn Server,
+        actions: &mut Vec<Action>,
+    ) {
+        let Some(phase) = self.waiters.get(&id).map(|waiter| waiter.phase) else {
+            return; // answered already, or gone
+        };
+        if phase == Phase::Waiting {
+            // CLIENT UNBLOCK: a denial, like a timeout.
+            self.unlink(id, now_ms, server);
+        }
+        let Some(waiter) = self.forget(id) else {
+            return;
+        };
+        if let Some(timer) = waiter.deadline_timer {
+            server.cancel(timer, false);
+        }
+        let result = match phase {
+            Phase::Granted {
+                remaining,
+                reset_after_ms,
+            } => Ok(Outcome {
+                allowed: true,
+                remaining,
+                retry_after_ms: 0,
+                reset_after_ms,
+                write: None,
+            }),
+            Phase::Failed(error) => Err(error),
+            // A denial with the figures of this moment, counting the
+            // queue still ahead of a request like this one.
+            Phase::Waiting | Phase::TimedOut => {
+                let queued = self.queued(waiter.db, &waiter.key).unwrap_or(0.0);
+                server.read(waiter.db, &waiter.key).map(|state| {
+                    bucket::take_behind(state, &waiter.limit, waiter.n, queued, now_ms)
+                })
+            }
+        };
+        actions.push(Action::Reply {
+            result,
+            n: waiter.n,
+            waited_ms: waited(&waiter, now_ms),
+        });
+    }
+
+    /// Takes a waiter out of its queue for good, in whatever phase: the
+    /// client is gone.
+    fn leave(&mut self, id: WaiterId, now_ms: i64, server: &mut dyn Server) -> Option<Waiter> {
+        if self.waiters.get(&id)?.phase == Phase::Waiting {
+            self.unlink(id, now_ms, server);
+        }
+        let waiter = self.forget(id)?;
+        if let Some(timer) = waiter.deadline_timer {
+            server.cancel(timer, false);
+        }
+        Some(waiter)
+    }
+
+    /// Ends a waiting waiter's wait with `phase` and unblocks it. Says
+    /// whether it was the head; waking the next one is the caller's choice
+    /// (a wake-up goes on serving by itself).
+    fn end(
+        &mut self,
+        id: WaiterId,
+        phase: Phase,
+        server: &mut dyn Server,
+        actions: &mut Vec<Action>,
+    ) -> bool {
+        let was_head = self
+            .unlink_quietly(id, server)
+            .is_some_and(|(_, _, was_head)| was_head);
+        if let Some(waiter) = self.waiters.get_mut(&id) {
+            waiter.phase = phase;
+            if let Some(timer) = waiter.deadline_timer.take() {
+                server.cancel(timer, false);
+            }
+            actions.push(Action::Unblock(waiter.client));
+        }
+        was_head
+    }
+
+    /// Unlinks a waiting waiter; if it was the head, the next one may be
+    /// servable now, so the key is woken.
+    fn unlink(&mut self, id: WaiterId, now_ms: i64, server: &mut dyn Server) {
+        let Some((db, key, was_head)) = self.unlink_quietly(id, server) else {
+            return;
+        };
+        if was_head {
+            self.wake_soon(db, &key, 0, now_ms, server);
+        }
+    }
+
+    /// Takes a waiting waiter out of its queue; drops the queue (and its
+    /// timer) once empty. Returns the key and whether it was the head.
+    fn unlink_quietly(
+        &mut self,
+        id: WaiterId,
+        server: &mut dyn Server,
+    ) -> Option<(Db, Rc<[u8]>, bool)> {
+        let waiter = self.waiters.get_mut(&id)?;
+        if waiter.phase != Phase::Waiting {
+            return None;
+        }
+        let (db, key, prev, next, n) = (
+            waiter.db,
+            waiter.key.clone(),
+            waiter.prev,
+            waiter.next,
+            waiter.n,
+        );
+        waiter.prev = 0;
+        waiter.next = 0;
+        // A phase other than Waiting until the caller sets the real one.
+        waiter.phase = Phase::TimedOut;
+        if let Some(before) = self.waiters.get_mut(&prev) {
+            before.next = next;
+        }
+        if let Some(after) = self.waiters.get_mut(&next) {
+            after.prev = prev;
+        }
+        let queues = self.queues.get_mut(&db)?;
+        let queue = queues.get_mut(&key[..])?;
+        if queue.head == id {
+            queue.head = next;
+        }
+        if queue.tail == id {
+            queue.tail = prev;
+        }
+        queue.len = queue.len.saturating_sub(1);
+        queue.wanted = if queue.len == 0 {
+            0.0 // exact again once empty, whatever rounding the sums left
+        } else {
+            (queue.wanted - n).max(0.0)
+        };
+        if queue.len == 0 {
+            if let Some((timer, _, _)) = queue.timer.take() {
+                server.cancel(timer, true);
+            }
+            queues.remove(&key[..]);
+            shrink(queues);
+            if queues.is_empty() {
+                self.queues.remove(&db);
+            }
+        }
+        Some((db, key, prev == 0))
+    }
+
+    /// Removes the record of a waiter that is out of its queue.
+    fn forget(&mut self, id: WaiterId) -> Option<Waiter> {
+        let waiter = self.waiters.remove(&id)?;
+        shrink(&mut self.waiters);
+        Some(waiter)
+    }
+
+    /// Makes sure the key's queue is looked at within `delay_ms`: keeps a
+    /// wake-up due sooner, else replaces it, so a key never has two.
+    fn wake_soon(
+        &mut self,
+        db: Db,
+        key: &[u8],
+        delay_ms: i64,
+        now_ms: i64,
+        server: &mut dyn Server,
+    ) {
+        let delay_ms = delay_ms.clamp(0, MAX_TIMER_MS);
+        let due_ms = now_ms.saturating_add(delay_ms);
+        self.last_token = self.last_token.wrapping_add(1);
+        let token = self.last_token;
+        let Some(queue) = self.queue_mut(db, key) else {
+            return;
+        };
+        if let Some((timer, at_ms, _)) = queue.timer {
+            if at_ms <= due_ms {
+                return;
+            }
+            server.cancel(timer, true);
+        }
+        let timer = server.arm(Timer::Wake { db, key, token }, delay_ms);
+        if let Some(queue) = self.queue_mut(db, key) {
+            queue.timer = Some((timer, due_ms, token));
+        }
+    }
+
+    fn wake_dbs(&mut self, dbs: &[Db], now_ms: i64, server: &mut dyn Server) {
+        for db in dbs {
+            let keys: Vec<Rc<[u8]>> = self
+                .queues
+                .get(db)
+                .map(|queues| queues.keys().cloned().collect())
+                .unwrap_or_default();
+            for key in keys {
+                self.wake_soon(*db, &key, 0, now_ms, server);
             }
         }
     }
 
-    /// The pending wake-up of `key`.
-    pub fn timer(&self, key: &KeyName) -> Option<(u64, i64)> {
-        self.queues.get(key)?.timer
-    }
-
-    pub fn set_timer(&mut self, key: &KeyName, timer: Option<(u64, i64)>) {
-        if let Some(queue) = self.queues.get_mut(key) {
-            queue.timer = timer;
+    /// The key's waiters in queue order.
+    fn queued_ids(&self, db: Db, key: &[u8]) -> Vec<WaiterId> {
+        let mut ids = Vec::new();
+        let mut cursor = self.queue(db, key).map_or(0, |queue| queue.head);
+        while let Some(waiter) = self.waiters.get(&cursor) {
+            ids.push(cursor);
+            cursor = waiter.next;
         }
+        ids
     }
 
-    /// Forgets `key` once no one waits on it and no timer is pending.
-    pub fn forget_if_idle(&mut self, key: &KeyName) {
-        if self
-            .queues
-            .get(key)
-            .is_some_and(|queue| queue.len == 0 && queue.timer.is_none())
-        {
-            self.queues.remove(key);
-        }
+    fn queue(&self, db: Db, key: &[u8]) -> Option<&Queue> {
+        self.queues.get(&db)?.get(key)
     }
 
-    /// Every key with a queue (for a wake-up after FLUSHDB and the like).
-    pub fn keys(&self) -> Vec<KeyName> {
-        self.queues.keys().cloned().collect()
+    fn queue_mut(&mut self, db: Db, key: &[u8]) -> Option<&mut Queue> {
+        self.queues.get_mut(&db)?.get_mut(key)
+    }
+}
+
+/// `Event::Arrive`'s fields, as one value.
+struct Arrival<'a> {
+    client: Client,
+    db: Db,
+    key: &'a [u8],
+    limit: Limit,
+    n: f64,
+    timeout_ms: i64,
+    retry_after_ms: i64,
+    now_ms: i64,
+}
+
+fn waited(waiter: &Waiter, now_ms: i64) -> i64 {
+    now_ms.saturating_sub(waiter.since_ms).max(0)
+}
+
+/// Gives memory back once a map is mostly empty, so a burst of waiters
+/// does not stay allocated after it has gone.
+fn shrink<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > 64 && map.len().saturating_mul(4) < map.capacity() {
+        map.shrink_to(map.len().saturating_mul(2));
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn waiter(key: &str, n: f64) -> Waiter {
-        Waiter {
-            key: (0, key.as_bytes().to_vec()),
-            limit: Limit {
-                capacity: 10.0,
-                refill_per_sec: 1.0,
-            },
-            n,
-            since_ms: 0,
-            handle: 0,
-            deadline_timer: None,
-            state: WaitState::Waiting,
-        }
-    }
-
-    fn name(key: &str) -> KeyName {
-        (0, key.as_bytes().to_vec())
-    }
-
-    #[test]
-    fn waiters_are_served_in_arrival_order() {
-        let mut queues = Queues::default();
-        let (first, head) = queues.push(waiter("k", 1.0));
-        assert!(head);
-        let (second, head) = queues.push(waiter("k", 2.0));
-        assert!(!head);
-        assert_eq!(queues.ahead(&name("k")), Some((2, 3.0)));
-        assert_eq!(queues.head(&name("k")).map(|(id, _)| id), Some(first));
-        assert_eq!(
-            queues.remove(first).map(|(_, was_head)| was_head),
-            Some(true)
-        );
-        assert_eq!(queues.head(&name("k")).map(|(id, _)| id), Some(second));
-    }
-
-    #[test]
-    fn a_waiter_leaving_from_the_middle_keeps_the_order_of_the_rest() {
-        let mut queues = Queues::default();
-        let ids: Vec<u64> = (0..4).map(|_| queues.push(waiter("k", 1.0)).0).collect();
-        assert_eq!(
-            queues.remove(ids[1]).map(|(_, was_head)| was_head),
-            Some(false)
-        );
-        assert_eq!(
-            queues.remove(ids[2]).map(|(_, was_head)| was_head),
-            Some(false)
-        );
-        assert_eq!(queues.ahead(&name("k")), Some((2, 2.0)));
-        assert_eq!(
-            queues.remove(ids[0]).map(|(_, was_head)| was_head),
-            Some(true)
-        );
-        assert_eq!(queues.head(&name("k")).map(|(id, _)| id), Some(ids[3]));
-    }
-
-    #[test]
-    fn keys_and_databases_have_separate_queues() {
-        let mut queues = Queues::default();
-        queues.push(waiter("a", 1.0));
-        let mut other_db = waiter("a", 1.0);
-        other_db.key.0 = 1;
-        assert!(queues.push(other_db).1, "head of its own queue");
-        assert!(queues.push(waiter("b", 1.0)).1);
-        assert_eq!(queues.waiting(), 3);
-    }
-
-    #[test]
-    fn an_idle_key_is_forgotten_only_without_a_pending_timer() {
-        let mut queues = Queues::default();
-        let (id, _) = queues.push(waiter("k", 1.0));
-        queues.set_timer(&name("k"), Some((7, 100)));
-        queues.remove(id);
-        assert_eq!(queues.ahead(&name("k")), None);
-        queues.forget_if_idle(&name("k"));
-        assert_eq!(queues.timer(&name("k")), Some((7, 100)));
-        queues.set_timer(&name("k"), None);
-        queues.forget_if_idle(&name("k"));
-        assert!(queues.keys().is_empty());
-        assert!(queues.is_empty());
-    }
-
-    proptest::proptest! {
-        /// Against a plain list per key: any mix of arrivals and departures
-        /// (from anywhere in the queue) keeps arrival order, counts and sums.
-        #[test]
-        fn queues_behave_like_ordered_lists(
-            ops in proptest::collection::vec((0u8..3, 0usize..3, 1u32..5), 1..200),
-        ) {
-            let mut queues = Queues::default();
-            let mut model: Vec<Vec<(u64, f64)>> = vec![Vec::new(); 3];
-            for (op, key, n) in ops {
-                let name = (0, vec![b'k', key as u8]);
-                if op < 2 {
-                    let mut w = waiter("x", f64::from(n));
-                    w.key = name.clone();
-                    let (id, is_head) = queues.push(w);
-                    proptest::prop_assert_eq!(is_head, model[key].is_empty());
-                    model[key].push((id, f64::from(n)));
-                } else if !model[key].is_empty() {
-                    let at = (n as usize) % model[key].len();
-                    let (id, _) = model[key].remove(at);
-                    let (_, was_head) = queues.remove(id).expect("queued");
-                    proptest::prop_assert_eq!(was_head, at == 0);
-                }
-                let head = queues.head(&name).map(|(id, _)| id);
-                proptest::prop_assert_eq!(head, model[key].first().map(|(id, _)| *id));
-                let ahead = queues.ahead(&name);
-                let wanted: f64 = model[key].iter().map(|(_, n)| n).sum();
-                proptest::prop_assert_eq!(
-                    ahead,
-                    (!model[key].is_empty()).then_some((model[key].len(), wanted))
-                );
+impl Machine {
+    /// Checks the structure against itself: links, counts, sums, timers.
+    fn check(&self) -> Result<(), String> {
+        let mut linked = 0usize;
+        for (db, queues) in &self.queues {
+            if queues.is_empty() {
+                return Err(format!("db {db} kept without queues"));
             }
-            let total: usize = model.iter().map(Vec::len).sum();
-            proptest::prop_assert_eq!(queues.waiting(), total);
+            for (key, queue) in queues {
+                let mut cursor = queue.head;
+                let mut prev = 0;
+                let mut len = 0usize;
+                let mut wanted = 0.0;
+                while cursor != 0 {
+                    let waiter = self.waiters.get(&cursor).ok_or("dangling link")?;
+                    if waiter.phase != Phase::Waiting || waiter.prev != prev {
+                        return Err(format!("waiter {cursor} linked but {waiter:?}"));
+                    }
+                    if waiter.db != *db || waiter.key != *key {
+                        return Err(format!("waiter {cursor} in another key's queue"));
+                    }
+                    len += 1;
+                    wanted += waiter.n;
+                    prev = cursor;
+                    cursor = waiter.next;
+                }
+                if queue.tail != prev || queue.len != len || len == 0 {
+                    return Err(format!(
+                        "queue {key:?}: len {} tail {}",
+                        queue.len, queue.tail
+                    ));
+                }
+                if (queue.wanted - wanted).abs() > 1e-6 || queue.timer.is_none() {
+                    return Err(format!("queue {key:?}: wanted or timer wrong: {queue:?}"));
+                }
+                linked += len;
+            }
         }
-    }
-
-    #[test]
-    fn removing_twice_or_an_unknown_id_changes_nothing() {
-        let mut queues = Queues::default();
-        let (id, _) = queues.push(waiter("k", 1.0));
-        assert!(queues.remove(id).is_some());
-        assert!(queues.remove(id).is_none());
-        assert!(queues.remove(12345).is_none());
-        assert_eq!(queues.waiting(), 0);
+        let waiting = self
+            .waiters
+            .values()
+            .filter(|waiter| waiter.phase == Phase::Waiting)
+            .count();
+        if waiting != linked {
+            return Err(format!("{waiting} waiting, {linked} in queues"));
+        }
+        Ok(())
     }
 }
+
+// --- The server's one machine -------------------------------------------------
+
+/// The machine, reached only from the server's main thread (commands,
+/// timers, blocked-client and keyspace callbacks all run there).
+struct MainThread {
+    machine: std::cell::UnsafeCell<Option<Machine>>,
+    borrowed: std::sync::atomic::AtomicBool,
+}
+
+// SAFETY: see `with_machine`: one thread, and never two borrows at once.
+unsafe impl Sync for MainThread {}
+
+static MACHINE: MainThread = MainThread {
+    machine: std::cell::UnsafeCell::new(None),
+    borrowed: std::sync::atomic::AtomicBool::new(false),
+};
+
+/// Runs `f` on the server's machine. The glue makes every server call that
+/// can call back into the module outside `f`; should one ever nest
+/// regardless (a bug), the inner call gets `None` instead of a second,
+/// aliasing borrow.
+pub fn with_machine<R>(f: impl FnOnce(&mut Machine) -> R) -> Option<R> {
+    use std::sync::atomic::Ordering::Relaxed;
+    if MACHINE.borrowed.swap(true, Relaxed) {
+        return None;
+    }
+    struct Release;
+    impl Drop for Release {
+        fn drop(&mut self) {
+            MACHINE.borrowed.store(false, Relaxed);
+        }
+    }
+    let _release = Release;
+    // SAFETY: main thread only, and the flag above rules out a second
+    // borrow while this one lives.
+    let machine = unsafe { &mut *MACHINE.machine.get() };
+    Some(f(machine.get_or_insert_with(Machine::default)))
+}
+
+#[cfg(test)]
+mod tests;
