@@ -7,7 +7,11 @@
 # Prints a table and the ratios the performance targets are about, and writes
 # bench/results.json, bench/results.md and bench/chart.svg. Then TB.BTAKE with
 # 1,000 and 10,000 waiters on one key (bench/btake_bench.py: order, losses,
-# wake latency, CPU and memory per waiter; bench/btake-results.md).
+# wake latency, CPU and memory per waiter; bench/btake-results.md). Last, the
+# hand-off race (bench/handoff_bench.py): 4,000 clients blocked on one key in
+# TB.BTAKE, then in BLPOP, one supply each, time to the last reply and server
+# CPU per served waiter on Redis, every fetched Valkey and the binaries in
+# TB_BENCH_SERVERS (bench/handoff-results.md).
 #
 # Knobs (environment or flags passed through to bench/bench.py):
 #   BENCH_REPS=3     repetitions (medians and min-max spreads over these)
@@ -21,7 +25,12 @@
 #   --no-aof         skip the AOF rows
 #   BENCH_BTAKE=0    skip the TB.BTAKE part; BENCH_BTAKE_ARGS=... passes
 #                    options to it (e.g. "--quick", "--servers redis")
-# A full run takes about 9-12 minutes on 2 cores.
+#   BENCH_HANDOFF=0  skip the hand-off race; BENCH_HANDOFF_ARGS=... passes
+#                    options to it (e.g. "--waiters 10000 --rounds 5")
+#   TB_BENCH_SERVERS=/a/redis-server:/b/valkey-server
+#                    more servers for the hand-off race (missing ones skipped)
+# A full run takes about 9-12 minutes on 2 cores (the hand-off race well under
+# one of them).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -56,7 +65,15 @@ elif [[ "$TB_PEER_MODULE" == none ]]; then
 fi
 
 python3 bench/bench.py "$@"
+# Each part runs even when an earlier one found a correctness failure; the
+# script then exits 1.
+status=0
 if [[ "${BENCH_BTAKE:-1}" != 0 ]]; then
     # shellcheck disable=SC2086
-    python3 bench/btake_bench.py ${BENCH_BTAKE_ARGS:-}
+    python3 bench/btake_bench.py ${BENCH_BTAKE_ARGS:-} || status=1
 fi
+if [[ "${BENCH_HANDOFF:-1}" != 0 ]]; then
+    # shellcheck disable=SC2086
+    python3 bench/handoff_bench.py ${BENCH_HANDOFF_ARGS:-} || status=1
+fi
+exit "$status"
