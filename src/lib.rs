@@ -8,13 +8,17 @@
 //!
 //! Layout:
 //! - `bucket.rs`: the arithmetic, pure (no Redis types, no clock);
-//! - `args.rs`, `number.rs`: input parsing;
+//! - `args.rs`, `number.rs`: input parsing; `error.rs`: every error reply;
 //! - `commands.rs`: the command handlers, their reply, shadow mode;
-//! - `btake.rs` (glue) and `wait.rs` (pure bookkeeping): TB.BTAKE's queues;
-//! - `store.rs`: reading and writing a bucket's hash, propagation;
+//! - `wait.rs`: TB.BTAKE's waiting, a pure state machine; `btake.rs`: the
+//!   command and the glue that feeds the machine the server's callbacks;
+//! - `store.rs`: reading and writing a bucket's hash, propagation, and
+//!   all-or-nothing writes of several buckets;
 //! - `command_info.rs`: command registration and COMMAND DOCS;
 //! - `api.rs`: the server functions, resolved once; `metrics.rs`: INFO tb;
-//! - this file: loading (OnLoad, load arguments, configs, module options).
+//! - `load.rs`: loading (OnLoad, load arguments, configs, module options,
+//!   the command table, server events); `fault.rs`: test-only fault
+//!   injection for failed writes.
 
 #![cfg_attr(
     not(test),
@@ -42,11 +46,55 @@ mod store;
 mod wait;
 
 // Unit tests run outside a server, where the server's allocator does not
-// exist; they use the system allocator instead.
+// exist; they use the system allocator instead, counted per thread so a
+// test can measure what a structure keeps (`test_alloc::live_bytes`).
 #[cfg(not(test))]
 type ModuleAlloc = redis_module::alloc::RedisAlloc;
 #[cfg(test)]
-type ModuleAlloc = std::alloc::System;
+type ModuleAlloc = test_alloc::Counting;
+
+#[cfg(test)]
+mod test_alloc {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        static LIVE: Cell<isize> = const { Cell::new(0) };
+    }
+
+    /// Bytes this thread has allocated and not freed.
+    pub fn live_bytes() -> isize {
+        LIVE.with(Cell::get)
+    }
+
+    fn count(delta: isize) {
+        // `try_with`: nothing to count while the thread is being torn down.
+        let _ = LIVE.try_with(|live| live.set(live.get() + delta));
+    }
+
+    pub struct Counting;
+
+    // SAFETY: every call is forwarded to the system allocator unchanged.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            count(layout.size() as isize);
+            System.alloc(layout)
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            count(-(layout.size() as isize));
+            System.dealloc(ptr, layout)
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            count(new_size as isize - layout.size() as isize);
+            System.realloc(ptr, layout, new_size)
+        }
+    }
+}
+
+#[cfg(test)]
+pub use test_alloc::live_bytes;
 
 /// Every heap allocation of the module goes through the server's allocator,
 /// so `INFO memory` and `MEMORY` commands account for it.
