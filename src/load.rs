@@ -81,8 +81,27 @@ pub unsafe extern "C" fn RedisModule_OnUnload(ctx: *mut RedisModuleCtx) -> c_int
     raw::REDISMODULE_OK as c_int
 }
 
-/// The module version `MODULE LIST` shows.
-const MODULE_VERSION: c_int = 1;
+/// The module version `MODULE LIST` shows: the crate's version as
+/// major * 10000 + minor * 100 + patch (0.1.0 is 100), the usual encoding of
+/// Redis modules.
+const MODULE_VERSION: c_int = number(env!("CARGO_PKG_VERSION_MAJOR")) * 10000
+    + number(env!("CARGO_PKG_VERSION_MINOR")) * 100
+    + number(env!("CARGO_PKG_VERSION_PATCH"));
+
+/// A decimal number, at compile time only (`MODULE_VERSION` is a const), so
+/// an overflow or a stray character fails the build, never a server.
+#[allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
+const fn number(text: &str) -> c_int {
+    let digits = text.as_bytes();
+    let mut value: c_int = 0;
+    let mut at = 0;
+    while at < digits.len() {
+        assert!(digits[at].is_ascii_digit(), "a version number");
+        value = value * 10 + (digits[at] - b'0') as c_int;
+        at += 1;
+    }
+    value
+}
 
 /// The load arguments as bytes, borrowed from the server.
 ///

@@ -329,3 +329,26 @@ fn refused_loads_do_not_leak_server_memory() {
         "each refused load leaks {per_attempt} bytes"
     );
 }
+
+/// MODULE LIST's `ver` is the crate version as major * 10000 + minor * 100 +
+/// patch, so 0.1.0 shows as 100.
+#[test]
+fn module_list_shows_the_crate_version_encoded() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let list: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("MODULE")
+        .arg("LIST")
+        .query(&mut con)
+        .expect("MODULE LIST");
+    let tb = list
+        .iter()
+        .find(|module| module.get("name") == Some(&redis::Value::BulkString(b"tb".to_vec())))
+        .expect("tb in MODULE LIST");
+    let mut parts = env!("CARGO_PKG_VERSION")
+        .split(['.', '-'])
+        .map(|part| part.parse::<i64>().unwrap_or(0));
+    let expected =
+        parts.next().unwrap() * 10000 + parts.next().unwrap() * 100 + parts.next().unwrap();
+    assert_eq!(tb.get("ver"), Some(&redis::Value::Int(expected)));
+    assert_eq!(expected, 100, "0.1.0");
+}
