@@ -983,3 +983,21 @@ fn memory_follows_the_live_waiters() {
     let left = crate::live_bytes() - before;
     assert!(left <= 16_384, "{left} bytes kept after every waiter left");
 }
+
+/// The check every keyspace event makes while someone waits somewhere: a
+/// key nobody waits on costs a lookup and allocates nothing.
+#[test]
+fn a_key_nobody_waits_on_costs_a_lookup_and_no_allocation() {
+    let mut bare = Bare::new();
+    bare.arrive(0);
+    let before = crate::live_bytes();
+    let mut seen = 0;
+    for db in 0..16 {
+        for key in [&b"other"[..], b"k2", b""] {
+            seen += usize::from(bare.machine.queued(db, key).is_some());
+        }
+    }
+    assert_eq!(seen, 0);
+    assert_eq!(crate::live_bytes(), before);
+    assert!(bare.machine.queued(0, b"k").is_some());
+}
