@@ -7,8 +7,12 @@
 //! directory), the load argument `fault hash-set|expire EVERY` makes every
 //! EVERY-th attempt at that step fail as the server would, so the tests can
 //! check that a failed write replies an error, propagates nothing and
-//! leaves the key as it was. Without the feature `injected` is a constant
-//! `false` and the load argument does not exist.
+//! leaves the key as it was. `fault-skip-rollback yes` also makes `store`
+//! leave in place the writes a refused TB.TAKEALL had already applied, so
+//! the tests can show that their rollback checks fail without the rollback
+//! (they would pass vacuously if the fault never reached it). Without the
+//! feature `injected` and `rollback_skipped` are a constant `false` and the
+//! load arguments do not exist.
 
 /// A step of a bucket write that can fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,12 +24,13 @@ pub enum Step {
 #[cfg(feature = "fault-injection")]
 mod enabled {
     use super::Step;
-    use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 
     /// 0: none, 1: HashSet, 2: Expire.
     static STEP: AtomicU8 = AtomicU8::new(0);
     static EVERY: AtomicU64 = AtomicU64::new(0);
     static SEEN: AtomicU64 = AtomicU64::new(0);
+    static SKIP_ROLLBACK: AtomicBool = AtomicBool::new(false);
 
     fn code(step: Step) -> u8 {
         match step {
@@ -60,13 +65,34 @@ mod enabled {
         SEEN.store(seen, Relaxed);
         seen.checked_rem(EVERY.load(Relaxed)) == Some(0)
     }
+
+    /// Parses the `yes|no` of `fault-skip-rollback`.
+    pub fn arm_skip_rollback(value: &[u8]) -> Result<(), String> {
+        let skip = match value {
+            b"yes" => true,
+            b"no" => false,
+            _ => return Err("fault-skip-rollback must be followed by yes or no".into()),
+        };
+        SKIP_ROLLBACK.store(skip, Relaxed);
+        Ok(())
+    }
+
+    pub fn rollback_skipped() -> bool {
+        SKIP_ROLLBACK.load(Relaxed)
+    }
 }
 
 #[cfg(feature = "fault-injection")]
-pub use enabled::{arm, injected};
+pub use enabled::{arm, arm_skip_rollback, injected, rollback_skipped};
 
 #[cfg(not(feature = "fault-injection"))]
 #[inline(always)]
 pub fn injected(_step: Step) -> bool {
+    false
+}
+
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn rollback_skipped() -> bool {
     false
 }

@@ -235,6 +235,8 @@ fn check_load_args<'a>(mut args: impl Iterator<Item = &'a [u8]>) -> Result<LoadA
                 let step = args.next().unwrap_or_default();
                 fault::arm(step, args.next().unwrap_or_default())?;
             }
+            #[cfg(feature = "fault-injection")]
+            b"fault-skip-rollback" => fault::arm_skip_rollback(args.next().unwrap_or_default())?,
             b"shadow-mode" => {
                 load_args.shadow_mode = match args.next() {
                     Some(b"yes") => true,
