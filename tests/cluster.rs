@@ -948,3 +948,76 @@ fn a_waiter_on_a_slot_that_moves_away_is_redirected_and_takes_nothing() {
     assert_eq!(field(&waiting, "tb_waiting"), Some("0"));
     assert_eq!(field(&waiting, "tb_waits_abandoned"), Some("1"));
 }
+
+/// CLUSTER FAILOVER pauses writes on the master until its replica has caught
+/// up. Waiters whose tokens come due meanwhile must not be served then (a
+/// write propagated during the pause aborts the server); each gets exactly
+/// one answer, a grant from before or after the pause or the server's error
+/// when the role change ends its wait, and both nodes end with one state.
+#[test]
+fn a_cluster_failover_with_waiters_coming_due_never_writes_during_its_pause() {
+    let mut cluster = Cluster::start();
+    let old_master = cluster.master_ports()[0];
+    let replica = cluster.add_replica(old_master);
+    let new_master = cluster.nodes[replica].port();
+    let keys: Vec<String> = (0..6)
+        .map(|i| cluster.key_on(old_master, &format!("due{i}")))
+        .collect();
+    let mut master = cluster.node(old_master).con();
+    // Drained at 100 tokens/s: waiter i's 2 + 2i tokens come due 20-120 ms on.
+    let mut waiters = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        let drained: Vec<i64> = redis::cmd("TB.TAKE")
+            .arg(&[key.as_str(), "20", "100", "20"])
+            .query(&mut master)
+            .expect("TB.TAKE");
+        assert_eq!(drained[0], 1, "{key}");
+        let n = (2 + 2 * i).to_string();
+        let mut waiter = RawClient::connect(&cluster.node(old_master).server);
+        waiter.send(&["TB.BTAKE", key, "20", "100", &n, "0"]);
+        waiters.push(waiter);
+    }
+    ok(
+        &mut cluster.nodes[replica].con(),
+        redis::cmd("CLUSTER").arg("FAILOVER"),
+    );
+    for (i, waiter) in waiters.iter_mut().enumerate() {
+        let reply = waiter.reply_within(Duration::from_secs(15));
+        eprintln!("waiter {i}: {reply:?}");
+        match reply {
+            Some(Resp::Ints(reply)) => assert_eq!(reply[0], 1, "waiter {i}: {reply:?}"),
+            Some(Resp::Error(text)) => assert!(
+                text.starts_with("UNBLOCKED") || text.starts_with("MOVED"),
+                "waiter {i}: {text}"
+            ),
+            other => panic!("waiter {i}: {other:?}"),
+        }
+    }
+    wait_for("the replica to become a master", || {
+        let info = info(&mut cluster.nodes[replica].con(), "replication");
+        if field(&info, "role") == Some("master") {
+            Ok(())
+        } else {
+            Err(info)
+        }
+    });
+    assert!(
+        cluster.node(old_master).server.is_alive(),
+        "the old master is alive"
+    );
+    let mut promoted = cluster.node(new_master).con();
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(5000)
+        .query(&mut promoted)
+        .expect("WAIT");
+    assert_eq!(acked, 1, "the old master follows the new one");
+    let mut old = cluster.node(old_master).con();
+    ok(&mut old, &redis::cmd("READONLY"));
+    assert_eq!(
+        stored_all(&mut old, &keys),
+        stored_all(&mut promoted, &keys)
+    );
+    let waiting = info(&mut old, "tb");
+    assert_eq!(field(&waiting, "tb_waiting"), Some("0"));
+}
