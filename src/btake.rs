@@ -294,21 +294,26 @@ impl wait::Server for Glue<'_> {
 }
 
 impl Glue<'_> {
-    /// Whether this node would run a command on `key` now. In a cluster a
-    /// slot can be migrating away: a bucket already moved reads as missing
-    /// (a full bucket), and serving it here would write a key this node no
-    /// longer owns. `RM_Call` applies the server's own routing (the check
-    /// that answers ASK or MOVED to a client), so an EXISTS through it tells.
+    /// Whether this node may write `key` now. In a cluster a slot can be
+    /// on the move. On the node it leaves, a bucket already moved reads as
+    /// missing (a full bucket), and serving it there would write a key that
+    /// node no longer owns. `RM_Call` applies the server's own routing (the
+    /// check that answers ASK or MOVED to a client), so an EXISTS through it
+    /// tells whether the node owns the key outright. If it does not, the
+    /// bucket may still be here: on the node a slot moves to, a client sent
+    /// on by ASK waits on a bucket already moved in, and that node is where
+    /// it lives now.
     unsafe fn served_here(&self, db: Db, key: &[u8]) -> bool {
         let Ok(name) = self.key(db, key) else {
             return false;
         };
         let reply = (self.api.call)(self.ctx, c"EXISTS".as_ptr(), c"s".as_ptr(), name.ptr());
-        if reply.is_null() {
-            return false;
+        if !reply.is_null() {
+            (self.api.free_call_reply)(reply);
+            return true;
         }
-        (self.api.free_call_reply)(reply);
-        true
+        BucketKey::open(self.api, self.ctx, name.ptr(), Access::Read)
+            .is_ok_and(|bucket| bucket.exists())
     }
 }
 

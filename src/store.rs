@@ -141,6 +141,11 @@ impl<'a> BucketKey<'a> {
         Ok(Some(state))
     }
 
+    /// The key holds something (a bucket, as `open` checked the type).
+    pub fn exists(&self) -> bool {
+        !self.is_empty()
+    }
+
     fn is_empty(&self) -> bool {
         // SAFETY: `key` is open (or null, checked first).
         self.key.is_null()

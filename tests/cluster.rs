@@ -1021,3 +1021,53 @@ fn a_cluster_failover_with_waiters_coming_due_never_writes_during_its_pause() {
     let waiting = info(&mut old, "tb");
     assert_eq!(field(&waiting, "tb_waiting"), Some("0"));
 }
+
+/// During a classic slot move, a client sent on by ASK to the importing node
+/// may wait there (`ASKING` then TB.BTAKE) on a bucket already moved in; it
+/// is served there, from that bucket, when its tokens come.
+#[test]
+fn a_waiter_sent_on_by_ask_is_served_on_the_importing_node() {
+    let cluster = Cluster::start();
+    let ports = cluster.master_ports();
+    let (source, target) = (ports[0], ports[1]);
+    let key = cluster.key_on(source, "asked");
+    let mut src = cluster.node(source).con();
+    let mut dst = cluster.node(target).con();
+    let slot = keyslot(&mut src, &key);
+    let drained: Vec<i64> = redis::cmd("TB.TAKE")
+        .arg(&[key.as_str(), "2", "0.001", "2"])
+        .query(&mut src)
+        .expect("TB.TAKE");
+    assert_eq!(drained[0], 1);
+    start_slot_move(&cluster, slot, (source, &mut src), (target, &mut dst));
+    ok(
+        &mut src,
+        redis::cmd("MIGRATE")
+            .arg("127.0.0.1")
+            .arg(target)
+            .arg("")
+            .arg(0)
+            .arg(5000)
+            .arg("KEYS")
+            .arg(&key),
+    );
+    let mut waiter = RawClient::connect(&cluster.node(target).server);
+    waiter.send(&["ASKING"]);
+    assert_eq!(waiter.reply(), Resp::Other("OK".into()));
+    waiter.send(&["TB.BTAKE", &key, "2", "0.001", "1", "0"]);
+    assert_eq!(
+        waiter.reply_within(Duration::from_millis(300)),
+        None,
+        "it waits"
+    );
+    let mut refunder = RawClient::connect(&cluster.node(target).server);
+    refunder.send(&["ASKING"]);
+    assert_eq!(refunder.reply(), Resp::Other("OK".into()));
+    refunder.send(&["TB.REFUND", &key, "2", "0.001", "1"]);
+    assert!(matches!(refunder.reply(), Resp::Ints(_)));
+    match waiter.reply_within(Duration::from_secs(5)) {
+        Some(Resp::Ints(reply)) => assert_eq!(reply[..3], [1, 0, 0], "{reply:?}"),
+        other => panic!("expected a grant, got {other:?}"),
+    }
+    finish_slot_move(&cluster, slot, target, [target, source, ports[2]]);
+}
