@@ -1151,3 +1151,107 @@ impl Rng {
         format!("{:.*}", places, low + unit * span)
     }
 }
+
+// --- Added for tests/btake_events.rs and tests/btake_soak.rs --------------------------------
+
+/// The server closed a `RawClient`'s connection (it was killed, or the server died).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionClosed;
+
+impl RawClient {
+    /// Sends several commands in one write, so the server reads (and runs) them together.
+    pub fn send_all(&mut self, commands: &[&[&str]]) {
+        let mut out = Vec::new();
+        for args in commands {
+            out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+            for arg in *args {
+                out.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
+            }
+        }
+        self.stream.write_all(&out).expect("send");
+    }
+
+    /// Like `send`, but a connection the server has closed is an `Err`, not a panic.
+    pub fn try_send(&mut self, args: &[&str]) -> Result<(), ConnectionClosed> {
+        let mut out = format!("*{}\r\n", args.len()).into_bytes();
+        for arg in args {
+            out.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
+        }
+        self.stream.write_all(&out).map_err(|_| ConnectionClosed)
+    }
+
+    /// Like `reply_within`, but a connection the server has closed (with no complete reply
+    /// left to read) is an `Err`, not a panic.
+    pub fn try_reply_within(&mut self, within: Duration) -> Result<Option<Resp>, ConnectionClosed> {
+        use std::io::Read;
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some((reply, used)) = parse_resp(&self.buffer) {
+                self.buffer.drain(..used);
+                return Ok(Some(reply));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            self.stream
+                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .expect("read timeout");
+            let mut chunk = [0u8; 4096];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return Err(ConnectionClosed),
+                Ok(read) => self.buffer.extend_from_slice(&chunk[..read]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => return Err(ConnectionClosed),
+            }
+            if Instant::now() >= deadline {
+                return Ok(parse_resp(&self.buffer).map(|(reply, used)| {
+                    self.buffer.drain(..used);
+                    reply
+                }));
+            }
+        }
+    }
+}
+
+/// The lines of the server log that tell why it died (a failed assertion, a crash), if any.
+pub fn crash_lines(server: &Server) -> String {
+    server
+        .log()
+        .lines()
+        .filter(|line| {
+            line.contains("ASSERTION FAILED")
+                || line.contains("crashed by signal")
+                || line.contains("Guru Meditation")
+                || line.contains("==> ")
+                || line.contains("panicked")
+        })
+        .take(10)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Sends `signal` (e.g. `libc::SIGSTOP`) to the server process.
+pub fn signal(server: &Server, signal: i32) {
+    let pid = server.pid().expect("the server is running") as i32;
+    // SAFETY: a plain syscall on a child process of this test.
+    let rc = unsafe { libc::kill(pid, signal) };
+    assert_eq!(rc, 0, "kill({pid}, {signal})");
+}
+
+/// True while the server process exists and has not exited (without talking to it: a
+/// server under CLIENT PAUSE ALL does not answer).
+pub fn process_running(server: &Server) -> bool {
+    let Some(pid) = server.pid() else {
+        return false;
+    };
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| state != 'Z' && state != 'X'),
+        Err(_) => false,
+    }
+}
