@@ -9,7 +9,7 @@ import pytest
 import redis
 import redis.asyncio as aredis
 
-from redis_tb import AsyncRateLimiter, Limit, LimiterReplyError, RateLimiter
+from redis_tb import AsyncRateLimiter, InvalidArgument, Limit, LimiterReplyError, RateLimiter
 
 from test_api import SLOW, scenario
 
@@ -52,10 +52,13 @@ def test_async_errors_and_wait_take(setup):
     async def main():
         client = aredis.Redis(port=server.port)
         lim = AsyncRateLimiter(client, backend=arg)
-        with pytest.raises(LimiterReplyError, match="^ERR rate must be a positive finite number$"):
+        with pytest.raises(InvalidArgument, match="^rate must be a positive finite number"):
             await lim.take("a:e", 5, 0)
-        d = await lim.take_all([Limit("{a}x", 2, SLOW), Limit("{a}y", 1, SLOW, name="one")])
-        assert d.allowed and d.index == 1 and d.name == "one"
+        await client.set("a:str", "x")
+        with pytest.raises(LimiterReplyError, match="^WRONGTYPE"):
+            await lim.take("a:str", 5, 1)
+        d = await lim.take_all([Limit("{a}x", 2, SLOW), Limit("{a}y", 1, SLOW, policy="one")])
+        assert d.allowed and d.index == 1 and d.policy == "one"
         # a bucket refilling at 20/s: drained, then a waiter is served within ~50 ms
         assert (await lim.take("a:w", 1, 20)).allowed
         started = time.monotonic()

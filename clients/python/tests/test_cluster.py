@@ -57,7 +57,7 @@ def test_cluster_take_and_take_all(request, fixture, arg, expected):
         limits = [Limit(f"{{{user}}}:sec", 10, SLOW, 1, "sec"), Limit(f"{{{user}}}:day", 2, SLOW, 1, "day")]
         assert [lim.take_all(limits).remaining for _ in range(3)] == [1, 0, 0]
         d = lim.take_all(limits)
-        assert not d.allowed and d.index == 1 and d.name == "day"
+        assert not d.allowed and d.index == 1 and d.policy == "day"
         assert lim.peek(f"{{{user}}}:sec", 10, SLOW).remaining == 7  # 2 taken, peek n=1
     # every master holds buckets of its own
     for node in cluster.nodes:
