@@ -225,3 +225,8 @@ def limiter(setup):
     yield lim
     lim.close()
     client.close()
+
+
+async def aclose(client):
+    """`await client.aclose()`; redis-py 5.0.0 only has close()."""
+    await (client.aclose() if hasattr(client, "aclose") else client.close())

@@ -11,6 +11,7 @@ import redis.asyncio as aredis
 
 from redis_tb import AsyncRateLimiter, InvalidArgument, Limit, LimiterReplyError, RateLimiter
 
+from conftest import aclose
 from test_api import SLOW, scenario
 
 
@@ -37,7 +38,7 @@ def test_async_matches_sync(setup):
         lim = AsyncRateLimiter(client, backend=arg)
         assert loop.run_until_complete(lim.connect()) == expected and lim.backend == expected
         got = scenario(SyncFacade(lim, loop))
-        loop.run_until_complete(client.aclose())
+        loop.run_until_complete(aclose(client))
     finally:
         loop.close()
     with server.client() as r:
@@ -73,6 +74,6 @@ def test_async_errors_and_wait_take(setup):
         # can never succeed: at once
         d = await lim.wait_take("a:slow", 1, SLOW, 2, timeout_ms=5000)
         assert not d.allowed and d.retry_after_ms == -1
-        await client.aclose()
+        await aclose(client)
 
     run(main())

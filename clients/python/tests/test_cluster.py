@@ -15,7 +15,7 @@ from redis.crc import key_slot
 
 from redis_tb import AsyncRateLimiter, Limit, RateLimiter
 
-from conftest import SLOT_RANGES
+from conftest import SLOT_RANGES, aclose
 from test_api import SLOW
 
 CASES = [("module_cluster", "auto", "module"), ("plain_cluster", "auto", "function"),
@@ -83,7 +83,7 @@ def test_cluster_async(request, fixture, arg, expected):
             assert (await lim.take(f"{{{user}}}:a", 5, SLOW, 2)).remaining == 3
             d = await lim.take_all([Limit(f"{{{user}}}:a", 5, SLOW, 1), Limit(f"{{{user}}}:b", 5, SLOW, 4)])
             assert d.allowed and d.index == 1 and d.remaining == 1
-        await client.aclose()
+        await aclose(client)
 
     asyncio.run(main())
 
@@ -242,6 +242,6 @@ def test_cluster_async_wait_take_uses_btake_on_the_owner(module_cluster):
                 assert (await lim.take(key, 1, 20)).allowed
                 results = await asyncio.gather(*(lim.wait_take(key, 1, 20, timeout_ms=3000) for _ in range(2)))
                 assert [d.allowed for d in results] == [True, True]
-        await client.aclose()
+        await aclose(client)
 
     asyncio.run(main())

@@ -42,7 +42,9 @@ def fast_failing_kwargs(connection_kwargs: dict, timeout: float, retry_class=Ret
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         retry=retry_class(NoBackoff(), 1, supported_errors=(rex.ConnectionError,)),
-        retry_on_error=[],
+        # redis-py < 6 re-raises at once an error not in this list (a
+        # connection the server closed, as a restart does): retry it.
+        retry_on_error=[rex.ConnectionError],
     )
     kwargs.pop("retry_on_timeout", None)
     return kwargs
