@@ -396,3 +396,13 @@ def test_async_close_releases_every_connection_after_concurrent_waits(module_ser
         time.sleep(0.02)
     assert client_count(module_server) == before
 
+
+
+def test_a_fixed_cost_the_server_would_refuse_is_refused_when_the_middleware_is_created():
+    lim = RateLimiter(redis.Redis(port=free_port()))
+    for bad in (1e30, -1, float("nan"), "1"):
+        with pytest.raises(InvalidArgument):
+            WsgiLimit(lambda e, s: [], lim, Policy(5, 1), cost=bad)
+        with pytest.raises(InvalidArgument):
+            AsgiLimit(None, AsyncRateLimiter(aredis.Redis(port=free_port())), Policy(5, 1), cost=bad)
+    assert WsgiLimit(lambda e, s: [], lim, Policy(5, 1), cost=2).cost == 2

@@ -7,7 +7,7 @@ import logging
 import threading
 from typing import Callable, List, Optional, Sequence, Tuple, Union
 
-from ._core import Decision, InvalidArgument, Limit, LimiterError, LimiterUnavailable, Number, Policy, bucket_key
+from ._core import number_text, Decision, InvalidArgument, Limit, LimiterError, LimiterUnavailable, Number, Policy, bucket_key
 
 log = logging.getLogger("redis_tb")
 
@@ -27,6 +27,15 @@ def policies(spec: Union[Policy, Sequence[Policy]]) -> List[Policy]:
     if len({p.name for p in named}) != len(named):
         raise InvalidArgument("policy names must be distinct")
     return named
+
+
+def check_cost(cost):
+    """None (1 token a request), a fixed number of tokens, checked now, or a
+    function of the request (checked on each request: a bad cost is a bug,
+    answered 500)."""
+    if cost is not None and not callable(cost):
+        number_text(cost, "cost", positive=False)
+    return cost
 
 
 def limits_for(prefix: str, identity: str, pols: List[Policy], n: Number) -> List[Limit]:

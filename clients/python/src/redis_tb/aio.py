@@ -17,7 +17,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 
 from . import _core, _engine
 from ._core import Decision, Limit, Number
-from .limiter import DEFAULT_TIMEOUT, fast_failing_kwargs
+from .limiter import DEFAULT_TIMEOUT, fast_failing_kwargs, get_connection_args
 
 
 def async_limiter_client(client, timeout: Optional[float]):
@@ -34,16 +34,6 @@ def async_limiter_client(client, timeout: Optional[float]):
         **fast_failing_kwargs(pool.connection_kwargs, timeout, AsyncRetry),
     )
     return aredis.Redis(connection_pool=own)
-
-
-async def _pool_connection(pool):
-    """`await pool.get_connection()`; redis-py < 5.3 requires a command name."""
-    import inspect
-
-    param = inspect.signature(pool.get_connection).parameters.get("command_name")
-    if param is not None and param.default is inspect.Parameter.empty:
-        return await pool.get_connection("_")
-    return await pool.get_connection()
 
 
 class AsyncRateLimiter:
@@ -102,7 +92,7 @@ class AsyncRateLimiter:
         owns `key`, of `node`, or of any node."""
         if not self._cluster:
             pool = self.client.connection_pool
-            conn = await _pool_connection(pool)
+            conn = await pool.get_connection(*get_connection_args(pool))
             return conn, lambda: pool.release(conn)
         await self._bounded(self.client.initialize())  # once; loads the slot map
         if node is not None:

@@ -27,7 +27,8 @@ class RateLimitMiddleware:
     policies: a `Policy` (one bucket per key) or a list (all at once, via
         take_all; the tightest decides).
     key(scope) -> str: whose bucket (default: client IP); may be async.
-    cost(scope) -> number: tokens per request (default 1); may be async.
+    cost: tokens per request: a number (checked now) or cost(scope) -> number,
+        which may be async (default 1).
     prefix: prepended to bucket keys (`<prefix>{<key>}:<policy name>`).
     fail_open: when the limiter is unavailable (docs/clients.md#the-failure-rule),
         True (default) lets requests through without headers, False answers 503.
@@ -56,14 +57,15 @@ class RateLimitMiddleware:
         self.limiter = limiter
         self.policies = mw.policies(policies)
         self.key = key
-        self.cost = cost
+        self.cost = mw.check_cost(cost)
         self.prefix = prefix
         self.on_error = on_error
         self.outcomes = mw.Outcomes(fail_open)
 
     async def _decide(self, scope):
         identity = str(await _maybe_await(self.key(scope)))
-        n = 1 if self.cost is None else await _maybe_await(self.cost(scope))
+        n = self.cost if not callable(self.cost) else await _maybe_await(self.cost(scope))
+        n = 1 if n is None else n
         limits = mw.limits_for(self.prefix, identity, self.policies, n)
         if len(limits) == 1:
             lim = limits[0]

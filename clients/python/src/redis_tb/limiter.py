@@ -66,13 +66,15 @@ def limiter_client(client, timeout: Optional[float]):
     return redis.Redis(connection_pool=own)
 
 
-def pool_connection(pool):
-    """`pool.get_connection()`: redis-py < 5.3 requires a command name,
-    later versions deprecate it."""
+def get_connection_args(pool) -> tuple:
+    """The arguments of `pool.get_connection(...)` (sync or async):
+    redis-py < 5.3 requires a command name, later versions deprecate it."""
     param = inspect.signature(pool.get_connection).parameters.get("command_name")
-    if param is not None and param.default is inspect.Parameter.empty:
-        return pool.get_connection("_")
-    return pool.get_connection()
+    return ("_",) if param is not None and param.default is inspect.Parameter.empty else ()
+
+
+def pool_connection(pool):
+    return pool.get_connection(*get_connection_args(pool))
 
 
 class RateLimiter:

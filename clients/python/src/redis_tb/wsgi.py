@@ -43,14 +43,15 @@ class RateLimitMiddleware:
         self.limiter = limiter
         self.policies = mw.policies(policies)
         self.key = key
-        self.cost = cost
+        self.cost = mw.check_cost(cost)
         self.prefix = prefix
         self.on_error = on_error
         self.outcomes = mw.Outcomes(fail_open)
 
     def _decide(self, environ):
         identity = str(self.key(environ))
-        n = 1 if self.cost is None else self.cost(environ)
+        n = self.cost if not callable(self.cost) else self.cost(environ)
+        n = 1 if n is None else n
         limits = mw.limits_for(self.prefix, identity, self.policies, n)
         if len(limits) == 1:
             lim = limits[0]
