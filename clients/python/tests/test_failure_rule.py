@@ -406,3 +406,19 @@ def test_a_fixed_cost_the_server_would_refuse_is_refused_when_the_middleware_is_
         with pytest.raises(InvalidArgument):
             AsgiLimit(None, AsyncRateLimiter(aredis.Redis(port=free_port())), Policy(5, 1), cost=bad)
     assert WsgiLimit(lambda e, s: [], lim, Policy(5, 1), cost=2).cost == 2
+
+
+def test_the_client_side_errors_fall_in_their_class():
+    import redis.exceptions as rex
+
+    from redis_tb._core import BUG, UNAVAILABLE, classify
+
+    for error in (rex.ConnectionError("refused"), rex.TimeoutError("slow"), asyncio.TimeoutError(),
+                  ConnectionResetError(), rex.BusyLoadingError("loading"), rex.ClusterError("TTL exhausted"),
+                  rex.SlotNotCoveredError("no node"), rex.ClusterDownError("The cluster is down"),
+                  rex.TryAgainError(), LimiterUnavailable("x")):
+        assert classify(error) == UNAVAILABLE, error
+    for error in (rex.RedisClusterException("TB.TAKEALL - all keys must map to the same key slot"),
+                  rex.ResponseError("WRONGTYPE Operation against a key"), rex.DataError("bad"),
+                  TypeError("x"), LimiterError("unexpected reply")):
+        assert classify(error) == BUG, error

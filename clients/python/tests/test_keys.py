@@ -13,7 +13,8 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from redis_tb import AsyncRateLimiter, Policy, RateLimiter, bucket_key, escape_id
+from redis_tb import (AsyncRateLimiter, Limit, LimiterError, LimiterUnavailable, Policy, RateLimiter, bucket_key,
+                      escape_id)
 from redis_tb.asgi import RateLimitMiddleware as AsgiLimit
 from redis_tb.wsgi import RateLimitMiddleware as WsgiLimit
 
@@ -92,3 +93,15 @@ def test_a_hostile_id_is_limited_by_every_policy_in_a_cluster_async(module_clust
         for identity in ["}x", "{"]:
             assert [tc.get("/", headers={"x-user": identity}).status_code for _ in range(3)] == [200, 200, 429]
     assert app.outcomes.error_count == 0 and app.outcomes.unavailable_count == 0
+
+
+def test_a_take_all_across_slots_is_a_bug_not_an_outage(module_cluster):
+    """What escaping prevents, done on purpose: keys in two slots. redis-py
+    refuses it before sending (or the server answers CROSSSLOT): a bug."""
+    reset(module_cluster)
+    client = cluster_client(module_cluster)
+    lim = RateLimiter(client)
+    with pytest.raises(LimiterError) as e:
+        lim.take_all([Limit("{a}:sec", 5, SLOW), Limit("{b}:day", 5, SLOW)])
+    assert not isinstance(e.value, LimiterUnavailable)
+    client.close()
