@@ -219,11 +219,16 @@ def test_cluster_waiters_are_served_first_come_first_served(module_cluster):
         assert lim.wait_take(key, 1, 5, timeout_ms=5000).allowed
         order.append(i)
 
+    owner = module_cluster.nodes[owner_index(module_cluster, key_slot(users()[1].encode()))]
     threads = []
     for i in range(3):
         threads.append(threading.Thread(target=wait, args=(i,)))
         threads[-1].start()
-        time.sleep(0.05)  # arrive in order
+        # arrive in order: the next one only once this one waits on the owner
+        deadline = time.monotonic() + 5
+        with owner.client() as r:
+            while r.info("clients")["blocked_clients"] + len(order) < i + 1 and time.monotonic() < deadline:
+                time.sleep(0.005)
     for t in threads:
         t.join(10)
     assert order == [0, 1, 2]
