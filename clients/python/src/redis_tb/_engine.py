@@ -33,10 +33,19 @@ PRIMARIES = "primaries"  # every primary (loading Lua code)
 RAW = "raw"  # any one node, reply unparsed (redis-py fails on COMMAND INFO's nil)
 
 
+#: How many times the limiter's timeout a step that loads Lua code or looks
+#: for the module may take (it happens once, and FUNCTION LOAD compiles).
+DETECTION_TIMEOUT_FACTOR = 5
+
+
 @dataclass(frozen=True)
 class Send:
     args: tuple
     route: str = BY_KEY
+
+    @property
+    def detecting(self) -> bool:
+        return self.route != BY_KEY
 
 
 @dataclass(frozen=True)

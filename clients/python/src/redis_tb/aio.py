@@ -31,7 +31,11 @@ def async_limiter_client(client, timeout: Optional[float]):
     own = aredis.ConnectionPool(
         connection_class=pool.connection_class,
         max_connections=pool.max_connections,
-        **fast_failing_kwargs(pool.connection_kwargs, timeout, AsyncRetry),
+        # Each command is bounded by asyncio.wait_for (timeout, or longer
+        # while detecting the backend), so the socket's own read timeout is
+        # only the longest of these.
+        **fast_failing_kwargs(pool.connection_kwargs, timeout, AsyncRetry,
+                              read_timeout=timeout * _engine.DETECTION_TIMEOUT_FACTOR),
     )
     return aredis.Redis(connection_pool=own)
 
@@ -63,24 +67,25 @@ class AsyncRateLimiter:
 
     # --- I/O: the only thing this class does ------------------------------
 
-    async def _bounded(self, coro):
+    async def _bounded(self, coro, factor: float = 1):
         if self.timeout is None:
             return await coro
         try:
-            return await asyncio.wait_for(coro, self.timeout)
+            return await asyncio.wait_for(coro, self.timeout * factor)
         except asyncio.TimeoutError:
-            raise rex.TimeoutError(f"no reply within {self.timeout} s") from None
+            raise rex.TimeoutError(f"no reply within {self.timeout * factor} s") from None
 
     async def _execute(self, step):
         if isinstance(step, _engine.Send):
+            factor = _engine.DETECTION_TIMEOUT_FACTOR if step.detecting else 1
             if step.route == _engine.RAW:
-                return await self._bounded(self._raw(*step.args))
+                return await self._bounded(self._raw(*step.args), factor)
             if step.route == _engine.PRIMARIES and self._cluster:
-                await self._bounded(self.client.initialize())
+                await self._bounded(self.client.initialize(), factor)
                 # explicit nodes: redis.asyncio routes FUNCTION LOAD by policy, not by the flag
                 nodes = self.client.get_primaries()
-                return await self._bounded(self.client.execute_command(*step.args, target_nodes=nodes))
-            return await self._bounded(self.client.execute_command(*step.args))
+                return await self._bounded(self.client.execute_command(*step.args, target_nodes=nodes), factor)
+            return await self._bounded(self.client.execute_command(*step.args), factor)
         if isinstance(step, _engine.Block):
             return await self._block(step)
         if isinstance(step, _engine.Sleep):

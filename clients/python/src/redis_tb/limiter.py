@@ -31,15 +31,16 @@ def _is_cluster(client) -> bool:
     return isinstance(client, RedisCluster)
 
 
-def fast_failing_kwargs(connection_kwargs: dict, timeout: float, retry_class=Retry) -> dict:
+def fast_failing_kwargs(connection_kwargs: dict, timeout: float, retry_class=Retry, read_timeout=None) -> dict:
     """A pool's connection settings with `timeout` for connect and for each
     command, retrying only a failed connection, once, at once (redis-py's
     defaults, 5 s and retries with back-off, would hold each request for
     seconds when the server hangs, and a refused connection for the back-off).
-    `retry_class`: redis.asyncio.retry.Retry for an asyncio pool."""
+    `retry_class`: redis.asyncio.retry.Retry for an asyncio pool;
+    `read_timeout`: the socket's, if not `timeout`."""
     kwargs = dict(connection_kwargs)
     kwargs.update(
-        socket_timeout=timeout,
+        socket_timeout=timeout if read_timeout is None else read_timeout,
         socket_connect_timeout=timeout,
         retry=retry_class(NoBackoff(), 1, supported_errors=(rex.ConnectionError,)),
         # redis-py < 6 re-raises at once an error not in this list (a
