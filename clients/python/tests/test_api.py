@@ -177,3 +177,14 @@ def test_decision_headers_without_server():
     assert Decision(True, 1, 0, 0, capacity=0.5, rate=3).headers()["RateLimit-Policy"] == '"default";q=0;w=1'
     assert Decision(True, 1, 0, 1, capacity=5, rate=1e-300).headers()["RateLimit-Policy"] == (
         '"default";q=5;w=999999999999999')
+
+
+def test_peek_is_fcall_ro_on_the_function_backend(plain_server):
+    """FCALL_RO, so that peek may run on a replica (docs/clients.md)."""
+    with plain_server.client() as r:
+        r.flushall()
+        r.config_resetstat()
+        with RateLimiter(redis.Redis(port=plain_server.port)) as lim:
+            assert lim.peek("rl:ro", 5, SLOW).remaining == 4 and lim.backend == "function"
+        stats = r.info("commandstats")
+    assert stats["cmdstat_fcall_ro"]["calls"] == 1 and "cmdstat_fcall" not in stats
