@@ -37,24 +37,34 @@ def free_port() -> int:
 class Server:
     """One redis-server process; `module=True` loads the module."""
 
-    def __init__(self, module: bool, extra=()):
+    def __init__(self, module: bool, extra=(), port=None):
         self.binary = os.environ.get("TB_SERVER", "redis-server")
         self.dir = tempfile.mkdtemp(prefix="tb-py-")
+        self.extra = list(extra)
         self.proc = None
-        for _ in range(5):  # a free port may be taken before the server binds it
-            self.port = free_port()
-            args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-                    "--save", "", "--appendonly", "no", "--dir", self.dir,
-                    "--enable-module-command", "yes", *extra]
-            if module:
-                args += ["--loadmodule", module_path()]
-            log = open(os.path.join(self.dir, "server.log"), "ab")
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-            log.close()
-            if self._ready():
+        for _ in range(1 if port else 5):  # a free port may be taken before the server binds it
+            self.port = port or free_port()
+            if self.start(module):
                 return
         self.stop()
         raise RuntimeError(f"{self.binary} did not start: see {self.dir}/server.log")
+
+    def start(self, module: bool) -> bool:
+        """Start (again) on the same port and dir, with or without the module."""
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+                "--save", "", "--appendonly", "no", "--dir", self.dir,
+                "--enable-module-command", "yes", *self.extra]
+        if module:
+            args += ["--loadmodule", module_path()]
+        log = open(os.path.join(self.dir, "server.log"), "ab")
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        return self._ready()
+
+    def restart(self, module: bool):
+        self.kill()
+        if not self.start(module):
+            raise RuntimeError(f"{self.binary} did not restart: see {self.dir}/server.log")
 
     def _ready(self) -> bool:
         deadline = time.monotonic() + 15
@@ -161,6 +171,14 @@ def own_server():
     s.stop()
 
 
+@pytest.fixture
+def own_module_server():
+    """A server with the module that the test may stop, restart or change."""
+    s = Server(module=True)
+    yield s
+    s.stop()
+
+
 @pytest.fixture(scope="session")
 def module_cluster():
     c = Cluster(module=True)
@@ -207,3 +225,8 @@ def limiter(setup):
     yield lim
     lim.close()
     client.close()
+
+
+async def aclose(client):
+    """`await client.aclose()`; redis-py 5.0.0 only has close()."""
+    await (client.aclose() if hasattr(client, "aclose") else client.close())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import redis
 import pytest
 
-from redis_tb import Decision, InvalidNumber, Limit, LimiterReplyError, RateLimiter
+from redis_tb import Decision, InvalidArgument, Limit, LimiterReplyError, RateLimiter
 
 SLOW = 0.001
 
@@ -22,7 +22,7 @@ def test_burst_then_denial(limiter):
     assert not d.allowed and d.remaining == 0
     assert 999_000 < d.retry_after_ms <= 1_000_000
     assert 4_999_000 < d.reset_after_ms <= 5_000_000
-    assert (d.capacity, d.rate, d.name) == (5, SLOW, "default")
+    assert (d.capacity, d.rate, d.policy) == (5, SLOW, "default")
     assert d.headers() == {
         "RateLimit-Policy": '"default";q=5;w=5000',
         "RateLimit": '"default";r=0;t=5000',
@@ -31,7 +31,7 @@ def test_burst_then_denial(limiter):
 
 
 def test_headers_on_allow_and_name(limiter):
-    d = limiter.take("rl:named", 10, 2, 3, name="api")
+    d = limiter.take("rl:named", 10, 2, 3, policy="api")
     assert d.allowed and d.remaining == 7
     assert d.headers() == {"RateLimit-Policy": '"api";q=10;w=5', "RateLimit": '"api";r=7;t=2'}
 
@@ -71,9 +71,9 @@ def test_cost_above_capacity_never_succeeds(limiter):
 
 
 def test_take_all_allowed_and_denied(limiter):
-    limits = [Limit("{u:1}:sec", 10, SLOW, 1, name="sec"), Limit("{u:1}:day", 3, SLOW, 1, name="day")]
+    limits = [Limit("{u:1}:sec", 10, SLOW, 1, policy="sec"), Limit("{u:1}:day", 3, SLOW, 1, policy="day")]
     d = limiter.take_all(limits)
-    assert d.allowed and d.index == 1 and d.remaining == 2 and d.name == "day"
+    assert d.allowed and d.index == 1 and d.remaining == 2 and d.policy == "day"
     assert d.headers() == {
         "RateLimit-Policy": '"sec";q=10;w=10000, "day";q=3;w=3000',
         "RateLimit": '"day";r=2;t=1000',
@@ -89,23 +89,23 @@ def test_take_all_allowed_and_denied(limiter):
 
 def test_take_all_default_names(limiter):
     d = limiter.take_all([Limit("{u:2}:a", 5, SLOW), Limit("{u:2}:b", 5, SLOW, 2)])
-    assert d.index == 1 and d.name == "limit1"
+    assert d.index == 1 and d.policy == "limit1"
     assert d.headers()["RateLimit-Policy"] == '"limit0";q=5;w=5000, "limit1";q=5;w=5000'
 
 
+def test_numbers_the_server_would_refuse_are_refused_before_sending(limiter):
+    for args in [(0, 1), (5, 0), (5, -1), (5, 1, -1), (2**53 + 1, 1), (5, 1, 2**53 + 1), (1e30, 1), (5, 1, 1e30)]:
+        with pytest.raises(InvalidArgument):
+            limiter.take("rl:e", *args)
+    with pytest.raises(InvalidArgument):
+        limiter.take("", 5, 1)
+    assert limiter.client.dbsize() == 0
+
+
 def test_server_errors_are_the_same_text(limiter):
-    cases = [
-        (lambda: limiter.take("rl:e", 0, 1), "ERR capacity must be a positive finite number"),
-        (lambda: limiter.take("rl:e", 5, 0), "ERR rate must be a positive finite number"),
-        (lambda: limiter.take("rl:e", 5, 1, -1), "ERR n must be a non-negative finite number"),
-        (lambda: limiter.take("rl:e", 2**54, 1), "ERR capacity must be at most 9007199254740992 (2^53)"),
-        (lambda: limiter.take_all([Limit("{d}a", 5, 1), Limit("{d}a", 5, 1)]),
-         "ERR each key may appear only once in TB.TAKEALL"),
-    ]
-    for call, text in cases:
-        with pytest.raises(LimiterReplyError) as e:
-            call()
-        assert e.value.message == text
+    with pytest.raises(LimiterReplyError) as e:
+        limiter.take_all([Limit("{d}a", 5, 1), Limit("{d}a", 5, 1)])
+    assert e.value.message == "ERR each key may appear only once in TB.TAKEALL"
     limiter.client.set("rl:str", "x")
     with pytest.raises(LimiterReplyError, match="^WRONGTYPE Operation against a key"):
         limiter.take("rl:str", 5, 1)
@@ -113,14 +113,14 @@ def test_server_errors_are_the_same_text(limiter):
 
 def test_nan_and_inf_refused_before_sending(limiter):
     for bad in (float("nan"), float("inf"), -float("inf")):
-        with pytest.raises(InvalidNumber):
+        with pytest.raises(InvalidArgument):
             limiter.take("rl:nan", bad, 1)
-        with pytest.raises(InvalidNumber):
+        with pytest.raises(InvalidArgument):
             limiter.take("rl:nan", 5, 1, bad)
-    with pytest.raises(InvalidNumber):
+    with pytest.raises(InvalidArgument):
         limiter.take("rl:nan", True, 1)
     with pytest.raises(ValueError):
-        limiter.take("rl:nan", 5, 1, name='bad\n"name')
+        limiter.take("rl:nan", 5, 1, policy='bad\n"name')
 
 
 def test_script_survives_script_flush(setup):
@@ -154,7 +154,7 @@ def scenario(lim: RateLimiter):
     for call in calls:
         d = call()
         out.append((d.allowed, d.remaining, -(-d.retry_after_ms // 1000), -(-d.reset_after_ms // 1000),
-                    d.index, d.name, d.headers()))
+                    d.index, d.policy, d.headers()))
     return out
 
 
@@ -172,8 +172,19 @@ def test_every_backend_answers_the_same(module_server, plain_server):
 
 
 def test_decision_headers_without_server():
-    d = Decision(False, 0, 1001, 3999, capacity=20, rate=5, name="x")
+    d = Decision(False, 0, 1001, 3999, capacity=20, rate=5, policy="x")
     assert d.headers() == {"RateLimit-Policy": '"x";q=20;w=4', "RateLimit": '"x";r=0;t=4', "Retry-After": "2"}
     assert Decision(True, 1, 0, 0, capacity=0.5, rate=3).headers()["RateLimit-Policy"] == '"default";q=0;w=1'
     assert Decision(True, 1, 0, 1, capacity=5, rate=1e-300).headers()["RateLimit-Policy"] == (
         '"default";q=5;w=999999999999999')
+
+
+def test_peek_is_fcall_ro_on_the_function_backend(plain_server):
+    """FCALL_RO, so that peek may run on a replica (docs/clients.md)."""
+    with plain_server.client() as r:
+        r.flushall()
+        r.config_resetstat()
+        with RateLimiter(redis.Redis(port=plain_server.port)) as lim:
+            assert lim.peek("rl:ro", 5, SLOW).remaining == 4 and lim.backend == "function"
+        stats = r.info("commandstats")
+    assert stats["cmdstat_fcall_ro"]["calls"] == 1 and "cmdstat_fcall" not in stats

@@ -9,8 +9,9 @@ import pytest
 import redis
 import redis.asyncio as aredis
 
-from redis_tb import AsyncRateLimiter, Limit, LimiterReplyError, RateLimiter
+from redis_tb import AsyncRateLimiter, InvalidArgument, Limit, LimiterReplyError, RateLimiter
 
+from conftest import aclose
 from test_api import SLOW, scenario
 
 
@@ -37,7 +38,7 @@ def test_async_matches_sync(setup):
         lim = AsyncRateLimiter(client, backend=arg)
         assert loop.run_until_complete(lim.connect()) == expected and lim.backend == expected
         got = scenario(SyncFacade(lim, loop))
-        loop.run_until_complete(client.aclose())
+        loop.run_until_complete(aclose(client))
     finally:
         loop.close()
     with server.client() as r:
@@ -52,10 +53,13 @@ def test_async_errors_and_wait_take(setup):
     async def main():
         client = aredis.Redis(port=server.port)
         lim = AsyncRateLimiter(client, backend=arg)
-        with pytest.raises(LimiterReplyError, match="^ERR rate must be a positive finite number$"):
+        with pytest.raises(InvalidArgument, match="^rate must be a positive finite number"):
             await lim.take("a:e", 5, 0)
-        d = await lim.take_all([Limit("{a}x", 2, SLOW), Limit("{a}y", 1, SLOW, name="one")])
-        assert d.allowed and d.index == 1 and d.name == "one"
+        await client.set("a:str", "x")
+        with pytest.raises(LimiterReplyError, match="^WRONGTYPE"):
+            await lim.take("a:str", 5, 1)
+        d = await lim.take_all([Limit("{a}x", 2, SLOW), Limit("{a}y", 1, SLOW, policy="one")])
+        assert d.allowed and d.index == 1 and d.policy == "one"
         # a bucket refilling at 20/s: drained, then a waiter is served within ~50 ms
         assert (await lim.take("a:w", 1, 20)).allowed
         started = time.monotonic()
@@ -70,6 +74,6 @@ def test_async_errors_and_wait_take(setup):
         # can never succeed: at once
         d = await lim.wait_take("a:slow", 1, SLOW, 2, timeout_ms=5000)
         assert not d.allowed and d.retry_after_ms == -1
-        await client.aclose()
+        await aclose(client)
 
     run(main())

@@ -4,14 +4,18 @@ script loaded on every master), through redis-py's cluster clients."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 import redis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
+from redis.crc import key_slot
 
 from redis_tb import AsyncRateLimiter, Limit, RateLimiter
 
+from conftest import SLOT_RANGES, aclose
 from test_api import SLOW
 
 CASES = [("module_cluster", "auto", "module"), ("plain_cluster", "auto", "function"),
@@ -57,7 +61,7 @@ def test_cluster_take_and_take_all(request, fixture, arg, expected):
         limits = [Limit(f"{{{user}}}:sec", 10, SLOW, 1, "sec"), Limit(f"{{{user}}}:day", 2, SLOW, 1, "day")]
         assert [lim.take_all(limits).remaining for _ in range(3)] == [1, 0, 0]
         d = lim.take_all(limits)
-        assert not d.allowed and d.index == 1 and d.name == "day"
+        assert not d.allowed and d.index == 1 and d.policy == "day"
         assert lim.peek(f"{{{user}}}:sec", 10, SLOW).remaining == 7  # 2 taken, peek n=1
     # every master holds buckets of its own
     for node in cluster.nodes:
@@ -79,7 +83,7 @@ def test_cluster_async(request, fixture, arg, expected):
             assert (await lim.take(f"{{{user}}}:a", 5, SLOW, 2)).remaining == 3
             d = await lim.take_all([Limit(f"{{{user}}}:a", 5, SLOW, 1), Limit(f"{{{user}}}:b", 5, SLOW, 4)])
             assert d.allowed and d.index == 1 and d.remaining == 1
-        await client.aclose()
+        await aclose(client)
 
     asyncio.run(main())
 
@@ -107,3 +111,142 @@ def test_cluster_wait_take_module(module_cluster):
         assert lim.wait_take(f"{{{t}}}:w", 1, 20, timeout_ms=3000).allowed
         assert not lim.wait_take(f"{{{t}}}:slow", 1, SLOW, 2, timeout_ms=3000).allowed
     client.close()
+
+
+# --- wait_take in a cluster: TB.BTAKE on the slot owner ----------------------
+
+
+def node_id(node) -> str:
+    with node.client() as r:
+        return r.execute_command("CLUSTER", "MYID").decode()
+
+
+def owner_index(cluster, slot: int) -> int:
+    return next(i for i, (first, last) in enumerate(SLOT_RANGES) if first <= slot <= last)
+
+
+def wait_agreed(cluster, slot: int, owner) -> None:
+    """Until every node says `owner` serves `slot`."""
+    want = node_id(owner)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        seen = set()
+        for node in cluster.nodes:
+            with node.client() as r:
+                for first, last, master, *_ in r.execute_command("CLUSTER", "SLOTS"):
+                    if first <= slot <= last:
+                        seen.add(master[2].decode() if len(master) > 2 else None)
+        if seen == {want}:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"slot {slot} not agreed on {want}")
+
+
+def set_slot_owner(cluster, slot: int, owner) -> None:
+    owner_id = node_id(owner)
+    for node in [owner] + [n for n in cluster.nodes if n is not owner]:
+        with node.client() as r:
+            r.execute_command("CLUSTER", "SETSLOT", slot, "NODE", owner_id)
+    wait_agreed(cluster, slot, owner)
+
+
+def test_cluster_wait_take_follows_moved_to_the_new_owner(module_cluster):
+    reset(module_cluster)
+    key = "{moved}:w"
+    slot = key_slot(b"moved")
+    home = owner_index(module_cluster, slot)
+    source, target = module_cluster.nodes[home], module_cluster.nodes[(home + 1) % 3]
+    client = cluster_client(module_cluster)  # its slot map says: source
+    lim = RateLimiter(client)
+    try:
+        set_slot_owner(module_cluster, slot, target)
+        with target.client() as r:
+            r.execute_command("TB.TAKE", key, 1, 20, 1)  # drained on the new owner
+        started = time.monotonic()
+        d = lim.wait_take(key, 1, 20, timeout_ms=3000)
+        assert d.allowed and time.monotonic() - started < 2
+        with target.client() as r:
+            assert r.exists(key)
+    finally:
+        with target.client() as r:
+            r.delete(key)
+        set_slot_owner(module_cluster, slot, source)
+        lim.close()
+        client.close()
+
+
+def test_cluster_wait_take_follows_ask_during_a_migration(module_cluster):
+    reset(module_cluster)
+    key = "{asked}:w"
+    slot = key_slot(b"asked")
+    home = owner_index(module_cluster, slot)
+    source, target = module_cluster.nodes[home], module_cluster.nodes[(home + 1) % 3]
+    client = cluster_client(module_cluster)
+    lim = RateLimiter(client)
+    try:
+        with target.client() as r:
+            r.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", node_id(source))
+        with source.client() as r:
+            r.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", node_id(target))
+        # Not drained: a TB.BTAKE that blocks after ASKING is answered wrongly
+        # at its wake-up by the module itself ([0, 1, 1, 0]; reported), so
+        # this checks the redirection, which is the client's part.
+        d = lim.wait_take(key, 2, 20, timeout_ms=3000)
+        assert d.allowed and d.remaining == 1
+        with target.client(single_connection_client=True) as r:
+            r.execute_command("ASKING")
+            assert r.execute_command("EXISTS", key) == 1  # the take happened on the importing node
+    finally:
+        with target.client(single_connection_client=True) as r:
+            r.execute_command("ASKING")
+            r.execute_command("DEL", key)
+        for node in (source, target):
+            with node.client() as r:
+                r.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+        lim.close()
+        client.close()
+
+
+def test_cluster_waiters_are_served_first_come_first_served(module_cluster):
+    reset(module_cluster)
+    client = cluster_client(module_cluster)
+    lim = RateLimiter(client)
+    key = f"{{{users()[1]}}}:fifo"
+    assert lim.take(key, 1, 5).allowed  # drained; one token every 200 ms
+    order = []
+
+    def wait(i):
+        assert lim.wait_take(key, 1, 5, timeout_ms=5000).allowed
+        order.append(i)
+
+    owner = module_cluster.nodes[owner_index(module_cluster, key_slot(users()[1].encode()))]
+    threads = []
+    for i in range(3):
+        threads.append(threading.Thread(target=wait, args=(i,)))
+        threads[-1].start()
+        # arrive in order: the next one only once this one waits on the owner
+        deadline = time.monotonic() + 5
+        with owner.client() as r:
+            while r.info("clients")["blocked_clients"] + len(order) < i + 1 and time.monotonic() < deadline:
+                time.sleep(0.005)
+    for t in threads:
+        t.join(10)
+    assert order == [0, 1, 2]
+    lim.close()
+    client.close()
+
+
+def test_cluster_async_wait_take_uses_btake_on_the_owner(module_cluster):
+    reset(module_cluster)
+
+    async def main():
+        client = AsyncRedisCluster(host="127.0.0.1", port=module_cluster.port)
+        async with AsyncRateLimiter(client, timeout=2) as lim:
+            for t in users():
+                key = f"{{{t}}}:aw"
+                assert (await lim.take(key, 1, 20)).allowed
+                results = await asyncio.gather(*(lim.wait_take(key, 1, 20, timeout_ms=3000) for _ in range(2)))
+                assert [d.allowed for d in results] == [True, True]
+        await aclose(client)
+
+    asyncio.run(main())

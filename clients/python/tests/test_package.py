@@ -64,3 +64,20 @@ def test_fresh_venv_install(tmp_path):
     first, text = out.split("\n", 1)
     assert first.startswith("False ") and str(venv) in first and "site-packages" in first
     assert text == LUA
+
+
+def test_the_wheel_installs_into_a_fresh_venv_and_limits(tmp_path, module_server):
+    """pip install of the wheel alone (redis from PyPI), used from an empty
+    directory against a real server."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--disable-pip-version-check", "-w", str(tmp_path / "dist"), str(PACKAGE)], check=True)
+    wheel = next((tmp_path / "dist").glob("redis_tb-0.1.0-*.whl"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(wheel)], check=True)
+    module_server.client().flushall()
+    code = ("import redis, redis_tb; lim = redis_tb.RateLimiter(redis.Redis(port=%d));"
+            "print(lim.take('w', 5, 1).remaining, lim.backend)" % module_server.port)
+    out = subprocess.run([str(py), "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path / "dist")
+    assert out.stdout.split() == ["4", "module"]

@@ -4,12 +4,15 @@ loaded. See README.md."""
 
 from ._core import (
     Decision,
+    InvalidArgument,
     InvalidNumber,
     Limit,
     LimiterError,
     LimiterReplyError,
     LimiterUnavailable,
     Policy,
+    bucket_key,
+    escape_id,
     lua_library,
     lua_script,
 )
@@ -21,6 +24,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncRateLimiter",
     "Decision",
+    "InvalidArgument",
     "InvalidNumber",
     "Limit",
     "LimiterError",
@@ -28,6 +32,8 @@ __all__ = [
     "LimiterUnavailable",
     "Policy",
     "RateLimiter",
+    "bucket_key",
+    "escape_id",
     "lua_library",
     "lua_script",
     "__version__",

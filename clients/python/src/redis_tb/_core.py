@@ -1,12 +1,13 @@
-"""What the sync and async limiters share: numbers, commands, replies, errors.
+"""The plain parts both limiters share: errors and the failure rule,
+arguments, keys, commands, replies, decisions and headers.
 
-Nothing here does I/O. `RateLimiter` and `AsyncRateLimiter` build the
-command for a backend with `command()`, send it, and turn the reply into a
-`Decision` with `decision()`.
+Nothing here does I/O; `_engine` strings these together into calls, and
+`RateLimiter` / `AsyncRateLimiter` only send what it asks for.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
 import numbers
@@ -24,6 +25,9 @@ BACKENDS = ("module", "function", "script")
 #: answers (a denial on its own timeout) before the client gives up.
 BLOCKING_MARGIN_S = 1.0
 
+#: The largest capacity, and cost, the server accepts (docs/commands.md).
+MAX_AMOUNT = 2**53
+
 # Structured Fields integers have at most 15 digits (RFC 8941 3.3.1).
 _SF_INT_MAX = 999_999_999_999_999
 
@@ -32,71 +36,195 @@ _SF_INT_MAX = 999_999_999_999_999
 
 
 class LimiterError(Exception):
-    """Base class of every error this library raises."""
+    """Base class of every error this library raises. Raised as itself for
+    a bug that is not an error reply (a reply of the wrong shape, a client
+    error that says nothing about the server's health)."""
 
 
-class InvalidNumber(LimiterError, ValueError):
-    """capacity, rate or n is not a finite number (raised before sending)."""
+class InvalidArgument(LimiterError, ValueError):
+    """A policy, number, key or name that the server would refuse: raised
+    when the limiter, the policy or the middleware is created, or before a
+    call sends anything."""
+
+
+#: The name of InvalidArgument in 0.1.0 (numbers only).
+InvalidNumber = InvalidArgument
 
 
 class LimiterUnavailable(LimiterError):
-    """Redis could not be reached, timed out, or failed in a way that says
-    nothing about the request (connection refused, timeout, LOADING, ...).
-    The middleware fails open (or closed) on these; `__cause__` is the
-    redis-py exception."""
+    """The server could not answer: connection refused, reset or closed, a
+    timeout, or an error reply about the server's state (LOADING, BUSY,
+    CLUSTERDOWN, READONLY, ...). The middleware fails open (or closed) on
+    these and only these; `__cause__` is redis-py's exception."""
 
 
 class LimiterReplyError(LimiterError):
-    """The server answered the command with an error reply, e.g.
-    ``ERR rate must be a positive finite number`` or ``WRONGTYPE ...``.
-    `message` is the server's full text, identical for the module and the
-    Lua fallback."""
+    """The server refused the call with an error reply that is a bug of the
+    configuration or the data (WRONGTYPE, CROSSSLOT, a corrupt bucket,
+    NOPERM, ...). `message` is the server's full text, identical for the
+    module and the Lua fallback."""
 
     def __init__(self, message: str):
         super().__init__(message)
         self.message = message
 
 
-def reply_text(error: rex.ResponseError) -> str:
-    """The server's error text as it was sent (redis-py strips a known
-    prefix such as ``ERR `` and keeps it in `status_code`)."""
+# The three classes of docs/clients.md#the-failure-rule.
+UNAVAILABLE = "unavailable"
+SERVER_CHANGED = "server_changed"
+BUG = "bug"
+
+_UNAVAILABLE_CODES = frozenset(
+    {"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "READONLY", "UNBLOCKED", "NOREPLICAS", "OOM"}
+)
+_SERVER_CHANGED_STARTS = ("ERR unknown command", "NOSCRIPT", "ERR Function not found", "ERR No matching library")
+
+# The error code of redis-py exceptions whose text lost it: redis-py < 5.1
+# strips a known code and has no `status_code` (exact types: MovedError is
+# an AskError).
+_CODE_OF_CLASS = {
+    rex.NoScriptError: "NOSCRIPT",
+    rex.OutOfMemoryError: "OOM",
+    rex.ExecAbortError: "EXECABORT",
+    rex.ReadOnlyError: "READONLY",
+    rex.NoPermissionError: "NOPERM",
+    rex.BusyLoadingError: "LOADING",
+    rex.AskError: "ASK",
+    rex.MovedError: "MOVED",
+    rex.TryAgainError: "TRYAGAIN",
+    rex.ClusterDownError: "CLUSTERDOWN",
+    rex.MasterDownError: "MASTERDOWN",
+    rex.ClusterCrossSlotError: "CROSSSLOT",
+    rex.ModuleError: "ERR",
+}
+
+
+def reply_text(error: BaseException) -> str:
+    """The server's error text as it was sent. redis-py strips a code it
+    knows (``ERR``, ``NOSCRIPT``...) and keeps it in `status_code` (5.1+), or
+    only in the exception's class (5.0)."""
     text = str(error)
-    code = getattr(error, "status_code", None)
-    if code and not text.startswith(code + " "):
-        text = f"{code} {text}"
+    code = getattr(error, "status_code", None) or _CODE_OF_CLASS.get(type(error))
+    if code is None and type(error) is rex.ResponseError:
+        first = text.split(" ", 1)[0]
+        # An unknown code (WRONGTYPE, BUSY, ...) is left in the text; what
+        # is left of an ``ERR`` reply starts with a word that is not a code.
+        if not (first.isupper() and first.isalpha()):
+            code = "ERR"
+    if code and text != code and not text.startswith(code + " "):
+        text = f"{code} {text}" if text else code
     return text
 
 
-def translate(error: Exception) -> LimiterError:
-    """A redis-py exception as this library's error."""
+def classify_reply(text: str) -> str:
+    """The class of a server's error reply (its text as sent), by its first
+    word: UNAVAILABLE, SERVER_CHANGED or BUG."""
+    if text.startswith(_SERVER_CHANGED_STARTS):
+        return SERVER_CHANGED
+    if text.split(" ", 1)[0] in _UNAVAILABLE_CODES:
+        return UNAVAILABLE
+    return BUG
+
+
+def classify(error: BaseException) -> str:
+    """The one failure rule (docs/clients.md#the-failure-rule) over any
+    error a call can meet: UNAVAILABLE, SERVER_CHANGED or BUG."""
+    if isinstance(error, LimiterUnavailable):
+        return UNAVAILABLE
+    if isinstance(error, LimiterError):
+        return BUG
+    # redis-py's own classes for the server's state (LOADING is a
+    # BusyLoadingError, a ConnectionError) and for the socket's.
+    if isinstance(error, (rex.ConnectionError, rex.TimeoutError, rex.ClusterDownError, rex.TryAgainError)):
+        return UNAVAILABLE
+    if isinstance(error, rex.ResponseError):
+        return classify_reply(reply_text(error))
+    if isinstance(error, (rex.ClusterError, rex.SlotNotCoveredError, OSError, asyncio.TimeoutError)):
+        # ClusterError: redirections or connection errors used up the
+        # cluster client's attempts; SlotNotCovered: no node owns the slot.
+        return UNAVAILABLE
+    if isinstance(error, rex.RedisClusterException) and "cannot be connected" in str(error):
+        return UNAVAILABLE  # the cluster client could reach no startup node
+    return BUG
+
+
+def limiter_error(error: BaseException) -> LimiterError:
+    """`error` as this library's exception, by its class. A server change
+    that is left after the one retry is a bug: the server keeps changing
+    under the limiter."""
     if isinstance(error, LimiterError):
         return error
-    if isinstance(error, rex.ResponseError) and not isinstance(
-        error,
-        (rex.ReadOnlyError, rex.ClusterDownError, rex.TryAgainError, rex.MasterDownError),
-    ):
+    kind = classify(error)
+    if kind == UNAVAILABLE:
+        return LimiterUnavailable(f"{type(error).__name__}: {error}")
+    if isinstance(error, rex.ResponseError):
         return LimiterReplyError(reply_text(error))
-    return LimiterUnavailable(f"{type(error).__name__}: {error}")
+    return LimiterError(f"{type(error).__name__}: {error}")
 
 
-# --- numbers -----------------------------------------------------------------
+# --- arguments ---------------------------------------------------------------
 
 
-def number_text(value: Number, what: str) -> str:
-    """The shortest exact decimal text of `value`: str() of an int,
-    repr() of a float (Python's repr is the shortest round-tripping text).
-    NaN and infinities are refused here, before anything is sent; negative
-    or zero values go to the server, which answers with its own error."""
+def number_text(value: Number, what: str, *, positive: bool) -> str:
+    """The shortest exact decimal text of `value` (str() of an int, repr()
+    of a float, the shortest round-tripping text), after checking it as the
+    server would: finite, at most 2^53, and positive (capacity, rate) or
+    non-negative (n). A bad value is refused here, before anything is sent."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InvalidNumber(f"{what} must be an int or a float, not {type(value).__name__}")
-    if isinstance(value, numbers.Integral):
-        return str(int(value))
-    x = float(value)
+        raise InvalidArgument(f"{what} must be an int or a float, not {type(value).__name__}")
+    x = value if isinstance(value, numbers.Integral) else float(value)
     if not math.isfinite(x):
-        raise InvalidNumber(f"{what} must be a finite number, not {x!r}")
-    if x == int(x) and abs(x) < 1e16:
+        raise InvalidArgument(f"{what} must be a finite number, not {x!r}")
+    if positive and x <= 0:
+        raise InvalidArgument(f"{what} must be a positive finite number, not {x!r}")
+    if x < 0:
+        raise InvalidArgument(f"{what} must be a non-negative finite number, not {x!r}")
+    if what != "rate" and x > MAX_AMOUNT:
+        raise InvalidArgument(f"{what} must be at most {MAX_AMOUNT} (2^53), not {x!r}")
+    if isinstance(x, int):
+        return str(int(x))
+    if x == int(x) and x < 1e16:
         return str(int(x))  # 20.0 -> "20": same value, shorter text
     return repr(x)
+
+
+def check_key(key) -> str:
+    if not isinstance(key, (str, bytes)) or not key:
+        raise InvalidArgument(f"a key must be a non-empty str, not {key!r}")
+    return key
+
+
+def check_name(name) -> str:
+    if not isinstance(name, str) or not name or any(not (0x20 <= ord(c) <= 0x7E) for c in name):
+        raise InvalidArgument(f"a policy name must be non-empty printable ASCII, not {name!r}")
+    return name
+
+
+def check_timeout_ms(timeout_ms) -> int:
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, numbers.Real):
+        raise InvalidArgument("timeout_ms must be a number of milliseconds")
+    if not math.isfinite(timeout_ms) or timeout_ms < 0:
+        raise InvalidArgument("timeout_ms must be a finite number >= 0 (0: no limit)")
+    return int(math.ceil(timeout_ms))
+
+
+# --- keys --------------------------------------------------------------------
+
+
+def escape_id(identity: str) -> str:
+    """An id as it goes between the braces of a bucket key: ``%`` -> ``%25``,
+    ``{`` -> ``%7B``, ``}`` -> ``%7D``, empty -> ``%`` (which escaping never
+    produces). The result has no brace and is never empty, so the hash tag
+    is always exactly it (docs/clients.md#keys-no-id-can-break)."""
+    if identity == "":
+        return "%"
+    return identity.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def bucket_key(prefix: str, identity: str, policy: str) -> str:
+    """``<prefix>{<escaped id>}:<policy>``: one hash tag per caller, so all
+    of a caller's buckets share a cluster slot, whatever the id holds."""
+    return f"{prefix}{{{escape_id(identity)}}}:{policy}"
 
 
 # --- the Lua fallback --------------------------------------------------------
@@ -120,43 +248,48 @@ def sha1(text: str) -> str:
 # --- limits and decisions ----------------------------------------------------
 
 
-def _check_name(name: str) -> str:
-    if not isinstance(name, str) or not name or any(not (0x20 <= ord(c) <= 0x7E) for c in name):
-        raise ValueError(f"a policy name must be non-empty printable ASCII, not {name!r}")
-    return name
-
-
 @dataclass(frozen=True)
 class Limit:
     """One bucket of a `take_all` call: `n` tokens from `key` (burst
-    `capacity`, `rate` tokens per second). `name` is the policy name in the
-    headers (default ``limit<index>``)."""
+    `capacity`, `rate` tokens per second). `policy` is its name in the
+    headers (default ``limit<index>``). Checked when created."""
 
     key: str
     capacity: Number
     rate: Number
     n: Number = 1
-    name: Optional[str] = None
+    policy: Optional[str] = None
 
     def __post_init__(self):
-        if self.name is not None:
-            _check_name(self.name)
+        check_key(self.key)
+        limit_numbers(self.capacity, self.rate, self.n)
+        if self.policy is not None:
+            check_name(self.policy)
 
 
 @dataclass(frozen=True)
 class Policy:
     """A limit without a key, for the middleware: the key comes from the
-    request. `name` defaults to ``default`` (one policy) or ``limit<index>``."""
+    request. `name` defaults to ``default`` (one policy) or ``limit<index>``.
+    Checked when created: a policy that cannot limit is refused
+    (`InvalidArgument`), it never reaches a server."""
 
     capacity: Number
     rate: Number
     name: Optional[str] = None
 
     def __post_init__(self):
-        number_text(self.capacity, "capacity")
-        number_text(self.rate, "rate")
+        limit_numbers(self.capacity, self.rate, 0)
         if self.name is not None:
-            _check_name(self.name)
+            check_name(self.name)
+
+
+def limit_numbers(capacity: Number, rate: Number, n: Number) -> Tuple[str, str, str]:
+    return (
+        number_text(capacity, "capacity", positive=True),
+        number_text(rate, "rate", positive=True),
+        number_text(n, "n", positive=False),
+    )
 
 
 def _sf_int(x: int) -> int:
@@ -188,9 +321,9 @@ class Decision:
     retry_after_ms: 0 when allowed; the shortest wait after which the same
                     call would succeed; -1 if it never can (n > capacity)
     reset_after_ms: until the bucket is full again
+    policy, capacity, rate: the deciding limit
     index:          take_all only: position of the deciding limit, else None
-    capacity, rate, name: the deciding limit
-    limits:         every (name, capacity, rate) of the call, in order
+    limits:         every (policy, capacity, rate) of the call, in order
     """
 
     allowed: bool
@@ -200,7 +333,7 @@ class Decision:
     index: Optional[int] = None
     capacity: Number = 0
     rate: Number = 0
-    name: str = "default"
+    policy: str = "default"
     limits: Tuple[Tuple[str, Number, Number], ...] = field(default=(), compare=True)
 
     @property
@@ -218,11 +351,11 @@ class Decision:
             RateLimit: "<name>";r=<remaining>;t=<ceil(reset_after_ms/1000)>
             Retry-After: <ceil(retry_after_ms/1000)>   (denied, retry_after_ms >= 0)
         """
-        limits = self.limits or ((self.name, self.capacity, self.rate),)
+        limits = self.limits or ((self.policy, self.capacity, self.rate),)
         out = {
             "RateLimit-Policy": ", ".join(policy_item(*lim) for lim in limits),
             "RateLimit": (
-                f"{_sf_string(self.name)};r={_sf_int(self.remaining)};"
+                f"{_sf_string(self.policy)};r={_sf_int(self.remaining)};"
                 f"t={_sf_int(_ceil_div_1000(self.reset_after_ms))}"
             ),
         }
@@ -245,33 +378,32 @@ class Call:
     op: str  # take | peek | refund | takeall
     keys: Tuple[str, ...]
     numbers: Tuple[Tuple[str, str, str], ...]
-    limits: Tuple[Tuple[str, Number, Number], ...]  # (name, capacity, rate)
+    limits: Tuple[Tuple[str, Number, Number], ...]  # (policy, capacity, rate)
 
 
-def single(op: str, key: str, capacity: Number, rate: Number, n: Number, name: str) -> Call:
-    _check_name(name)
-    nums = (number_text(capacity, "capacity"), number_text(rate, "rate"), number_text(n, "n"))
-    return Call(op, (key,), (nums,), ((name, capacity, rate),))
+def single(op: str, key: str, capacity: Number, rate: Number, n: Number, policy: str) -> Call:
+    check_key(key)
+    check_name(policy)
+    return Call(op, (key,), (limit_numbers(capacity, rate, n),), ((policy, capacity, rate),))
 
 
 def take_all(limits: Sequence[Limit]) -> Call:
     limits = list(limits)
     if not limits:
-        raise ValueError("take_all needs at least one Limit")
+        raise InvalidArgument("take_all needs at least one Limit")
     keys, nums, named = [], [], []
     for i, lim in enumerate(limits):
         if not isinstance(lim, Limit):
-            raise TypeError(f"take_all takes Limit objects, not {type(lim).__name__}")
+            raise InvalidArgument(f"take_all takes Limit objects, not {type(lim).__name__}")
         keys.append(lim.key)
-        nums.append(
-            (number_text(lim.capacity, "capacity"), number_text(lim.rate, "rate"), number_text(lim.n, "n"))
-        )
-        named.append((lim.name or f"limit{i}", lim.capacity, lim.rate))
+        nums.append(limit_numbers(lim.capacity, lim.rate, lim.n))
+        named.append((lim.policy or f"limit{i}", lim.capacity, lim.rate))
     return Call("takeall", tuple(keys), tuple(nums), tuple(named))
 
 
 def command(backend: str, call: Call, sha: str) -> list:
-    """The command for `call` on `backend` ("module", "function", "script")."""
+    """The command for `call` on `backend` ("module", "function", "script").
+    peek is FCALL_RO on the function backend, so it may run on a replica."""
     flat = [x for nums in call.numbers for x in nums]
     if backend == "module":
         if call.op == "takeall":
@@ -281,17 +413,11 @@ def command(backend: str, call: Call, sha: str) -> list:
             return ["TB.TAKEALL", *args]
         return [_MODULE_COMMANDS[call.op], call.keys[0], *flat]
     if backend == "function":
-        return ["FCALL", _FUNCTIONS[call.op], len(call.keys), *call.keys, *flat]
+        fcall = "FCALL_RO" if call.op == "peek" else "FCALL"
+        return [fcall, _FUNCTIONS[call.op], len(call.keys), *call.keys, *flat]
     if backend == "script":
         return ["EVALSHA", sha, len(call.keys), *call.keys, call.op, *flat]
     raise ValueError(f"unknown backend {backend!r}")
-
-
-def eval_command(call: Call, script: str) -> list:
-    """The script call with its full text (after NOSCRIPT): EVAL also caches
-    the script on the node that ran it."""
-    flat = [x for nums in call.numbers for x in nums]
-    return ["EVAL", script, len(call.keys), *call.keys, call.op, *flat]
 
 
 def btake_command(key: str, nums: Tuple[str, str, str], timeout_ms: int) -> list:
@@ -299,14 +425,18 @@ def btake_command(key: str, nums: Tuple[str, str, str], timeout_ms: int) -> list
 
 
 def decision(call: Call, reply) -> Decision:
+    """The Decision of a reply; a reply of another shape is a bug
+    (LimiterError), never an outage."""
     try:
         values = [int(x) for x in reply]
     except (TypeError, ValueError):
-        raise LimiterUnavailable(f"unexpected reply {reply!r}") from None
+        raise LimiterError(f"unexpected reply {reply!r}") from None
     if len(values) not in (4, 5):
-        raise LimiterUnavailable(f"unexpected reply {reply!r}")
+        raise LimiterError(f"unexpected reply {reply!r}")
     index = values[4] if call.op == "takeall" and len(values) == 5 else None
-    name, capacity, rate = call.limits[index or 0]
+    if index is not None and not 0 <= index < len(call.limits):
+        raise LimiterError(f"unexpected reply {reply!r}")
+    policy, capacity, rate = call.limits[index or 0]
     return Decision(
         allowed=values[0] == 1,
         remaining=values[1],
@@ -315,17 +445,9 @@ def decision(call: Call, reply) -> Decision:
         index=index,
         capacity=capacity,
         rate=rate,
-        name=name,
+        policy=policy,
         limits=call.limits if call.op == "takeall" else (),
     )
-
-
-def check_timeout_ms(timeout_ms) -> int:
-    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, numbers.Real):
-        raise InvalidNumber("timeout_ms must be a number of milliseconds")
-    if not math.isfinite(timeout_ms) or timeout_ms < 0:
-        raise InvalidNumber("timeout_ms must be a finite number >= 0 (0: no limit)")
-    return int(math.ceil(timeout_ms))
 
 
 def module_present(reply) -> bool:
@@ -337,3 +459,14 @@ def module_present(reply) -> bool:
     if isinstance(reply, (list, tuple)):
         return any(entry for entry in reply)
     return bool(reply)
+
+
+def redirection(error: BaseException) -> Optional[Tuple[str, str, int]]:
+    """("MOVED" | "ASK", host, port) of a redirection reply, else None."""
+    if not isinstance(error, rex.ResponseError):
+        return None
+    parts = reply_text(error).split(" ")
+    if len(parts) != 3 or parts[0] not in ("MOVED", "ASK"):
+        return None
+    host, _, port = parts[2].rpartition(":")
+    return parts[0], host, int(port)

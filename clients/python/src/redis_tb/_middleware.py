@@ -7,7 +7,7 @@ import logging
 import threading
 from typing import Callable, List, Optional, Sequence, Tuple, Union
 
-from ._core import Decision, Limit, Number, Policy
+from ._core import number_text, Decision, InvalidArgument, Limit, LimiterError, LimiterUnavailable, Number, Policy, bucket_key
 
 log = logging.getLogger("redis_tb")
 
@@ -18,24 +18,29 @@ def policies(spec: Union[Policy, Sequence[Policy]]) -> List[Policy]:
     """One Policy (name default "default") or several (default "limit<i>")."""
     if isinstance(spec, Policy):
         return [spec if spec.name else Policy(spec.capacity, spec.rate, "default")]
-    items = list(spec)
+    items = list(spec) if isinstance(spec, (list, tuple)) else []
     if not items or not all(isinstance(p, Policy) for p in items):
-        raise TypeError("policies must be a Policy or a non-empty list of Policy")
+        raise InvalidArgument("policies must be a Policy or a non-empty list of Policy")
     if len(items) == 1:
         return policies(items[0])
     named = [p if p.name else Policy(p.capacity, p.rate, f"limit{i}") for i, p in enumerate(items)]
     if len({p.name for p in named}) != len(named):
-        raise ValueError("policy names must be distinct")
+        raise InvalidArgument("policy names must be distinct")
     return named
 
 
-def bucket_key(prefix: str, identity: str, name: str) -> str:
-    """`<prefix>{<identity>}:<name>`: the hash tag keeps one caller's
-    buckets in one cluster slot, so several policies can be taken at once."""
-    return f"{prefix}{{{identity or '-'}}}:{name}"
+def check_cost(cost):
+    """None (1 token a request), a fixed number of tokens, checked now, or a
+    function of the request (checked on each request: a bad cost is a bug,
+    answered 500)."""
+    if cost is not None and not callable(cost):
+        number_text(cost, "cost", positive=False)
+    return cost
 
 
 def limits_for(prefix: str, identity: str, pols: List[Policy], n: Number) -> List[Limit]:
+    """The request's buckets; the id is escaped (bucket_key), so no id can
+    move one of its buckets to another cluster slot."""
     return [Limit(bucket_key(prefix, identity, p.name), p.capacity, p.rate, n, p.name) for p in pols]
 
 
@@ -45,17 +50,17 @@ def header_list(d: Decision) -> List[Tuple[str, str]]:
 
 def denied_body(d: Decision) -> bytes:
     if d.retry_after_ms < 0:
-        detail = f'This request costs more than policy "{d.name}" can ever allow.'
+        detail = f'This request costs more than policy "{d.policy}" can ever allow.'
     else:
         secs = -(-d.retry_after_ms // 1000)
-        detail = f'Rate limit of policy "{d.name}" exceeded; retry in {secs} s.'
+        detail = f'Rate limit of policy "{d.policy}" exceeded; retry in {secs} s.'
     return json.dumps(
         {
             "type": PROBLEM_TYPE,
             "title": "Too Many Requests",
             "status": 429,
             "detail": detail,
-            "violated-policies": [d.name],
+            "violated-policies": [d.policy],
         }
     ).encode()
 
@@ -70,25 +75,52 @@ def unavailable_body() -> bytes:
     ).encode()
 
 
+def error_body() -> bytes:
+    return json.dumps(
+        {
+            "title": "Internal Server Error",
+            "status": 500,
+            "detail": "The rate limiter failed (see the server's log).",
+        }
+    ).encode()
+
+
 PROBLEM_JSON = "application/problem+json"
 
+# What the middleware does with a request (docs/clients.md#the-failure-rule).
+DECIDED = "decided"
+FAIL_OPEN = "fail_open"
+FAIL_CLOSED = "fail_closed"
+ERROR = "error"
 
-class Outage:
-    """Logs once when limiter calls start failing and once when they work
-    again, however many requests pass in between."""
+
+class Outcomes:
+    """The middleware's failure rule, the same for ASGI and WSGI: an
+    unavailable limiter fails open or closed, logged once per outage (one
+    WARNING when failures start, one INFO when calls work again) and
+    counted; any other limiter error is a bug, logged at ERROR every time
+    and never let through."""
 
     def __init__(self, fail_open: bool):
         self.fail_open = fail_open
         self.down = False
+        self.unavailable_count = 0  # calls that met an unavailable limiter
+        self.error_count = 0  # calls that met a bug
         self._lock = threading.Lock()
 
-    def failed(self, error: Exception):
+    def failed(self, error: LimiterError) -> str:
+        if not isinstance(error, LimiterUnavailable):
+            with self._lock:
+                self.error_count += 1
+            log.error("redis-tb: rate limiter error (a bug of the configuration or the data): %s", error)
+            return ERROR
         with self._lock:
-            if self.down:
-                return
-            self.down = True
-        action = "letting requests through" if self.fail_open else "answering 503"
-        log.warning("redis-tb: rate limiter unavailable, %s: %s", action, error)
+            self.unavailable_count += 1
+            was_down, self.down = self.down, True
+        if not was_down:
+            action = "letting requests through" if self.fail_open else "answering 503"
+            log.warning("redis-tb: rate limiter unavailable, %s: %s", action, error)
+        return FAIL_OPEN if self.fail_open else FAIL_CLOSED
 
     def ok(self):
         if not self.down:

@@ -1,153 +1,174 @@
-"""AsyncRateLimiter: the asyncio client on `redis.asyncio.Redis` / `RedisCluster`."""
+"""AsyncRateLimiter: the asyncio driver on `redis.asyncio.Redis` / `RedisCluster`.
+
+It only does I/O: every decision is `_engine`'s, shared with `RateLimiter`.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
-import time
+import weakref
 from typing import Optional, Sequence
 
+import redis.asyncio as aredis
 import redis.exceptions as rex
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.retry import Retry as AsyncRetry
 
-from . import _core
-from ._core import BLOCKING_MARGIN_S, Decision, Limit, Number, translate
-from .limiter import DEFAULT_TIMEOUT, _Backend
+from . import _core, _engine
+from ._core import Decision, Limit, Number
+from .limiter import DEFAULT_TIMEOUT, fast_failing_kwargs, get_connection_args
+
+
+def async_limiter_client(client, timeout: Optional[float]):
+    """For a standalone `redis.asyncio.Redis`: a client of its own on the
+    same settings that fails fast (see `fast_failing_kwargs`: a refused
+    connection fails at once instead of backing off until the timeout).
+    A cluster client, or `timeout=None`: the client as it is."""
+    if timeout is None or isinstance(client, AsyncRedisCluster):
+        return client
+    pool = client.connection_pool
+    own = aredis.ConnectionPool(
+        connection_class=pool.connection_class,
+        max_connections=pool.max_connections,
+        # Each command is bounded by asyncio.wait_for (timeout, or longer
+        # while detecting the backend), so the socket's own read timeout is
+        # only the longest of these.
+        **fast_failing_kwargs(pool.connection_kwargs, timeout, AsyncRetry,
+                              read_timeout=timeout * _engine.DETECTION_TIMEOUT_FACTOR),
+    )
+    return aredis.Redis(connection_pool=own)
 
 
 class AsyncRateLimiter:
     """`RateLimiter` for asyncio: the same methods, awaited.
 
-    timeout (default 0.2 s) bounds every call of the limiter, connect and
-    retries included (`asyncio.wait_for`), whatever the client's own
-    settings; a call that runs out raises `LimiterUnavailable`.
+    timeout (default 0.2 s) bounds each command of the limiter
+    (`asyncio.wait_for`), whatever the client's own settings; a command
+    that runs out raises `LimiterUnavailable`. On a standalone client the
+    limiter uses a pool of its own with the same settings, which fails fast.
+
+    `await close()` (or leaving an ``async with`` block) closes every
+    connection the limiter opened; the client you passed stays yours.
     """
 
     def __init__(self, client, backend: str = "auto", timeout: Optional[float] = DEFAULT_TIMEOUT):
-        self._state = _Backend(backend)
-        self.client = client
+        self._state = _engine.Backend(backend)
         self.timeout = timeout
         self._cluster = isinstance(client, AsyncRedisCluster)
-        self._lock = asyncio.Lock()
+        self._own_client = timeout is not None and not self._cluster
+        self.client = async_limiter_client(client, timeout)
+        self._blocking = weakref.WeakSet()
 
     @property
     def backend(self) -> Optional[str]:
-        """"module", "function" or "script"; None until the first call."""
+        """"module", "function" or "script"; None until a call reached the server."""
         return self._state.chosen
 
-    async def _bounded(self, coro, timeout: Optional[float] = None):
-        timeout = self.timeout if timeout is None else timeout
+    # --- I/O: the only thing this class does ------------------------------
+
+    async def _bounded(self, coro, factor: float = 1):
+        if self.timeout is None:
+            return await coro
         try:
-            if timeout is None or timeout == math.inf:
-                return await coro
-            return await asyncio.wait_for(coro, timeout)
+            return await asyncio.wait_for(coro, self.timeout * factor)
         except asyncio.TimeoutError:
-            raise _core.LimiterUnavailable(f"TimeoutError: no reply within {timeout} s") from None
+            raise rex.TimeoutError(f"no reply within {self.timeout * factor} s") from None
 
-    async def connect(self) -> str:
-        """Choose the backend now (and load the Lua code if needed)."""
-        if self._state.chosen is not None:
-            return self._state.chosen
-        async with self._lock:
-            if self._state.chosen is not None:
-                return self._state.chosen
-            try:
-                return await self._bounded(self._choose(), None if self.timeout is None else self.timeout * 5)
-            except rex.RedisError as e:
-                raise translate(e) from e
+    async def _execute(self, step):
+        if isinstance(step, _engine.Send):
+            factor = _engine.DETECTION_TIMEOUT_FACTOR if step.detecting else 1
+            if step.route == _engine.RAW:
+                return await self._bounded(self._raw(*step.args), factor)
+            if step.route == _engine.PRIMARIES and self._cluster:
+                await self._bounded(self.client.initialize(), factor)
+                # explicit nodes: redis.asyncio routes FUNCTION LOAD by policy, not by the flag
+                nodes = self.client.get_primaries()
+                return await self._bounded(self.client.execute_command(*step.args, target_nodes=nodes), factor)
+            return await self._bounded(self.client.execute_command(*step.args), factor)
+        if isinstance(step, _engine.Block):
+            return await self._block(step)
+        if isinstance(step, _engine.Sleep):
+            return await asyncio.sleep(step.seconds)
+        raise TypeError(f"unknown step {step!r}")
 
-    async def _on_all(self, *args):
-        if self._cluster:
-            await self.client.initialize()
-            # explicit nodes: redis.asyncio routes FUNCTION LOAD by policy, not by the flag
-            return await self.client.execute_command(*args, target_nodes=self.client.get_primaries())
-        return await self.client.execute_command(*args)
-
-    async def _load_function(self):
-        await self._on_all("FUNCTION", "LOAD", "REPLACE", self._state.library)
-
-    @contextlib.asynccontextmanager
-    async def _connection(self, key: Optional[str] = None):
-        """A connection of the pool (a cluster: of the key's node, or any
-        node), closed if the command on it did not end with a reply."""
-        if self._cluster:
-            await self.client.initialize()  # once; loads the slot map
-            node = self.client.get_node_from_key(key) if key else self.client.get_random_node()
-            conn = node.acquire_connection()
-        else:
+    async def _connection(self, key: Optional[str] = None, node=None):
+        """(connection, release) from the pool: a cluster's of the node that
+        owns `key`, of `node`, or of any node."""
+        if not self._cluster:
             pool = self.client.connection_pool
-            conn = await pool.get_connection()
+            conn = await pool.get_connection(*get_connection_args(pool))
+            return conn, lambda: pool.release(conn)
+        await self._bounded(self.client.initialize())  # once; loads the slot map
+        if node is not None:
+            target = self.client.get_node(host=node[0], port=node[1])
+            if target is None:  # a node the slot map does not know yet
+                await self._bounded(self.client.nodes_manager.initialize())
+                target = self.client.get_node(host=node[0], port=node[1])
+            if target is None:
+                raise rex.ConnectionError(f"redirected to unknown node {node[0]}:{node[1]}")
+        else:
+            target = self.client.get_node_from_key(key) if key else self.client.get_random_node()
+        conn = target.acquire_connection()
+        if hasattr(target, "release"):
+            return conn, lambda: target.release(conn)
+        return conn, lambda: target._free.append(conn)  # redis-py < 5.1 has no release()
+
+    async def _raw(self, *args):
+        """A command without redis-py's reply parsing (its COMMAND parser
+        fails on the nil entry of an unknown command)."""
+        conn, release = await self._connection()
         try:
-            yield conn
+            await conn.send_command(*args)
+            return await conn.read_response()
         except rex.ResponseError:
             raise
         except BaseException:
             await conn.disconnect()
             raise
         finally:
-            if self._cluster:
-                node.release(conn)
-            else:
-                await pool.release(conn)
+            await _maybe_await(release())
 
-    async def _raw(self, *args):
-        """A command without redis-py's reply parsing (its COMMAND parser
-        fails on the nil entry of an unknown command)."""
-        async with self._connection() as conn:
-            await conn.send_command(*args)
-            return await conn.read_response()
-
-    async def _choose(self) -> str:
-        s = self._state
-        if s.requested == "module":
-            return s.announce("module", "forced")
-        if s.requested == "function":
-            await self._load_function()
-            return s.announce("function", "forced; FUNCTION LOAD tb done")
-        if s.requested == "script":
-            await self._on_all("SCRIPT", "LOAD", s.script)
-            return s.announce("script", "forced; SCRIPT LOAD done")
-        info = await self._raw("COMMAND", "INFO", "tb.take")
-        if _core.module_present(info):
-            return s.announce("module", "the server has TB.TAKE")
+    async def _block(self, step: _engine.Block):
+        """A blocking command on a pooled connection of its own: one per
+        wait in progress (a blocked connection can carry nothing else)."""
+        conn, release = await self._connection(step.key, step.node)
+        self._blocking.add(conn)
         try:
-            await self._load_function()
-        except rex.ResponseError as e:
-            await self._on_all("SCRIPT", "LOAD", s.script)
-            return s.announce(
-                "script",
-                f"no TB.TAKE; FUNCTION LOAD failed ({_core.reply_text(e)}); EVALSHA of lua/tb.lua",
-            )
-        return s.announce("function", "no TB.TAKE on the server; FUNCTION LOAD of lua/tb.lua")
+            if step.asking:
+                await self._bounded(conn.send_command("ASKING"))
+                await self._bounded(conn.read_response())
+            await self._bounded(conn.send_command(*step.args))
+            try:
+                return await conn.read_response(timeout=math.inf if step.wait_s is None else step.wait_s)
+            except asyncio.TimeoutError:
+                raise rex.TimeoutError(f"no {step.args[0]} reply within {step.wait_s} s") from None
+        except rex.ResponseError:
+            raise
+        except BaseException:
+            await conn.disconnect()
+            raise
+        finally:
+            await _maybe_await(release())
 
-    async def _send(self, backend: str, call: _core.Call):
-        try:
-            return await self.client.execute_command(*_core.command(backend, call, self._state.sha))
-        except rex.NoScriptError:
-            return await self.client.execute_command(*_core.eval_command(call, self._state.script))
-        except rex.ResponseError as e:
-            if backend != "function" or "Function not found" not in str(e):
-                raise
-            await self._load_function()
-            return await self.client.execute_command(*_core.command(backend, call, self._state.sha))
+    # --- the API -----------------------------------------------------------
+
+    async def connect(self) -> str:
+        """Detect the backend now (and load the Lua code if needed); raises
+        LimiterUnavailable if the server cannot be reached."""
+        return await _engine.adrive(_engine._translated(_engine.ensure(self._state)), self._execute)
 
     async def _run(self, call: _core.Call) -> Decision:
-        backend = await self.connect()
-        try:
-            reply = await self._bounded(self._send(backend, call))
-        except rex.RedisError as e:
-            raise translate(e) from e
-        return _core.decision(call, reply)
+        return await _engine.adrive(_engine.run(self._state, call), self._execute)
 
-    async def take(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, name: str = "default") -> Decision:
-        return await self._run(_core.single("take", key, capacity, rate, n, name))
+    async def take(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, policy: str = "default") -> Decision:
+        return await self._run(_core.single("take", key, capacity, rate, n, policy))
 
-    async def peek(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, name: str = "default") -> Decision:
-        return await self._run(_core.single("peek", key, capacity, rate, n, name))
+    async def peek(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, policy: str = "default") -> Decision:
+        return await self._run(_core.single("peek", key, capacity, rate, n, policy))
 
-    async def refund(self, key: str, capacity: Number, rate: Number, n: Number, *, name: str = "default") -> Decision:
-        return await self._run(_core.single("refund", key, capacity, rate, n, name))
+    async def refund(self, key: str, capacity: Number, rate: Number, n: Number, *, policy: str = "default") -> Decision:
+        return await self._run(_core.single("refund", key, capacity, rate, n, policy))
 
     async def take_all(self, limits: Sequence[Limit]) -> Decision:
         return await self._run(_core.take_all(limits))
@@ -160,43 +181,34 @@ class AsyncRateLimiter:
         n: Number = 1,
         *,
         timeout_ms: Number,
-        name: str = "default",
+        policy: str = "default",
     ) -> Decision:
-        """See `RateLimiter.wait_take`: TB.BTAKE with the module (FIFO), a
-        polling loop with the Lua fallback (NOT FIFO)."""
+        """See `RateLimiter.wait_take`: TB.BTAKE on the key's node with the
+        module (FIFO), a polling loop with the Lua fallback (NOT FIFO)."""
         timeout_ms = _core.check_timeout_ms(timeout_ms)
-        call = _core.single("take", key, capacity, rate, n, name)
-        backend = await self.connect()
-        if backend == "module":
-            cmd = _core.btake_command(key, call.numbers[0], timeout_ms)
-            try:
-                reply = await self._btake(key, cmd, timeout_ms)
-            except rex.RedisError as e:
-                raise translate(e) from e
-            return _core.decision(call, reply)
-        deadline = None if timeout_ms == 0 else time.monotonic() + timeout_ms / 1000
-        while True:
-            d = await self._run(call)
-            if d.allowed or d.retry_after_ms < 0:
-                return d
-            pause = max(d.retry_after_ms, 1) / 1000
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return d
-                pause = min(pause, left)
-            await asyncio.sleep(pause)
+        call = _core.single("take", key, capacity, rate, n, policy)
+        return await _engine.adrive(_engine.wait_take(self._state, call, timeout_ms), self._execute)
 
-    async def _btake(self, key: str, cmd: list, timeout_ms: int):
-        """TB.BTAKE on a connection of its own, read with a timeout of
-        timeout_ms + BLOCKING_MARGIN_S (none for timeout_ms=0)."""
-        wait = math.inf if timeout_ms == 0 else timeout_ms / 1000 + BLOCKING_MARGIN_S
-        async with self._connection(key) as conn:
-            await self._bounded(conn.send_command(*cmd))
-            try:
-                return await conn.read_response(timeout=wait)
-            except asyncio.TimeoutError:
-                raise rex.TimeoutError(f"no TB.BTAKE reply within {wait} s") from None
+    async def close(self):
+        """Close every connection the limiter opened: its own pool (a
+        standalone client), and the connections it used for waits on a
+        cluster's nodes. The client you passed stays open."""
+        if self._own_client:
+            await self.client.connection_pool.disconnect()
+        conns, self._blocking = list(self._blocking), weakref.WeakSet()
+        for conn in conns:
+            await conn.disconnect()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
 
 
-__all__ = ["AsyncRateLimiter"]
+async def _maybe_await(value):
+    if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
+        await value
+
+
+__all__ = ["AsyncRateLimiter", "async_limiter_client"]

@@ -27,10 +27,18 @@ class RateLimitMiddleware:
     policies: a `Policy` (one bucket per key) or a list (all at once, via
         take_all; the tightest decides).
     key(scope) -> str: whose bucket (default: client IP); may be async.
-    cost(scope) -> number: tokens per request (default 1); may be async.
+    cost: tokens per request: a number (checked now) or cost(scope) -> number,
+        which may be async (default 1).
     prefix: prepended to bucket keys (`<prefix>{<key>}:<policy name>`).
-    fail_open: True (default) lets requests through without headers when
-        the limiter fails; False answers 503.
+    fail_open: when the limiter is unavailable (docs/clients.md#the-failure-rule),
+        True (default) lets requests through without headers, False answers 503.
+    on_error(error, scope) -> ASGI app: what answers a request when the
+        limiter fails with a bug (WRONGTYPE, a bad cost, ...), which is
+        never let through silently; default: a 500 problem+json. The error
+        is logged at ERROR level every time either way.
+
+    `outcomes.unavailable_count` and `outcomes.error_count` count the
+    requests that met each.
     """
 
     def __init__(
@@ -43,22 +51,25 @@ class RateLimitMiddleware:
         cost=None,
         prefix: str = "ratelimit:",
         fail_open: bool = True,
+        on_error=None,
     ):
         self.app = app
         self.limiter = limiter
         self.policies = mw.policies(policies)
         self.key = key
-        self.cost = cost
+        self.cost = mw.check_cost(cost)
         self.prefix = prefix
-        self.outage = mw.Outage(fail_open)
+        self.on_error = on_error
+        self.outcomes = mw.Outcomes(fail_open)
 
     async def _decide(self, scope):
         identity = str(await _maybe_await(self.key(scope)))
-        n = 1 if self.cost is None else await _maybe_await(self.cost(scope))
+        n = self.cost if not callable(self.cost) else await _maybe_await(self.cost(scope))
+        n = 1 if n is None else n
         limits = mw.limits_for(self.prefix, identity, self.policies, n)
         if len(limits) == 1:
             lim = limits[0]
-            return await self.limiter.take(lim.key, lim.capacity, lim.rate, lim.n, name=lim.name)
+            return await self.limiter.take(lim.key, lim.capacity, lim.rate, lim.n, policy=lim.policy)
         return await self.limiter.take_all(limits)
 
     async def __call__(self, scope, receive, send):
@@ -67,11 +78,16 @@ class RateLimitMiddleware:
         try:
             d = await self._decide(scope)
         except LimiterError as e:
-            self.outage.failed(e)
-            if self.outage.fail_open:
+            outcome = self.outcomes.failed(e)
+            if outcome == mw.FAIL_OPEN:
                 return await self.app(scope, receive, send)
-            return await _respond(send, 503, [], mw.unavailable_body())
-        self.outage.ok()
+            if outcome == mw.FAIL_CLOSED:
+                return await _respond(send, 503, [], mw.unavailable_body())
+            if self.on_error is not None:
+                answer = await _maybe_await(self.on_error(e, scope))
+                return await answer(scope, receive, send)
+            return await _respond(send, 500, [], mw.error_body())
+        self.outcomes.ok()
         headers = mw.header_list(d)
         if not d.allowed:
             return await _respond(send, 429, headers, mw.denied_body(d))

@@ -1,11 +1,16 @@
-"""RateLimiter: the synchronous client on redis-py `Redis` / `RedisCluster`."""
+"""RateLimiter: the synchronous driver on redis-py `Redis` / `RedisCluster`.
+
+It only does I/O: every decision (backend, failure rule, retries, waiting)
+is `_engine`'s, shared with `AsyncRateLimiter`.
+"""
 
 from __future__ import annotations
 
-import contextlib
+import inspect
 import logging
 import threading
 import time
+import weakref
 from typing import Optional, Sequence
 
 import redis
@@ -14,17 +19,8 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from . import _core
-from ._core import (
-    BACKENDS,
-    BLOCKING_MARGIN_S,
-    Decision,
-    Limit,
-    LimiterError,
-    LimiterUnavailable,
-    Number,
-    translate,
-)
+from . import _core, _engine
+from ._core import Decision, Limit, LimiterError, LimiterUnavailable, Number
 
 log = logging.getLogger("redis_tb")
 
@@ -35,46 +31,51 @@ def _is_cluster(client) -> bool:
     return isinstance(client, RedisCluster)
 
 
+def fast_failing_kwargs(connection_kwargs: dict, timeout: float, retry_class=Retry, read_timeout=None) -> dict:
+    """A pool's connection settings with `timeout` for connect and for each
+    command, retrying only a failed connection, once, at once (redis-py's
+    defaults, 5 s and retries with back-off, would hold each request for
+    seconds when the server hangs, and a refused connection for the back-off).
+    `retry_class`: redis.asyncio.retry.Retry for an asyncio pool;
+    `read_timeout`: the socket's, if not `timeout`."""
+    kwargs = dict(connection_kwargs)
+    kwargs.update(
+        socket_timeout=timeout if read_timeout is None else read_timeout,
+        socket_connect_timeout=timeout,
+        retry=retry_class(NoBackoff(), 1, supported_errors=(rex.ConnectionError,)),
+        # redis-py < 6 re-raises at once an error not in this list (a
+        # connection the server closed, as a restart does): retry it.
+        retry_on_error=[rex.ConnectionError],
+    )
+    kwargs.pop("retry_on_timeout", None)
+    return kwargs
+
+
 def limiter_client(client, timeout: Optional[float]):
     """For a standalone `Redis`: a client of its own on the same server and
-    settings (auth, db, TLS, ...) whose connect and command timeouts are
-    `timeout` and which retries only a failed connection, once, at once
-    (redis-py's default is 5 s and 10 retries with back-off: a hung server
-    would hold each request for a minute). `timeout=None`: the client as is.
-    A `RedisCluster` is used as it is (see README: give it short timeouts)."""
+    settings (auth, db, TLS, ...), see `fast_failing_kwargs`. `timeout=None`:
+    the client as is. A `RedisCluster` is used as it is (README: give it
+    short timeouts)."""
     if timeout is None or _is_cluster(client):
         return client
     pool = client.connection_pool
-    kwargs = dict(pool.connection_kwargs)
-    kwargs.update(
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-        retry=Retry(NoBackoff(), 1, supported_errors=(rex.ConnectionError,)),
-        retry_on_error=[],
-    )
-    kwargs.pop("retry_on_timeout", None)
     own = redis.ConnectionPool(
-        connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs
+        connection_class=pool.connection_class,
+        max_connections=pool.max_connections,
+        **fast_failing_kwargs(pool.connection_kwargs, timeout),
     )
     return redis.Redis(connection_pool=own)
 
 
-class _Backend:
-    """Backend selection shared by both limiters (no I/O of its own)."""
+def get_connection_args(pool) -> tuple:
+    """The arguments of `pool.get_connection(...)` (sync or async):
+    redis-py < 5.3 requires a command name, later versions deprecate it."""
+    param = inspect.signature(pool.get_connection).parameters.get("command_name")
+    return ("_",) if param is not None and param.default is inspect.Parameter.empty else ()
 
-    def __init__(self, backend: str):
-        if backend != "auto" and backend not in BACKENDS:
-            raise ValueError(f"backend must be 'auto' or one of {BACKENDS}, not {backend!r}")
-        self.requested = backend
-        self.chosen: Optional[str] = None
-        self.script = _core.lua_script()
-        self.library = _core.lua_library()
-        self.sha = _core.sha1(self.script)
 
-    def announce(self, backend: str, why: str) -> str:
-        self.chosen = backend
-        log.info("redis-tb backend: %s (%s)", backend, why)
-        return backend
+def pool_connection(pool):
+    return pool.get_connection(*get_connection_args(pool))
 
 
 class RateLimiter:
@@ -82,21 +83,30 @@ class RateLimiter:
 
     backend: "auto" (default: the module if the server has TB.TAKE, else
     the Lua library via FUNCTION LOAD, else the Lua script via EVALSHA), or
-    "module" / "function" / "script" to force one. Chosen at the first call
-    or at `connect()`; `backend` tells which, and one INFO line on the
-    "redis_tb" logger says why.
+    "module" / "function" / "script" to force one. Detected on the first
+    call that reaches the server, and again when the server changes under
+    the limiter (docs/clients.md#the-failure-rule).
 
     timeout: seconds for connect and for each command (default 0.2); see
-    `limiter_client`. Failures raise `LimiterUnavailable`, error replies
-    `LimiterReplyError`.
+    `limiter_client`. Errors follow the one failure rule:
+    `LimiterUnavailable` (the server could not answer),
+    `LimiterReplyError` / `LimiterError` (a bug), `InvalidArgument` (before
+    sending).
+
+    `close()` (or leaving a ``with`` block) closes every connection the
+    limiter opened; the client you passed stays yours.
     """
 
     def __init__(self, client, backend: str = "auto", timeout: Optional[float] = DEFAULT_TIMEOUT):
-        self._state = _Backend(backend)
+        self._state = _engine.Backend(backend)
         self.timeout = timeout
+        self._own_client = timeout is not None and not _is_cluster(client)
         self.client = limiter_client(client, timeout)
         self._cluster = _is_cluster(self.client)
-        self._lock = threading.Lock()
+        # Connections this limiter took from a cluster client's pools for
+        # blocking waits: close() disconnects them (they stay in the pools).
+        self._blocking = weakref.WeakSet()
+        self._blocking_lock = threading.Lock()
         if self._cluster and timeout is not None:
             own = self.client.nodes_manager.connection_kwargs.get("socket_timeout")
             if own is None or own > timeout:
@@ -107,48 +117,48 @@ class RateLimiter:
                     timeout,
                 )
 
-    # --- backend ---------------------------------------------------------
-
     @property
     def backend(self) -> Optional[str]:
-        """"module", "function" or "script"; None until the first call."""
+        """"module", "function" or "script"; None until a call reached the server."""
         return self._state.chosen
 
-    def connect(self) -> str:
-        """Choose the backend now (and load the Lua code if needed)."""
-        if self._state.chosen is not None:
-            return self._state.chosen
-        with self._lock:
-            if self._state.chosen is not None:
-                return self._state.chosen
-            try:
-                return self._choose()
-            except rex.RedisError as e:
-                raise translate(e) from e
+    # --- I/O: the only thing this class does ------------------------------
 
-    def _on_all(self, *args):
-        if self._cluster:
-            return self.client.execute_command(*args, target_nodes=RedisCluster.PRIMARIES)
-        return self.client.execute_command(*args)
+    def _execute(self, step):
+        if isinstance(step, _engine.Send):
+            if step.route == _engine.RAW:
+                return self._raw(*step.args)
+            if step.route == _engine.PRIMARIES and self._cluster:
+                return self.client.execute_command(*step.args, target_nodes=RedisCluster.PRIMARIES)
+            return self.client.execute_command(*step.args)
+        if isinstance(step, _engine.Block):
+            return self._block(step)
+        if isinstance(step, _engine.Sleep):
+            return time.sleep(step.seconds)
+        raise TypeError(f"unknown step {step!r}")
 
-    def _load_function(self):
-        self._on_all("FUNCTION", "LOAD", "REPLACE", self._state.library)
+    def _pool(self, key: Optional[str] = None, node=None):
+        if not self._cluster:
+            return self.client.connection_pool
+        if node is not None:
+            found = self.client.get_node(host=node[0], port=node[1])
+            if found is None:  # a node the slot map does not know yet
+                self.client.nodes_manager.initialize()
+                found = self.client.get_node(host=node[0], port=node[1])
+            if found is None:
+                raise rex.ConnectionError(f"redirected to unknown node {node[0]}:{node[1]}")
+            return found.redis_connection.connection_pool
+        target = self.client.get_node_from_key(key) if key else self.client.get_random_node()
+        return target.redis_connection.connection_pool
 
-    def _load_script(self):
-        self._on_all("SCRIPT", "LOAD", self._state.script)
-
-    @contextlib.contextmanager
-    def _connection(self, key: Optional[str] = None):
-        """A connection of the pool (a cluster: of the key's node, or any
-        node), closed if the command on it did not end with a reply."""
-        if self._cluster:
-            node = self.client.get_node_from_key(key) if key else self.client.get_random_node()
-            pool = node.redis_connection.connection_pool
-        else:
-            pool = self.client.connection_pool
-        conn = pool.get_connection()
+    def _raw(self, *args):
+        """A command without redis-py's reply parsing (its COMMAND parser
+        fails on the nil entry of an unknown command)."""
+        pool = self._pool()
+        conn = pool_connection(pool)
         try:
-            yield conn
+            conn.send_command(*args)
+            return conn.read_response()
         except rex.ResponseError:
             raise
         except BaseException:
@@ -157,66 +167,51 @@ class RateLimiter:
         finally:
             pool.release(conn)
 
-    def _raw(self, *args):
-        """A command without redis-py's reply parsing (its COMMAND parser
-        fails on the nil entry of an unknown command)."""
-        with self._connection() as conn:
-            conn.send_command(*args)
-            return conn.read_response()
-
-    def _choose(self) -> str:
-        s = self._state
-        if s.requested == "module":
-            return s.announce("module", "forced")
-        if s.requested == "function":
-            self._load_function()
-            return s.announce("function", "forced; FUNCTION LOAD tb done")
-        if s.requested == "script":
-            self._load_script()
-            return s.announce("script", "forced; SCRIPT LOAD done")
-        info = self._raw("COMMAND", "INFO", "tb.take")
-        if _core.module_present(info):
-            return s.announce("module", "the server has TB.TAKE")
+    def _block(self, step: _engine.Block):
+        """A blocking command on a pooled connection of its own: one per
+        wait in progress (a blocked connection can carry nothing else)."""
+        pool = self._pool(step.key, step.node)
+        conn = pool_connection(pool)
+        if self._cluster:
+            with self._blocking_lock:
+                self._blocking.add(conn)
         try:
-            self._load_function()
-        except rex.ResponseError as e:
-            self._load_script()
-            return s.announce(
-                "script",
-                f"no TB.TAKE; FUNCTION LOAD failed ({_core.reply_text(e)}); EVALSHA of lua/tb.lua",
-            )
-        return s.announce("function", "no TB.TAKE on the server; FUNCTION LOAD of lua/tb.lua")
+            if step.asking:
+                conn.send_command("ASKING")
+                conn.read_response()
+            conn.send_command(*step.args)
+            if not conn.can_read(timeout=step.wait_s):
+                raise rex.TimeoutError(f"no {step.args[0]} reply within {step.wait_s} s")
+            return conn.read_response()
+        except rex.ResponseError:
+            raise
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
 
-    # --- calls -----------------------------------------------------------
+    # --- the API -----------------------------------------------------------
+
+    def connect(self) -> str:
+        """Detect the backend now (and load the Lua code if needed); raises
+        LimiterUnavailable if the server cannot be reached."""
+        return _engine.drive(_engine._translated(_engine.ensure(self._state)), self._execute)
 
     def _run(self, call: _core.Call) -> Decision:
-        backend = self.connect()
-        try:
-            try:
-                reply = self.client.execute_command(*_core.command(backend, call, self._state.sha))
-            except rex.NoScriptError:
-                # A restarted or flushed server: run the full text (which caches it there).
-                reply = self.client.execute_command(*_core.eval_command(call, self._state.script))
-            except rex.ResponseError as e:
-                if backend != "function" or "Function not found" not in str(e):
-                    raise
-                self._load_function()
-                reply = self.client.execute_command(*_core.command(backend, call, self._state.sha))
-        except rex.RedisError as e:
-            raise translate(e) from e
-        return _core.decision(call, reply)
+        return _engine.drive(_engine.run(self._state, call), self._execute)
 
-    def take(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, name: str = "default") -> Decision:
+    def take(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, policy: str = "default") -> Decision:
         """Take n tokens from the bucket `key` (burst `capacity`, `rate`/s)."""
-        return self._run(_core.single("take", key, capacity, rate, n, name))
+        return self._run(_core.single("take", key, capacity, rate, n, policy))
 
-    def peek(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, name: str = "default") -> Decision:
+    def peek(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, policy: str = "default") -> Decision:
         """What `take` would answer now; writes nothing."""
-        return self._run(_core.single("peek", key, capacity, rate, n, name))
+        return self._run(_core.single("peek", key, capacity, rate, n, policy))
 
-    def refund(self, key: str, capacity: Number, rate: Number, n: Number, *, name: str = "default") -> Decision:
+    def refund(self, key: str, capacity: Number, rate: Number, n: Number, *, policy: str = "default") -> Decision:
         """Give n tokens back (capped at capacity)."""
-        return self._run(_core.single("refund", key, capacity, rate, n, name))
+        return self._run(_core.single("refund", key, capacity, rate, n, policy))
 
     def take_all(self, limits: Sequence[Limit]) -> Decision:
         """All limits or none; the Decision is the deciding limit's, `index` its position."""
@@ -230,51 +225,30 @@ class RateLimiter:
         n: Number = 1,
         *,
         timeout_ms: Number,
-        name: str = "default",
+        policy: str = "default",
     ) -> Decision:
         """Take n tokens, waiting up to timeout_ms (0: no limit) for them.
 
-        Module: TB.BTAKE, served first come first served by the server.
-        Lua fallback: a client-side loop (take, sleep the announced wait,
-        retry): NOT first come first served, waiters may overtake each other.
+        Module: TB.BTAKE on the node that owns the key, served first come
+        first served by the server. Lua fallback: a client-side loop (take,
+        sleep the announced wait, retry): NOT first come first served.
         Returns the grant, or the last denial at the timeout (at once when
         the request can never succeed, n > capacity)."""
         timeout_ms = _core.check_timeout_ms(timeout_ms)
-        call = _core.single("take", key, capacity, rate, n, name)
-        backend = self.connect()
-        if backend == "module":
-            try:
-                reply = self._btake(key, _core.btake_command(key, call.numbers[0], timeout_ms), timeout_ms)
-            except rex.RedisError as e:
-                raise translate(e) from e
-            return _core.decision(call, reply)
-        deadline = None if timeout_ms == 0 else time.monotonic() + timeout_ms / 1000
-        while True:
-            d = self._run(call)
-            if d.allowed or d.retry_after_ms < 0:
-                return d
-            pause = max(d.retry_after_ms, 1) / 1000
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return d
-                pause = min(pause, left)
-            time.sleep(pause)
-
-    def _btake(self, key: str, cmd: list, timeout_ms: int):
-        """TB.BTAKE on a connection of its own from the pool, read with a
-        timeout of timeout_ms + BLOCKING_MARGIN_S (none for timeout_ms=0)."""
-        wait = None if timeout_ms == 0 else timeout_ms / 1000 + BLOCKING_MARGIN_S
-        with self._connection(key) as conn:
-            conn.send_command(*cmd)
-            if not conn.can_read(timeout=wait):
-                raise rex.TimeoutError(f"no TB.BTAKE reply within {wait} s")
-            return conn.read_response()
+        call = _core.single("take", key, capacity, rate, n, policy)
+        return _engine.drive(_engine.wait_take(self._state, call, timeout_ms), self._execute)
 
     def close(self):
-        """Close the limiter's own connections (not the client you passed)."""
-        if not self._cluster and self.timeout is not None:
+        """Close every connection the limiter opened: its own pool (a
+        standalone `Redis`), and the connections it used for waits on a
+        `RedisCluster`'s nodes. The client you passed stays open."""
+        if self._own_client:
+            self.client.connection_pool.disconnect()
             self.client.close()
+        with self._blocking_lock:
+            conns, self._blocking = list(self._blocking), weakref.WeakSet()
+        for conn in conns:
+            conn.disconnect()
 
     def __enter__(self):
         return self

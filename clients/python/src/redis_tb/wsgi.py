@@ -15,13 +15,13 @@ def client_ip(environ) -> str:
     return environ.get("REMOTE_ADDR") or "unknown"
 
 
-_STATUS = {429: "429 Too Many Requests", 503: "503 Service Unavailable"}
+_STATUS = {429: "429 Too Many Requests", 500: "500 Internal Server Error", 503: "503 Service Unavailable"}
 
 
 class RateLimitMiddleware:
     """Rate-limits requests of a WSGI app; the options are those of
-    `redis_tb.asgi.RateLimitMiddleware`, with `key(environ)` and
-    `cost(environ)`.
+    `redis_tb.asgi.RateLimitMiddleware`, with `key(environ)`,
+    `cost(environ)` and `on_error(error, environ) -> WSGI app`.
 
     Flask: ``app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter, Policy(10, 1))``
     Django: wrap ``get_wsgi_application()`` in wsgi.py the same way.
@@ -37,33 +37,40 @@ class RateLimitMiddleware:
         cost=None,
         prefix: str = "ratelimit:",
         fail_open: bool = True,
+        on_error=None,
     ):
         self.app = app
         self.limiter = limiter
         self.policies = mw.policies(policies)
         self.key = key
-        self.cost = cost
+        self.cost = mw.check_cost(cost)
         self.prefix = prefix
-        self.outage = mw.Outage(fail_open)
+        self.on_error = on_error
+        self.outcomes = mw.Outcomes(fail_open)
 
     def _decide(self, environ):
         identity = str(self.key(environ))
-        n = 1 if self.cost is None else self.cost(environ)
+        n = self.cost if not callable(self.cost) else self.cost(environ)
+        n = 1 if n is None else n
         limits = mw.limits_for(self.prefix, identity, self.policies, n)
         if len(limits) == 1:
             lim = limits[0]
-            return self.limiter.take(lim.key, lim.capacity, lim.rate, lim.n, name=lim.name)
+            return self.limiter.take(lim.key, lim.capacity, lim.rate, lim.n, policy=lim.policy)
         return self.limiter.take_all(limits)
 
     def __call__(self, environ, start_response):
         try:
             d = self._decide(environ)
         except LimiterError as e:
-            self.outage.failed(e)
-            if self.outage.fail_open:
+            outcome = self.outcomes.failed(e)
+            if outcome == mw.FAIL_OPEN:
                 return self.app(environ, start_response)
-            return _respond(start_response, 503, [], mw.unavailable_body())
-        self.outage.ok()
+            if outcome == mw.FAIL_CLOSED:
+                return _respond(start_response, 503, [], mw.unavailable_body())
+            if self.on_error is not None:
+                return self.on_error(e, environ)(environ, start_response)
+            return _respond(start_response, 500, [], mw.error_body())
+        self.outcomes.ok()
         headers = mw.header_list(d)
         if not d.allowed:
             return _respond(start_response, 429, headers, mw.denied_body(d))

@@ -1,0 +1,268 @@
+"""The limiter's logic, written once for the sync and the async driver.
+
+Each operation is a generator that yields the I/O it needs (`Send`,
+`Block`, `Sleep`) and gets back the reply, or has the exception thrown in.
+`RateLimiter` runs these with blocking calls, `AsyncRateLimiter` with
+awaits; neither holds any logic of its own. Backend choice, the failure
+rule (docs/clients.md#the-failure-rule), the retry after a server change,
+redirections of a blocking wait and the polling fallback all live here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from . import _core
+from ._core import BACKENDS, BLOCKING_MARGIN_S, SERVER_CHANGED, UNAVAILABLE, Call, Decision, classify
+
+log = logging.getLogger("redis_tb")
+
+#: While on Lua after having seen the module, look for it at most this often.
+MODULE_RECHECK_S = 30.0
+
+#: MOVED/ASK replies a blocking wait follows before it gives up (a slot
+#: moves once; several in a row mean the cluster is being resharded).
+MAX_REDIRECTIONS = 5
+
+# Where a `Send` goes.
+BY_KEY = "key"  # the client routes it (in a cluster: by its keys)
+PRIMARIES = "primaries"  # every primary (loading Lua code)
+RAW = "raw"  # any one node, reply unparsed (redis-py fails on COMMAND INFO's nil)
+
+
+#: How many times the limiter's timeout a step that loads Lua code or looks
+#: for the module may take (it happens once, and FUNCTION LOAD compiles).
+DETECTION_TIMEOUT_FACTOR = 5
+
+
+@dataclass(frozen=True)
+class Send:
+    args: tuple
+    route: str = BY_KEY
+
+    @property
+    def detecting(self) -> bool:
+        return self.route != BY_KEY
+
+
+@dataclass(frozen=True)
+class Block:
+    """A blocking command on a connection of its own from the pool of the
+    node that owns `key` (or of `node`, after a redirection), preceded by
+    ASKING after an ASK; its reply is read for up to `wait_s` (None: for
+    ever)."""
+
+    key: str
+    args: tuple
+    wait_s: Optional[float]
+    node: Optional[Tuple[str, int]] = None
+    asking: bool = False
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+class Backend:
+    """Which backend a limiter uses, and why; changed only by `detect` and
+    `ensure`."""
+
+    def __init__(self, requested: str):
+        if requested != "auto" and requested not in BACKENDS:
+            raise _core.InvalidArgument(f"backend must be 'auto' or one of {BACKENDS}, not {requested!r}")
+        self.requested = requested
+        self.chosen: Optional[str] = None
+        self.seen_module = False
+        self.next_module_check = 0.0
+        self.recheck_s = MODULE_RECHECK_S
+        self.library = _core.lua_library()
+        self.script = _core.lua_script()
+        self.sha = _core.sha1(self.script)
+
+    def use(self, backend: str, why: str) -> str:
+        before, self.chosen = self.chosen, backend
+        if backend == "module":
+            self.seen_module = True
+        else:
+            self.next_module_check = time.monotonic() + self.recheck_s
+        if before == backend:
+            pass
+        elif before == "module":
+            log.warning("redis-tb: the module went away; going on with the Lua backend %s (%s)", backend, why)
+        elif before is not None and backend == "module":
+            log.info("redis-tb: the module is back; moving to it from %s (%s)", before, why)
+        else:
+            log.info("redis-tb backend: %s (%s)", backend, why)
+        return backend
+
+
+def _module_present():
+    """Is TB.TAKE there? An error reply to COMMAND INFO (an ACL that forbids
+    it, a proxy without it) means no; an unavailable server raises."""
+    try:
+        info = yield Send(("COMMAND", "INFO", "tb.take"), RAW)
+    except Exception as e:
+        if classify(e) == UNAVAILABLE:
+            raise
+        return False
+    return _core.module_present(info)
+
+
+def detect(state: Backend):
+    """Choose the backend (forced, or: module, else FUNCTION LOAD, else the
+    script) and load the Lua code it needs on every primary."""
+    if state.requested == "module":
+        return state.use("module", "forced")
+    if state.requested == "function":
+        yield Send(("FUNCTION", "LOAD", "REPLACE", state.library), PRIMARIES)
+        return state.use("function", "forced; FUNCTION LOAD of lua/tb.lua")
+    if state.requested == "script":
+        yield Send(("SCRIPT", "LOAD", state.script), PRIMARIES)
+        return state.use("script", "forced; SCRIPT LOAD of lua/tb.lua")
+    if (yield from _module_present()):
+        return state.use("module", "the server has TB.TAKE")
+    try:
+        yield Send(("FUNCTION", "LOAD", "REPLACE", state.library), PRIMARIES)
+    except Exception as e:
+        if classify(e) == UNAVAILABLE:
+            raise
+        yield Send(("SCRIPT", "LOAD", state.script), PRIMARIES)
+        why = f"no TB.TAKE; FUNCTION LOAD failed ({_core.reply_text(e)}); EVALSHA of lua/tb.lua"
+        return state.use("script", why)
+    return state.use("function", "no TB.TAKE on the server; FUNCTION LOAD of lua/tb.lua")
+
+
+def ensure(state: Backend):
+    """The backend for the next call: detected on the first call that
+    reaches the server; on Lua after the module went away, the module is
+    looked for again at most every `recheck_s`."""
+    if state.chosen is None:
+        return (yield from detect(state))
+    if (
+        state.chosen != "module"
+        and state.seen_module
+        and state.requested == "auto"
+        and time.monotonic() >= state.next_module_check
+    ):
+        state.next_module_check = time.monotonic() + state.recheck_s
+        if (yield from _module_present()):
+            return state.use("module", "the server has TB.TAKE again")
+    return state.chosen
+
+
+def _translated(gen):
+    """Run `gen`, raising every error as this library's class of it."""
+    try:
+        return (yield from gen)
+    except _core.LimiterError:
+        raise
+    except Exception as e:
+        raise _core.limiter_error(e) from e
+
+
+def run(state: Backend, call: Call):
+    """One call under the failure rule: a server change (module gone,
+    script or function flushed) detects the backend again and retries once;
+    any other error, or the retry's, is raised as its class."""
+    return (yield from _translated(_run(state, call)))
+
+
+def _run(state: Backend, call: Call):
+    backend = yield from ensure(state)
+    try:
+        reply = yield Send(tuple(_core.command(backend, call, state.sha)))
+    except Exception as e:
+        if classify(e) != SERVER_CHANGED:
+            raise
+        log.info("redis-tb: %s; detecting the backend again", _core.reply_text(e))
+        backend = yield from detect(state)
+        reply = yield Send(tuple(_core.command(backend, call, state.sha)))
+    return _core.decision(call, reply)
+
+
+def wait_take(state: Backend, call: Call, timeout_ms: int):
+    """Take, waiting up to timeout_ms (0: no limit). Module: TB.BTAKE on the
+    slot owner, served first come first served by the server. Lua: take,
+    sleep the announced wait, retry (not first come first served)."""
+    return (yield from _translated(_wait_take(state, call, timeout_ms)))
+
+
+def _wait_take(state: Backend, call: Call, timeout_ms: int):
+    deadline = None if timeout_ms == 0 else time.monotonic() + timeout_ms / 1000
+    backend = yield from ensure(state)
+    if backend == "module":
+        try:
+            return (yield from _btake(call, deadline))
+        except Exception as e:
+            if classify(e) != SERVER_CHANGED:
+                raise
+            log.info("redis-tb: %s; detecting the backend again", _core.reply_text(e))
+            if (yield from detect(state)) == "module":
+                return (yield from _btake(call, deadline))
+    while True:
+        d = yield from _run(state, call)
+        if d.allowed or d.retry_after_ms < 0:
+            return d
+        pause = max(d.retry_after_ms, 1) / 1000
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return d
+            pause = min(pause, left)
+        yield Sleep(pause)
+
+
+def _btake(call: Call, deadline: Optional[float]):
+    key, nums = call.keys[0], call.numbers[0]
+    node, asking = None, False
+    for _ in range(MAX_REDIRECTIONS + 1):
+        if deadline is None:
+            timeout_ms, wait_s = 0, None
+        else:
+            timeout_ms = max(1, int((deadline - time.monotonic()) * 1000))
+            wait_s = timeout_ms / 1000 + BLOCKING_MARGIN_S
+        try:
+            reply = yield Block(key, tuple(_core.btake_command(key, nums, timeout_ms)), wait_s, node, asking)
+        except Exception as e:
+            moved = _core.redirection(e)
+            if moved is None:
+                raise
+            kind, host, port = moved
+            node, asking = (host, port), kind == "ASK"
+            continue
+        return _core.decision(call, reply)
+    raise _core.LimiterUnavailable(f"TB.BTAKE: more than {MAX_REDIRECTIONS} redirections (the cluster is resharding)")
+
+
+def drive(gen, execute):
+    """Run an operation with a blocking `execute(step) -> reply`."""
+    try:
+        step = next(gen)
+        while True:
+            try:
+                result = execute(step)
+            except Exception as e:
+                step = gen.throw(e)
+            else:
+                step = gen.send(result)
+    except StopIteration as done:
+        return done.value
+
+
+async def adrive(gen, execute):
+    """Run an operation with an async `execute(step) -> reply`."""
+    try:
+        step = next(gen)
+        while True:
+            try:
+                result = await execute(step)
+            except Exception as e:
+                step = gen.throw(e)
+            else:
+                step = gen.send(result)
+    except StopIteration as done:
+        return done.value

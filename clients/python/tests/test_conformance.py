@@ -1,0 +1,134 @@
+"""The shared conformance suite (clients/conformance/cases.json, see
+docs/clients.md#the-conformance-suite): every case on every backend and
+topology it names. "lua" runs both ways Python has it, the Lua function
+and the Lua script; the same keys and answers are expected of both.
+
+Python's spelling of the case's names: take/peek/refund/wait_take/take_all
+are the methods of the same name, `policy` their keyword, decision fields
+are `Decision` attributes, errors are InvalidArgument / LimiterUnavailable
+/ LimiterReplyError, `keys` is `bucket_key`, `classify` the failure rule's
+function (over the reply's text, and over redis-py's exception for it)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+from redis._parsers import BaseParser
+from redis.cluster import RedisCluster
+
+from redis_tb import InvalidArgument, Limit, LimiterReplyError, LimiterUnavailable, RateLimiter, bucket_key
+from redis_tb._core import classify, classify_reply
+
+from conftest import REPO
+from test_cluster import reset
+
+CASES = json.loads((REPO / "clients" / "conformance" / "cases.json").read_text(encoding="utf-8"))
+
+# (backend of the case, topology) -> how Python runs it: [(server fixture, backend argument)]
+WAYS = {
+    ("module", "standalone"): [("module_server", "auto")],
+    ("lua", "standalone"): [("plain_server", "auto"), ("plain_server", "script")],
+    ("module", "cluster"): [("module_cluster", "auto")],
+    ("lua", "cluster"): [("plain_cluster", "auto"), ("plain_cluster", "script")],
+}
+EXPECTED_BACKEND = {"module": "module", "auto": "function", "script": "script"}
+ERRORS = {"invalid_argument": InvalidArgument, "unavailable": LimiterUnavailable, "reply": LimiterReplyError}
+
+
+def runs():
+    for case in CASES["cases"]:
+        for backend in case["backends"]:
+            for topology in case["topologies"]:
+                for fixture, arg in WAYS[(backend, topology)]:
+                    way = EXPECTED_BACKEND["module" if backend == "module" else arg]
+                    yield pytest.param(case, topology, fixture, arg, id=f"{case['name']}-{way}-{topology}")
+
+
+def test_the_suite_has_the_version_this_runner_reads():
+    assert CASES["version"] == 1 and CASES["cases"]
+
+
+@pytest.fixture
+def limiter_for(request):
+    made = []
+
+    def make(topology, fixture, arg):
+        server = request.getfixturevalue(fixture)
+        if topology == "cluster":
+            reset(server)
+            client = RedisCluster(host="127.0.0.1", port=server.port, socket_timeout=1, socket_connect_timeout=1)
+        else:
+            with server.client() as r:
+                r.flushall()
+                r.execute_command("FUNCTION", "FLUSH")
+                r.execute_command("SCRIPT", "FLUSH")
+            client = redis.Redis(port=server.port)
+        lim = RateLimiter(client, backend=arg, timeout=1)
+        made.append((lim, client))
+        return lim, client
+
+    yield make
+    for lim, client in made:
+        lim.close()
+        client.close()
+
+
+def check_decision(d, expected: dict):
+    for field, want in expected.items():
+        got = getattr(d, field)
+        if isinstance(want, list):
+            assert want[0] <= got <= want[1], (field, got, want)
+        else:
+            assert got == want, (field, got, want)
+
+
+def call_limiter(lim, call):
+    op = call["op"]
+    if op == "take_all":
+        return lim.take_all([Limit(x["key"], x["capacity"], x["rate"], x.get("n", 1), x.get("policy"))
+                             for x in call["limits"]])
+    args = (call["key"], call["capacity"], call["rate"], call.get("n", 1))
+    kw = {"policy": call["policy"]} if "policy" in call else {}
+    if op == "wait_take":
+        return lim.wait_take(*args, timeout_ms=call["timeout_ms"], **kw)
+    return getattr(lim, op)(*args, **kw)
+
+
+def run_keys(call, topology, client, lim):
+    keys = [bucket_key(call["prefix"], call["id"], p) for p in call["policies"]]
+    assert keys == call["expect"]
+    if topology == "cluster":
+        slots = {client.execute_command("CLUSTER", "KEYSLOT", k, target_nodes=RedisCluster.RANDOM) for k in keys}
+        assert len(slots) == 1, (call["id"], keys, slots)
+        d = lim.take_all([Limit(k, 5, 0.001, 1, p) for k, p in zip(keys, call["policies"])])
+        assert d.allowed
+
+
+@pytest.mark.parametrize("case,topology,fixture,arg", list(runs()))
+def test_case(limiter_for, case, topology, fixture, arg):
+    lim, client = limiter_for(topology, fixture, arg)
+    for command in case.get("setup", []):
+        client.execute_command(*command)
+    for i, call in enumerate(case["calls"]):
+        where = f"call {i}: {call}"
+        if call["op"] == "classify":
+            assert classify_reply(call["reply"]) == call["class"], where
+            assert classify(BaseParser.parse_error(call["reply"])) == call["class"], where
+            continue
+        if call["op"] == "keys":
+            run_keys(call, topology, client, lim)
+            continue
+        if "error" in call:
+            with pytest.raises(ERRORS[call["error"]]) as e:
+                call_limiter(lim, call)
+            assert str(e.value).startswith(call["message"]), (where, str(e.value))
+            continue
+        d = call_limiter(lim, call)
+        if "decision" in call:
+            check_decision(d, call["decision"])
+        if "headers" in call:
+            assert d.headers() == call["headers"], where
+    if case["calls"][0]["op"] not in ("classify", "keys") and "error" not in case["calls"][0]:
+        assert lim.backend == EXPECTED_BACKEND["module" if fixture.startswith("module") else arg]
