@@ -1,6 +1,7 @@
 //! Which server side answers (module, FUNCTION library, EVALSHA script), the
 //! commands each one takes, and what the sync and async limiters share.
 
+use crate::core::{check_capacity, check_cost, check_key, check_name, check_rate};
 use crate::decision::{number, Decision, Limit, Policy};
 use crate::error::{Error, Result};
 use redis::{Cmd, Value};
@@ -52,6 +53,12 @@ impl fmt::Display for Backend {
 /// (target `redis_tb_client`).
 pub type Logger = Arc<dyn Fn(log::Level, &str) + Send + Sync>;
 
+pub(crate) fn emit_line(logger: &Option<Logger>, line: Option<crate::core::Line>) {
+    if let Some((level, message)) = line {
+        emit(logger, level, &message);
+    }
+}
+
 pub(crate) fn emit(logger: &Option<Logger>, level: log::Level, message: &str) {
     match logger {
         Some(f) => f(level, message),
@@ -84,6 +91,12 @@ pub(crate) struct Resolved {
     pub sha: Option<String>,
 }
 
+impl Resolved {
+    pub fn new(backend: Backend, sha: Option<String>) -> Resolved {
+        Resolved { backend, sha }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Op {
     Take,
@@ -99,6 +112,13 @@ impl Op {
             Op::Peek => "TB.PEEK",
             Op::Refund => "TB.REFUND",
             Op::TakeAll => "TB.TAKEALL",
+        }
+    }
+    /// `FCALL_RO` for peek, which writes nothing and so runs on replicas.
+    fn fcall(self) -> &'static str {
+        match self {
+            Op::Peek => "FCALL_RO",
+            _ => "FCALL",
         }
     }
     fn function(self) -> &'static str {
@@ -136,6 +156,7 @@ pub(crate) struct Call {
 
 impl Call {
     pub fn single(op: Op, key: &str, capacity: f64, rate: f64, n: f64, name: &str) -> Result<Call> {
+        check_name(name)?;
         Ok(Call {
             op,
             buckets: vec![bucket(key, capacity, rate, n)?],
@@ -154,6 +175,7 @@ impl Call {
         for (i, limit) in limits.iter().enumerate() {
             buckets.push(bucket(&limit.key, limit.capacity, limit.rate, limit.n)?);
             let name = limit.name.clone().unwrap_or_else(|| format!("limit{i}"));
+            check_name(&name)?;
             policies.push(Policy::new(name, limit.capacity, limit.rate));
         }
         Ok(Call {
@@ -176,7 +198,7 @@ impl Call {
                 return cmd;
             }
             Backend::Function => {
-                cmd = redis::cmd("FCALL");
+                cmd = redis::cmd(self.op.fcall());
                 cmd.arg(self.op.function());
             }
             Backend::Script => {
@@ -218,6 +240,10 @@ impl Call {
 }
 
 fn bucket(key: &str, capacity: f64, rate: f64, n: f64) -> Result<Bucket> {
+    check_key(key)?;
+    check_capacity(capacity)?;
+    check_rate(rate)?;
+    check_cost(n)?;
     Ok(Bucket {
         key: key.to_string(),
         args: [
@@ -226,16 +252,6 @@ fn bucket(key: &str, capacity: f64, rate: f64, n: f64) -> Result<Bucket> {
             number("n", n)?,
         ],
     })
-}
-
-/// The error means the script is not cached on the node that answered.
-pub(crate) fn is_noscript(e: &redis::RedisError) -> bool {
-    e.kind() == redis::ErrorKind::NoScriptError || e.code() == Some("NOSCRIPT")
-}
-
-/// The error means the FUNCTION library is gone (FUNCTION FLUSH, a new node).
-pub(crate) fn is_function_missing(e: &redis::RedisError) -> bool {
-    e.to_string().contains("Function not found") || e.to_string().contains("function not found")
 }
 
 /// `COMMAND INFO tb.take` has an entry: the module is loaded.
@@ -278,15 +294,6 @@ pub(crate) fn sha_of(v: &Value) -> Option<String> {
         Value::Map(items) => items.iter().find_map(|(_, v)| sha_of(v)),
         _ => None,
     }
-}
-
-/// Why a backend was picked, for the one log line.
-pub(crate) fn chosen(logger: &Option<Logger>, backend: Backend, why: &str) {
-    emit(
-        logger,
-        log::Level::Info,
-        &format!("redis-tb backend: {backend} ({why})"),
-    );
 }
 
 pub(crate) const WHY_MODULE: &str = "COMMAND INFO tb.take: the redis-tb module is loaded";

@@ -4,6 +4,7 @@ mod api;
 mod cluster;
 mod common;
 mod fail_open;
+mod failure_rule;
 mod middleware;
 mod migration;
 mod package;

@@ -80,9 +80,7 @@ fn without_a_client_the_module_backend_polls_and_says_so() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn async_wait_take_on_both() {
     for server in Server::both() {
-        let l = AsyncRateLimiter::from_client(server.client(), GENEROUS)
-            .await
-            .unwrap();
+        let l = AsyncRateLimiter::from_client(server.client(), GENEROUS);
         assert!(l.take("w", 2, 20, 2).await.unwrap().allowed);
         let started = Instant::now();
         let d = l.wait_take("w", 2, 20, 1, 3000).await.unwrap();
@@ -124,9 +122,7 @@ async fn async_wait_take_on_both() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn module_waiters_are_served_first_come_first_served() {
     let server = Server::with_module();
-    let l = AsyncRateLimiter::from_client(server.client(), GENEROUS)
-        .await
-        .unwrap();
+    let l = AsyncRateLimiter::from_client(server.client(), GENEROUS);
     assert!(l.take("fifo", 1, SLOW, 1).await.unwrap().allowed);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     for name in ["first", "second"] {
