@@ -5,6 +5,7 @@ mod cluster;
 mod common;
 mod fail_open;
 mod failure_rule;
+mod keys;
 mod middleware;
 mod migration;
 mod package;
