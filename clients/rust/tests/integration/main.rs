@@ -3,6 +3,7 @@
 mod api;
 mod cluster;
 mod common;
+mod conformance;
 mod fail_open;
 mod failure_rule;
 mod keys;
