@@ -9,8 +9,11 @@ use crate::core::{self, BackendState, Exchange, FailureClass, Learned, Step};
 use crate::decision::{Decision, Limit};
 use crate::error::{Error, Result};
 use crate::sync::{btake_margin, Options};
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::{AsyncConnectionConfig, Cmd, IntoConnectionInfo, RedisFuture, RedisResult, Value};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -86,8 +89,47 @@ impl ConnectionLike for LazyConnectionManager {
     }
 }
 
+/// The connections of TB.BTAKE waits: a blocked connection carries nothing
+/// else, so each wait in progress has one of its own, taken from a pool
+/// per node and given back after. Waits go to the node that owns the key's
+/// slot, learnt from `MOVED` (any node of a cluster will do as the seed).
+#[derive(Default)]
+struct WaitPool {
+    idle: Mutex<HashMap<Option<String>, Vec<MultiplexedConnection>>>,
+    owners: Mutex<HashMap<u16, String>>,
+}
+
+impl WaitPool {
+    fn owner(&self, slot: u16) -> Option<String> {
+        self.owners.lock().ok()?.get(&slot).cloned()
+    }
+
+    fn moved(&self, slot: u16, addr: &str) {
+        if let Ok(mut owners) = self.owners.lock() {
+            owners.insert(slot, addr.to_string());
+        }
+    }
+
+    fn checkout(&self, addr: &Option<String>) -> Option<MultiplexedConnection> {
+        self.idle.lock().ok()?.get_mut(addr)?.pop()
+    }
+
+    fn checkin(&self, addr: Option<String>, con: MultiplexedConnection) {
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.entry(addr).or_default().push(con);
+        }
+    }
+
+    fn clear(&self) {
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.clear();
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
+    waits: WaitPool,
     backend: Mutex<BackendState>,
     polling_logged: AtomicBool,
 }
@@ -358,21 +400,107 @@ where
         timeout_ms: u64,
     ) -> Result<Decision> {
         let timeouts = self.opts.timeouts;
-        let mut config = AsyncConnectionConfig::new().set_connection_timeout(timeouts.connect);
-        if timeout_ms > 0 {
-            config = config
-                .set_response_timeout(Duration::from_millis(timeout_ms) + btake_margin(&timeouts));
+        let pool = &self.state.waits;
+        let slot = core::key_slot(call.first_key());
+        let mut addr = pool.owner(slot);
+        let mut asking = false;
+        for _ in 0..=core::MAX_REDIRECTS {
+            let con = match pool.checkout(&addr) {
+                Some(con) => con,
+                None => {
+                    let config =
+                        AsyncConnectionConfig::new().set_connection_timeout(timeouts.connect);
+                    let node = core::client_at(client, addr.as_deref())?;
+                    timed(
+                        timeouts.connect + timeouts.command,
+                        node.get_multiplexed_async_connection_with_config(&config),
+                    )
+                    .await?
+                }
+            };
+            let mut sender = con.clone();
+            let reply = if asking {
+                // ASK: this one command goes to the importing node, after ASKING.
+                let mut pipe = redis::pipe();
+                pipe.cmd("ASKING")
+                    .ignore()
+                    .add_command(call.btake(timeout_ms));
+                let query = async move {
+                    let mut replies = pipe.query_async::<Vec<Value>>(&mut sender).await?;
+                    Ok(replies.pop().unwrap_or(Value::Nil))
+                };
+                self.blocking_query(timeout_ms, query).await
+            } else {
+                let cmd = call.btake(timeout_ms);
+                let query = async move { cmd.query_async::<Value>(&mut sender).await };
+                self.blocking_query(timeout_ms, query).await
+            };
+            if let Some(outcome) =
+                self.after_wait(reply, call, pool, &mut addr, &mut asking, slot, con)
+            {
+                return outcome;
+            }
         }
-        let mut con = timed(
-            timeouts.connect + timeouts.command,
-            client.get_multiplexed_async_connection_with_config(&config),
-        )
-        .await?;
-        let value = call
-            .btake(timeout_ms)
-            .query_async::<Value>(&mut con)
-            .await?;
-        call.decision(&value)
+        Err(Error::Other(format!(
+            "TB.BTAKE: more than {} redirects",
+            core::MAX_REDIRECTS
+        )))
+    }
+
+    /// A wait's reply, bounded by its own timeout plus a margin (none for 0).
+    async fn blocking_query<T>(
+        &self,
+        timeout_ms: u64,
+        query: impl Future<Output = RedisResult<T>>,
+    ) -> std::result::Result<T, Option<redis::RedisError>> {
+        if timeout_ms == 0 {
+            return query.await.map_err(Some);
+        }
+        let limit = Duration::from_millis(timeout_ms) + btake_margin(&self.opts.timeouts);
+        match tokio::time::timeout(limit, query).await {
+            Ok(reply) => reply.map_err(Some),
+            Err(_) => Err(None),
+        }
+    }
+
+    /// `None`: follow the redirect; otherwise the wait's outcome. The
+    /// connection goes back to the pool unless it cannot be trusted.
+    #[allow(clippy::too_many_arguments)]
+    fn after_wait(
+        &self,
+        reply: std::result::Result<Value, Option<redis::RedisError>>,
+        call: &Call,
+        pool: &WaitPool,
+        addr: &mut Option<String>,
+        asking: &mut bool,
+        slot: u16,
+        con: MultiplexedConnection,
+    ) -> Option<Result<Decision>> {
+        match reply {
+            Ok(value) => {
+                pool.checkin(addr.clone(), con);
+                Some(call.decision(&value))
+            }
+            Err(None) => Some(Err(core::timed_out(Instant::now(), Duration::ZERO))),
+            Err(Some(e)) => {
+                let redirect = core::reply_text(&e).and_then(|r| core::redirect(&r));
+                if !core::is_connection_problem(&e) {
+                    pool.checkin(addr.clone(), con);
+                } else {
+                    pool.clear();
+                }
+                let (ask, to) = redirect.or_else(|| {
+                    e.redirect_node()
+                        .map(|(a, _)| (e.kind() == redis::ErrorKind::Ask, a.to_string()))
+                })?;
+                if !ask {
+                    pool.moved(slot, &to);
+                }
+                *asking = ask;
+                *addr = Some(to);
+                None
+            }
+        }
     }
 
     async fn poll(&self, call: &Call, timeout_ms: u64) -> Result<Decision> {

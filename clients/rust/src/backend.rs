@@ -224,6 +224,11 @@ impl Call {
         cmd
     }
 
+    /// The first bucket's key (the only one outside `take_all`).
+    pub fn first_key(&self) -> &str {
+        self.buckets.first().map(|b| b.key.as_str()).unwrap_or("")
+    }
+
     /// `TB.BTAKE key capacity rate n timeout_ms` (single-bucket calls only).
     pub fn btake(&self, timeout_ms: u64) -> Cmd {
         let mut cmd = redis::cmd("TB.BTAKE");

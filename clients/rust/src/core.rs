@@ -476,6 +476,35 @@ pub(crate) fn poll_wait(
     }
 }
 
+/// Where a `MOVED` or `ASK` reply sends a command: `(ask, "host:port")`.
+pub(crate) fn redirect(reply: &str) -> Option<(bool, String)> {
+    let mut words = reply.split_ascii_whitespace();
+    let ask = match words.next()? {
+        "MOVED" => false,
+        "ASK" => true,
+        _ => return None,
+    };
+    let _slot = words.next()?;
+    Some((ask, words.next()?.to_string()))
+}
+
+/// A client for the node at `addr` (`host:port`), with `seed`'s settings
+/// (database, user, password).
+pub(crate) fn client_at(seed: &redis::Client, addr: Option<&str>) -> Result<redis::Client> {
+    let mut info = seed.get_connection_info().clone();
+    if let Some(addr) = addr {
+        let (host, port) = addr
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok()?)))
+            .ok_or_else(|| Error::Other(format!("bad redirect address {addr}")))?;
+        info.addr = redis::ConnectionAddr::Tcp(host, port);
+    }
+    Ok(redis::Client::open(info)?)
+}
+
+/// How many `MOVED`/`ASK` a wait follows before it gives up.
+pub(crate) const MAX_REDIRECTS: usize = 5;
+
 /// The CRC16 (XMODEM) of Redis Cluster's key hashing.
 fn crc16(data: &[u8]) -> u16 {
     let mut crc: u16 = 0;
@@ -544,6 +573,19 @@ mod tests {
         assert_eq!(key_slot("{user1000}.following"), key_slot("user1000"));
         assert_eq!(key_slot("foo{}{bar}"), key_slot("foo{}{bar}"));
         assert_ne!(key_slot("foo{}{bar}"), key_slot("bar"));
+    }
+
+    #[test]
+    fn redirects_name_the_node() {
+        assert_eq!(
+            redirect("MOVED 3999 127.0.0.1:6381"),
+            Some((false, "127.0.0.1:6381".into()))
+        );
+        assert_eq!(
+            redirect("ASK 3999 10.0.0.1:7000"),
+            Some((true, "10.0.0.1:7000".into()))
+        );
+        assert_eq!(redirect("ERR nope"), None);
     }
 
     #[test]

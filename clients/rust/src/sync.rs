@@ -175,6 +175,8 @@ pub struct RateLimiter<C = ManagedConnection> {
     opts: Options,
     state: BackendState,
     blocking: Option<redis::Client>,
+    /// The wait connection of each node (`None`: the blocking client's own).
+    waits: std::collections::HashMap<Option<String>, ManagedConnection>,
     polling_logged: bool,
 }
 
@@ -210,6 +212,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
             opts: Options::default(),
             state: BackendState::default(),
             blocking: None,
+            waits: Default::default(),
             polling_logged: false,
         }
     }
@@ -382,14 +385,56 @@ impl<C: ConnectionLike> RateLimiter<C> {
         self.poll(&call, timeout_ms)
     }
 
+    /// TB.BTAKE on the node that owns the key's slot, found by following
+    /// `MOVED`/`ASK` from `client`'s node; the wait's connection is kept for
+    /// the next wait on that node.
     fn btake(&mut self, client: redis::Client, call: &Call, timeout_ms: u64) -> Result<Decision> {
         let read = match timeout_ms {
             0 => None,
             ms => Some(Duration::from_millis(ms) + btake_margin(&self.opts.timeouts)),
         };
-        let mut con = ManagedConnection::with_read_timeout(client, self.opts.timeouts, read);
-        let value = call.btake(timeout_ms).query::<Value>(&mut con)?;
-        call.decision(&value)
+        let mut addr: Option<String> = None;
+        let mut asking = false;
+        for _ in 0..=crate::core::MAX_REDIRECTS {
+            let mut con = match self.waits.remove(&addr) {
+                Some(con) => con,
+                None => ManagedConnection::with_read_timeout(
+                    crate::core::client_at(&client, addr.as_deref())?,
+                    self.opts.timeouts,
+                    read,
+                ),
+            };
+            con.read_timeout = read;
+            if let Some(c) = con.con.as_mut() {
+                c.set_read_timeout(read).map_err(Error::from)?;
+            }
+            let reply = if asking {
+                redis::pipe()
+                    .cmd("ASKING")
+                    .ignore()
+                    .add_command(call.btake(timeout_ms))
+                    .query::<Vec<Value>>(&mut con)
+                    .map(|mut v| v.pop().unwrap_or(Value::Nil))
+            } else {
+                call.btake(timeout_ms).query::<Value>(&mut con)
+            };
+            let redirect = match &reply {
+                Err(e) => crate::core::reply_text(e).and_then(|r| crate::core::redirect(&r)),
+                Ok(_) => None,
+            };
+            self.waits.insert(addr.clone(), con);
+            match (reply, redirect) {
+                (_, Some((ask, to))) => {
+                    asking = ask;
+                    addr = Some(to);
+                }
+                (reply, None) => return call.decision(&reply?),
+            }
+        }
+        Err(Error::Other(format!(
+            "TB.BTAKE: more than {} redirects",
+            crate::core::MAX_REDIRECTS
+        )))
     }
 
     fn poll(&mut self, call: &Call, timeout_ms: u64) -> Result<Decision> {

@@ -153,3 +153,55 @@ async fn module_waiters_are_served_first_come_first_served() {
         assert_eq!((name, allowed), (expected, true));
     }
 }
+
+fn waiting(server: &Server) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("tb")
+        .query(&mut server.conn())
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("tb_waiting:"))
+        .map(|v| v.trim().parse::<f64>().unwrap() as i64)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_waits_are_tb_btake_on_the_slot_owner_first_come_first_served() {
+    let cluster = Cluster::start(true);
+    let con = cluster.client().get_async_connection().await.unwrap();
+    // Node 0 is only the seed: the key lives on node 2, found through MOVED.
+    let l = AsyncRateLimiter::new(con)
+        .with_timeouts(GENEROUS)
+        .with_blocking_client(cluster.nodes[0].client());
+    let key = (0..)
+        .map(|i| format!("wait:{i}"))
+        .find(|k| redis_tb_client::key_slot(k) > 10922)
+        .unwrap();
+    let owner = &cluster.nodes[2];
+    assert!(l.take(&key, 1, SLOW, 1).await.unwrap().allowed);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for (want, name) in [(1, "first"), (2, "second")] {
+        let (l, tx, key) = (l.clone(), tx.clone(), key.clone());
+        tokio::spawn(async move {
+            // 0: no limit.
+            let d = l.wait_take(&key, 1, SLOW, 1, 0).await.unwrap();
+            tx.send((name, d.allowed)).unwrap();
+        });
+        wait_for("the waiter to queue on the owner", || {
+            match waiting(owner) {
+                n if n == want => Ok(()),
+                n => Err(format!("{n} waiting")),
+            }
+        });
+    }
+    for expected in ["first", "second"] {
+        let _ = l.refund(&key, 1, SLOW, 1).await.unwrap();
+        let (name, allowed) = rx.recv().await.unwrap();
+        assert_eq!((name, allowed), (expected, true));
+    }
+    assert_eq!(
+        waits_started(&cluster.nodes[0]),
+        Some(0),
+        "nothing waited on the seed"
+    );
+}
