@@ -58,6 +58,27 @@ RS
 cp Cargo.lock "$tmp/Cargo.lock"
 (cd "$tmp" && CARGO_TARGET_DIR="$here/target" cargo run --quiet --offline -- "$root/lua/tb.lua")
 
+# The README's quick start, as written, in the same fresh crate, against a
+# real server with the module (only the URL is changed to its port).
+echo "--- README quick start runs as written"
+port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+"$TB_SERVER" --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$tmp" \
+  --loadmodule "$TB_MODULE" --daemonize yes --pidfile "$tmp/quickstart.pid" --logfile "$tmp/quickstart.log"
+trap 'kill "$(cat "$tmp/quickstart.pid" 2>/dev/null)" 2>/dev/null || true; rm -rf "$tmp"' EXIT
+for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+snippet="$(awk '/^## Quick start/ {on=1} on && /^```rust/ {code=1; next} code && /^```/ {exit} code {print}' README.md)"
+{
+  echo 'fn main() -> Result<(), Box<dyn std::error::Error>> {'
+  printf '%s\n' "${snippet//redis:\/\/127.0.0.1\//redis://127.0.0.1:$port/}"
+  echo '    Ok(())'
+  echo '}'
+} >"$tmp/src/main.rs"
+out="$(cd "$tmp" && CARGO_TARGET_DIR="$here/target" cargo run --quiet --offline)"
+echo "$out"
+grep -q '^backend: Some(Module)' <<<"$out"
+grep -q '^RateLimit: "default";r=19;t=1' <<<"$out"
+kill "$(cat "$tmp/quickstart.pid")"
+
 echo "--- cargo test (TB_MODULE=$TB_MODULE, TB_SERVER=$TB_SERVER)"
 log="$tmp/test.log"
 set +e
