@@ -30,6 +30,11 @@ echo "--- cargo clippy -D warnings (all features, and the library without them)"
 cargo clippy --locked --all-targets --all-features -- -D warnings
 cargo clippy --locked --lib --no-default-features -- -D warnings
 cargo build --locked --all-features
+echo "--- the sync-only library (no features) pulls in no tokio and no futures"
+if cargo tree --locked -e normal --no-default-features --prefix none | grep -E '^(tokio|futures)'; then
+  echo "the default features depend on the crates above" >&2
+  exit 1
+fi
 
 # A fresh crate with a path dependency on this one, built in the same target
 # dir: it must see lua/tb.lua byte for byte through the `lua` symlink.
@@ -84,6 +89,19 @@ log="$tmp/test.log"
 set +e
 cargo test --locked --all-features --no-fail-fast 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
+
+# The lowest redis version Cargo.toml allows ("1" -> 1.0.0), next to the
+# newest in Cargo.lock: the same suite, in its own target dir; the lock is
+# put back whatever happens.
+lowest="$(sed -n 's/^redis = { version = "\([0-9]*\)".*/\1.0.0/p' Cargo.toml)"
+echo "--- cargo test with the lowest declared redis ($lowest)"
+cp Cargo.lock "$tmp/Cargo.lock.newest"
+trap 'cp "$tmp/Cargo.lock.newest" "$here/Cargo.lock"; kill "$(cat "$tmp/quickstart.pid" 2>/dev/null)" 2>/dev/null || true; rm -rf "$tmp"' EXIT
+cargo update --quiet -p redis --precise "$lowest"
+CARGO_TARGET_DIR="$here/target/lowest" cargo test --locked --all-features --no-fail-fast 2>&1 | tee -a "$log"
+lowest_status=${PIPESTATUS[0]}
+cp "$tmp/Cargo.lock.newest" Cargo.lock
+((status == 0)) && status=$lowest_status
 set -e
 awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$log"
 exit "$status"

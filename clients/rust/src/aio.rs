@@ -41,8 +41,8 @@ impl LazyConnectionManager {
 
     async fn manager(&self) -> RedisResult<ConnectionManager> {
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(self.timeouts.connect)
-            .set_response_timeout(self.timeouts.command)
+            .set_connection_timeout(Some(self.timeouts.connect))
+            .set_response_timeout(Some(self.timeouts.command))
             // No retry with back-off inside a call: a refused connection
             // must fail at once; the next call tries again.
             .set_number_of_retries(0);
@@ -85,7 +85,7 @@ impl ConnectionLike for LazyConnectionManager {
     }
 
     fn get_db(&self) -> i64 {
-        self.client.get_connection_info().redis.db
+        self.client.get_connection_info().redis_settings().db()
     }
 }
 
@@ -408,8 +408,10 @@ where
             let con = match pool.checkout(&addr) {
                 Some(con) => con,
                 None => {
-                    let config =
-                        AsyncConnectionConfig::new().set_connection_timeout(timeouts.connect);
+                    let config = AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(timeouts.connect))
+                        // A wait's own bound is set per wait (blocking_query).
+                        .set_response_timeout(None);
                     let node = core::client_at(client, addr.as_deref())?;
                     timed(
                         timeouts.connect + timeouts.command,
@@ -489,10 +491,9 @@ where
                 } else {
                     pool.clear();
                 }
-                let (ask, to) = redirect.or_else(|| {
-                    e.redirect_node()
-                        .map(|(a, _)| (e.kind() == redis::ErrorKind::Ask, a.to_string()))
-                })?;
+                let Some((ask, to)) = redirect else {
+                    return Some(Err(Error::from(e)));
+                };
                 if !ask {
                     pool.moved(slot, &to);
                 }

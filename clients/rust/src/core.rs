@@ -67,7 +67,7 @@ pub(crate) fn is_connection_problem(e: &RedisError) -> bool {
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
-        || e.kind() == redis::ErrorKind::ParseError
+        || e.kind() == redis::ErrorKind::Parse
         || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
 }
 
@@ -224,7 +224,7 @@ impl BackendState {
                     && r.backend != Backend::Module
                     && self
                         .checked_at
-                        .map_or(true, |at| now.duration_since(at) >= recheck) =>
+                        .is_none_or(|at| now.duration_since(at) >= recheck) =>
             {
                 Plan::Recheck(r.clone())
             }
@@ -285,7 +285,6 @@ pub(crate) enum Learned {
 #[derive(Debug, Clone)]
 enum Phase {
     CommandInfo { recheck: Option<Resolved> },
-    ClusterInfo,
     FunctionLoad { forced: bool },
     ScriptLoad { why: String },
     Call(Resolved),
@@ -315,7 +314,7 @@ impl<'a> Exchange<'a> {
         let mut ex = Exchange {
             call,
             forced,
-            phase: Phase::ClusterInfo,
+            phase: Phase::CommandInfo { recheck: None },
             retried: false,
             learned: Vec::new(),
         };
@@ -385,11 +384,6 @@ impl<'a> Exchange<'a> {
                 Step::Done(Err(error_of(&error)))
             }
             Phase::FunctionLoad { forced: true } => Step::Done(Err(error_of(&error))),
-            // Not a cluster: the reply is "ERR This instance has cluster support disabled".
-            Phase::ClusterInfo => self.go(
-                Phase::FunctionLoad { forced: false },
-                backend::function_load(),
-            ),
             // FUNCTION is missing (Redis < 7) or refused: the script works everywhere.
             Phase::FunctionLoad { forced: false } => self.go(
                 Phase::ScriptLoad {
@@ -430,15 +424,14 @@ impl<'a> Exchange<'a> {
                         self.learned.push(Learned::Checked);
                         self.send_call(resolved)
                     }
-                    None => self.go(Phase::ClusterInfo, backend::cluster_info()),
+                    // In a cluster FUNCTION LOAD goes to every primary, and
+                    // FCALL is routed by its key.
+                    None => self.go(
+                        Phase::FunctionLoad { forced: false },
+                        backend::function_load(),
+                    ),
                 }
             }
-            Phase::ClusterInfo => self.go(
-                Phase::ScriptLoad {
-                    why: backend::WHY_CLUSTER.into(),
-                },
-                backend::script_load(),
-            ),
             Phase::FunctionLoad { forced } => {
                 let why = if forced {
                     backend::WHY_FORCED
@@ -497,7 +490,7 @@ pub(crate) fn client_at(seed: &redis::Client, addr: Option<&str>) -> Result<redi
             .rsplit_once(':')
             .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok()?)))
             .ok_or_else(|| Error::Other(format!("bad redirect address {addr}")))?;
-        info.addr = redis::ConnectionAddr::Tcp(host, port);
+        info = info.set_addr(redis::ConnectionAddr::Tcp(host, port));
     }
     Ok(redis::Client::open(info)?)
 }
@@ -533,7 +526,9 @@ pub fn key_slot(key: &str) -> u16 {
     crc16(tagged.unwrap_or(bytes)) % 16384
 }
 
-/// The error of a call that hit the limiter's own time bound.
+/// The error of a call that hit the limiter's own time bound (async only:
+/// the sync connections carry their timeouts themselves).
+#[cfg(feature = "tokio")]
 pub(crate) fn timed_out(started: Instant, limit: Duration) -> Error {
     Error::Unavailable(format!(
         "timed out after {} ms",

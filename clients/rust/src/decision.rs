@@ -184,7 +184,7 @@ impl Decision {
 
     /// Builds a decision from a four- (or, for `take_all`, five-) integer reply.
     pub(crate) fn from_reply(value: &Value, policies: Vec<Policy>, all: bool) -> Result<Decision> {
-        let ints: Vec<i64> = redis::FromRedisValue::from_redis_value(value)
+        let ints: Vec<i64> = redis::FromRedisValue::from_redis_value_ref(value)
             .map_err(|_| Error::Other(format!("unexpected reply: {value:?}")))?;
         let bad = || Error::Other(format!("unexpected reply: {ints:?}"));
         let want = if all { 5 } else { 4 };

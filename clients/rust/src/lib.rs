@@ -33,6 +33,7 @@
     )
 )]
 
+#[cfg(feature = "tokio")]
 mod aio;
 mod backend;
 mod core;
@@ -45,6 +46,7 @@ mod sync;
 pub use crate::core::{
     bucket_key, check_policy, classify_reply, escape_id, key_slot, FailureClass,
 };
+#[cfg(feature = "tokio")]
 pub use aio::{AsyncRateLimiter, LazyConnectionManager};
 pub use backend::{lua_script, Backend, Logger, Timeouts, LUA_LIBRARY};
 pub use decision::{Decision, Limit, Policy};

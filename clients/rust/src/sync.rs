@@ -153,7 +153,7 @@ impl ConnectionLike for ManagedConnection {
     }
 
     fn get_db(&self) -> i64 {
-        self.client.get_connection_info().redis.db
+        self.client.get_connection_info().redis_settings().db()
     }
 
     fn check_connection(&mut self) -> bool {

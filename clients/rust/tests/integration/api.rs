@@ -207,7 +207,7 @@ async fn async_same_decisions_with_and_without_the_module() {
     for (server, backend) in servers.iter().zip([Backend::Module, Backend::Function]) {
         let multiplexed = server
             .client()
-            .get_multiplexed_tokio_connection()
+            .get_multiplexed_async_connection()
             .await
             .unwrap();
         let l = AsyncRateLimiter::new(multiplexed).with_timeouts(GENEROUS);
