@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 pub struct LazyConnectionManager {
     client: redis::Client,
     timeouts: Timeouts,
-    manager: Arc<tokio::sync::OnceCell<ConnectionManager>>,
+    /// Replaced by an empty cell on `close`; calls in flight keep the old one.
+    manager: Arc<Mutex<Arc<tokio::sync::OnceCell<ConnectionManager>>>>,
 }
 
 impl LazyConnectionManager {
@@ -35,7 +36,15 @@ impl LazyConnectionManager {
         LazyConnectionManager {
             client,
             timeouts,
-            manager: Arc::new(tokio::sync::OnceCell::new()),
+            manager: Arc::default(),
+        }
+    }
+
+    /// Drops the connection (for this manager and its clones) once the
+    /// calls in flight are done; a later call connects again.
+    pub fn close(&self) {
+        if let Ok(mut cell) = self.manager.lock() {
+            *cell = Arc::default();
         }
     }
 
@@ -48,8 +57,11 @@ impl LazyConnectionManager {
             .set_number_of_retries(0);
         let limit = self.timeouts.connect + self.timeouts.command;
         let make = ConnectionManager::new_with_config(self.client.clone(), config);
-        let manager = self
-            .manager
+        let cell = match self.manager.lock() {
+            Ok(cell) => cell.clone(),
+            Err(_) => return Err(std::io::Error::other("connection state poisoned").into()),
+        };
+        let manager = cell
             .get_or_try_init(|| async {
                 match tokio::time::timeout(limit, make).await {
                     Ok(made) => made,
@@ -145,6 +157,8 @@ pub struct AsyncRateLimiter<C> {
     opts: Arc<Options>,
     state: Arc<State>,
     blocking: Option<redis::Client>,
+    /// Closes the connection the limiter made itself (none for `new`).
+    closer: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 impl<C: Clone> Clone for AsyncRateLimiter<C> {
@@ -154,6 +168,7 @@ impl<C: Clone> Clone for AsyncRateLimiter<C> {
             opts: self.opts.clone(),
             state: self.state.clone(),
             blocking: self.blocking.clone(),
+            closer: self.closer.clone(),
         }
     }
 }
@@ -171,9 +186,12 @@ impl AsyncRateLimiter<LazyConnectionManager> {
 
     /// As [`connect_url`](Self::connect_url), from a client, with `timeouts`.
     pub fn from_client(client: redis::Client, timeouts: Timeouts) -> Self {
-        AsyncRateLimiter::new(LazyConnectionManager::new(client.clone(), timeouts))
+        let con = LazyConnectionManager::new(client.clone(), timeouts);
+        let mut limiter = AsyncRateLimiter::new(con.clone())
             .with_timeouts(timeouts)
-            .with_blocking_client(client)
+            .with_blocking_client(client);
+        limiter.closer = Some(Arc::new(move || con.close()));
+        limiter
     }
 }
 
@@ -199,6 +217,20 @@ where
             opts: Arc::new(Options::default()),
             state: Arc::new(State::default()),
             blocking: None,
+            closer: None,
+        }
+    }
+
+    /// Releases every connection this limiter (and its clones) opened: the
+    /// idle TB.BTAKE connections, and the `LazyConnectionManager` of
+    /// [`connect_url`](AsyncRateLimiter::connect_url) / [`from_client`](AsyncRateLimiter::from_client).
+    /// A connection given to [`new`](Self::new) is the caller's to drop.
+    /// Waits in progress keep their connection until they end; a call after
+    /// `close` connects again.
+    pub fn close(&self) {
+        self.state.waits.clear();
+        if let Some(close) = &self.closer {
+            close();
         }
     }
 

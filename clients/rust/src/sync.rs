@@ -263,6 +263,12 @@ impl<C: ConnectionLike> RateLimiter<C> {
         self.state.backend()
     }
 
+    /// Releases every connection this limiter opened (its connection and
+    /// the TB.BTAKE ones); the same as dropping it.
+    pub fn close(self) {
+        drop(self);
+    }
+
     /// The connection.
     pub fn connection_mut(&mut self) -> &mut C {
         &mut self.con

@@ -205,3 +205,57 @@ async fn cluster_waits_are_tb_btake_on_the_slot_owner_first_come_first_served() 
         "nothing waited on the seed"
     );
 }
+
+fn connected_clients(con: &mut redis::Connection) -> i64 {
+    let info: String = redis::cmd("INFO").arg("clients").query(con).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_releases_every_connection_the_limiter_opened() {
+    let server = Server::with_module();
+    let mut watcher = server.conn();
+    let before = connected_clients(&mut watcher);
+    let l = AsyncRateLimiter::from_client(server.client(), GENEROUS);
+    assert!(l.take("c", 3, 20, 3).await.unwrap().allowed);
+    let waits: Vec<_> = (0..3)
+        .map(|_| {
+            let l = l.clone();
+            tokio::spawn(async move { l.wait_take("c", 3, 20, 1, 5000).await })
+        })
+        .collect();
+    for w in waits {
+        assert!(w.await.unwrap().unwrap().allowed);
+    }
+    assert_eq!(
+        connected_clients(&mut watcher),
+        before + 4,
+        "one shared, three waits"
+    );
+
+    l.close();
+    wait_for("the connections to close", || {
+        match connected_clients(&mut watcher) {
+            n if n == before => Ok(()),
+            n => Err(format!("{n} clients, {before} before")),
+        }
+    });
+    // A call after close connects again.
+    assert!(l.take("c2", 3, SLOW, 1).await.unwrap().allowed);
+
+    let mut sync = RateLimiter::from_client(server.client(), GENEROUS);
+    assert!(sync.take("s", 3, 20, 3).unwrap().allowed);
+    assert!(sync.wait_take("s", 3, 20, 1, 5000).unwrap().allowed);
+    let open = connected_clients(&mut watcher);
+    sync.close();
+    wait_for(
+        "the sync connections to close",
+        || match connected_clients(&mut watcher) {
+            n if n == open - 2 => Ok(()),
+            n => Err(format!("{n} clients, {open} open")),
+        },
+    );
+}
