@@ -37,8 +37,9 @@ if cargo tree --locked -e normal --no-default-features --prefix none | grep -E '
 fi
 
 # A fresh crate with a path dependency on this one, built in the same target
-# dir: it must see lua/tb.lua byte for byte through the `lua` symlink.
-echo "--- path dependency from a fresh crate ships lua/tb.lua"
+# dir: it must see lua/tb.lua byte for byte through the `lua` symlink, and
+# its own `redis` dependency (the newest 1.x) must fit the limiter's types.
+echo "--- path dependency from a fresh crate ships lua/tb.lua; its own redis fits"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/src"
@@ -51,8 +52,18 @@ publish = false
 [workspace]
 [dependencies]
 redis-tb-client = { path = "$here", features = ["axum"] }
+# A user's own redis 1.x (what cargo add redis picks; without its default
+# features so that the copied lock has every crate): its types must fit.
+redis = { version = "1", default-features = false }
 TOML
 cat >"$tmp/src/main.rs" <<'RS'
+/// Compiled, not run: a user's own `redis` connections and clients fit.
+#[allow(dead_code)]
+fn fits(client: redis::Client) -> redis::RedisResult<redis_tb_client::RateLimiter<redis::Connection>> {
+    let limiter = redis_tb_client::RateLimiter::new(client.get_connection()?);
+    Ok(limiter.with_blocking_client(client))
+}
+
 fn main() {
     let path = std::env::args().nth(1).expect("path of lua/tb.lua");
     let repo = std::fs::read_to_string(&path).expect("read lua/tb.lua");
