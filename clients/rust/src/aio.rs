@@ -418,7 +418,7 @@ where
                 emit(
                     &self.opts.logger,
                     log::Level::Info,
-                    "redis-tb: wait_take polls (not FIFO): no client for a dedicated TB.BTAKE connection",
+                    crate::core::POLLING_NOTE,
                 );
             }
         }

@@ -449,6 +449,10 @@ impl<'a> Exchange<'a> {
     }
 }
 
+/// Logged once by a limiter whose `wait_take` polls although the module is there.
+pub(crate) const POLLING_NOTE: &str =
+    "redis-tb: wait_take polls (not FIFO): no client for a dedicated TB.BTAKE connection";
+
 /// How long a polling `wait_take` sleeps after `decision`, or `None` when
 /// it is done (allowed, never possible, or out of time).
 pub(crate) fn poll_wait(

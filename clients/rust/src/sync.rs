@@ -384,7 +384,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
                 emit(
                     &self.opts.logger,
                     log::Level::Info,
-                    "redis-tb: wait_take polls (not FIFO): no client for a dedicated TB.BTAKE connection",
+                    crate::core::POLLING_NOTE,
                 );
             }
         }

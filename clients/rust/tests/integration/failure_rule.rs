@@ -264,3 +264,22 @@ async fn a_limiter_made_while_the_server_is_down_works_once_it_is_up() {
     };
     assert_eq!((d.remaining, limiter.backend()), (3, Some(Backend::Module)));
 }
+
+#[test]
+fn a_call_that_timed_out_during_a_hang_is_still_charged_when_the_server_resumes() {
+    // What the README and docs/clients.md warn about: it cannot be prevented
+    // once the command is on the wire.
+    let server = Server::with_module();
+    let mut l = RateLimiter::open(server.url()).unwrap();
+    assert_eq!(first_ok(|| l.take("hang", 10, SLOW, 1)).remaining, 9);
+    server.signal(libc::SIGSTOP);
+    let e = l.take("hang", 10, SLOW, 4).unwrap_err();
+    server.signal(libc::SIGCONT);
+    assert!(e.is_unavailable(), "{e}");
+    let mut check = RateLimiter::from_client(server.client(), GENEROUS);
+    assert_eq!(
+        check.peek("hang", 10, SLOW, 0).unwrap().remaining,
+        5,
+        "charged anyway"
+    );
+}
