@@ -2,7 +2,8 @@
 //! limiter for Redis and Valkey: the same API whether the module is loaded
 //! (TB.TAKE ...) or not (the Lua fallback `lua/tb.lua`, as a FUNCTION library
 //! or an EVALSHA script), draft-11 `RateLimit` headers, and (feature
-//! `tower`) a fail-open tower/axum middleware. See README.md.
+//! `tower`) a tower/axum middleware; errors follow the one failure rule of
+//! docs/clients.md. See README.md.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), redis_tb_client::Error> {
