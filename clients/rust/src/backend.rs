@@ -364,6 +364,12 @@ mod tests {
             ["EVALSHA", "abc", "1", "k", "take", "10", "0.5", "1"]
         );
         assert_eq!(args(&take.command(&script, true))[0], "EVAL");
+        // peek writes nothing: FCALL_RO, which replicas run too.
+        let peek = Call::single(Op::Peek, "k", 10.0, 0.5, 1.0, "default").unwrap();
+        assert_eq!(
+            args(&peek.command(&function, false)),
+            ["FCALL_RO", "tb_peek", "1", "k", "10", "0.5", "1"]
+        );
         let all = Call::all(&[
             Limit::new("{u}:a", 10, 2),
             Limit::new("{u}:b", 5000, 0.25).cost(2),

@@ -283,3 +283,22 @@ fn a_call_that_timed_out_during_a_hang_is_still_charged_when_the_server_resumes(
         "charged anyway"
     );
 }
+
+#[test]
+fn an_acl_that_forbids_command_info_is_a_bug_not_a_missing_module() {
+    let server = Server::with_module();
+    let _: () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER", "limited", "on", "nopass", "~*", "+@all", "-command",
+            ][..],
+        )
+        .query(&mut server.conn())
+        .unwrap();
+    // nopass: any password logs in as `limited`.
+    let url = format!("redis://limited:any@127.0.0.1:{}/", server.port);
+    let mut l = RateLimiter::from_client(redis::Client::open(url).unwrap(), GENEROUS);
+    let e = l.take("acl", 5, SLOW, 1).unwrap_err();
+    assert!(e.reply().is_some_and(|r| r.starts_with("NOPERM")), "{e}");
+    assert_eq!(l.backend(), None);
+}
