@@ -1,40 +1,164 @@
 //! The async limiter (tokio), over any `redis::aio::ConnectionLike` that is
 //! `Clone`: `MultiplexedConnection`, `ConnectionManager`,
-//! `cluster_async::ClusterConnection`.
+//! `cluster_async::ClusterConnection`, or the [`LazyConnectionManager`]
+//! this crate makes (a `ConnectionManager` made at the first call, so that
+//! a limiter can be created while the server is down).
 
-use crate::backend::{
-    self, chosen, command_info_has_entry, emit, is_function_missing, is_noscript, Backend, Call,
-    Logger, Op, Resolved, Timeouts,
-};
+use crate::backend::{emit, emit_line, Backend, Call, Logger, Op, Timeouts};
+use crate::core::{self, BackendState, Exchange, FailureClass, Learned, Step};
 use crate::decision::{Decision, Limit};
-use crate::error::{is_connection_problem, Error, Result};
+use crate::error::{Error, Result};
 use crate::sync::{btake_margin, Options};
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::{AsyncConnectionConfig, Cmd, IntoConnectionInfo, RedisResult, Value};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
+use redis::{AsyncConnectionConfig, Cmd, IntoConnectionInfo, RedisFuture, RedisResult, Value};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
-use tokio::sync::OnceCell;
-use tokio::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A `ConnectionManager` (which reconnects by itself) made at the first
+/// command rather than up front: creating it never fails, a server that is
+/// down makes the commands fail (fast when the connection is refused).
+#[derive(Clone)]
+pub struct LazyConnectionManager {
+    client: redis::Client,
+    timeouts: Timeouts,
+    /// Replaced by an empty cell on `close`; calls in flight keep the old one.
+    manager: Arc<Mutex<Arc<tokio::sync::OnceCell<ConnectionManager>>>>,
+}
+
+impl LazyConnectionManager {
+    /// A manager for `client`'s server with `timeouts` (nothing is sent yet).
+    pub fn new(client: redis::Client, timeouts: Timeouts) -> LazyConnectionManager {
+        LazyConnectionManager {
+            client,
+            timeouts,
+            manager: Arc::default(),
+        }
+    }
+
+    /// Drops the connection (for this manager and its clones) once the
+    /// calls in flight are done; a later call connects again.
+    pub fn close(&self) {
+        if let Ok(mut cell) = self.manager.lock() {
+            *cell = Arc::default();
+        }
+    }
+
+    async fn manager(&self) -> RedisResult<ConnectionManager> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.timeouts.connect))
+            .set_response_timeout(Some(self.timeouts.command))
+            // No retry with back-off inside a call: a refused connection
+            // must fail at once; the next call tries again.
+            .set_number_of_retries(0);
+        let limit = self.timeouts.connect + self.timeouts.command;
+        let make = ConnectionManager::new_with_config(self.client.clone(), config);
+        let cell = match self.manager.lock() {
+            Ok(cell) => cell.clone(),
+            Err(_) => return Err(std::io::Error::other("connection state poisoned").into()),
+        };
+        let manager = cell
+            .get_or_try_init(|| async {
+                match tokio::time::timeout(limit, make).await {
+                    Ok(made) => made,
+                    Err(_) => Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "connect timed out",
+                    )
+                    .into()),
+                }
+            })
+            .await?;
+        Ok(manager.clone())
+    }
+}
+
+impl ConnectionLike for LazyConnectionManager {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move { self.manager().await?.req_packed_command(cmd).await })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            self.manager()
+                .await?
+                .req_packed_commands(cmd, offset, count)
+                .await
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.client.get_connection_info().redis_settings().db()
+    }
+}
+
+/// The connections of TB.BTAKE waits: a blocked connection carries nothing
+/// else, so each wait in progress has one of its own, taken from a pool
+/// per node and given back after. Waits go to the node that owns the key's
+/// slot, learnt from `MOVED` (any node of a cluster will do as the seed).
+#[derive(Default)]
+struct WaitPool {
+    idle: Mutex<HashMap<Option<String>, Vec<MultiplexedConnection>>>,
+    owners: Mutex<HashMap<u16, String>>,
+}
+
+impl WaitPool {
+    fn owner(&self, slot: u16) -> Option<String> {
+        self.owners.lock().ok()?.get(&slot).cloned()
+    }
+
+    fn moved(&self, slot: u16, addr: &str) {
+        if let Ok(mut owners) = self.owners.lock() {
+            owners.insert(slot, addr.to_string());
+        }
+    }
+
+    fn checkout(&self, addr: &Option<String>) -> Option<MultiplexedConnection> {
+        self.idle.lock().ok()?.get_mut(addr)?.pop()
+    }
+
+    fn checkin(&self, addr: Option<String>, con: MultiplexedConnection) {
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.entry(addr).or_default().push(con);
+        }
+    }
+
+    fn clear(&self) {
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.clear();
+        }
+    }
+}
 
 #[derive(Default)]
 struct State {
-    resolved: OnceCell<Resolved>,
+    waits: WaitPool,
+    backend: Mutex<BackendState>,
     polling_logged: AtomicBool,
 }
 
 /// A token-bucket rate limiter over an async connection; cheap to clone
 /// (clones share the connection and the chosen backend).
 ///
-/// Every call is bounded by `Timeouts::command` (default 200 ms), whatever
-/// the connection's own settings: a hung Redis gives [`Error::Timeout`]
-/// quickly. (Choosing the backend, once, may take a few such round trips.)
+/// Every command is bounded by `Timeouts::command` (default 200 ms),
+/// whatever the connection's own settings: a hung Redis gives
+/// [`Error::Unavailable`] quickly.
 pub struct AsyncRateLimiter<C> {
     con: C,
     opts: Arc<Options>,
     state: Arc<State>,
     blocking: Option<redis::Client>,
+    /// Closes the connection the limiter made itself (none for `new`).
+    closer: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 impl<C: Clone> Clone for AsyncRateLimiter<C> {
@@ -44,33 +168,30 @@ impl<C: Clone> Clone for AsyncRateLimiter<C> {
             opts: self.opts.clone(),
             state: self.state.clone(),
             blocking: self.blocking.clone(),
+            closer: self.closer.clone(),
         }
     }
 }
 
-impl AsyncRateLimiter<ConnectionManager> {
-    /// A limiter on a `ConnectionManager` (reconnects by itself) to `url`,
-    /// with the default timeouts; `wait_take` gets dedicated connections to
-    /// the same server for TB.BTAKE.
+impl AsyncRateLimiter<LazyConnectionManager> {
+    /// A limiter on a [`LazyConnectionManager`] to `url`, with the default
+    /// timeouts; `wait_take` gets dedicated connections to the same server
+    /// for TB.BTAKE. Nothing is sent yet: only a bad URL is an error here.
     pub async fn connect_url<T: IntoConnectionInfo>(url: T) -> Result<Self> {
-        Self::from_client(redis::Client::open(url)?, Timeouts::default()).await
+        Ok(Self::from_client(
+            redis::Client::open(url)?,
+            Timeouts::default(),
+        ))
     }
 
     /// As [`connect_url`](Self::connect_url), from a client, with `timeouts`.
-    pub async fn from_client(client: redis::Client, timeouts: Timeouts) -> Result<Self> {
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(timeouts.connect)
-            .set_response_timeout(timeouts.command)
-            .set_number_of_retries(1)
-            .set_max_delay(100);
-        let con = timed(
-            timeouts.connect + timeouts.command,
-            ConnectionManager::new_with_config(client.clone(), config),
-        )
-        .await?;
-        Ok(AsyncRateLimiter::new(con)
+    pub fn from_client(client: redis::Client, timeouts: Timeouts) -> Self {
+        let con = LazyConnectionManager::new(client.clone(), timeouts);
+        let mut limiter = AsyncRateLimiter::new(con.clone())
             .with_timeouts(timeouts)
-            .with_blocking_client(client))
+            .with_blocking_client(client);
+        limiter.closer = Some(Arc::new(move || con.close()));
+        limiter
     }
 }
 
@@ -78,9 +199,10 @@ async fn timed<T, F>(limit: Duration, future: F) -> Result<T>
 where
     F: Future<Output = RedisResult<T>>,
 {
+    let started = Instant::now();
     match tokio::time::timeout(limit, future).await {
         Ok(result) => Ok(result?),
-        Err(_) => Err(Error::Timeout(limit)),
+        Err(_) => Err(core::timed_out(started, limit)),
     }
 }
 
@@ -95,6 +217,20 @@ where
             opts: Arc::new(Options::default()),
             state: Arc::new(State::default()),
             blocking: None,
+            closer: None,
+        }
+    }
+
+    /// Releases every connection this limiter (and its clones) opened: the
+    /// idle TB.BTAKE connections, and the `LazyConnectionManager` of
+    /// [`connect_url`](AsyncRateLimiter::connect_url) / [`from_client`](AsyncRateLimiter::from_client).
+    /// A connection given to [`new`](Self::new) is the caller's to drop.
+    /// Waits in progress keep their connection until they end; a call after
+    /// `close` connects again.
+    pub fn close(&self) {
+        self.state.waits.clear();
+        if let Some(close) = &self.closer {
+            close();
         }
     }
 
@@ -103,8 +239,10 @@ where
     }
 
     /// Forces a backend instead of choosing one.
-    pub fn with_backend(mut self, backend: Backend) -> Self {
-        self.opts_mut().backend = Some(backend);
+    pub fn with_backend(self, backend: Backend) -> Self {
+        if let Ok(mut state) = self.state.backend.lock() {
+            *state = BackendState::forced(Some(backend));
+        }
         self
     }
 
@@ -114,16 +252,24 @@ where
         self
     }
 
-    /// The policy name of single-limit decisions (default `"default"`).
+    /// The policy name of single-limit decisions (default `"default"`;
+    /// printable ASCII, or every call is refused).
     pub fn with_policy_name(mut self, name: impl Into<String>) -> Self {
         self.opts_mut().policy_name = name.into();
         self
     }
 
-    /// The per-call timeout (`command`) and the connect timeout of the
+    /// The per-command timeout (`command`) and the connect timeout of the
     /// connections `wait_take` makes.
     pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
         self.opts_mut().timeouts = timeouts;
+        self
+    }
+
+    /// How often a limiter that fell back to Lua after the module went away
+    /// looks for the module again (default 30 s).
+    pub fn with_module_recheck(mut self, every: Duration) -> Self {
+        self.opts_mut().recheck = every;
         self
     }
 
@@ -137,7 +283,7 @@ where
 
     /// The backend in use, once chosen.
     pub fn backend(&self) -> Option<Backend> {
-        self.state.resolved.get().map(|r| r.backend)
+        self.state.backend.lock().ok().and_then(|s| s.backend())
     }
 
     #[cfg(feature = "tower")]
@@ -145,111 +291,50 @@ where
         &self.opts.logger
     }
 
-    /// Chooses the backend now instead of at the first call.
+    /// Chooses the backend now instead of at the first call: a peek of a
+    /// key that is never written.
     pub async fn connect(&self) -> Result<Backend> {
-        Ok(self.resolve().await?.backend)
+        self.peek("redis-tb:connect", 1, 1, 0).await?;
+        self.backend()
+            .ok_or_else(|| Error::Other("no backend chosen".into()))
     }
 
-    async fn query(&self, con: &mut C, cmd: &Cmd) -> Result<Value> {
-        timed(self.opts.timeouts.command, cmd.query_async::<Value>(con)).await
-    }
-
-    async fn resolve(&self) -> Result<Resolved> {
-        let resolved = self
-            .state
-            .resolved
-            .get_or_try_init(|| async {
-                let mut con = self.con.clone();
-                let (resolved, why) = match self.opts.backend {
-                    Some(Backend::Module) => (
-                        resolved(Backend::Module, None),
-                        backend::WHY_FORCED.to_string(),
-                    ),
-                    Some(Backend::Function) => {
-                        self.query(&mut con, &backend::function_load()).await?;
-                        (
-                            resolved(Backend::Function, None),
-                            backend::WHY_FORCED.to_string(),
-                        )
-                    }
-                    Some(Backend::Script) => {
-                        let sha =
-                            backend::sha_of(&self.query(&mut con, &backend::script_load()).await?);
-                        (
-                            resolved(Backend::Script, sha),
-                            backend::WHY_FORCED.to_string(),
-                        )
-                    }
-                    None => self.detect(&mut con).await?,
-                };
-                chosen(&self.opts.logger, resolved.backend, &why);
-                Ok::<Resolved, Error>(resolved)
-            })
-            .await?;
-        Ok(resolved.clone())
-    }
-
-    async fn detect(&self, con: &mut C) -> Result<(Resolved, String)> {
-        // A server error (e.g. an ACL without COMMAND) counts as "no module":
-        // the Lua fallback gives the same answers.
-        match self.query(con, &backend::command_info()).await {
-            Ok(info) if command_info_has_entry(&info) => {
-                return Ok((resolved(Backend::Module, None), backend::WHY_MODULE.into()));
-            }
-            Err(Error::Redis(e)) if !is_connection_problem(&e) => {}
-            Err(e) => return Err(e),
-            Ok(_) => {}
-        }
-        let cluster = match self.query(con, &backend::cluster_info()).await {
-            Ok(_) => true,
-            Err(Error::Redis(e)) if !is_connection_problem(&e) => false,
-            Err(e) => return Err(e),
-        };
-        if !cluster {
-            match self.query(con, &backend::function_load()).await {
-                Ok(_) => {
-                    return Ok((
-                        resolved(Backend::Function, None),
-                        backend::WHY_FUNCTION.into(),
-                    ))
-                }
-                Err(Error::Redis(e)) if !is_connection_problem(&e) => {
-                    let sha = backend::sha_of(&self.query(con, &backend::script_load()).await?);
-                    let why =
-                        format!("the module is not loaded; FUNCTION LOAD failed ({e}): EVALSHA");
-                    return Ok((resolved(Backend::Script, sha), why));
-                }
-                Err(e) => return Err(e),
+    fn learn(&self, learned: Vec<Learned>) {
+        if let Ok(mut state) = self.state.backend.lock() {
+            for l in learned {
+                emit_line(&self.opts.logger, state.learn(l, Instant::now()));
             }
         }
-        let sha = backend::sha_of(&self.query(con, &backend::script_load()).await?);
-        Ok((resolved(Backend::Script, sha), backend::WHY_CLUSTER.into()))
     }
 
     async fn run(&self, call: &Call) -> Result<Decision> {
-        let resolved = self.resolve().await?;
-        let mut con = self.con.clone();
-        let first = timed(
-            self.opts.timeouts.command,
-            call.command(&resolved, false)
-                .query_async::<Value>(&mut con),
-        )
-        .await;
-        let value = match first {
-            Ok(v) => v,
-            Err(Error::Redis(e)) if resolved.backend == Backend::Script && is_noscript(&e) => {
-                self.query(&mut con, &call.command(&resolved, true)).await?
-            }
-            Err(Error::Redis(e))
-                if resolved.backend == Backend::Function && is_function_missing(&e) =>
-            {
-                self.query(&mut con, &backend::function_load()).await?;
-                self.query(&mut con, &call.command(&resolved, false))
-                    .await?
-            }
-            Err(e) => return Err(e),
+        let (forced, plan) = match self.state.backend.lock() {
+            Ok(state) => (state.forced, state.plan(Instant::now(), self.opts.recheck)),
+            Err(_) => return Err(Error::Other("limiter state poisoned".into())),
         };
-        call.decision(&value)
+        let (mut exchange, mut step) = Exchange::start(call, forced, plan);
+        let mut con = self.con.clone();
+        let outcome = loop {
+            match step {
+                Step::Send(cmd) => {
+                    let limit = self.opts.timeouts.command;
+                    let reply =
+                        match tokio::time::timeout(limit, cmd.query_async::<Value>(&mut con)).await
+                        {
+                            Ok(reply) => reply,
+                            Err(_) => break Err(core::timed_out(Instant::now(), limit)),
+                        };
+                    step = exchange.on_reply(reply);
+                }
+                Step::Done(outcome) => break outcome,
+            }
+        };
+        self.learn(std::mem::take(&mut exchange.learned));
+        outcome
+    }
+
+    fn single(&self, op: Op, key: &str, capacity: f64, rate: f64, n: f64) -> Result<Call> {
+        Call::single(op, key, capacity, rate, n, &self.opts.policy_name)
     }
 
     /// Takes `n` tokens from the bucket at `key` (burst `capacity`, refilled
@@ -261,14 +346,7 @@ where
         rate: impl Into<f64>,
         n: impl Into<f64>,
     ) -> Result<Decision> {
-        let call = Call::single(
-            Op::Take,
-            key,
-            capacity.into(),
-            rate.into(),
-            n.into(),
-            &self.opts.policy_name,
-        )?;
+        let call = self.single(Op::Take, key, capacity.into(), rate.into(), n.into())?;
         self.run(&call).await
     }
 
@@ -280,14 +358,7 @@ where
         rate: impl Into<f64>,
         n: impl Into<f64>,
     ) -> Result<Decision> {
-        let call = Call::single(
-            Op::Peek,
-            key,
-            capacity.into(),
-            rate.into(),
-            n.into(),
-            &self.opts.policy_name,
-        )?;
+        let call = self.single(Op::Peek, key, capacity.into(), rate.into(), n.into())?;
         self.run(&call).await
     }
 
@@ -299,14 +370,7 @@ where
         rate: impl Into<f64>,
         n: impl Into<f64>,
     ) -> Result<Decision> {
-        let call = Call::single(
-            Op::Refund,
-            key,
-            capacity.into(),
-            rate.into(),
-            n.into(),
-            &self.opts.policy_name,
-        )?;
+        let call = self.single(Op::Refund, key, capacity.into(), rate.into(), n.into())?;
         self.run(&call).await
     }
 
@@ -334,24 +398,27 @@ where
         n: impl Into<f64>,
         timeout_ms: u64,
     ) -> Result<Decision> {
-        let call = Call::single(
-            Op::Take,
-            key,
-            capacity.into(),
-            rate.into(),
-            n.into(),
-            &self.opts.policy_name,
-        )?;
-        let resolved = self.resolve().await?;
-        if resolved.backend == Backend::Module {
+        let call = self.single(Op::Take, key, capacity.into(), rate.into(), n.into())?;
+        if self.backend().is_none() {
+            self.run(&Call::single(Op::Peek, key, 1.0, 1.0, 0.0, "default")?)
+                .await?;
+        }
+        if self.backend() == Some(Backend::Module) {
             if let Some(client) = &self.blocking {
-                return self.btake(client, &call, timeout_ms).await;
-            }
-            if !self.state.polling_logged.swap(true, Ordering::SeqCst) {
+                match self.btake(client, &call, timeout_ms).await {
+                    Err(Error::Reply(r))
+                        if core::classify_reply(&r) == FailureClass::ServerChanged =>
+                    {
+                        // The module went away: detect again, then poll on Lua.
+                        self.learn(vec![Learned::Stale]);
+                    }
+                    other => return other,
+                }
+            } else if !self.state.polling_logged.swap(true, Ordering::SeqCst) {
                 emit(
                     &self.opts.logger,
                     log::Level::Info,
-                    "redis-tb: wait_take polls (not FIFO): no client for a dedicated TB.BTAKE connection",
+                    crate::core::POLLING_NOTE,
                 );
             }
         }
@@ -365,21 +432,108 @@ where
         timeout_ms: u64,
     ) -> Result<Decision> {
         let timeouts = self.opts.timeouts;
-        let mut config = AsyncConnectionConfig::new().set_connection_timeout(timeouts.connect);
-        if timeout_ms > 0 {
-            config = config
-                .set_response_timeout(Duration::from_millis(timeout_ms) + btake_margin(&timeouts));
+        let pool = &self.state.waits;
+        let slot = core::key_slot(call.first_key());
+        let mut addr = pool.owner(slot);
+        let mut asking = false;
+        for _ in 0..=core::MAX_REDIRECTS {
+            let con = match pool.checkout(&addr) {
+                Some(con) => con,
+                None => {
+                    let config = AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(timeouts.connect))
+                        // A wait's own bound is set per wait (blocking_query).
+                        .set_response_timeout(None);
+                    let node = core::client_at(client, addr.as_deref())?;
+                    timed(
+                        timeouts.connect + timeouts.command,
+                        node.get_multiplexed_async_connection_with_config(&config),
+                    )
+                    .await?
+                }
+            };
+            let mut sender = con.clone();
+            let reply = if asking {
+                // ASK: this one command goes to the importing node, after ASKING.
+                let mut pipe = redis::pipe();
+                pipe.cmd("ASKING")
+                    .ignore()
+                    .add_command(call.btake(timeout_ms));
+                let query = async move {
+                    let mut replies = pipe.query_async::<Vec<Value>>(&mut sender).await?;
+                    Ok(replies.pop().unwrap_or(Value::Nil))
+                };
+                self.blocking_query(timeout_ms, query).await
+            } else {
+                let cmd = call.btake(timeout_ms);
+                let query = async move { cmd.query_async::<Value>(&mut sender).await };
+                self.blocking_query(timeout_ms, query).await
+            };
+            if let Some(outcome) =
+                self.after_wait(reply, call, pool, &mut addr, &mut asking, slot, con)
+            {
+                return outcome;
+            }
         }
-        let mut con = timed(
-            timeouts.connect + timeouts.command,
-            client.get_multiplexed_async_connection_with_config(&config),
-        )
-        .await?;
-        let value = call
-            .btake(timeout_ms)
-            .query_async::<Value>(&mut con)
-            .await?;
-        call.decision(&value)
+        Err(Error::Other(format!(
+            "TB.BTAKE: more than {} redirects",
+            core::MAX_REDIRECTS
+        )))
+    }
+
+    /// A wait's reply, bounded by its own timeout plus a margin (none for 0).
+    async fn blocking_query<T>(
+        &self,
+        timeout_ms: u64,
+        query: impl Future<Output = RedisResult<T>>,
+    ) -> std::result::Result<T, Option<redis::RedisError>> {
+        if timeout_ms == 0 {
+            return query.await.map_err(Some);
+        }
+        let limit = Duration::from_millis(timeout_ms) + btake_margin(&self.opts.timeouts);
+        match tokio::time::timeout(limit, query).await {
+            Ok(reply) => reply.map_err(Some),
+            Err(_) => Err(None),
+        }
+    }
+
+    /// `None`: follow the redirect; otherwise the wait's outcome. The
+    /// connection goes back to the pool unless it cannot be trusted.
+    #[allow(clippy::too_many_arguments)]
+    fn after_wait(
+        &self,
+        reply: std::result::Result<Value, Option<redis::RedisError>>,
+        call: &Call,
+        pool: &WaitPool,
+        addr: &mut Option<String>,
+        asking: &mut bool,
+        slot: u16,
+        con: MultiplexedConnection,
+    ) -> Option<Result<Decision>> {
+        match reply {
+            Ok(value) => {
+                pool.checkin(addr.clone(), con);
+                Some(call.decision(&value))
+            }
+            Err(None) => Some(Err(core::timed_out(Instant::now(), Duration::ZERO))),
+            Err(Some(e)) => {
+                let redirect = core::reply_text(&e).and_then(|r| core::redirect(&r));
+                if !core::is_connection_problem(&e) {
+                    pool.checkin(addr.clone(), con);
+                } else {
+                    pool.clear();
+                }
+                let Some((ask, to)) = redirect else {
+                    return Some(Err(Error::from(e)));
+                };
+                if !ask {
+                    pool.moved(slot, &to);
+                }
+                *asking = ask;
+                *addr = Some(to);
+                None
+            }
+        }
     }
 
     async fn poll(&self, call: &Call, timeout_ms: u64) -> Result<Decision> {
@@ -389,30 +543,21 @@ where
         };
         loop {
             let decision = self.run(call).await?;
-            if decision.allowed || decision.retry_after_ms < 0 {
-                return Ok(decision);
+            match core::poll_wait(&decision, deadline, Instant::now()) {
+                None => return Ok(decision),
+                Some(wait) => tokio::time::sleep(wait).await,
             }
-            let mut wait = Duration::from_millis(decision.retry_after_ms.unsigned_abs().max(1));
-            if let Some(deadline) = deadline {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Ok(decision);
-                }
-                wait = wait.min(left);
-            }
-            tokio::time::sleep(wait).await;
         }
     }
-}
-
-fn resolved(backend: Backend, sha: Option<String>) -> Resolved {
-    Resolved { backend, sha }
 }
 
 impl<C> std::fmt::Debug for AsyncRateLimiter<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AsyncRateLimiter")
-            .field("backend", &self.state.resolved.get().map(|r| r.backend))
+            .field(
+                "backend",
+                &self.state.backend.lock().ok().and_then(|s| s.backend()),
+            )
             .finish()
     }
 }

@@ -1,6 +1,7 @@
 //! Which server side answers (module, FUNCTION library, EVALSHA script), the
 //! commands each one takes, and what the sync and async limiters share.
 
+use crate::core::{check_capacity, check_cost, check_key, check_name, check_rate};
 use crate::decision::{number, Decision, Limit, Policy};
 use crate::error::{Error, Result};
 use redis::{Cmd, Value};
@@ -27,7 +28,8 @@ pub enum Backend {
     Module,
     /// `lua/tb.lua` as a FUNCTION library (`FCALL tb_take ...`; Redis 7+, Valkey).
     Function,
-    /// `lua/tb.lua` as an EVALSHA script (any Redis 4+), reloaded on NOSCRIPT.
+    /// `lua/tb.lua` as an EVALSHA script (where FUNCTION is missing: Redis
+    /// before 7), sent again as EVAL on NOSCRIPT.
     Script,
 }
 
@@ -51,6 +53,12 @@ impl fmt::Display for Backend {
 /// A log sink: `(level, message)`. Without one the `log` crate is used
 /// (target `redis_tb_client`).
 pub type Logger = Arc<dyn Fn(log::Level, &str) + Send + Sync>;
+
+pub(crate) fn emit_line(logger: &Option<Logger>, line: Option<crate::core::Line>) {
+    if let Some((level, message)) = line {
+        emit(logger, level, &message);
+    }
+}
 
 pub(crate) fn emit(logger: &Option<Logger>, level: log::Level, message: &str) {
     match logger {
@@ -84,6 +92,12 @@ pub(crate) struct Resolved {
     pub sha: Option<String>,
 }
 
+impl Resolved {
+    pub fn new(backend: Backend, sha: Option<String>) -> Resolved {
+        Resolved { backend, sha }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Op {
     Take,
@@ -99,6 +113,13 @@ impl Op {
             Op::Peek => "TB.PEEK",
             Op::Refund => "TB.REFUND",
             Op::TakeAll => "TB.TAKEALL",
+        }
+    }
+    /// `FCALL_RO` for peek, which writes nothing and so runs on replicas.
+    fn fcall(self) -> &'static str {
+        match self {
+            Op::Peek => "FCALL_RO",
+            _ => "FCALL",
         }
     }
     fn function(self) -> &'static str {
@@ -136,6 +157,7 @@ pub(crate) struct Call {
 
 impl Call {
     pub fn single(op: Op, key: &str, capacity: f64, rate: f64, n: f64, name: &str) -> Result<Call> {
+        check_name(name)?;
         Ok(Call {
             op,
             buckets: vec![bucket(key, capacity, rate, n)?],
@@ -154,6 +176,7 @@ impl Call {
         for (i, limit) in limits.iter().enumerate() {
             buckets.push(bucket(&limit.key, limit.capacity, limit.rate, limit.n)?);
             let name = limit.name.clone().unwrap_or_else(|| format!("limit{i}"));
+            check_name(&name)?;
             policies.push(Policy::new(name, limit.capacity, limit.rate));
         }
         Ok(Call {
@@ -176,7 +199,7 @@ impl Call {
                 return cmd;
             }
             Backend::Function => {
-                cmd = redis::cmd("FCALL");
+                cmd = redis::cmd(self.op.fcall());
                 cmd.arg(self.op.function());
             }
             Backend::Script => {
@@ -202,6 +225,13 @@ impl Call {
         cmd
     }
 
+    /// The first bucket's key (the only one outside `take_all`): where an
+    /// async wait goes first (the sync one follows MOVED every time).
+    #[cfg(feature = "tokio")]
+    pub fn first_key(&self) -> &str {
+        self.buckets.first().map(|b| b.key.as_str()).unwrap_or("")
+    }
+
     /// `TB.BTAKE key capacity rate n timeout_ms` (single-bucket calls only).
     pub fn btake(&self, timeout_ms: u64) -> Cmd {
         let mut cmd = redis::cmd("TB.BTAKE");
@@ -218,6 +248,10 @@ impl Call {
 }
 
 fn bucket(key: &str, capacity: f64, rate: f64, n: f64) -> Result<Bucket> {
+    check_key(key)?;
+    check_capacity(capacity)?;
+    check_rate(rate)?;
+    check_cost(n)?;
     Ok(Bucket {
         key: key.to_string(),
         args: [
@@ -226,16 +260,6 @@ fn bucket(key: &str, capacity: f64, rate: f64, n: f64) -> Result<Bucket> {
             number("n", n)?,
         ],
     })
-}
-
-/// The error means the script is not cached on the node that answered.
-pub(crate) fn is_noscript(e: &redis::RedisError) -> bool {
-    e.kind() == redis::ErrorKind::NoScriptError || e.code() == Some("NOSCRIPT")
-}
-
-/// The error means the FUNCTION library is gone (FUNCTION FLUSH, a new node).
-pub(crate) fn is_function_missing(e: &redis::RedisError) -> bool {
-    e.to_string().contains("Function not found") || e.to_string().contains("function not found")
 }
 
 /// `COMMAND INFO tb.take` has an entry: the module is loaded.
@@ -265,10 +289,6 @@ pub(crate) fn script_load() -> Cmd {
     cmd
 }
 
-pub(crate) fn cluster_info() -> Cmd {
-    redis::cmd("CLUSTER").arg("INFO").clone()
-}
-
 /// The SHA1 SCRIPT LOAD replied (a cluster client may answer with one per node).
 pub(crate) fn sha_of(v: &Value) -> Option<String> {
     match v {
@@ -280,19 +300,9 @@ pub(crate) fn sha_of(v: &Value) -> Option<String> {
     }
 }
 
-/// Why a backend was picked, for the one log line.
-pub(crate) fn chosen(logger: &Option<Logger>, backend: Backend, why: &str) {
-    emit(
-        logger,
-        log::Level::Info,
-        &format!("redis-tb backend: {backend} ({why})"),
-    );
-}
-
 pub(crate) const WHY_MODULE: &str = "COMMAND INFO tb.take: the redis-tb module is loaded";
 pub(crate) const WHY_FUNCTION: &str =
     "the module is not loaded; FUNCTION LOAD REPLACE of lua/tb.lua succeeded";
-pub(crate) const WHY_CLUSTER: &str = "the module is not loaded; a cluster: EVALSHA is routed by its key (redis-rs routes FCALL by the function name), reloaded per node on NOSCRIPT";
 pub(crate) const WHY_FORCED: &str = "forced by the caller";
 
 #[cfg(test)]
@@ -303,7 +313,7 @@ mod tests {
         cmd.args_iter()
             .map(|a| match a {
                 redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
-                redis::Arg::Cursor => "<cursor>".into(),
+                _ => "<cursor>".into(),
             })
             .collect()
     }
@@ -354,6 +364,12 @@ mod tests {
             ["EVALSHA", "abc", "1", "k", "take", "10", "0.5", "1"]
         );
         assert_eq!(args(&take.command(&script, true))[0], "EVAL");
+        // peek writes nothing: FCALL_RO, which replicas run too.
+        let peek = Call::single(Op::Peek, "k", 10.0, 0.5, 1.0, "default").unwrap();
+        assert_eq!(
+            args(&peek.command(&function, false)),
+            ["FCALL_RO", "tb_peek", "1", "k", "10", "0.5", "1"]
+        );
         let all = Call::all(&[
             Limit::new("{u}:a", 10, 2),
             Limit::new("{u}:b", 5000, 0.25).cost(2),

@@ -105,24 +105,27 @@ pub struct Decision {
     pub retry_after_ms: i64,
     /// Shortest wait in ms until the bucket is full again (0: full).
     pub reset_after_ms: u64,
+    /// The deciding policy's name.
+    pub policy: String,
+    /// The deciding policy's capacity.
+    pub capacity: f64,
+    /// The deciding policy's rate (tokens per second).
+    pub rate: f64,
     /// `take_all` only: 0-based position of the deciding limit.
     pub index: Option<usize>,
-    /// The limits judged, in the call's order (one outside `take_all`).
+    /// Every limit judged, in the call's order (one outside `take_all`), for
+    /// the `RateLimit-Policy` header.
     pub policies: Vec<Policy>,
 }
 
 impl Decision {
-    /// The deciding limit (`policies[index]`, or the only one).
-    pub fn policy(&self) -> Option<&Policy> {
-        self.policies.get(self.index.unwrap_or(0))
-    }
-
     /// Renames the deciding policy (the only one outside `take_all`).
     pub fn with_policy_name(mut self, name: impl Into<String>) -> Decision {
-        let at = self.index.unwrap_or(0);
-        if let Some(policy) = self.policies.get_mut(at) {
-            policy.name = name.into();
+        let name = name.into();
+        if let Some(policy) = self.policies.get_mut(self.index.unwrap_or(0)) {
+            policy.name = name.clone();
         }
+        self.policy = name;
         self
     }
 
@@ -153,12 +156,11 @@ impl Decision {
         let mut headers = Vec::with_capacity(3);
         let items: Vec<String> = self.policies.iter().map(Policy::header_item).collect();
         headers.push(("RateLimit-Policy", items.join(", ")));
-        let name = self.policy().map(|p| p.name.as_str()).unwrap_or("default");
         headers.push((
             "RateLimit",
             format!(
                 "{};r={};t={}",
-                sf_string(name),
+                sf_string(&self.policy),
                 self.remaining.min(SF_INT_MAX),
                 self.reset_secs().min(SF_INT_MAX)
             ),
@@ -182,28 +184,28 @@ impl Decision {
 
     /// Builds a decision from a four- (or, for `take_all`, five-) integer reply.
     pub(crate) fn from_reply(value: &Value, policies: Vec<Policy>, all: bool) -> Result<Decision> {
-        let ints: Vec<i64> = redis::FromRedisValue::from_redis_value(value)
-            .map_err(|_| Error::UnexpectedReply(format!("{value:?}")))?;
-        let bad = || Error::UnexpectedReply(format!("{ints:?}"));
+        let ints: Vec<i64> = redis::FromRedisValue::from_redis_value_ref(value)
+            .map_err(|_| Error::Other(format!("unexpected reply: {value:?}")))?;
+        let bad = || Error::Other(format!("unexpected reply: {ints:?}"));
         let want = if all { 5 } else { 4 };
         if ints.len() != want {
             return Err(bad());
         }
         let field = |i: usize| ints.get(i).copied().ok_or_else(bad);
         let index = if all {
-            let index = usize::try_from(field(4)?).map_err(|_| bad())?;
-            if index >= policies.len() {
-                return Err(bad());
-            }
-            Some(index)
+            Some(usize::try_from(field(4)?).map_err(|_| bad())?)
         } else {
             None
         };
+        let deciding = policies.get(index.unwrap_or(0)).cloned().ok_or_else(bad)?;
         Ok(Decision {
             allowed: field(0)? == 1,
             remaining: u64::try_from(field(1)?).map_err(|_| bad())?,
             retry_after_ms: field(2)?,
             reset_after_ms: u64::try_from(field(3)?).map_err(|_| bad())?,
+            policy: deciding.name,
+            capacity: deciding.capacity,
+            rate: deciding.rate,
             index,
             policies,
         })
@@ -264,6 +266,9 @@ mod tests {
             remaining,
             retry_after_ms: retry,
             reset_after_ms: reset,
+            policy: "default".into(),
+            capacity: 10.0,
+            rate: 2.0,
             index: None,
             policies: vec![Policy::new("default", 10, 2)],
         }
@@ -304,6 +309,9 @@ mod tests {
             remaining: 0,
             retry_after_ms: 17_280_000,
             reset_after_ms: 86_400_000,
+            policy: "day".into(),
+            capacity: 5000.0,
+            rate: 5000.0 / 86400.0,
             index: Some(1),
             policies: vec![
                 Policy::new("sec", 10, 2),
@@ -326,6 +334,9 @@ mod tests {
             remaining: 1 << 53,
             retry_after_ms: 1 << 53,
             reset_after_ms: 1 << 53,
+            policy: "big".into(),
+            capacity: 9007199254740992.0,
+            rate: 1e-300,
             index: None,
             policies: vec![Policy::new("big", 9007199254740992.0, 1e-300)],
         };
@@ -383,6 +394,6 @@ mod tests {
         )
         .unwrap();
         assert_eq!(d.index, Some(1));
-        assert_eq!(d.policy().unwrap().name, "b");
+        assert_eq!(d.policy, "b");
     }
 }

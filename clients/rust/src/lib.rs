@@ -2,7 +2,8 @@
 //! limiter for Redis and Valkey: the same API whether the module is loaded
 //! (TB.TAKE ...) or not (the Lua fallback `lua/tb.lua`, as a FUNCTION library
 //! or an EVALSHA script), draft-11 `RateLimit` headers, and (feature
-//! `tower`) a fail-open tower/axum middleware. See README.md.
+//! `tower`) a tower/axum middleware; errors follow the one failure rule of
+//! docs/clients.md. See README.md.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), redis_tb_client::Error> {
@@ -33,24 +34,33 @@
     )
 )]
 
+#[cfg(feature = "tokio")]
 mod aio;
 mod backend;
+mod core;
 mod decision;
 mod error;
 #[cfg(feature = "tower")]
 mod middleware;
 mod sync;
 
-pub use aio::AsyncRateLimiter;
+pub use crate::core::{
+    bucket_key, check_policy, classify_reply, escape_id, key_slot, FailureClass,
+};
+#[cfg(feature = "tokio")]
+pub use aio::{AsyncRateLimiter, LazyConnectionManager};
 pub use backend::{lua_script, Backend, Logger, Timeouts, LUA_LIBRARY};
 pub use decision::{Decision, Limit, Policy};
 pub use error::{Error, Result};
 #[cfg(feature = "tower")]
 pub use middleware::{
-    client_ip, connect_info_ip, problem_body, CostFn, KeyFn, RateLimitLayer, RateLimitService,
-    QUOTA_EXCEEDED,
+    client_ip, connect_info_ip, problem_body, CostFn, ErrorHandler, KeyFn, RateLimitLayer,
+    RateLimitService, QUOTA_EXCEEDED,
 };
 pub use sync::{ManagedConnection, RateLimiter};
+
+/// The `redis` crate this one is built on, for connections of the matching version.
+pub use redis;
 
 /// This crate's version (the module's: both are 0.1.0).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

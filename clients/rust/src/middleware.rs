@@ -3,15 +3,16 @@
 
 use crate::aio::AsyncRateLimiter;
 use crate::backend::{emit, Logger};
+use crate::core::{bucket_key, check_policy};
 use crate::decision::{sf_string, Decision, Limit, Policy};
-use crate::error::Error;
+use crate::error::{Error, Result};
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tower_layer::Layer;
@@ -22,6 +23,9 @@ use tower_service::Service;
 pub type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 /// The request's cost in tokens (default 1).
 pub type CostFn = Arc<dyn Fn(&Parts) -> f64 + Send + Sync>;
+/// The response to a limiter error that is a bug, not an outage (see
+/// [`RateLimitLayer::on_error`]); the default answers 500.
+pub type ErrorHandler = Arc<dyn Fn(&Error) -> Response<String> + Send + Sync>;
 
 /// The `type` of the 429 problem document (RFC 9457).
 pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
@@ -54,16 +58,12 @@ where
     parts.extensions.get::<T>().map(|c| c.ip())
 }
 
+/// The outage of one layer: whether calls are failing now, and how many
+/// have failed (shared by the layer's clones).
+#[derive(Default)]
 struct Outage {
     failing: AtomicBool,
-}
-
-impl Clone for Outage {
-    fn clone(&self) -> Self {
-        Outage {
-            failing: AtomicBool::new(self.failing.load(Ordering::SeqCst)),
-        }
-    }
+    failed_calls: AtomicU64,
 }
 
 #[derive(Clone)]
@@ -75,24 +75,30 @@ struct Shared<C> {
     prefix: String,
     fail_open: bool,
     logger: Option<Logger>,
-    outage: Outage,
+    on_error: ErrorHandler,
+    outage: Arc<Outage>,
 }
 
 /// The rate-limiting layer: one limit ([`RateLimitLayer::new`]) or several
 /// at once ([`RateLimitLayer::all`], TB.TAKEALL: all or nothing).
 ///
-/// The bucket of policy `name` for caller `id` is `<prefix>{<id>}:<name>`
-/// (prefix default `"ratelimit:"`, as in the Python library): one hash tag per caller, so all its buckets
-/// share a cluster slot. The caller id comes from the key function (default:
-/// the client IP, see [`client_ip`]; a request without one is not limited).
+/// The bucket of policy `name` for caller `id` is `<prefix>{<escaped id>}:<name>`
+/// (prefix default `"ratelimit:"`, see [`bucket_key`]): one hash tag per
+/// caller that no id can break, so all its buckets share a cluster slot.
+/// The caller id comes from the key function (default: the client IP, see
+/// [`client_ip`]; a request without one is not limited).
 ///
 /// On allow the request goes through and the response gets the
 /// `RateLimit-Policy` / `RateLimit` headers; on deny the answer is 429
-/// `application/problem+json` with the headers and `Retry-After`. When the
-/// limiter fails (Redis down, hung, erroring) the request goes through
-/// without headers (fail open, the default) or gets a 503 (fail closed); one
-/// warning is logged when failures start and one info line when calls
-/// succeed again.
+/// `application/problem+json` with the headers and `Retry-After`.
+/// Failures follow the one failure rule (docs/clients.md): when the limiter
+/// is unavailable (Redis down, hung, loading) the request goes through
+/// without headers (fail open, the default) or gets a 503 (fail closed),
+/// one warning is logged when failures start and one info line when calls
+/// succeed again, and each failed call is counted
+/// ([`unavailable_count`](Self::unavailable_count)); any other error is a
+/// bug (a wrong key type, a bad cost, CROSSSLOT) and is never let through:
+/// it is logged at error level and answered 500 (or by [`on_error`](Self::on_error)).
 pub struct RateLimitLayer<C> {
     shared: Arc<Shared<C>>,
 }
@@ -114,19 +120,36 @@ where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// One limit: `capacity` tokens refilled at `rate` per second, policy
-    /// name `"default"` (see [`policy_name`](Self::policy_name)).
+    /// name `"default"` (for another name, [`all`](Self::all) with one
+    /// policy). [`Error::InvalidArgument`] if the limit is not valid.
     pub fn new(
         limiter: AsyncRateLimiter<C>,
         capacity: impl Into<f64>,
         rate: impl Into<f64>,
-    ) -> Self {
+    ) -> Result<Self> {
         Self::all(limiter, vec![Policy::new("default", capacity, rate)])
     }
 
-    /// Several limits at once; each [`Policy`] names its bucket and headers.
-    pub fn all(limiter: AsyncRateLimiter<C>, policies: Vec<Policy>) -> Self {
+    /// Several limits at once (TB.TAKEALL, all or nothing); each [`Policy`]
+    /// names its bucket and headers. [`Error::InvalidArgument`] if there is
+    /// none, or one is not valid, or two share a name.
+    pub fn all(limiter: AsyncRateLimiter<C>, policies: Vec<Policy>) -> Result<Self> {
+        if policies.is_empty() {
+            return Err(Error::InvalidArgument(
+                "a layer needs at least one policy".into(),
+            ));
+        }
+        for (i, policy) in policies.iter().enumerate() {
+            check_policy(policy)?;
+            if policies.iter().take(i).any(|p| p.name == policy.name) {
+                return Err(Error::InvalidArgument(format!(
+                    "two policies are named {:?}",
+                    policy.name
+                )));
+            }
+        }
         let logger = limiter.logger().clone();
-        RateLimitLayer {
+        Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 limiter,
                 policies,
@@ -135,11 +158,15 @@ where
                 prefix: "ratelimit:".into(),
                 fail_open: true,
                 logger,
-                outage: Outage {
-                    failing: AtomicBool::new(false),
-                },
+                on_error: Arc::new(internal_error),
+                outage: Arc::new(Outage::default()),
             }),
-        }
+        })
+    }
+
+    /// Calls the limiter could not make because it was unavailable, so far.
+    pub fn unavailable_count(&self) -> u64 {
+        self.shared.outage.failed_calls.load(Ordering::SeqCst)
     }
 
     fn edit(mut self, f: impl FnOnce(&mut Shared<C>)) -> Self {
@@ -160,24 +187,14 @@ where
         self.edit(|s| s.cost_fn = Arc::new(f))
     }
 
-    /// Renames the policy of a one-limit layer (headers, bucket key).
-    pub fn policy_name(self, name: impl Into<String>) -> Self {
-        let name = name.into();
-        self.edit(|s| {
-            if let Some(p) = s.policies.first_mut() {
-                p.name = name;
-            }
-        })
-    }
-
     /// The bucket key prefix (default `"ratelimit:"`).
     pub fn prefix(self, prefix: impl Into<String>) -> Self {
         let prefix = prefix.into();
         self.edit(|s| s.prefix = prefix)
     }
 
-    /// `false`: answer 503 when the limiter fails, instead of letting the
-    /// request through.
+    /// `false`: answer 503 when the limiter is unavailable, instead of
+    /// letting the request through.
     pub fn fail_open(self, fail_open: bool) -> Self {
         self.edit(|s| s.fail_open = fail_open)
     }
@@ -185,6 +202,15 @@ where
     /// Where the outage lines go (default: the limiter's logger, else `log`).
     pub fn logger(self, logger: Logger) -> Self {
         self.edit(|s| s.logger = Some(logger))
+    }
+
+    /// The response to an error that is a bug, not an outage (the error is
+    /// logged first either way). Default: 500 with a problem+json body.
+    pub fn on_error(
+        self,
+        handler: impl Fn(&Error) -> Response<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.edit(|s| s.on_error = Arc::new(handler))
     }
 }
 
@@ -218,6 +244,7 @@ enum Verdict {
     Pass(Option<Decision>),
     Deny(Decision),
     Unavailable,
+    Bug(Error),
 }
 
 impl<C> Shared<C>
@@ -233,13 +260,9 @@ where
             .policies
             .iter()
             .map(|p| {
-                Limit::new(
-                    format!("{}{{{id}}}:{}", self.prefix, p.name),
-                    p.capacity,
-                    p.rate,
-                )
-                .cost(cost)
-                .name(p.name.clone())
+                Limit::new(bucket_key(&self.prefix, &id, &p.name), p.capacity, p.rate)
+                    .cost(cost)
+                    .name(p.name.clone())
             })
             .collect();
         let result = match limits.as_slice() {
@@ -265,14 +288,23 @@ where
                     Verdict::Deny(decision)
                 }
             }
-            Err(e) => {
-                self.failed(&e);
+            Err(e) if e.is_unavailable() => {
+                self.unavailable(&e);
                 Verdict::Unavailable
+            }
+            Err(e) => {
+                emit(
+                    &self.logger,
+                    log::Level::Error,
+                    &format!("redis-tb: rate limiter error (a bug, not an outage): {e}"),
+                );
+                Verdict::Bug(e)
             }
         }
     }
 
-    fn failed(&self, e: &Error) {
+    fn unavailable(&self, e: &Error) {
+        self.outage.failed_calls.fetch_add(1, Ordering::SeqCst);
         if !self.outage.failing.swap(true, Ordering::SeqCst) {
             let action = if self.fail_open {
                 "letting requests through"
@@ -305,10 +337,7 @@ fn json_string(s: &str) -> String {
 
 /// The 429 body for a denial (RFC 9457 problem details, quota-exceeded).
 pub fn problem_body(decision: &Decision) -> String {
-    let name = decision
-        .policy()
-        .map(|p| p.name.as_str())
-        .unwrap_or("default");
+    let name = decision.policy.as_str();
     let detail = match decision.retry_after_secs() {
         Some(secs) => format!(
             "Rate limit of policy {} exceeded; retry in {secs} s.",
@@ -324,6 +353,14 @@ pub fn problem_body(decision: &Decision) -> String {
         json_string(QUOTA_EXCEEDED),
         json_string(&detail),
         json_string(name)
+    )
+}
+
+/// The default answer to a bug: 500, problem+json.
+fn internal_error(_: &Error) -> Response<String> {
+    problem_response(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "{\"title\": \"Internal Server Error\", \"status\": 500, \"detail\": \"The rate limiter failed.\"}".to_string(),
     )
 }
 
@@ -350,9 +387,9 @@ where
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+    type Future = BoxFuture<std::result::Result<Self::Response, Self::Error>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::result::Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
@@ -380,6 +417,7 @@ where
                     Ok(response)
                 }
                 Verdict::Unavailable if shared.fail_open => inner.call(request).await,
+                Verdict::Bug(e) => Ok((shared.on_error)(&e).map(ResBody::from)),
                 Verdict::Unavailable => Ok(problem_response(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "{\"title\": \"Service Unavailable\", \"status\": 503, \"detail\": \"The rate limiter is unavailable.\"}".to_string(),

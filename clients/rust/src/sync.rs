@@ -2,12 +2,10 @@
 //! `redis::Connection`, a `redis::cluster::ClusterConnection`, or the
 //! [`ManagedConnection`] this crate makes with short timeouts).
 
-use crate::backend::{
-    self, chosen, command_info_has_entry, emit, is_function_missing, is_noscript, Backend, Call,
-    Logger, Op, Resolved, Timeouts,
-};
+use crate::backend::{emit, emit_line, Backend, Call, Logger, Op, Timeouts};
+use crate::core::{is_connection_problem, BackendState, Exchange, Learned, Step, MODULE_RECHECK};
 use crate::decision::{Decision, Limit};
-use crate::error::{is_connection_problem, Error, Result};
+use crate::error::{Error, Result};
 use redis::{ConnectionLike, IntoConnectionInfo, RedisResult, Value};
 use std::io;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -16,19 +14,19 @@ use std::time::{Duration, Instant};
 /// Settings shared by both limiters.
 #[derive(Clone)]
 pub(crate) struct Options {
-    pub backend: Option<Backend>,
     pub logger: Option<Logger>,
     pub timeouts: Timeouts,
     pub policy_name: String,
+    pub recheck: Duration,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
-            backend: None,
             logger: None,
             timeouts: Timeouts::default(),
             policy_name: "default".into(),
+            recheck: MODULE_RECHECK,
         }
     }
 }
@@ -155,7 +153,7 @@ impl ConnectionLike for ManagedConnection {
     }
 
     fn get_db(&self) -> i64 {
-        self.client.get_connection_info().redis.db
+        self.client.get_connection_info().redis_settings().db()
     }
 
     fn check_connection(&mut self) -> bool {
@@ -170,19 +168,23 @@ impl ConnectionLike for ManagedConnection {
 /// A token-bucket rate limiter over a blocking connection.
 ///
 /// The backend (module, FUNCTION library or EVALSHA script) is chosen at
-/// the first call or at [`connect`](Self::connect) and logged once.
+/// the first call that reaches the server and logged; it is chosen again
+/// when the server changes (docs/clients.md#the-failure-rule).
 pub struct RateLimiter<C = ManagedConnection> {
     con: C,
     opts: Options,
-    resolved: Option<Resolved>,
+    state: BackendState,
     blocking: Option<redis::Client>,
+    /// The wait connection of each node (`None`: the blocking client's own).
+    waits: std::collections::HashMap<Option<String>, ManagedConnection>,
     polling_logged: bool,
 }
 
 impl RateLimiter<ManagedConnection> {
     /// A limiter on a [`ManagedConnection`] to `url` with the default
     /// timeouts (200 ms connect, 200 ms per command); `wait_take` gets its
-    /// own connections to the same server.
+    /// own connections to the same server. Nothing is sent yet: a server
+    /// that is down makes the first calls [`Error::Unavailable`], not this.
     pub fn open<T: IntoConnectionInfo>(url: T) -> Result<Self> {
         Ok(Self::from_client(
             redis::Client::open(url)?,
@@ -208,15 +210,16 @@ impl<C: ConnectionLike> RateLimiter<C> {
         RateLimiter {
             con,
             opts: Options::default(),
-            resolved: None,
+            state: BackendState::default(),
             blocking: None,
+            waits: Default::default(),
             polling_logged: false,
         }
     }
 
     /// Forces a backend instead of choosing one.
     pub fn with_backend(mut self, backend: Backend) -> Self {
-        self.opts.backend = Some(backend);
+        self.state = BackendState::forced(Some(backend));
         self
     }
 
@@ -227,7 +230,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
     }
 
     /// The policy name of `take`/`peek`/`refund`/`wait_take` decisions
-    /// (default `"default"`).
+    /// (default `"default"`; printable ASCII, or every call is refused).
     pub fn with_policy_name(mut self, name: impl Into<String>) -> Self {
         self.opts.policy_name = name.into();
         self
@@ -237,6 +240,13 @@ impl<C: ConnectionLike> RateLimiter<C> {
     /// the margin added to a TB.BTAKE's own timeout).
     pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
         self.opts.timeouts = timeouts;
+        self
+    }
+
+    /// How often a limiter that fell back to Lua after the module went away
+    /// looks for the module again (default 30 s).
+    pub fn with_module_recheck(mut self, every: Duration) -> Self {
+        self.opts.recheck = every;
         self
     }
 
@@ -250,7 +260,13 @@ impl<C: ConnectionLike> RateLimiter<C> {
 
     /// The backend in use, once chosen.
     pub fn backend(&self) -> Option<Backend> {
-        self.resolved.as_ref().map(|r| r.backend)
+        self.state.backend()
+    }
+
+    /// Releases every connection this limiter opened (its connection and
+    /// the TB.BTAKE ones); the same as dropping it.
+    pub fn close(self) {
+        drop(self);
     }
 
     /// The connection.
@@ -259,95 +275,31 @@ impl<C: ConnectionLike> RateLimiter<C> {
     }
 
     /// Chooses the backend now (loading the Lua library or script if
-    /// needed) instead of at the first call.
+    /// needed) instead of at the first call: a peek of a key that is never
+    /// written.
     pub fn connect(&mut self) -> Result<Backend> {
-        Ok(self.resolve()?.backend)
-    }
-
-    fn query(&mut self, cmd: &redis::Cmd) -> Result<Value> {
-        Ok(cmd.query::<Value>(&mut self.con)?)
-    }
-
-    fn resolve(&mut self) -> Result<Resolved> {
-        if let Some(r) = &self.resolved {
-            return Ok(r.clone());
-        }
-        let (resolved, why) = match self.opts.backend {
-            Some(Backend::Module) => (
-                resolved(Backend::Module, None),
-                backend::WHY_FORCED.to_string(),
-            ),
-            Some(Backend::Function) => {
-                self.query(&backend::function_load())?;
-                (
-                    resolved(Backend::Function, None),
-                    backend::WHY_FORCED.to_string(),
-                )
-            }
-            Some(Backend::Script) => {
-                let sha = backend::sha_of(&self.query(&backend::script_load())?);
-                (
-                    resolved(Backend::Script, sha),
-                    backend::WHY_FORCED.to_string(),
-                )
-            }
-            None => self.detect()?,
-        };
-        chosen(&self.opts.logger, resolved.backend, &why);
-        self.resolved = Some(resolved.clone());
-        Ok(resolved)
-    }
-
-    fn detect(&mut self) -> Result<(Resolved, String)> {
-        // A server error (e.g. an ACL without COMMAND) counts as "no module":
-        // the Lua fallback gives the same answers.
-        match backend::command_info().query::<Value>(&mut self.con) {
-            Ok(info) if command_info_has_entry(&info) => {
-                return Ok((resolved(Backend::Module, None), backend::WHY_MODULE.into()));
-            }
-            Err(e) if is_connection_problem(&e) => return Err(e.into()),
-            _ => {}
-        }
-        let cluster = match backend::cluster_info().query::<Value>(&mut self.con) {
-            Ok(_) => true,
-            Err(e) if is_connection_problem(&e) => return Err(e.into()),
-            Err(_) => false,
-        };
-        if !cluster {
-            match backend::function_load().query::<Value>(&mut self.con) {
-                Ok(_) => {
-                    return Ok((
-                        resolved(Backend::Function, None),
-                        backend::WHY_FUNCTION.into(),
-                    ))
-                }
-                Err(e) if is_connection_problem(&e) => return Err(e.into()),
-                Err(e) => {
-                    let sha = backend::sha_of(&self.query(&backend::script_load())?);
-                    let why =
-                        format!("the module is not loaded; FUNCTION LOAD failed ({e}): EVALSHA");
-                    return Ok((resolved(Backend::Script, sha), why));
-                }
-            }
-        }
-        let sha = backend::sha_of(&self.query(&backend::script_load())?);
-        Ok((resolved(Backend::Script, sha), backend::WHY_CLUSTER.into()))
+        self.peek("redis-tb:connect", 1, 1, 0)?;
+        self.backend()
+            .ok_or_else(|| Error::Other("no backend chosen".into()))
     }
 
     fn run(&mut self, call: &Call) -> Result<Decision> {
-        let resolved = self.resolve()?;
-        let value = match call.command(&resolved, false).query::<Value>(&mut self.con) {
-            Ok(v) => v,
-            Err(e) if resolved.backend == Backend::Script && is_noscript(&e) => {
-                self.query(&call.command(&resolved, true))?
+        let plan = self.state.plan(Instant::now(), self.opts.recheck);
+        let (mut exchange, mut step) = Exchange::start(call, self.state.forced, plan);
+        let outcome = loop {
+            match step {
+                Step::Send(cmd) => step = exchange.on_reply(cmd.query::<Value>(&mut self.con)),
+                Step::Done(outcome) => break outcome,
             }
-            Err(e) if resolved.backend == Backend::Function && is_function_missing(&e) => {
-                self.query(&backend::function_load())?;
-                self.query(&call.command(&resolved, false))?
-            }
-            Err(e) => return Err(e.into()),
         };
-        call.decision(&value)
+        for learned in exchange.learned {
+            emit_line(&self.opts.logger, self.state.learn(learned, Instant::now()));
+        }
+        outcome
+    }
+
+    fn single(&self, op: Op, key: &str, capacity: f64, rate: f64, n: f64) -> Result<Call> {
+        Call::single(op, key, capacity, rate, n, &self.opts.policy_name)
     }
 
     /// Takes `n` tokens from the bucket at `key` (burst `capacity`, refilled
@@ -359,14 +311,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
         rate: impl Into<f64>,
         n: impl Into<f64>,
     ) -> Result<Decision> {
-        let call = Call::single(
-            Op::Take,
-            key,
-            capacity.into(),
-            rate.into(),
-            n.into(),
-            &self.opts.policy_name,
-        )?;
+        let call = self.single(Op::Take, key, capacity.into(), rate.into(), n.into())?;
         self.run(&call)
     }
 
@@ -378,14 +323,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
         rate: impl Into<f64>,
         n: impl Into<f64>,
     ) -> Result<Decision> {
-        let call = Call::single(
-            Op::Peek,
-            key,
-            capacity.into(),
-            rate.into(),
-            n.into(),
-            &self.opts.policy_name,
-        )?;
+        let call = self.single(Op::Peek, key, capacity.into(), rate.into(), n.into())?;
         self.run(&call)
     }
 
@@ -397,14 +335,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
         rate: impl Into<f64>,
         n: impl Into<f64>,
     ) -> Result<Decision> {
-        let call = Call::single(
-            Op::Refund,
-            key,
-            capacity.into(),
-            rate.into(),
-            n.into(),
-            &self.opts.policy_name,
-        )?;
+        let call = self.single(Op::Refund, key, capacity.into(), rate.into(), n.into())?;
         self.run(&call)
     }
 
@@ -432,39 +363,84 @@ impl<C: ConnectionLike> RateLimiter<C> {
         n: impl Into<f64>,
         timeout_ms: u64,
     ) -> Result<Decision> {
-        let call = Call::single(
-            Op::Take,
-            key,
-            capacity.into(),
-            rate.into(),
-            n.into(),
-            &self.opts.policy_name,
-        )?;
-        let resolved = self.resolve()?;
-        if resolved.backend == Backend::Module {
+        let call = self.single(Op::Take, key, capacity.into(), rate.into(), n.into())?;
+        if self.backend().is_none() {
+            self.run(&Call::single(Op::Peek, key, 1.0, 1.0, 0.0, "default")?)?;
+        }
+        if self.backend() == Some(Backend::Module) {
             if let Some(client) = self.blocking.clone() {
-                return self.btake(client, &call, timeout_ms);
-            }
-            if !self.polling_logged {
+                match self.btake(client, &call, timeout_ms) {
+                    Err(Error::Reply(r))
+                        if crate::core::classify_reply(&r)
+                            == crate::core::FailureClass::ServerChanged =>
+                    {
+                        // The module went away: detect again, then poll on Lua.
+                        self.state.learn(Learned::Stale, Instant::now());
+                    }
+                    other => return other,
+                }
+            } else if !self.polling_logged {
                 self.polling_logged = true;
                 emit(
                     &self.opts.logger,
                     log::Level::Info,
-                    "redis-tb: wait_take polls (not FIFO): no client for a dedicated TB.BTAKE connection",
+                    crate::core::POLLING_NOTE,
                 );
             }
         }
         self.poll(&call, timeout_ms)
     }
 
+    /// TB.BTAKE on the node that owns the key's slot, found by following
+    /// `MOVED`/`ASK` from `client`'s node; the wait's connection is kept for
+    /// the next wait on that node.
     fn btake(&mut self, client: redis::Client, call: &Call, timeout_ms: u64) -> Result<Decision> {
         let read = match timeout_ms {
             0 => None,
             ms => Some(Duration::from_millis(ms) + btake_margin(&self.opts.timeouts)),
         };
-        let mut con = ManagedConnection::with_read_timeout(client, self.opts.timeouts, read);
-        let value = call.btake(timeout_ms).query::<Value>(&mut con)?;
-        call.decision(&value)
+        let mut addr: Option<String> = None;
+        let mut asking = false;
+        for _ in 0..=crate::core::MAX_REDIRECTS {
+            let mut con = match self.waits.remove(&addr) {
+                Some(con) => con,
+                None => ManagedConnection::with_read_timeout(
+                    crate::core::client_at(&client, addr.as_deref())?,
+                    self.opts.timeouts,
+                    read,
+                ),
+            };
+            con.read_timeout = read;
+            if let Some(c) = con.con.as_mut() {
+                c.set_read_timeout(read).map_err(Error::from)?;
+            }
+            let reply = if asking {
+                redis::pipe()
+                    .cmd("ASKING")
+                    .ignore()
+                    .add_command(call.btake(timeout_ms))
+                    .query::<Vec<Value>>(&mut con)
+                    .map(|mut v| v.pop().unwrap_or(Value::Nil))
+            } else {
+                call.btake(timeout_ms).query::<Value>(&mut con)
+            };
+            let redirect = match &reply {
+                Err(e) => crate::core::reply_text(e).and_then(|r| crate::core::redirect(&r)),
+                Ok(_) => None,
+            };
+            self.waits.insert(addr.clone(), con);
+            match (reply, redirect) {
+                (_, Some((ask, to))) => {
+                    asking = ask;
+                    addr = Some(to);
+                }
+                (reply, None) => return call.decision(&reply?),
+            }
+        }
+        Err(Error::Other(format!(
+            "TB.BTAKE: more than {} redirects",
+            crate::core::MAX_REDIRECTS
+        )))
     }
 
     fn poll(&mut self, call: &Call, timeout_ms: u64) -> Result<Decision> {
@@ -474,30 +450,18 @@ impl<C: ConnectionLike> RateLimiter<C> {
         };
         loop {
             let decision = self.run(call)?;
-            if decision.allowed || decision.retry_after_ms < 0 {
-                return Ok(decision);
+            match crate::core::poll_wait(&decision, deadline, Instant::now()) {
+                None => return Ok(decision),
+                Some(wait) => std::thread::sleep(wait),
             }
-            let mut wait = Duration::from_millis(decision.retry_after_ms.unsigned_abs().max(1));
-            if let Some(deadline) = deadline {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Ok(decision);
-                }
-                wait = wait.min(left);
-            }
-            std::thread::sleep(wait);
         }
     }
-}
-
-fn resolved(backend: Backend, sha: Option<String>) -> Resolved {
-    Resolved { backend, sha }
 }
 
 impl<C> std::fmt::Debug for RateLimiter<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RateLimiter")
-            .field("backend", &self.resolved.as_ref().map(|r| r.backend))
+            .field("backend", &self.state.backend())
             .finish()
     }
 }

@@ -1,6 +1,6 @@
 //! A 3-master cluster, with the module on every node and without it (the
-//! script, loaded per node on NOSCRIPT), through the redis-rs cluster
-//! clients, sync and async.
+//! function library, loaded on every primary), through the redis-rs
+//! cluster clients, sync and async.
 
 use crate::api::GENEROUS;
 use crate::common::*;
@@ -20,7 +20,7 @@ fn run(module: bool) {
     let expected = if module {
         Backend::Module
     } else {
-        Backend::Script
+        Backend::Function
     };
 
     let lines = Lines::default();
@@ -52,7 +52,7 @@ fn run(module: bool) {
         .take_all(&[Limit::new("a", 5, SLOW), Limit::new("b", 5, SLOW)])
         .unwrap_err();
     assert!(
-        e.is_server_error() && e.to_string().to_lowercase().contains("crossslot"),
+        e.reply().is_some() && e.to_string().to_lowercase().contains("crossslot"),
         "{e}"
     );
 
@@ -75,9 +75,9 @@ fn run(module: bool) {
         assert_eq!((d.allowed, d.remaining, d.index), (false, 0, Some(1)));
         assert_eq!(d.headers()[0].1, "\"sec\";q=5;w=5000, \"day\";q=3;w=3000");
         if !module {
-            // Scripts are per node: flushed everywhere, each node gets it again.
+            // The library flushed everywhere: loaded again on every primary.
             for node in &cluster.nodes {
-                let _: () = redis::cmd("SCRIPT")
+                let _: () = redis::cmd("FUNCTION")
                     .arg("FLUSH")
                     .query(&mut node.conn())
                     .unwrap();

@@ -61,6 +61,37 @@ impl Server {
         [Server::with_module(), Server::without_module()]
     }
 
+    /// A server that is not running yet, on a free port: `restart` starts it.
+    pub fn not_started(module: bool) -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mut args: Vec<String> = vec![
+            "--port".into(),
+            port.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--save".into(),
+            "".into(),
+            "--appendonly".into(),
+            "no".into(),
+            "--dir".into(),
+            dir.path().display().to_string(),
+            "--logfile".into(),
+            "server.log".into(),
+        ];
+        if module {
+            args.push("--loadmodule".into());
+            args.push(module_path().display().to_string());
+        }
+        Server {
+            port,
+            module,
+            child: None,
+            args,
+            _dir: Some(dir),
+        }
+    }
+
     pub fn start(module: bool, extra: &[&str]) -> Server {
         let dir = tempfile::tempdir().unwrap();
         for _ in 0..5 {
@@ -156,6 +187,20 @@ impl Server {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Restarts the server on the same port, with or without the module.
+    pub fn restart_with_module(&mut self, module: bool) {
+        self.stop();
+        if let Some(at) = self.args.iter().position(|a| a == "--loadmodule") {
+            self.args.drain(at..at + 2);
+        }
+        if module {
+            self.args.push("--loadmodule".into());
+            self.args.push(module_path().display().to_string());
+        }
+        self.module = module;
+        assert!(self.launch(), "restart on port {}", self.port);
     }
 
     /// Starts the stopped server again on the same port and directory.

@@ -3,7 +3,10 @@
 mod api;
 mod cluster;
 mod common;
+mod conformance;
 mod fail_open;
+mod failure_rule;
+mod keys;
 mod middleware;
 mod migration;
 mod package;

@@ -4,20 +4,20 @@
 use crate::api::GENEROUS;
 use crate::common::*;
 use crate::web::{get, get_with, serve};
-use redis_tb_client::{client_ip, AsyncRateLimiter, Policy, RateLimitLayer, QUOTA_EXCEEDED};
+use redis_tb_client::{
+    client_ip, AsyncRateLimiter, LazyConnectionManager, Policy, RateLimitLayer, QUOTA_EXCEEDED,
+};
 use tower::ServiceExt;
 
-async fn limiter(server: &Server) -> AsyncRateLimiter<redis::aio::ConnectionManager> {
+async fn limiter(server: &Server) -> AsyncRateLimiter<LazyConnectionManager> {
     AsyncRateLimiter::from_client(server.client(), GENEROUS)
-        .await
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn headers_on_allow_and_problem_json_on_deny() {
     let mut seen = Vec::new();
     for server in Server::both() {
-        let addr = serve(RateLimitLayer::new(limiter(&server).await, 3, SLOW)).await;
+        let addr = serve(RateLimitLayer::new(limiter(&server).await, 3, SLOW).unwrap()).await;
         let mut replies = Vec::new();
         for _ in 0..4 {
             replies.push(get(addr, "/").await);
@@ -77,16 +77,19 @@ async fn headers_on_allow_and_problem_json_on_deny() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_and_cost_functions() {
     let server = Server::with_module();
-    let layer = RateLimitLayer::new(limiter(&server).await, 5, SLOW)
-        .policy_name("per-user")
-        .prefix("api:")
-        .key_fn(|p| {
-            p.headers
-                .get("x-user")
-                .and_then(|v| v.to_str().ok())
-                .map(|u| format!("user:{u}"))
-        })
-        .cost_fn(|p| if p.uri.path() == "/search" { 3.0 } else { 1.0 });
+    let layer = RateLimitLayer::all(
+        limiter(&server).await,
+        vec![Policy::new("per-user", 5, SLOW)],
+    )
+    .unwrap()
+    .prefix("api:")
+    .key_fn(|p| {
+        p.headers
+            .get("x-user")
+            .and_then(|v| v.to_str().ok())
+            .map(|u| format!("user:{u}"))
+    })
+    .cost_fn(|p| if p.uri.path() == "/search" { 3.0 } else { 1.0 });
     let addr = serve(layer).await;
     let alice = [("x-user", "alice")];
     let bob = [("x-user", "bob")];
@@ -128,6 +131,7 @@ async fn several_limits_at_once() {
         let policies = vec![Policy::new("sec", 10, SLOW), Policy::new("day", 2, SLOW)];
         let addr = serve(
             RateLimitLayer::all(limiter(&server).await, policies)
+                .unwrap()
                 .key_fn(|p| client_ip(p).map(|ip| format!("{ip}:{}", p.uri.path()))),
         )
         .await;
@@ -164,7 +168,9 @@ async fn several_limits_at_once() {
 #[tokio::test]
 async fn as_a_plain_tower_service_with_oneshot() {
     let server = Server::without_module();
-    let layer = RateLimitLayer::new(limiter(&server).await, 1, SLOW).key_fn(|_| Some("one".into()));
+    let layer = RateLimitLayer::new(limiter(&server).await, 1, SLOW)
+        .unwrap()
+        .key_fn(|_| Some("one".into()));
     let app = axum::Router::new()
         .route("/", axum::routing::get(|| async { "ok" }))
         .layer(layer);

@@ -80,9 +80,7 @@ fn without_a_client_the_module_backend_polls_and_says_so() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn async_wait_take_on_both() {
     for server in Server::both() {
-        let l = AsyncRateLimiter::from_client(server.client(), GENEROUS)
-            .await
-            .unwrap();
+        let l = AsyncRateLimiter::from_client(server.client(), GENEROUS);
         assert!(l.take("w", 2, 20, 2).await.unwrap().allowed);
         let started = Instant::now();
         let d = l.wait_take("w", 2, 20, 1, 3000).await.unwrap();
@@ -124,9 +122,7 @@ async fn async_wait_take_on_both() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn module_waiters_are_served_first_come_first_served() {
     let server = Server::with_module();
-    let l = AsyncRateLimiter::from_client(server.client(), GENEROUS)
-        .await
-        .unwrap();
+    let l = AsyncRateLimiter::from_client(server.client(), GENEROUS);
     assert!(l.take("fifo", 1, SLOW, 1).await.unwrap().allowed);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     for name in ["first", "second"] {
@@ -156,4 +152,110 @@ async fn module_waiters_are_served_first_come_first_served() {
         let (name, allowed) = rx.recv().await.unwrap();
         assert_eq!((name, allowed), (expected, true));
     }
+}
+
+fn waiting(server: &Server) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("tb")
+        .query(&mut server.conn())
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("tb_waiting:"))
+        .map(|v| v.trim().parse::<f64>().unwrap() as i64)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_waits_are_tb_btake_on_the_slot_owner_first_come_first_served() {
+    let cluster = Cluster::start(true);
+    let con = cluster.client().get_async_connection().await.unwrap();
+    // Node 0 is only the seed: the key lives on node 2, found through MOVED.
+    let l = AsyncRateLimiter::new(con)
+        .with_timeouts(GENEROUS)
+        .with_blocking_client(cluster.nodes[0].client());
+    let key = (0..)
+        .map(|i| format!("wait:{i}"))
+        .find(|k| redis_tb_client::key_slot(k) > 10922)
+        .unwrap();
+    let owner = &cluster.nodes[2];
+    assert!(l.take(&key, 1, SLOW, 1).await.unwrap().allowed);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for (want, name) in [(1, "first"), (2, "second")] {
+        let (l, tx, key) = (l.clone(), tx.clone(), key.clone());
+        tokio::spawn(async move {
+            // 0: no limit.
+            let d = l.wait_take(&key, 1, SLOW, 1, 0).await.unwrap();
+            tx.send((name, d.allowed)).unwrap();
+        });
+        wait_for("the waiter to queue on the owner", || {
+            match waiting(owner) {
+                n if n == want => Ok(()),
+                n => Err(format!("{n} waiting")),
+            }
+        });
+    }
+    for expected in ["first", "second"] {
+        let _ = l.refund(&key, 1, SLOW, 1).await.unwrap();
+        let (name, allowed) = rx.recv().await.unwrap();
+        assert_eq!((name, allowed), (expected, true));
+    }
+    assert_eq!(
+        waits_started(&cluster.nodes[0]),
+        Some(0),
+        "nothing waited on the seed"
+    );
+}
+
+fn connected_clients(con: &mut redis::Connection) -> i64 {
+    let info: String = redis::cmd("INFO").arg("clients").query(con).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_releases_every_connection_the_limiter_opened() {
+    let server = Server::with_module();
+    let mut watcher = server.conn();
+    let before = connected_clients(&mut watcher);
+    let l = AsyncRateLimiter::from_client(server.client(), GENEROUS);
+    assert!(l.take("c", 3, 20, 3).await.unwrap().allowed);
+    let waits: Vec<_> = (0..3)
+        .map(|_| {
+            let l = l.clone();
+            tokio::spawn(async move { l.wait_take("c", 3, 20, 1, 5000).await })
+        })
+        .collect();
+    for w in waits {
+        assert!(w.await.unwrap().unwrap().allowed);
+    }
+    assert_eq!(
+        connected_clients(&mut watcher),
+        before + 4,
+        "one shared, three waits"
+    );
+
+    l.close();
+    wait_for("the connections to close", || {
+        match connected_clients(&mut watcher) {
+            n if n == before => Ok(()),
+            n => Err(format!("{n} clients, {before} before")),
+        }
+    });
+    // A call after close connects again.
+    assert!(l.take("c2", 3, SLOW, 1).await.unwrap().allowed);
+
+    let mut sync = RateLimiter::from_client(server.client(), GENEROUS);
+    assert!(sync.take("s", 3, 20, 3).unwrap().allowed);
+    assert!(sync.wait_take("s", 3, 20, 1, 5000).unwrap().allowed);
+    let open = connected_clients(&mut watcher);
+    sync.close();
+    wait_for(
+        "the sync connections to close",
+        || match connected_clients(&mut watcher) {
+            n if n == open - 2 => Ok(()),
+            n => Err(format!("{n} clients, {open} open")),
+        },
+    );
 }

@@ -1,0 +1,604 @@
+//! The sans-IO core: the one failure rule, argument checks, bucket keys,
+//! and the backend choice with its retries as a state machine over replies.
+//! The sync and async drivers only send what [`Exchange`] asks for and hand
+//! back what the server answered.
+
+use crate::backend::{self, Backend, Call, Resolved};
+use crate::decision::{Decision, Policy};
+use crate::error::{Error, Result};
+use redis::{Cmd, RedisError, Value};
+use std::time::{Duration, Instant};
+
+/// The class of an error under the one failure rule (docs/clients.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureClass {
+    /// An outage: fail open or closed as configured.
+    Unavailable,
+    /// The module, script or function went away: detect the backend again
+    /// and retry once.
+    ServerChanged,
+    /// A configuration or data bug: never fail open.
+    Bug,
+}
+
+/// Error-reply codes that mean the server cannot serve the call now.
+const UNAVAILABLE_CODES: [&str; 9] = [
+    "LOADING",
+    "BUSY",
+    "MASTERDOWN",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "READONLY",
+    "UNBLOCKED",
+    "NOREPLICAS",
+    "OOM",
+];
+
+/// The class of a server error reply, given as its text (`WRONGTYPE Operation ...`).
+pub fn classify_reply(reply: &str) -> FailureClass {
+    let code = reply.split(' ').next().unwrap_or("");
+    if UNAVAILABLE_CODES.contains(&code) {
+        return FailureClass::Unavailable;
+    }
+    let server_changed = code == "NOSCRIPT"
+        || reply.starts_with("ERR unknown command")
+        || reply.starts_with("ERR Function not found")
+        || reply.starts_with("ERR No matching library");
+    if server_changed {
+        FailureClass::ServerChanged
+    } else {
+        FailureClass::Bug
+    }
+}
+
+/// The server's error reply as it was sent, `CODE detail`, if `e` is one.
+pub(crate) fn reply_text(e: &RedisError) -> Option<String> {
+    let code = e.code()?;
+    Some(match e.detail() {
+        Some(detail) if !detail.is_empty() => format!("{code} {detail}"),
+        _ => code.to_string(),
+    })
+}
+
+/// The error says the connection is gone or cannot be trusted (a late reply
+/// could be read as the answer to the next command).
+pub(crate) fn is_connection_problem(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.kind() == redis::ErrorKind::Parse
+        || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
+}
+
+/// The class of any error the `redis` crate returns.
+pub(crate) fn classify(e: &RedisError) -> FailureClass {
+    match reply_text(e) {
+        Some(reply) => classify_reply(&reply),
+        None if is_connection_problem(e) => FailureClass::Unavailable,
+        None => FailureClass::Bug,
+    }
+}
+
+/// The library's error for `e`.
+pub(crate) fn error_of(e: &RedisError) -> Error {
+    match (classify(e), reply_text(e)) {
+        (FailureClass::Unavailable, _) => Error::Unavailable(e.to_string()),
+        (_, Some(reply)) => Error::Reply(reply),
+        (_, None) => Error::Other(e.to_string()),
+    }
+}
+
+/// The largest integer a double holds exactly: the module's bound on
+/// capacities and costs.
+pub(crate) const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
+
+fn invalid(message: String) -> Error {
+    Error::InvalidArgument(message)
+}
+
+pub(crate) fn check_capacity(capacity: f64) -> Result<()> {
+    if capacity.is_finite() && capacity > 0.0 && capacity <= MAX_EXACT {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "capacity must be a positive finite number at most 2^53, got {capacity}"
+        )))
+    }
+}
+
+pub(crate) fn check_rate(rate: f64) -> Result<()> {
+    if rate.is_finite() && rate > 0.0 {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "rate must be a positive finite number, got {rate}"
+        )))
+    }
+}
+
+pub(crate) fn check_cost(n: f64) -> Result<()> {
+    if n.is_finite() && (0.0..=MAX_EXACT).contains(&n) {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "n must be a non-negative finite number at most 2^53, got {n}"
+        )))
+    }
+}
+
+pub(crate) fn check_key(key: &str) -> Result<()> {
+    if key.is_empty() {
+        Err(invalid("the key must not be empty".into()))
+    } else {
+        Ok(())
+    }
+}
+
+pub(crate) fn check_name(name: &str) -> Result<()> {
+    if name.chars().all(|c| matches!(c, ' '..='~')) {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "a policy name must be printable ASCII, got {name:?}"
+        )))
+    }
+}
+
+/// Refuses a policy whose capacity, rate or name the server would refuse
+/// (or the headers could not carry).
+pub fn check_policy(policy: &Policy) -> Result<()> {
+    check_name(&policy.name)?;
+    check_capacity(policy.capacity)?;
+    check_rate(policy.rate)
+}
+
+/// The id as it goes between the braces of a bucket key: `%` -> `%25`,
+/// `{` -> `%7B`, `}` -> `%7D`, and the empty id -> `%`. The result never
+/// holds a brace and is never empty, so it is always exactly the hash tag.
+pub fn escape_id(id: &str) -> String {
+    if id.is_empty() {
+        return "%".into();
+    }
+    let mut out = String::with_capacity(id.len());
+    for c in id.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The bucket of caller `id` under policy `name`: `<prefix>{<escaped id>}:<name>`.
+pub fn bucket_key(prefix: &str, id: &str, name: &str) -> String {
+    format!("{prefix}{{{}}}:{name}", escape_id(id))
+}
+
+/// How often a limiter on Lua that has seen the module looks for it again.
+pub(crate) const MODULE_RECHECK: Duration = Duration::from_secs(30);
+
+/// A log line the driver must emit.
+pub(crate) type Line = (log::Level, String);
+
+/// What a limiter knows of the server between calls.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct BackendState {
+    pub forced: Option<Backend>,
+    pub resolved: Option<Resolved>,
+    seen_module: bool,
+    checked_at: Option<Instant>,
+}
+
+/// Where a call starts.
+#[derive(Debug, Clone)]
+pub(crate) enum Plan {
+    /// The backend is known.
+    Use(Resolved),
+    /// Detect it first (the first call, or after a server change).
+    Detect,
+    /// On Lua after having seen the module: look for the module first.
+    Recheck(Resolved),
+}
+
+impl BackendState {
+    pub fn forced(forced: Option<Backend>) -> BackendState {
+        BackendState {
+            forced,
+            ..BackendState::default()
+        }
+    }
+
+    pub fn backend(&self) -> Option<Backend> {
+        self.resolved.as_ref().map(|r| r.backend)
+    }
+
+    pub fn plan(&self, now: Instant, recheck: Duration) -> Plan {
+        match &self.resolved {
+            None => Plan::Detect,
+            Some(r)
+                if self.forced.is_none()
+                    && self.seen_module
+                    && r.backend != Backend::Module
+                    && self
+                        .checked_at
+                        .is_none_or(|at| now.duration_since(at) >= recheck) =>
+            {
+                Plan::Recheck(r.clone())
+            }
+            Some(r) => Plan::Use(r.clone()),
+        }
+    }
+
+    /// Records what an exchange learned, and says what to log: the first
+    /// choice (info), the module gone (warning), the module back (info).
+    pub fn learn(&mut self, learned: Learned, now: Instant) -> Option<Line> {
+        match learned {
+            Learned::Checked => {
+                self.checked_at = Some(now);
+                None
+            }
+            Learned::Stale => {
+                self.resolved = None;
+                None
+            }
+            Learned::Backend(resolved, why) => {
+                let before = self.backend();
+                let after = resolved.backend;
+                self.checked_at = Some(now);
+                self.seen_module |= after == Backend::Module;
+                self.resolved = Some(resolved);
+                match before {
+                    Some(b) if b == after => None,
+                    Some(Backend::Module) => Some((
+                        log::Level::Warn,
+                        format!(
+                            "redis-tb backend: the module is gone, going on with {after} ({why})"
+                        ),
+                    )),
+                    Some(_) if after == Backend::Module => Some((
+                        log::Level::Info,
+                        format!("redis-tb backend: the module is back, moving to it ({why})"),
+                    )),
+                    _ => Some((
+                        log::Level::Info,
+                        format!("redis-tb backend: {after} ({why})"),
+                    )),
+                }
+            }
+        }
+    }
+}
+
+/// What an exchange found out about the server.
+#[derive(Debug, Clone)]
+pub(crate) enum Learned {
+    Backend(Resolved, String),
+    /// Looked for the module and it is still not there.
+    Checked,
+    /// The backend must be detected again (a wait found the module gone).
+    Stale,
+}
+
+#[derive(Debug, Clone)]
+enum Phase {
+    CommandInfo { recheck: Option<Resolved> },
+    FunctionLoad { forced: bool },
+    ScriptLoad { why: String },
+    Call(Resolved),
+}
+
+/// What the driver does next.
+pub(crate) enum Step {
+    /// Send this command and give the reply to [`Exchange::on_reply`].
+    Send(Cmd),
+    /// The call's outcome.
+    Done(Result<Decision>),
+}
+
+/// One limiter call, from the backend choice to the decision: detection,
+/// one retry after a server change, and the failure rule.
+pub(crate) struct Exchange<'a> {
+    call: &'a Call,
+    forced: Option<Backend>,
+    phase: Phase,
+    retried: bool,
+    /// What to record in the limiter's [`BackendState`] when done (in order).
+    pub learned: Vec<Learned>,
+}
+
+impl<'a> Exchange<'a> {
+    pub fn start(call: &'a Call, forced: Option<Backend>, plan: Plan) -> (Exchange<'a>, Step) {
+        let mut ex = Exchange {
+            call,
+            forced,
+            phase: Phase::CommandInfo { recheck: None },
+            retried: false,
+            learned: Vec::new(),
+        };
+        let step = match plan {
+            Plan::Use(resolved) => ex.send_call(resolved),
+            Plan::Recheck(resolved) => ex.go(
+                Phase::CommandInfo {
+                    recheck: Some(resolved),
+                },
+                backend::command_info(),
+            ),
+            Plan::Detect => ex.detect(),
+        };
+        (ex, step)
+    }
+
+    fn go(&mut self, phase: Phase, cmd: Cmd) -> Step {
+        self.phase = phase;
+        Step::Send(cmd)
+    }
+
+    fn detect(&mut self) -> Step {
+        match self.forced {
+            Some(Backend::Module) => self.learn(
+                Resolved::new(Backend::Module, None),
+                backend::WHY_FORCED.into(),
+            ),
+            Some(Backend::Function) => self.go(
+                Phase::FunctionLoad { forced: true },
+                backend::function_load(),
+            ),
+            Some(Backend::Script) => self.go(
+                Phase::ScriptLoad {
+                    why: backend::WHY_FORCED.into(),
+                },
+                backend::script_load(),
+            ),
+            None => self.go(
+                Phase::CommandInfo { recheck: None },
+                backend::command_info(),
+            ),
+        }
+    }
+
+    fn learn(&mut self, resolved: Resolved, why: String) -> Step {
+        self.learned.push(Learned::Backend(resolved.clone(), why));
+        self.send_call(resolved)
+    }
+
+    fn send_call(&mut self, resolved: Resolved) -> Step {
+        let cmd = self.call.command(&resolved, false);
+        self.go(Phase::Call(resolved), cmd)
+    }
+
+    pub fn on_reply(&mut self, reply: std::result::Result<Value, RedisError>) -> Step {
+        let phase = self.phase.clone();
+        let error = match reply {
+            Ok(value) => return self.on_value(phase, &value),
+            Err(e) => e,
+        };
+        let class = classify(&error);
+        if class == FailureClass::Unavailable {
+            return Step::Done(Err(error_of(&error)));
+        }
+        match phase {
+            Phase::CommandInfo { .. } | Phase::ScriptLoad { .. } => {
+                Step::Done(Err(error_of(&error)))
+            }
+            Phase::FunctionLoad { forced: true } => Step::Done(Err(error_of(&error))),
+            // FUNCTION is missing (Redis < 7) or refused: the script works everywhere.
+            Phase::FunctionLoad { forced: false } => self.go(
+                Phase::ScriptLoad {
+                    why: format!(
+                        "the module is not loaded; FUNCTION LOAD failed ({}): EVALSHA",
+                        reply_text(&error).unwrap_or_else(|| error.to_string())
+                    ),
+                },
+                backend::script_load(),
+            ),
+            Phase::Call(resolved) if class == FailureClass::ServerChanged && !self.retried => {
+                self.retried = true;
+                if resolved.backend == Backend::Script
+                    && reply_text(&error).is_some_and(|r| r.starts_with("NOSCRIPT"))
+                {
+                    // EVAL with the whole text also caches it on the node
+                    // that answered (in a cluster, scripts are per node).
+                    let cmd = self.call.command(&resolved, true);
+                    return self.go(Phase::Call(resolved), cmd);
+                }
+                self.detect()
+            }
+            Phase::Call(_) => Step::Done(Err(error_of(&error))),
+        }
+    }
+
+    fn on_value(&mut self, phase: Phase, value: &Value) -> Step {
+        match phase {
+            Phase::CommandInfo { recheck } => {
+                if backend::command_info_has_entry(value) {
+                    return self.learn(
+                        Resolved::new(Backend::Module, None),
+                        backend::WHY_MODULE.into(),
+                    );
+                }
+                match recheck {
+                    Some(resolved) => {
+                        self.learned.push(Learned::Checked);
+                        self.send_call(resolved)
+                    }
+                    // In a cluster FUNCTION LOAD goes to every primary, and
+                    // FCALL is routed by its key.
+                    None => self.go(
+                        Phase::FunctionLoad { forced: false },
+                        backend::function_load(),
+                    ),
+                }
+            }
+            Phase::FunctionLoad { forced } => {
+                let why = if forced {
+                    backend::WHY_FORCED
+                } else {
+                    backend::WHY_FUNCTION
+                };
+                self.learn(Resolved::new(Backend::Function, None), why.into())
+            }
+            Phase::ScriptLoad { why } => {
+                let sha = backend::sha_of(value);
+                self.learn(Resolved::new(Backend::Script, sha), why)
+            }
+            Phase::Call(_) => Step::Done(self.call.decision(value)),
+        }
+    }
+}
+
+/// Logged once by a limiter whose `wait_take` polls although the module is there.
+pub(crate) const POLLING_NOTE: &str =
+    "redis-tb: wait_take polls (not FIFO): no client for a dedicated TB.BTAKE connection";
+
+/// How long a polling `wait_take` sleeps after `decision`, or `None` when
+/// it is done (allowed, never possible, or out of time).
+pub(crate) fn poll_wait(
+    decision: &Decision,
+    deadline: Option<Instant>,
+    now: Instant,
+) -> Option<Duration> {
+    if decision.allowed || decision.retry_after_ms < 0 {
+        return None;
+    }
+    let wait = Duration::from_millis(decision.retry_after_ms.unsigned_abs().max(1));
+    match deadline {
+        None => Some(wait),
+        Some(deadline) => {
+            let left = deadline.saturating_duration_since(now);
+            (!left.is_zero()).then(|| wait.min(left))
+        }
+    }
+}
+
+/// Where a `MOVED` or `ASK` reply sends a command: `(ask, "host:port")`.
+pub(crate) fn redirect(reply: &str) -> Option<(bool, String)> {
+    let mut words = reply.split_ascii_whitespace();
+    let ask = match words.next()? {
+        "MOVED" => false,
+        "ASK" => true,
+        _ => return None,
+    };
+    let _slot = words.next()?;
+    Some((ask, words.next()?.to_string()))
+}
+
+/// A client for the node at `addr` (`host:port`), with `seed`'s settings
+/// (database, user, password).
+pub(crate) fn client_at(seed: &redis::Client, addr: Option<&str>) -> Result<redis::Client> {
+    let mut info = seed.get_connection_info().clone();
+    if let Some(addr) = addr {
+        let (host, port) = addr
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok()?)))
+            .ok_or_else(|| Error::Other(format!("bad redirect address {addr}")))?;
+        info = info.set_addr(redis::ConnectionAddr::Tcp(host, port));
+    }
+    Ok(redis::Client::open(info)?)
+}
+
+/// How many `MOVED`/`ASK` a wait follows before it gives up.
+pub(crate) const MAX_REDIRECTS: usize = 5;
+
+/// The CRC16 (XMODEM) of Redis Cluster's key hashing.
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// The cluster slot of `key`: the CRC16 of its hash tag (the part between
+/// the first `{` and the next `}`, when not empty) or of the whole key.
+pub fn key_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = bytes.get(open + 1..)?;
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| rest.get(..close)).flatten()
+    });
+    crc16(tagged.unwrap_or(bytes)) % 16384
+}
+
+/// The error of a call that hit the limiter's own time bound (async only:
+/// the sync connections carry their timeouts themselves).
+#[cfg(feature = "tokio")]
+pub(crate) fn timed_out(started: Instant, limit: Duration) -> Error {
+    Error::Unavailable(format!(
+        "timed out after {} ms",
+        started.elapsed().max(limit).as_millis()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_escaped_as_the_spec_says() {
+        assert_eq!(
+            bucket_key("ratelimit:", "alice", "sec"),
+            "ratelimit:{alice}:sec"
+        );
+        assert_eq!(
+            bucket_key("ratelimit:", "}x", "sec"),
+            "ratelimit:{%7Dx}:sec"
+        );
+        assert_eq!(
+            bucket_key("ratelimit:", "{}", "sec"),
+            "ratelimit:{%7B%7D}:sec"
+        );
+        assert_eq!(
+            bucket_key("ratelimit:", "50%", "sec"),
+            "ratelimit:{50%25}:sec"
+        );
+        assert_eq!(bucket_key("ratelimit:", "", "sec"), "ratelimit:{%}:sec");
+    }
+
+    #[test]
+    fn the_slot_function_matches_redis_reference_values() {
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(key_slot("foo"), 12182);
+        assert_eq!(key_slot("{user1000}.following"), key_slot("user1000"));
+        assert_eq!(key_slot("foo{}{bar}"), key_slot("foo{}{bar}"));
+        assert_ne!(key_slot("foo{}{bar}"), key_slot("bar"));
+    }
+
+    #[test]
+    fn redirects_name_the_node() {
+        assert_eq!(
+            redirect("MOVED 3999 127.0.0.1:6381"),
+            Some((false, "127.0.0.1:6381".into()))
+        );
+        assert_eq!(
+            redirect("ASK 3999 10.0.0.1:7000"),
+            Some((true, "10.0.0.1:7000".into()))
+        );
+        assert_eq!(redirect("ERR nope"), None);
+    }
+
+    #[test]
+    fn error_replies_fall_in_one_class_each() {
+        assert_eq!(
+            classify_reply("OOM command not allowed"),
+            FailureClass::Unavailable
+        );
+        assert_eq!(classify_reply("BUSYKEY x"), FailureClass::Bug);
+        assert_eq!(
+            classify_reply("ERR unknown command 'TB.TAKE'"),
+            FailureClass::ServerChanged
+        );
+        assert_eq!(classify_reply("ERR unknown subcommand"), FailureClass::Bug);
+        assert_eq!(classify_reply("MOVED 1 127.0.0.1:1"), FailureClass::Bug);
+    }
+}

@@ -1,0 +1,382 @@
+//! The shared conformance suite, clients/conformance/cases.json
+//! (docs/clients.md#the-conformance-suite): every case on every backend and
+//! topology it lists, through the sync and the async limiter.
+//!
+//! Translations for Rust: `timeout_ms` is a `u64` of ms; a call's `policy`
+//! is the limiter's `with_policy_name` (take, peek, refund, wait_take) or
+//! the `Limit`'s name (take_all); error classes are `Error` variants.
+
+use crate::api::GENEROUS;
+use crate::common::*;
+use redis_tb_client::{
+    bucket_key, classify_reply, AsyncRateLimiter, Decision, Error, FailureClass, Limit, RateLimiter,
+};
+use serde_json::Value as Json;
+
+fn cases() -> Vec<Json> {
+    let path = repo_root().join("clients/conformance/cases.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let doc: Json = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        doc["version"], 1,
+        "a version of cases.json this runner knows"
+    );
+    doc["cases"].as_array().unwrap().clone()
+}
+
+fn lists(case: &Json, field: &str, value: &str) -> bool {
+    case[field].as_array().unwrap().iter().any(|v| v == value)
+}
+
+fn num(call: &Json, field: &str) -> f64 {
+    call[field]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{field} in {call}"))
+}
+
+fn text(call: &Json, field: &str) -> String {
+    call[field]
+        .as_str()
+        .unwrap_or_else(|| panic!("{field} in {call}"))
+        .to_string()
+}
+
+/// The servers of one backend and topology.
+enum Env {
+    Standalone(Server),
+    Cluster(Cluster),
+}
+
+impl Env {
+    fn start(backend: &str, topology: &str) -> Env {
+        let module = backend == "module";
+        match topology {
+            "standalone" => Env::Standalone(Server::start(module, &[])),
+            "cluster" => Env::Cluster(Cluster::start(module)),
+            other => panic!("unknown topology {other}"),
+        }
+    }
+
+    fn nodes(&self) -> Vec<&Server> {
+        match self {
+            Env::Standalone(s) => vec![s],
+            Env::Cluster(c) => c.nodes.iter().collect(),
+        }
+    }
+
+    /// Empties every node and runs a case's setup commands (routed by key in a cluster).
+    fn prepare(&self, case: &Json) {
+        for node in self.nodes() {
+            let _: () = redis::cmd("FLUSHALL").query(&mut node.conn()).unwrap();
+        }
+        for command in case["setup"].as_array().into_iter().flatten() {
+            let words: Vec<String> = command
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|w| w.as_str().unwrap().to_string())
+                .collect();
+            let cmd = redis::cmd(&words[0]).arg(&words[1..]).clone();
+            let _: redis::Value = match self {
+                Env::Standalone(s) => cmd.query(&mut s.conn()).unwrap(),
+                Env::Cluster(c) => cmd
+                    .query(&mut c.client().get_connection().unwrap())
+                    .unwrap(),
+            };
+        }
+    }
+
+    fn slot(&self, key: &str) -> Option<u16> {
+        match self {
+            Env::Standalone(_) => None,
+            Env::Cluster(c) => Some(
+                redis::cmd("CLUSTER")
+                    .arg("KEYSLOT")
+                    .arg(key)
+                    .query(&mut c.nodes[0].conn())
+                    .unwrap(),
+            ),
+        }
+    }
+}
+
+/// One limiter call the runner can make on either driver.
+enum Call {
+    Take(String, f64, f64, f64),
+    Peek(String, f64, f64, f64),
+    Refund(String, f64, f64, f64),
+    WaitTake(String, f64, f64, f64, u64),
+    TakeAll(Vec<Limit>),
+}
+
+fn limit_call(call: &Json) -> Call {
+    let single = || {
+        (
+            text(call, "key"),
+            num(call, "capacity"),
+            num(call, "rate"),
+            num(call, "n"),
+        )
+    };
+    match call["op"].as_str().unwrap() {
+        "take" => {
+            let (k, c, r, n) = single();
+            Call::Take(k, c, r, n)
+        }
+        "peek" => {
+            let (k, c, r, n) = single();
+            Call::Peek(k, c, r, n)
+        }
+        "refund" => {
+            let (k, c, r, n) = single();
+            Call::Refund(k, c, r, n)
+        }
+        "wait_take" => {
+            let (k, c, r, n) = single();
+            Call::WaitTake(k, c, r, n, call["timeout_ms"].as_u64().unwrap())
+        }
+        "take_all" => Call::TakeAll(
+            call["limits"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|l| {
+                    let limit = Limit::new(text(l, "key"), num(l, "capacity"), num(l, "rate"))
+                        .cost(num(l, "n"));
+                    match l["policy"].as_str() {
+                        Some(name) => limit.name(name),
+                        None => limit,
+                    }
+                })
+                .collect(),
+        ),
+        other => panic!("unknown op {other} in {call}"),
+    }
+}
+
+fn sync_call<C: redis::ConnectionLike>(
+    l: &mut RateLimiter<C>,
+    call: &Call,
+) -> Result<Decision, Error> {
+    match call {
+        Call::Take(k, c, r, n) => l.take(k, *c, *r, *n),
+        Call::Peek(k, c, r, n) => l.peek(k, *c, *r, *n),
+        Call::Refund(k, c, r, n) => l.refund(k, *c, *r, *n),
+        Call::WaitTake(k, c, r, n, t) => l.wait_take(k, *c, *r, *n, *t),
+        Call::TakeAll(limits) => l.take_all(limits),
+    }
+}
+
+async fn async_call<C>(l: &AsyncRateLimiter<C>, call: &Call) -> Result<Decision, Error>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    match call {
+        Call::Take(k, c, r, n) => l.take(k, *c, *r, *n).await,
+        Call::Peek(k, c, r, n) => l.peek(k, *c, *r, *n).await,
+        Call::Refund(k, c, r, n) => l.refund(k, *c, *r, *n).await,
+        Call::WaitTake(k, c, r, n, t) => l.wait_take(k, *c, *r, *n, *t).await,
+        Call::TakeAll(limits) => l.take_all(limits).await,
+    }
+}
+
+/// A sync limiter, whatever its connection type.
+type SyncDriver<'a> = Box<dyn FnMut(&Call) -> Result<Decision, Error> + 'a>;
+
+/// A number, or a `[low, high]` range.
+fn matches_number(expected: &Json, actual: f64) -> bool {
+    match expected {
+        Json::Array(range) => {
+            range[0].as_f64().unwrap() <= actual && actual <= range[1].as_f64().unwrap()
+        }
+        n => n.as_f64() == Some(actual),
+    }
+}
+
+fn check(call: &Json, outcome: Result<Decision, Error>, at: &str) {
+    if let Some(class) = call["error"].as_str() {
+        let e = outcome
+            .err()
+            .unwrap_or_else(|| panic!("{at}: expected {class}"));
+        let (actual, message) = match &e {
+            Error::InvalidArgument(m) => ("invalid_argument", m.clone()),
+            Error::Unavailable(m) => ("unavailable", m.clone()),
+            Error::Reply(m) => ("reply", m.clone()),
+            Error::Other(m) => ("other", m.clone()),
+        };
+        assert_eq!(actual, class, "{at}: {e}");
+        let start = call["message"].as_str().unwrap_or("");
+        assert!(
+            message.starts_with(start),
+            "{at}: {message:?} starts with {start:?}"
+        );
+        return;
+    }
+    let d = outcome.unwrap_or_else(|e| panic!("{at}: {e}"));
+    for (field, expected) in call["decision"].as_object().into_iter().flatten() {
+        let ok = match field.as_str() {
+            "allowed" => expected.as_bool() == Some(d.allowed),
+            "remaining" => matches_number(expected, d.remaining as f64),
+            "retry_after_ms" => matches_number(expected, d.retry_after_ms as f64),
+            "reset_after_ms" => matches_number(expected, d.reset_after_ms as f64),
+            "index" => expected.as_u64().map(|i| i as usize) == d.index,
+            "policy" => expected.as_str() == Some(d.policy.as_str()),
+            "capacity" => matches_number(expected, d.capacity),
+            "rate" => matches_number(expected, d.rate),
+            other => panic!("{at}: unknown decision field {other}"),
+        };
+        assert!(ok, "{at}: {field} should be {expected}: {d:?}");
+    }
+    let headers = d.headers();
+    for (name, expected) in call["headers"].as_object().into_iter().flatten() {
+        let actual = headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str());
+        assert_eq!(actual, expected.as_str(), "{at}: header {name}");
+    }
+}
+
+/// The calls that need no limiter: the key scheme and the failure rule.
+fn check_pure(env: &Env, call: &Json, at: &str) -> bool {
+    match call["op"].as_str().unwrap() {
+        "keys" => {
+            let (prefix, id) = (text(call, "prefix"), text(call, "id"));
+            let keys: Vec<String> = call["policies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| bucket_key(&prefix, &id, p.as_str().unwrap()))
+                .collect();
+            assert_eq!(serde_json::json!(keys), call["expect"], "{at}");
+            if let Some(first) = env.slot(&keys[0]) {
+                for key in &keys {
+                    assert_eq!(env.slot(key), Some(first), "{at}: {keys:?} share a slot");
+                }
+            }
+            true
+        }
+        "classify" => {
+            let class = match classify_reply(&text(call, "reply")) {
+                FailureClass::Unavailable => "unavailable",
+                FailureClass::ServerChanged => "server_changed",
+                FailureClass::Bug => "bug",
+            };
+            assert_eq!(class, call["class"], "{at}");
+            true
+        }
+        _ => false,
+    }
+}
+
+/// In a cluster, every id of a `keys` call must also take from all its
+/// buckets at once (no CROSSSLOT).
+fn keys_take_all(call: &Json) -> Option<Call> {
+    (call["op"] == "keys").then(|| {
+        let (prefix, id) = (text(call, "prefix"), text(call, "id"));
+        Call::TakeAll(
+            call["policies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| Limit::new(bucket_key(&prefix, &id, p.as_str().unwrap()), 5, SLOW))
+                .collect(),
+        )
+    })
+}
+
+fn run_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) -> usize {
+    let env = Env::start(backend, topology);
+    let mut ran = 0;
+    for driver in ["sync", "async"] {
+        for case in cases() {
+            if !lists(&case, "backends", backend) || !lists(&case, "topologies", topology) {
+                continue;
+            }
+            env.prepare(&case);
+            let name = case["name"].as_str().unwrap();
+            let sync = |policy: Option<&str>| -> SyncDriver<'_> {
+                let name = policy.unwrap_or("default").to_string();
+                match &env {
+                    Env::Standalone(s) => {
+                        let mut l =
+                            RateLimiter::from_client(s.client(), GENEROUS).with_policy_name(name);
+                        Box::new(move |c| sync_call(&mut l, c))
+                    }
+                    Env::Cluster(c) => {
+                        let mut l = RateLimiter::new(c.client().get_connection().unwrap())
+                            .with_policy_name(name);
+                        Box::new(move |c| sync_call(&mut l, c))
+                    }
+                }
+            };
+            let mut plain = sync(None);
+            for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
+                let at = format!("{backend}/{topology}/{driver}: {name:?} call {i}");
+                if check_pure(&env, call, &at) {
+                    if let (Env::Cluster(_), Some(all)) = (&env, keys_take_all(call)) {
+                        let d = plain(&all).unwrap_or_else(|e| panic!("{at}: take_all: {e}"));
+                        assert!(d.allowed, "{at}: {d:?}");
+                    }
+                    continue;
+                }
+                let limit = limit_call(call);
+                let policy = call["policy"].as_str();
+                let outcome = if driver == "sync" {
+                    match policy {
+                        Some(_) => sync(policy)(&limit),
+                        None => plain(&limit),
+                    }
+                } else {
+                    rt.block_on(async {
+                        let name = policy.unwrap_or("default");
+                        match &env {
+                            Env::Standalone(s) => {
+                                let l = AsyncRateLimiter::from_client(s.client(), GENEROUS)
+                                    .with_policy_name(name);
+                                async_call(&l, &limit).await
+                            }
+                            Env::Cluster(c) => {
+                                let con = c.client().get_async_connection().await.unwrap();
+                                let l = AsyncRateLimiter::new(con)
+                                    .with_timeouts(GENEROUS)
+                                    .with_policy_name(name);
+                                async_call(&l, &limit).await
+                            }
+                        }
+                    })
+                };
+                check(call, outcome, &at);
+            }
+            ran += 1;
+        }
+    }
+    ran
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn conformance_cases_on_the_module_standalone() {
+    assert!(run_env("module", "standalone", &runtime()) > 0);
+}
+
+#[test]
+fn conformance_cases_on_lua_standalone() {
+    assert!(run_env("lua", "standalone", &runtime()) > 0);
+}
+
+#[test]
+fn conformance_cases_on_the_module_in_a_cluster() {
+    assert!(run_env("module", "cluster", &runtime()) > 0);
+}
+
+#[test]
+fn conformance_cases_on_lua_in_a_cluster() {
+    assert!(run_env("lua", "cluster", &runtime()) > 0);
+}
