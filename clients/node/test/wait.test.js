@@ -5,6 +5,7 @@
 
 const assert = require('node:assert/strict');
 const { after, before, describe, test } = require('node:test');
+const { setTimeout: sleep } = require('node:timers/promises');
 const { RateLimiter, createClient } = require('..');
 const { startServer, admin, stopAll } = require('./servers');
 
@@ -96,6 +97,17 @@ for (const backend of BACKENDS) {
       const key = fresh('nolimit');
       await limiter.take(key, 1, 20);
       const d = await limiter.waitTake(key, 1, 20, 1, { timeoutMs: 0 });
+      assert.equal(d.allowed, true);
+    });
+
+    // Module only: a poller sleeps retry_after_ms, and does not see a refund before that.
+    (backend.name === 'module' ? test : () => {})('timeoutMs 0 waits past the client\'s commandTimeout (200 ms) until a refund, 500 ms later (issue 18, item 7)', async () => {
+      const key = fresh('refunded');
+      await limiter.take(key, 1, 0.001);
+      const waiting = limiter.waitTake(key, 1, 0.001, 1, { timeoutMs: 0 });
+      await sleep(500);
+      await limiter.refund(key, 1, 0.001, 1);
+      const d = await waiting;
       assert.equal(d.allowed, true);
     });
 
