@@ -52,16 +52,18 @@ function isIoredis(exports) {
   return typeof exports === 'function' && typeof exports.Command === 'function' && typeof exports.Cluster === 'function';
 }
 
-// The loaded ioredis whose Redis or Cluster class made `client`, if any.
+// The loaded ioredis whose Redis or Cluster class made `client` (instanceof: ioredis 5.0's
+// mixins leave `constructor` pointing at EventEmitter), else the application's.
+const ioredisByClient = new WeakMap();
 function ioredisOf(client) {
-  const made = client && client.constructor;
-  for (const loaded of Object.values(require.cache)) {
-    const exports = loaded && loaded.exports;
-    if (isIoredis(exports) && (exports === made || exports.Cluster === made)) {
-      return exports;
-    }
+  let found = ioredisByClient.get(client);
+  if (!found) {
+    found = Object.values(require.cache).map((loaded) => loaded && loaded.exports)
+      .find((exports) => isIoredis(exports) && (client instanceof exports || client instanceof exports.Cluster));
+    found = found ?? requireIoredis();
+    ioredisByClient.set(client, found);
   }
-  return requireIoredis();
+  return found;
 }
 
 // ioredis as the application resolves it: from its main module, from the working
@@ -725,4 +727,4 @@ function createClusterClient(nodes, options = {}) {
   return client;
 }
 
-module.exports = { RateLimiter, Decision, Limit, createClient, createClusterClient, lua };
+module.exports = { RateLimiter, Decision, Limit, createClient, createClusterClient, lua, ioredisOf };
