@@ -34,7 +34,7 @@ async function limiterOn(backend, options = {}) {
   await new Promise((resolve) => client.once('ready', resolve));
   const lines = [];
   const limiter = new RateLimiter(client, {
-    backend: backend.option, logger: (level, message) => lines.push([level, message]), ...options.limiter,
+    backend: backend.option, timeoutMs: 2000, logger: (level, message) => lines.push([level, message]), ...options.limiter,
   });
   return { limiter, client, lines };
 }

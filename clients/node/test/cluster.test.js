@@ -85,7 +85,7 @@ for (const variant of VARIANTS) {
       const client = createClusterClient(cluster.startup);
       clients.push(client);
       await once(client, 'ready');
-      limiter = new RateLimiter(client, { backend: variant.option });
+      limiter = new RateLimiter(client, { backend: variant.option, timeoutMs: 2000, logger: false });
       limiters.push(limiter);
       assert.equal(await limiter.connect(), variant.expect);
     });
@@ -180,7 +180,7 @@ test('script backend in a cluster: SCRIPT FLUSH on every node, NOSCRIPT -> EVAL 
   const client = createClusterClient(clusters.plain.startup);
   clients.push(client);
   await once(client, 'ready');
-  const limiter = new RateLimiter(client, { backend: 'script' });
+  const limiter = new RateLimiter(client, { backend: 'script', timeoutMs: 2000, logger: false });
   for (const node of clusters.plain.nodes) {
     const r = admin(node.port);
     try {

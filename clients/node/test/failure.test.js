@@ -74,7 +74,7 @@ async function waitReady(c) {
 
 test('the first take right after createClient() succeeds, without waiting for "ready" (issue 18, item 2)', async () => {
   const server = await startServer({ module: true });
-  const limiter = new RateLimiter(client(server.url), { logger: false });
+  const limiter = new RateLimiter(client(server.url), { timeoutMs: 2000, logger: false });
   const d = await limiter.take('first', 5, RATE);
   assert.deepEqual([d.allowed, d.remaining], [true, 4]);
   await server.stop();
@@ -124,7 +124,7 @@ test('the module goes away: the limiter goes on with the Lua backend, logs it, a
   let server = await startServer({ module: true });
   const c = client(server.url);
   const { lines, logger } = logged();
-  const limiter = new RateLimiter(c, { logger, moduleRecheckMs: 200 });
+  const limiter = new RateLimiter(c, { timeoutMs: 2000, logger, moduleRecheckMs: 200 });
   const base = await expressApp({ limiter, capacity: 3, rate: RATE, key: () => 'moved' });
   assert.equal((await fetch(base)).status, 200);
   assert.equal(limiter.backend, 'module');
@@ -165,7 +165,7 @@ test('the module goes away: the limiter goes on with the Lua backend, logs it, a
 
 test('a FUNCTION FLUSH is a server change: loaded again, the call retried once, nothing thrown', async () => {
   const server = await startServer();
-  const limiter = new RateLimiter(client(server.url), { logger: false });
+  const limiter = new RateLimiter(client(server.url), { timeoutMs: 2000, logger: false });
   assert.equal((await limiter.take('flushed', 5, RATE)).remaining, 4);
   const r = admin(server.port);
   try {
@@ -206,7 +206,7 @@ for (const [framework, makeApp] of Object.entries(FRAMEWORKS)) {
     const server = await startServer({ module: true });
     const c = client(server.url);
     const { lines, logger } = logged();
-    const limiter = new RateLimiter(c, { logger });
+    const limiter = new RateLimiter(c, { timeoutMs: 2000, logger });
     const costly = await makeApp({ limiter, capacity: 5, rate: 1, keyPrefix: `${framework}-cost:`, cost: () => 1e30 });
     const r = admin(server.port);
     try {
