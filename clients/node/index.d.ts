@@ -126,9 +126,9 @@ export declare class RateLimiter {
   peek(key: Key, capacity: number, rate: number, n?: number, options?: CallOptions): Promise<Decision>;
   refund(key: Key, capacity: number, rate: number, n: number, options?: CallOptions): Promise<Decision>;
   takeAll(limits: ReadonlyArray<LimitSpec>): Promise<Decision>;
-  /** Module: TB.BTAKE (FIFO in the server). Lua fallback: polling, NOT FIFO. */
+  /** Module: TB.BTAKE on the slot owner (FIFO in the server; timeoutMs 0 = no limit). Lua fallback: polling, NOT FIFO. */
   waitTake(key: Key, capacity: number, rate: number, n: number | undefined, options: WaitOptions): Promise<Decision>;
-  /** Closes the limiter's own (waitTake) connections; the client stays open. */
+  /** Closes every connection the limiter opened (waitTake's, idle or waiting); the client passed in stays open. */
   close(): void;
 }
 

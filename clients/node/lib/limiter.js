@@ -144,6 +144,9 @@ function send(client, name, args, keys, timeoutMs) {
 // queued offline would wait out its timeout and might be sent, and charged, later. A
 // first connection in progress (right after createClient()) is waited for, up to
 // timeoutMs: the refusal, if any, comes within a round trip.
+// Calls that arrive during one connection attempt share one wait (and one set of listeners).
+const connecting = new WeakMap();
+
 function whenWritable(client, timeoutMs) {
   if (client.status === 'ready') {
     return Promise.resolve();
@@ -154,6 +157,15 @@ function whenWritable(client, timeoutMs) {
   if (!['wait', 'connecting', 'connect'].includes(client.status)) {
     return Promise.reject(new LimiterUnavailable(`not connected to the server (client ${client.status})`));
   }
+  let pending = connecting.get(client);
+  if (!pending) {
+    pending = firstConnection(client, timeoutMs).finally(() => connecting.delete(client));
+    connecting.set(client, pending);
+  }
+  return pending;
+}
+
+function firstConnection(client, timeoutMs) {
   return new Promise((resolve, reject) => {
     const timer = timeoutMs > 0 ? setTimeout(() => done(new LimiterUnavailable(
       `not connected to the server within ${timeoutMs} ms (client ${client.status})`)), timeoutMs) : null;

@@ -240,3 +240,21 @@ test('without a logger, an outage is printed to stderr (issue 18, item 12)', () 
   assert.equal(child.status, 0, child.stderr);
   assert.match(child.stderr, /redis-tb: rate limiter unavailable, letting requests through/);
 });
+
+test('many calls during one connection attempt share one wait: no listener leak warning', async () => {
+  const server = await startServer({ module: true });
+  const warnings = [];
+  const onWarning = (w) => warnings.push(w.name);
+  process.on('warning', onWarning);
+  try {
+    // Forced backend: no detection to wait for, so all 50 sends meet the connection attempt.
+    const limiter = new RateLimiter(client(server.url), { backend: 'module', timeoutMs: 2000, logger: false });
+    const all = await Promise.all(Array.from({ length: 50 }, (_, i) => limiter.take(`many:${i}`, 5, RATE)));
+    assert.ok(all.every((d) => d.allowed));
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.deepEqual(warnings, []);
+  } finally {
+    process.off('warning', onWarning);
+    await server.stop();
+  }
+});
