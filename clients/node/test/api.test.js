@@ -267,6 +267,21 @@ test('the same calls give the same Decisions and headers on every backend', asyn
   }
 });
 
+test('peek is FCALL_RO on the function backend, so it may run on a replica (docs/clients.md)', async () => {
+  const { limiter } = await limiterOn(BACKENDS[1]);
+  const r = admin(servers.plain.port);
+  try {
+    await limiter.connect();
+    await r.call('config', 'resetstat');
+    await limiter.peek(fresh('ro'), 5, RATE);
+    const stats = await r.info('commandstats');
+    assert.match(stats, /cmdstat_fcall_ro:calls=1,/);
+    assert.doesNotMatch(stats, /cmdstat_fcall:/);
+  } finally {
+    r.disconnect();
+  }
+});
+
 test('backend option is checked', () => {
   assert.throws(() => new RateLimiter({ sendCommand() {} }, { backend: 'lua' }), (err) => err.kind === 'argument');
   assert.throws(() => new RateLimiter(null), (err) => err.kind === 'argument');
