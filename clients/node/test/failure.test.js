@@ -14,7 +14,8 @@ const express = require('express');
 const Fastify = require('fastify');
 const Redis = require('ioredis');
 const {
-  RateLimiter, LimiterUnavailable, LimiterReplyError, InvalidArgument, createClient, expressRateLimit, fastifyRateLimit,
+  RateLimiter, LimiterUnavailable, LimiterReplyError, InvalidArgument, createClient, createClusterClient, expressRateLimit,
+  fastifyRateLimit,
 } = require('..');
 const { admin, freePort, startServer, stopAll } = require('./servers');
 
@@ -94,6 +95,19 @@ test('a refused connection fails at once, not after the timeout, even over a def
       assert.ok(took < 500, `call ${i} took ${took.toFixed(0)} ms`);
     }
     assert.equal(limiter.stats.unavailable, 3);
+  }
+});
+
+test('a cluster client whose nodes refuse connections fails at once too', async () => {
+  const port = await freePort();
+  const c = createClusterClient([{ host: '127.0.0.1', port }]);
+  clients.push(c);
+  const limiter = new RateLimiter(c, { timeoutMs: 2000, logger: false });
+  for (let i = 0; i < 3; i++) {
+    const started = performance.now();
+    await assert.rejects(limiter.take('refused', 5, 1), LimiterUnavailable);
+    const took = performance.now() - started;
+    assert.ok(took < 500, `call ${i} took ${took.toFixed(0)} ms`);
   }
 });
 
