@@ -97,6 +97,9 @@ async function startServer({ module = false, args = [], port: wanted } = {}) {
       resume() { child.kill('SIGCONT'); },
       async stop() {
         if (running) {
+          // Keep the event loop alive until the exit is seen (the child is unref'd: with
+          // nothing else pending, a test awaiting stop() would end with the promise pending).
+          child.ref();
           child.kill('SIGCONT');
           child.kill('SIGKILL');
           await exited;
