@@ -4,10 +4,11 @@ import type { Cluster, ClusterNode, ClusterOptions, Redis, RedisOptions } from '
 
 export type Backend = 'module' | 'function' | 'script';
 export type Key = string | Buffer;
-export type LogLevel = 'debug' | 'info' | 'warn';
+export type LogLevel = 'debug' | 'info' | 'warn' | 'error';
 export type Logger =
+  | false
   | ((level: LogLevel, message: string) => void)
-  | { debug?(message: string): void; info?(message: string): void; warn?(message: string): void; log?(message: string): void };
+  | { debug?(message: string): void; info?(message: string): void; warn?(message: string): void; error?(message: string): void; log?(message: string): void };
 
 export interface RateLimiterOptions {
   /** 'auto' (default): the module if COMMAND INFO tb.take knows it, else FUNCTION LOAD of tb.lua, else EVALSHA. */
@@ -22,7 +23,9 @@ export interface RateLimiterOptions {
   blockingPoolSize?: number;
   /** An idle waitTake connection is closed after this many ms. Default 5000. */
   blockingIdleMs?: number;
-  /** Where the backend choice and outages are logged. Default: util.debuglog (NODE_DEBUG=redis-tb). */
+  /** On Lua after the module went away: how often (at most) to look for it again, in ms. Default 30000. */
+  moduleRecheckMs?: number;
+  /** Where backend changes, outages and errors go. Default: stderr (debug with NODE_DEBUG=redis-tb); false: nowhere. */
   logger?: Logger;
 }
 
@@ -87,7 +90,7 @@ export declare class Decision {
   headers(): RateLimitHeaders;
 }
 
-export type ErrorKind = 'argument' | 'server' | 'unavailable';
+export type ErrorKind = 'argument' | 'server' | 'unavailable' | 'bug';
 
 /** Base class of everything the library throws. */
 export declare class LimiterError extends Error {
@@ -116,18 +119,27 @@ export declare class RateLimiter {
   /** The backend in use; null until the first call or connect(). */
   readonly backend: Backend | null;
   readonly isCluster: boolean;
+  /** Calls that failed: LimiterUnavailable, and every other error. */
+  readonly stats: { unavailable: number; errors: number };
   connect(): Promise<Backend>;
   take(key: Key, capacity: number, rate: number, n?: number, options?: CallOptions): Promise<Decision>;
   peek(key: Key, capacity: number, rate: number, n?: number, options?: CallOptions): Promise<Decision>;
   refund(key: Key, capacity: number, rate: number, n: number, options?: CallOptions): Promise<Decision>;
   takeAll(limits: ReadonlyArray<LimitSpec>): Promise<Decision>;
-  /** Module: TB.BTAKE (FIFO in the server). Lua fallback: polling, NOT FIFO. */
+  /** Module: TB.BTAKE on the slot owner (FIFO in the server; timeoutMs 0 = no limit). Lua fallback: polling, NOT FIFO. */
   waitTake(key: Key, capacity: number, rate: number, n: number | undefined, options: WaitOptions): Promise<Decision>;
-  /** Closes the limiter's own (waitTake) connections; the client stays open. */
+  /** Closes every connection the limiter opened (waitTake's, idle or waiting); the client passed in stays open. */
   close(): void;
 }
 
 export declare function rateLimitHeaders(decision: Decision): RateLimitHeaders;
+
+/** `${prefix}{${escapeId(id)}}:${name}`: the key of a caller's bucket (docs/clients.md). */
+export declare function bucketKey(prefix: string, id: string | number, name: string): string;
+/** % -> %25, { -> %7B, } -> %7D, the empty id -> %: no brace, never empty. */
+export declare function escapeId(id: string | number): string;
+/** The one failure rule over any error a call met. */
+export declare function classify(err: unknown): 'unavailable' | 'server_changed' | 'bug';
 
 export interface PolicyOptions {
   name?: string;
@@ -141,7 +153,7 @@ interface MiddlewareBase<Req> {
   key?: (req: Req) => string | number | Promise<string | number>;
   /** Tokens a request takes. Default 1. */
   cost?: (req: Req) => number | Promise<number>;
-  /** Bucket keys are `${keyPrefix}{${key}}:${policy name}`. Default "ratelimit:". */
+  /** Bucket keys are bucketKey(keyPrefix, key(req), policy name). Default "ratelimit:". */
   keyPrefix?: string;
   /** true (default): pass requests through when the limiter fails; false: 503. */
   failOpen?: boolean;

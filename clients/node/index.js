@@ -2,7 +2,8 @@
 
 // redis-tb: token-bucket rate limiting over ioredis. The module's TB.* commands when the
 // server has them, the Lua fallback (lua/tb.lua) otherwise; same replies either way.
-const { RateLimiter, Decision, Limit, createClient, createClusterClient, lua } = require('./lib/limiter');
+const { RateLimiter, createClient, createClusterClient, lua } = require('./lib/limiter');
+const { Decision, Limit, bucketKey, escapeId, classify } = require('./lib/core');
 const { LimiterError, InvalidArgument, LimiterReplyError, LimiterUnavailable } = require('./lib/errors');
 const { rateLimitHeaders } = require('./lib/headers');
 const { expressRateLimit, fastifyRateLimit } = require('./lib/middleware');
@@ -20,6 +21,11 @@ module.exports = {
   fastifyRateLimit,
   createClient,
   createClusterClient,
+  // The key of a caller's bucket, `${prefix}{${escapeId(id)}}:${policy}` (docs/clients.md).
+  bucketKey,
+  escapeId,
+  // The failure rule: 'unavailable' | 'server_changed' | 'bug' for any error a call met.
+  classify,
   // The Lua text the fallback loads: { file, library, script, sha }.
   luaSource: lua,
   version: require('./package.json').version,

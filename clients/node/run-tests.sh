@@ -7,7 +7,9 @@
 #   - node --test over test/*.test.js: every API test on a server with the module and one
 #     without (function and script backends), 3-master clusters with and without it,
 #     fail-open (stopped, SIGSTOP), migration script -> module, Express/Fastify over HTTP,
-#     npm install/pack of the package, tsc on index.d.ts.
+#     npm install/pack of the package, tsc on index.d.ts; the shared conformance suite
+#     (clients/conformance/cases.json) on every backend and topology;
+#   - the conformance suite again with the lowest ioredis declared (test/lowest: 5.0.0).
 # Ends with node's summary (# tests/# pass/# fail ... lines, as .ci/run reads them) and
 # "N passed, M failed"; exits non-zero on any failure.
 set -euo pipefail
@@ -33,23 +35,35 @@ if [[ ! -f "$TB_MODULE" ]]; then
 fi
 
 # npm ci starts from a clean node_modules; skip it while the lock file is the one installed.
-if ! cmp -s package-lock.json node_modules/.installed-package-lock.json 2>/dev/null; then
-    npm ci --no-audit --no-fund --loglevel=error
-    cp package-lock.json node_modules/.installed-package-lock.json
-fi
+# Two installs: the dev dependencies (the newest ioredis, 6.0.0), and test/lowest, the lowest
+# ioredis the package declares (peerDependencies: >=5, so 5.0.0).
+for dir in . test/lowest; do
+    if ! cmp -s "$dir/package-lock.json" "$dir/node_modules/.installed-package-lock.json" 2>/dev/null; then
+        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+        cp "$dir/package-lock.json" "$dir/node_modules/.installed-package-lock.json"
+    fi
+done
 
 echo "--- node $(node --version), $("$TB_SERVER" --version | cut -d' ' -f1-3), module $TB_MODULE"
 tap=$(mktemp)
-trap 'rm -f "$tap"' EXIT
+tap_lowest=$(mktemp)
+trap 'rm -f "$tap" "$tap_lowest"' EXIT
 status=0
 node --test --test-reporter=spec --test-reporter-destination=stdout \
     --test-reporter=tap --test-reporter-destination="$tap" \
     "$@" test/*.test.js || status=$?
-passed=$(sed -n 's/^# pass \([0-9]*\)$/\1/p' "$tap" | tail -1)
-failed=$(sed -n 's/^# fail \([0-9]*\)$/\1/p' "$tap" | tail -1)
-cancelled=$(sed -n 's/^# cancelled \([0-9]*\)$/\1/p' "$tap" | tail -1)
+echo "--- the conformance suite again with the lowest declared ioredis"
+TB_IOREDIS=$here/test/lowest/node_modules/ioredis \
+    node --test --test-reporter=spec --test-reporter-destination=stdout \
+    --test-reporter=tap --test-reporter-destination="$tap_lowest" \
+    test/conformance.test.js || status=$?
+cat "$tap_lowest" >>"$tap"
+sum() { sed -n "s/^# $1 \\([0-9]*\\)\$/\\1/p" "$tap" | awk '{ s += $1 } END { print s + 0 }'; }
+passed=$(sum pass)
+failed=$(sum fail)
+cancelled=$(sum cancelled)
 failed=$(( ${failed:-0} + ${cancelled:-0} ))
-# node's own summary lines (what .ci/run adds up), then one plain line.
+# node's own summary lines of both runs (what .ci/run adds up), then one plain line.
 grep -E '^# (tests|suites|pass|fail|cancelled|skipped|todo) [0-9]+$' "$tap" || true
 echo "${passed:-0} passed, ${failed} failed"
 if [[ $status -eq 0 && ( -z "$passed" || "$passed" -eq 0 || "$failed" -ne 0 ) ]]; then

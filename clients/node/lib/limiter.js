@@ -5,10 +5,12 @@ const fs = require('node:fs');
 const path = require('node:path');
 const util = require('node:util');
 const { setTimeout: sleep } = require('node:timers/promises');
-const { Command } = require('ioredis');
+const { createRequire } = require('node:module');
 
-const { InvalidArgument, LimiterUnavailable, LimiterReplyError, wrap, isReplyError } = require('./errors');
-const { rateLimitHeaders } = require('./headers');
+const { LimiterError, InvalidArgument, LimiterUnavailable, isReplyError } = require('./errors');
+const core = require('./core');
+
+const { Limit, Decision, decisionFrom, classify, limiterError } = core;
 
 // ---------------------------------------------------------------------------------------
 // The Lua fallback: lua/tb.lua of the repository, reached through the package's tb.lua
@@ -40,84 +42,72 @@ function lua() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Values
+// ioredis: the application's copy. The package never requires ioredis at load time: a
+// directory install (`npm install ./clients/node`) is a symlink, and from the checkout
+// `require('ioredis')` finds no copy (issue 18, item 1). The client passed in tells which
+// ioredis made it; createClient() looks where the application would.
 // ---------------------------------------------------------------------------------------
 
-// A number as the command's text: String(x) is the shortest decimal that reads back as x
-// ("0.001", "1e-7", "1e+21"), which the module and the script both accept.
-function numberText(value, what) {
-  if (typeof value !== 'number' || !Number.isFinite(value)) {
-    throw new InvalidArgument(`${what} must be a finite number, got ${String(value)}`);
-  }
-  return String(value);
+function isIoredis(exports) {
+  return typeof exports === 'function' && typeof exports.Command === 'function' && typeof exports.Cluster === 'function';
 }
 
-// A policy name goes into the headers as an sf-string: non-empty printable ASCII only.
-function checkName(name) {
-  if (typeof name !== 'string' || !/^[\x20-\x7e]+$/.test(name)) {
-    throw new InvalidArgument(`a policy name must be non-empty printable ASCII, not ${util.inspect(name)}`);
+// The loaded ioredis whose Redis or Cluster class made `client` (instanceof: ioredis 5.0's
+// mixins leave `constructor` pointing at EventEmitter), else the application's.
+const ioredisByClient = new WeakMap();
+function ioredisOf(client) {
+  let found = ioredisByClient.get(client);
+  if (!found) {
+    found = Object.values(require.cache).map((loaded) => loaded && loaded.exports)
+      .find((exports) => isIoredis(exports) && (client instanceof exports || client instanceof exports.Cluster));
+    found = found ?? requireIoredis();
+    ioredisByClient.set(client, found);
   }
-  return name;
+  return found;
 }
 
-function checkKey(key) {
-  if (!(typeof key === 'string' || Buffer.isBuffer(key)) || key.length === 0) {
-    throw new InvalidArgument('key must be a non-empty string or Buffer');
+// ioredis as the application resolves it: from its main module, from the working
+// directory, then from this package.
+function requireIoredis() {
+  const bases = [];
+  if (require.main && require.main.filename) {
+    bases.push(require.main.filename);
   }
-  return key;
-}
-
-// One limit of a takeAll call (and the shape the middleware's `limits` option takes).
-class Limit {
-  constructor(key, capacity, rate, n = 1, name = null) {
-    this.key = key;
-    this.capacity = capacity;
-    this.rate = rate;
-    this.n = n;
-    this.name = name;
+  bases.push(path.join(process.cwd(), 'package.json'), __filename);
+  for (const base of bases) {
+    try {
+      return createRequire(base)('ioredis');
+    } catch {
+      // not from there
+    }
   }
-}
-
-// The answer of every call. `limits` lists what the call was judged with (one entry, or one
-// per takeAll limit in the call's order); `index` is the deciding limit of a takeAll (null
-// otherwise); `capacity`, `rate` and `policy` are that limit's.
-class Decision {
-  constructor(reply, limits, index) {
-    this.allowed = reply[0] === 1;
-    this.remaining = reply[1];
-    this.retryAfterMs = reply[2];
-    this.resetAfterMs = reply[3];
-    this.index = index;
-    const deciding = limits[index ?? 0];
-    this.capacity = deciding.capacity;
-    this.rate = deciding.rate;
-    this.policy = deciding.name;
-    Object.defineProperty(this, 'limits', { value: limits, enumerable: false });
-  }
-
-  headers() {
-    return rateLimitHeaders(this);
-  }
-}
-
-function decisionFrom(reply, limits, withIndex) {
-  const count = withIndex ? 5 : 4;
-  if (!Array.isArray(reply) || reply.length !== count || !reply.every((x) => typeof x === 'number')) {
-    throw new LimiterReplyError(`unexpected reply: ${util.inspect(reply)}`);
-  }
-  return new Decision(reply, limits, withIndex ? reply[4] : null);
+  throw new LimiterError('bug', 'redis-tb needs ioredis: npm install ioredis');
 }
 
 // ---------------------------------------------------------------------------------------
-// Logging: a function (level, message) or an object with debug/info/warn methods (console,
-// pino, ...). Default: util.debuglog, printed only with NODE_DEBUG=redis-tb.
+// Logging: a function (level, message) or an object with debug/info/warn/error methods
+// (console, pino, ...). Default: info, warn and error to stderr, debug with NODE_DEBUG=redis-tb;
+// `false`: nothing.
 // ---------------------------------------------------------------------------------------
 
 const debuglog = util.debuglog('redis-tb');
 
+function defaultLog(level, message) {
+  if (level === 'debug') {
+    debuglog('%s', message);
+  } else if (level === 'error') {
+    console.error(message);
+  } else {
+    console.warn(message);
+  }
+}
+
 function toLog(logger) {
-  if (logger === undefined || logger === null) {
-    return (level, message) => debuglog('%s: %s', level, message);
+  if (logger === undefined) {
+    return defaultLog;
+  }
+  if (logger === false || logger === null) {
+    return () => {};
   }
   if (typeof logger === 'function') {
     return logger;
@@ -138,6 +128,7 @@ function toLog(logger) {
 // once, so this per-call timer wins over the client's commandTimeout. `keys` route the
 // command in a Cluster: ioredis does not know the TB.* commands' key positions.
 function send(client, name, args, keys, timeoutMs) {
+  const { Command } = ioredisOf(client);
   const command = new Command(name, args);
   if (keys) {
     command.keys = keys;
@@ -146,6 +137,58 @@ function send(client, name, args, keys, timeoutMs) {
     command.setTimeout(timeoutMs);
   }
   return client.sendCommand(command);
+}
+
+// Resolves when `client` can take a command, or rejects with LimiterUnavailable at once
+// when it cannot: a client that is (re)connecting has just been refused, and a command
+// queued offline would wait out its timeout and might be sent, and charged, later. A
+// first connection in progress (right after createClient()) is waited for, up to
+// timeoutMs: the refusal, if any, comes within a round trip.
+// Calls that arrive during one connection attempt share one wait (and one set of listeners).
+const connecting = new WeakMap();
+
+function whenWritable(client, timeoutMs) {
+  if (client.status === 'ready') {
+    return Promise.resolve();
+  }
+  if (client.status === 'wait') {
+    client.connect().catch(() => {});
+  }
+  if (!['wait', 'connecting', 'connect'].includes(client.status)) {
+    return Promise.reject(new LimiterUnavailable(`not connected to the server (client ${client.status})`));
+  }
+  let pending = connecting.get(client);
+  if (!pending) {
+    pending = firstConnection(client, timeoutMs).finally(() => connecting.delete(client));
+    connecting.set(client, pending);
+  }
+  return pending;
+}
+
+function firstConnection(client, timeoutMs) {
+  return new Promise((resolve, reject) => {
+    const timer = timeoutMs > 0 ? setTimeout(() => done(new LimiterUnavailable(
+      `not connected to the server within ${timeoutMs} ms (client ${client.status})`)), timeoutMs) : null;
+    const onReady = () => done(null);
+    const onError = (err) => done(new LimiterUnavailable(`not connected to the server: ${err.message}`, { cause: err }));
+    const onClose = () => done(new LimiterUnavailable(`not connected to the server (client ${client.status})`));
+    function done(err) {
+      clearTimeout(timer);
+      client.off('ready', onReady);
+      client.off('error', onError);
+      client.off('close', onClose);
+      client.off('end', onClose);
+      if (err) {
+        reject(err);
+      } else {
+        resolve();
+      }
+    }
+    client.once('ready', onReady);
+    client.once('error', onError);
+    client.once('close', onClose);
+    client.once('end', onClose);
+  });
 }
 
 function prefixed(client, key) {
@@ -159,9 +202,23 @@ function prefixed(client, key) {
   return prefix + key;
 }
 
+function nodeAddress(text) {
+  const colon = text.lastIndexOf(':');
+  return { host: text.slice(0, colon), port: Number(text.slice(colon + 1)) };
+}
+
 const BACKENDS = ['auto', 'module', 'function', 'script'];
-const MODULE_COMMANDS = { take: 'TB.TAKE', peek: 'TB.PEEK', refund: 'TB.REFUND', takeall: 'TB.TAKEALL' };
-const FUNCTIONS = { take: 'tb_take', peek: 'tb_peek', refund: 'tb_refund', takeall: 'tb_takeall' };
+const LUA_BACKENDS = ['function', 'script'];
+// The most MOVED/ASK hops one TB.BTAKE follows (a slot moves once per resharding step).
+const MAX_REDIRECTIONS = 5;
+
+function optionalMs(options, name, fallback) {
+  const value = options[name] ?? fallback;
+  if (typeof value !== 'number' || !Number.isFinite(value) || value < 0) {
+    throw new InvalidArgument(`${name} must be a finite number of ms >= 0, got ${util.inspect(value)}`);
+  }
+  return value;
+}
 
 class RateLimiter {
   // client: an ioredis Redis or Cluster. Options:
@@ -169,9 +226,11 @@ class RateLimiter {
   //   timeoutMs        per-command timeout, default 200 (0: none)
   //   connectTimeoutMs how long waitTake waits for a connection of its own, default 1000
   //   blockingMarginMs added to a waitTake's timeout_ms for the client-side timer, default 1000
-  //   blockingPoolSize idle blocking connections kept for waitTake, default 4
+  //   blockingPoolSize idle blocking connections kept for waitTake, per node, default 4
   //   blockingIdleMs   an idle blocking connection is closed after this, default 5000
-  //   logger           (level, message) => void, or an object with debug/info/warn
+  //   moduleRecheckMs  on Lua after the module went away: how often to look for it, default 30000
+  //   logger           (level, message) => void, or an object with debug/info/warn/error;
+  //                    default stderr; false: nothing
   constructor(client, options = {}) {
     if (!client || typeof client.sendCommand !== 'function') {
       throw new InvalidArgument('RateLimiter needs an ioredis Redis or Cluster client');
@@ -182,27 +241,32 @@ class RateLimiter {
     }
     this.client = client;
     this.requestedBackend = backend;
-    this.timeoutMs = options.timeoutMs ?? 200;
-    this.connectTimeoutMs = options.connectTimeoutMs ?? 1000;
-    this.blockingMarginMs = options.blockingMarginMs ?? 1000;
-    this.blockingPoolSize = options.blockingPoolSize ?? 4;
-    this.blockingIdleMs = options.blockingIdleMs ?? 5000;
-    this._idleTimer = null;
+    this.timeoutMs = optionalMs(options, 'timeoutMs', 200);
+    this.connectTimeoutMs = optionalMs(options, 'connectTimeoutMs', 1000);
+    this.blockingMarginMs = optionalMs(options, 'blockingMarginMs', 1000);
+    this.blockingPoolSize = optionalMs(options, 'blockingPoolSize', 4);
+    this.blockingIdleMs = optionalMs(options, 'blockingIdleMs', 5000);
+    this.moduleRecheckMs = optionalMs(options, 'moduleRecheckMs', 30_000);
     this.log = toLog(options.logger);
+    // Calls that failed, by class of the failure rule (LimiterUnavailable, any other error).
+    this.stats = { unavailable: 0, errors: 0 };
     this._backend = null;
-    this._resolving = null;
-    this._idle = [];
-    this._busy = new Set();
+    this._detecting = null;
+    // Bumped at each detection: a call that met a server change after another call already
+    // detected again just retries.
+    this._generation = 0;
+    this._sawModule = false;
+    this._moduleCheckedAt = 0;
+    // waitTake's own connections: idle ones per node ('' standalone), and every one open.
+    this._idle = new Map();
+    this._connections = new Set();
+    this._idleTimer = null;
     this._closed = false;
     // Outage state shared by every middleware built on this limiter (one log line per outage).
-    this._outage = null;
-    if (client.options && client.options.enableOfflineQueue !== false) {
-      this.log('debug', 'the client queues commands while disconnected (enableOfflineQueue); calls still time out '
-        + `after ${this.timeoutMs} ms, but a queued take may be sent later: createClient() turns the queue off`);
-    }
+    this._outage = new core.OutageLog();
   }
 
-  // 'module' | 'function' | 'script', or null before the first call (or connect()).
+  // 'module' | 'function' | 'script', or null before the first call that reached the server.
   get backend() {
     return this._backend;
   }
@@ -214,62 +278,105 @@ class RateLimiter {
   // Picks the backend now (otherwise the first call does): COMMAND INFO tb.take -> module;
   // else FUNCTION LOAD REPLACE tb.lua -> function; if FUNCTION fails -> script.
   async connect() {
-    if (this._backend) {
-      return this._backend;
+    try {
+      await this._ensureBackend();
+    } catch (err) {
+      throw limiterError(err);
     }
-    if (!this._resolving) {
-      this._resolving = this._detect().finally(() => {
-        this._resolving = null;
-      });
-    }
-    await this._resolving;
     return this._backend;
   }
 
+  async _ensureBackend() {
+    if (this._backend === null) {
+      await this._detectAgain();
+    } else if (this._sawModule && this._backend !== 'module' && this.requestedBackend === 'auto'
+      && performance.now() - this._moduleCheckedAt >= this.moduleRecheckMs) {
+      await this._lookForModule();
+    }
+  }
+
+  // One detection at a time; callers that arrive meanwhile share it.
+  _detectAgain() {
+    if (!this._detecting) {
+      this._detecting = this._detect().finally(() => {
+        this._detecting = null;
+        this._generation += 1;
+      });
+    }
+    return this._detecting;
+  }
+
   _choose(backend, why) {
+    const previous = this._backend;
     this._backend = backend;
-    this.log('info', `redis-tb backend: ${backend} (${why})`);
+    if (backend === 'module') {
+      this._sawModule = true;
+    }
+    if (previous === null) {
+      this.log('info', `redis-tb backend: ${backend} (${why})`);
+    } else if (previous === 'module' && backend !== 'module') {
+      this._moduleCheckedAt = performance.now();
+      this.log('warn', `redis-tb: the module is gone from the server; going on with the Lua backend: ${backend} (${why})`);
+    } else if (previous !== 'module' && backend === 'module') {
+      this.log('info', `redis-tb: the module is back on the server; moving to it from the Lua backend (${previous})`);
+    } else {
+      this.log('info', `redis-tb backend: ${backend} again (${why})`);
+    }
+  }
+
+  async _hasModule() {
+    try {
+      const info = await this._sendTo(this.client, 'command', ['info', 'tb.take'], null);
+      return Array.isArray(info) && Array.isArray(info[0]);
+    } catch (err) {
+      // An error reply that is not about the server's state (an ACL that refuses COMMAND)
+      // says nothing about the module: go on to the Lua fallback.
+      if (classify(err) === 'unavailable') {
+        throw err;
+      }
+      return false;
+    }
   }
 
   async _detect() {
+    const forced = this.requestedBackend;
+    if (forced === 'module') {
+      return this._choose('module', 'forced');
+    }
+    if (forced === 'function') {
+      await this._loadFunction();
+      return this._choose('function', 'forced; FUNCTION LOAD tb done');
+    }
+    if (forced === 'script') {
+      await this._loadScript();
+      return this._choose('script', 'forced; SCRIPT LOAD done');
+    }
+    if (await this._hasModule()) {
+      return this._choose('module', 'the server has TB.TAKE');
+    }
     try {
-      const forced = this.requestedBackend;
-      if (forced === 'module') {
-        return this._choose('module', 'forced');
-      }
-      if (forced === 'function') {
-        await this._loadFunction();
-        return this._choose('function', 'forced; FUNCTION LOAD tb done');
-      }
-      if (forced === 'script') {
-        await this._loadScript();
-        return this._choose('script', 'forced; SCRIPT LOAD done');
-      }
-      let info = null;
-      try {
-        info = await send(this.client, 'command', ['info', 'tb.take'], null, this.timeoutMs);
-      } catch (err) {
-        // An error reply (e.g. an ACL that refuses COMMAND) says nothing about the module:
-        // go on to the Lua fallback.
-        if (!isReplyError(err)) {
-          throw err;
-        }
-      }
-      if (Array.isArray(info) && Array.isArray(info[0])) {
-        return this._choose('module', 'the server has TB.TAKE');
-      }
-      try {
-        await this._loadFunction();
-      } catch (err) {
-        if (!isReplyError(err)) {
-          throw err;
-        }
-        await this._loadScript();
-        return this._choose('script', `no TB.TAKE; FUNCTION LOAD failed (${err.message}); EVALSHA of lua/tb.lua`);
-      }
-      return this._choose('function', 'no TB.TAKE on the server; FUNCTION LOAD of lua/tb.lua');
+      await this._loadFunction();
     } catch (err) {
-      throw wrap(err);
+      if (!isReplyError(err) || classify(err) === 'unavailable') {
+        throw err;
+      }
+      await this._loadScript();
+      return this._choose('script', `no TB.TAKE; FUNCTION LOAD failed (${err.message}); EVALSHA of lua/tb.lua`);
+    }
+    return this._choose('function', 'no TB.TAKE on the server; FUNCTION LOAD of lua/tb.lua');
+  }
+
+  // On Lua after the module went away: at most every moduleRecheckMs, one COMMAND INFO.
+  // Its failure changes nothing (the call goes on with the Lua backend).
+  async _lookForModule() {
+    this._moduleCheckedAt = performance.now();
+    try {
+      if (await this._hasModule()) {
+        this._choose('module', 'the server has TB.TAKE again');
+        this._generation += 1;
+      }
+    } catch {
+      // unavailable now: the call itself will say so
     }
   }
 
@@ -287,72 +394,66 @@ class RateLimiter {
 
   async _loadFunction() {
     const { library } = lua();
-    await Promise.all(this._nodes().map((node) => send(node, 'function', ['load', 'replace', library], null, this.timeoutMs)));
+    await Promise.all(this._nodes().map((node) => this._sendTo(node, 'function', ['load', 'replace', library], null)));
   }
 
   async _loadScript() {
     const { script } = lua();
-    await Promise.all(this._nodes().map((node) => send(node, 'script', ['load', script], null, this.timeoutMs)));
+    await Promise.all(this._nodes().map((node) => this._sendTo(node, 'script', ['load', script], null)));
   }
 
-  // One call of `op` (take, peek, refund, takeall) over the chosen backend. `keys` are
-  // prefixed already; `numbers` are the texts after the keys (capacity rate n per key).
-  async _run(op, keys, numbers) {
-    await this.connect();
-    const client = this.client;
-    const timeout = this.timeoutMs;
-    switch (this._backend) {
-      case 'module':
-        if (op === 'takeall') {
-          const args = [];
-          keys.forEach((key, i) => args.push(key, ...numbers.slice(3 * i, 3 * i + 3)));
-          return send(client, MODULE_COMMANDS[op], args, keys, timeout);
+  async _sendTo(client, name, args, keys) {
+    await whenWritable(client, this.timeoutMs);
+    return send(client, name, args, keys, this.timeoutMs);
+  }
+
+  _sendOp(op, keys, numbers) {
+    const { name, args } = core.commandFor(this._backend, op, keys, numbers, lua().sha);
+    return this._sendTo(this.client, name, args, keys);
+  }
+
+  // One call of `op` (take, peek, refund, takeall): the failure rule around one send.
+  // A server change (the module unloaded, a FUNCTION FLUSH, a SCRIPT FLUSH) detects the
+  // backend again and retries once; the retry's error is whatever class it is.
+  async _call(op, keys, numbers, limits) {
+    try {
+      await this._ensureBackend();
+      const generation = this._generation;
+      let reply;
+      try {
+        reply = await this._sendOp(op, keys, numbers);
+      } catch (err) {
+        if (classify(err) !== 'server_changed') {
+          throw err;
         }
-        return send(client, MODULE_COMMANDS[op], [...keys, ...numbers], keys, timeout);
-      case 'function': {
-        const fcall = op === 'peek' ? 'fcall_ro' : 'fcall';
-        const args = [FUNCTIONS[op], keys.length, ...keys, ...numbers];
-        try {
-          return await send(client, fcall, args, keys, timeout);
-        } catch (err) {
-          // Someone ran FUNCTION FLUSH, or a node joined without the library: load it
-          // everywhere again and retry once.
-          if (!(isReplyError(err) && /function not found/i.test(err.message))) {
-            throw err;
-          }
-          await this._loadFunction();
-          return send(client, fcall, args, keys, timeout);
+        this.log('info', `redis-tb: the server changed (${err.message}); detecting the backend again`);
+        if (generation === this._generation) {
+          await this._detectAgain();
         }
+        reply = await this._sendOp(op, keys, numbers);
       }
-      case 'script': {
-        const { sha, script } = lua();
-        const rest = [keys.length, ...keys, op, ...numbers];
-        try {
-          return await send(client, 'evalsha', [sha, ...rest], keys, timeout);
-        } catch (err) {
-          if (!(isReplyError(err) && /^NOSCRIPT/.test(err.message))) {
-            throw err;
-          }
-          // EVAL runs the script on the key's node and caches it there for the next EVALSHA.
-          return send(client, 'eval', [script, ...rest], keys, timeout);
-        }
-      }
-      default:
-        throw new InvalidArgument(`no backend chosen (${this._backend})`);
+      return decisionFrom(reply, limits, op === 'takeall');
+    } catch (err) {
+      throw this._failed(err);
     }
+  }
+
+  // The LimiterError for err, counted.
+  _failed(err) {
+    const error = limiterError(err);
+    if (error instanceof LimiterUnavailable) {
+      this.stats.unavailable += 1;
+    } else {
+      this.stats.errors += 1;
+    }
+    return error;
   }
 
   async _single(op, key, capacity, rate, n, options) {
-    const limits = [{ name: checkName((options && options.name) ?? 'default'), capacity, rate }];
-    const numbers = [numberText(capacity, 'capacity'), numberText(rate, 'rate'), numberText(n, 'n')];
-    const keys = [prefixed(this.client, checkKey(key))];
-    let reply;
-    try {
-      reply = await this._run(op, keys, numbers);
-    } catch (err) {
-      throw wrap(err);
-    }
-    return decisionFrom(reply, limits, false);
+    const limits = [{ name: core.checkName((options && options.name) ?? 'default'), capacity, rate }];
+    const numbers = [core.capacityText(capacity), core.rateText(rate), core.costText(n)];
+    const keys = [prefixed(this.client, core.checkKey(key))];
+    return this._call(op, keys, numbers, limits);
   }
 
   // Takes n tokens if the bucket holds them. options.name: the policy name for the headers.
@@ -383,45 +484,49 @@ class RateLimiter {
     const keys = [];
     const numbers = [];
     limits.forEach((limit, i) => {
-      const n = limit.n ?? 1;
-      keys.push(prefixed(this.client, checkKey(limit.key)));
-      numbers.push(numberText(limit.capacity, `limits[${i}].capacity`), numberText(limit.rate, `limits[${i}].rate`),
-        numberText(n, `limits[${i}].n`));
-      judged.push({ name: checkName(limit.name ?? `limit${i}`), capacity: limit.capacity, rate: limit.rate });
+      keys.push(prefixed(this.client, core.checkKey(limit.key)));
+      numbers.push(core.capacityText(limit.capacity, `limits[${i}].capacity`), core.rateText(limit.rate, `limits[${i}].rate`),
+        core.costText(limit.n ?? 1, `limits[${i}].n`));
+      judged.push({ name: core.checkName(limit.name ?? `limit${i}`), capacity: limit.capacity, rate: limit.rate });
     });
-    let reply;
-    try {
-      reply = await this._run('takeall', keys, numbers);
-    } catch (err) {
-      throw wrap(err);
-    }
-    return decisionFrom(reply, judged, true);
+    return this._call('takeall', keys, numbers, judged);
   }
 
   // Waits up to options.timeoutMs (required; 0 = no limit) for n tokens.
   // Module backend: TB.BTAKE, first come first served in the server, on a connection of
-  // its own (a blocked connection would hold up every other command behind it).
+  // its own to the node that owns the key (a blocked connection would hold up every other
+  // command behind it).
   // Function/script backends: POLLING, NOT FIFO: take, sleep min(retry_after_ms, time
   // left), retry; a later caller can be served before an earlier one.
   async waitTake(key, capacity, rate, n = 1, options = {}) {
-    if (typeof options.timeoutMs !== 'number' || !Number.isFinite(options.timeoutMs) || options.timeoutMs < 0) {
+    if (options.timeoutMs === undefined) {
       throw new InvalidArgument('waitTake needs options.timeoutMs, a finite number of ms >= 0 (0: no limit)');
     }
-    const timeoutMs = Math.ceil(options.timeoutMs);
-    const limits = [{ name: checkName(options.name ?? 'default'), capacity, rate }];
-    const numbers = [numberText(capacity, 'capacity'), numberText(rate, 'rate'), numberText(n, 'n')];
-    checkKey(key);
+    const timeoutText = core.timeoutText(options.timeoutMs);
+    const timeoutMs = Number(timeoutText);
+    const limits = [{ name: core.checkName(options.name ?? 'default'), capacity, rate }];
+    const numbers = [core.capacityText(capacity), core.rateText(rate), core.costText(n)];
+    const prefixedKey = prefixed(this.client, core.checkKey(key));
+    const started = performance.now();
     try {
-      await this.connect();
+      await this._ensureBackend();
+      if (this._backend === 'module') {
+        try {
+          return decisionFrom(await this._blockingTake(prefixedKey, [...numbers, timeoutText], timeoutMs), limits, false);
+        } catch (err) {
+          if (classify(err) !== 'server_changed') {
+            throw err;
+          }
+          await this._detectAgain();
+          if (this._backend === 'module') {
+            throw err;
+          }
+        }
+      }
     } catch (err) {
-      throw wrap(err);
+      throw this._failed(err);
     }
-    if (this._backend === 'module') {
-      const keys = [prefixed(this.client, key)];
-      const reply = await this._blocking(keys, [...numbers, String(timeoutMs)], timeoutMs);
-      return decisionFrom(reply, limits, false);
-    }
-    const deadline = timeoutMs === 0 ? Infinity : performance.now() + timeoutMs;
+    const deadline = timeoutMs === 0 ? Infinity : started + timeoutMs;
     for (;;) {
       const decision = await this.take(key, capacity, rate, n, { name: limits[0].name });
       if (decision.allowed || decision.retryAfterMs < 0) {
@@ -435,55 +540,89 @@ class RateLimiter {
     }
   }
 
-  async _blocking(keys, args, timeoutMs) {
-    let conn;
-    try {
-      conn = await this._acquire();
-    } catch (err) {
-      throw wrap(err);
+  // The node that owns `key`'s slot, by the server's slot rule and the client's slot map;
+  // null for a standalone client. A stale map is corrected by MOVED.
+  _owner(key) {
+    if (!this.isCluster) {
+      return null;
     }
-    this._busy.add(conn);
+    const owners = this.client.slots && this.client.slots[core.keySlot(key)];
+    if (owners && owners.length > 0) {
+      return nodeAddress(owners[0]);
+    }
+    const [master] = this._nodes();
+    return { host: master.options.host, port: master.options.port };
+  }
+
+  // TB.BTAKE on the slot owner, following MOVED and ASK.
+  async _blockingTake(key, args, timeoutMs) {
     // The client-side timer is above the server's timeout, so the server's denial arrives
     // first; timeout 0 waits as long as the server does.
     const clientTimeout = timeoutMs === 0 ? 0 : timeoutMs + this.blockingMarginMs;
-    try {
-      const reply = await send(conn, 'TB.BTAKE', [...keys, ...args], keys, clientTimeout);
-      this._busy.delete(conn);
-      this._release(conn);
-      return reply;
-    } catch (err) {
-      this._busy.delete(conn);
-      // A server error leaves the connection usable; anything else (our timer, a lost
-      // connection) leaves its state unknown: close it, which also ends the server-side wait.
-      if (isReplyError(err)) {
-        this._release(conn);
-      } else {
-        conn.disconnect();
+    let node = this._owner(key);
+    let asking = false;
+    for (let hop = 0; hop <= MAX_REDIRECTIONS; hop++) {
+      const conn = await this._acquire(node);
+      try {
+        const pending = [];
+        if (asking) {
+          pending.push(send(conn, 'asking', [], null, this.timeoutMs));
+        }
+        pending.push(send(conn, 'TB.BTAKE', [key, ...args], null, clientTimeout));
+        const replies = await Promise.all(pending);
+        this._release(conn, node);
+        return replies[replies.length - 1];
+      } catch (err) {
+        // A server error leaves the connection usable; anything else (our timer, a lost
+        // connection) leaves its state unknown: close it, which also ends the server-side wait.
+        if (!isReplyError(err)) {
+          conn.disconnect();
+          throw err;
+        }
+        this._release(conn, node);
+        const redirect = this.isCluster ? core.parseRedirect(err.message) : null;
+        if (!redirect) {
+          throw err;
+        }
+        node = { host: redirect.host, port: redirect.port };
+        asking = redirect.kind === 'ASK';
+        if (redirect.kind === 'MOVED' && typeof this.client.refreshSlotsCache === 'function') {
+          this.client.refreshSlotsCache(() => {});
+        }
       }
-      throw wrap(err);
     }
+    throw new LimiterUnavailable(`TB.BTAKE: more than ${MAX_REDIRECTIONS} cluster redirections`);
   }
 
-  async _acquire() {
+  _newConnection(node) {
+    // A connection of waitTake's does not reconnect (one that drops is discarded, and a new
+    // one made by the next waitTake), has no command timeout of its own (waitTake's timer
+    // is per call: timeout 0 waits without limit), and queues nothing offline.
+    const own = { retryStrategy: () => null, commandTimeout: undefined, lazyConnect: false, enableOfflineQueue: true };
+    if (node === null) {
+      return this.client.duplicate(own);
+    }
+    const nodes = this._nodes();
+    const same = nodes.find((n) => n.options.host === node.host && n.options.port === node.port) ?? nodes[0];
+    return same.duplicate({ ...own, host: node.host, port: node.port, readOnly: false });
+  }
+
+  async _acquire(node) {
     if (this._closed) {
       throw new LimiterUnavailable('the RateLimiter is closed');
     }
-    while (this._idle.length > 0) {
-      const conn = this._idle.pop();
+    const idle = this._idle.get(node ? `${node.host}:${node.port}` : '') ?? [];
+    while (idle.length > 0) {
+      const conn = idle.pop();
       if (conn.status === 'ready') {
         return conn;
       }
       conn.disconnect();
     }
-    // A connection of waitTake's does not reconnect: one that drops is discarded (and a
-    // new one made by the next waitTake), so nothing lingers when the server is gone.
-    const conn = this.isCluster
-      ? this.client.duplicate([], { clusterRetryStrategy: () => null })
-      : this.client.duplicate({ retryStrategy: () => null });
+    const conn = this._newConnection(node);
+    this._connections.add(conn);
     conn.on('error', () => {});
-    if (conn.status === 'wait') {
-      conn.connect().catch(() => {});
-    }
+    conn.once('end', () => this._connections.delete(conn));
     if (conn.status !== 'ready') {
       await new Promise((resolve, reject) => {
         const timer = setTimeout(() => done(new LimiterUnavailable(
@@ -510,9 +649,12 @@ class RateLimiter {
 
   // Idle connections are kept for the next waitTake, and closed after blockingIdleMs
   // unused (an open socket keeps a Node process alive: call close() at shutdown).
-  _release(conn) {
-    if (!this._closed && this._idle.length < this.blockingPoolSize && conn.status === 'ready') {
-      this._idle.push(conn);
+  _release(conn, node) {
+    const name = node ? `${node.host}:${node.port}` : '';
+    const idle = this._idle.get(name) ?? [];
+    this._idle.set(name, idle);
+    if (!this._closed && idle.length < this.blockingPoolSize && conn.status === 'ready') {
+      idle.push(conn);
       this._armIdleTimer();
     } else {
       conn.disconnect();
@@ -522,37 +664,39 @@ class RateLimiter {
   _armIdleTimer() {
     clearTimeout(this._idleTimer);
     this._idleTimer = setTimeout(() => {
-      for (const conn of this._idle.splice(0)) {
-        conn.disconnect();
+      for (const idle of this._idle.values()) {
+        for (const conn of idle.splice(0)) {
+          conn.disconnect();
+        }
       }
     }, this.blockingIdleMs);
     this._idleTimer.unref();
   }
 
-  // Closes the limiter's own connections (waitTake's); the client passed in stays open.
+  // Closes every connection the limiter opened (waitTake's, idle or waiting: a waiter then
+  // gets LimiterUnavailable); the client passed in stays open, it is the application's.
   close() {
     this._closed = true;
     clearTimeout(this._idleTimer);
-    for (const conn of [...this._idle, ...this._busy]) {
+    for (const conn of this._connections) {
       conn.disconnect();
     }
-    this._idle = [];
-    this._busy.clear();
+    this._connections.clear();
+    this._idle.clear();
   }
 
   // Middleware bookkeeping: one warning when failures start, one info line when they end.
-  _failed(err, failOpen) {
-    if (this._outage === null) {
-      this._outage = { since: Date.now() };
-      const action = failOpen ? 'letting requests through' : 'answering 503';
-      this.log('warn', `redis-tb: rate limiter unavailable, ${action}: ${err.message}`);
+  _outageFailed(err, failOpen) {
+    const line = this._outage.failed(err, failOpen ? 'letting requests through' : 'answering 503', Date.now());
+    if (line) {
+      this.log(...line);
     }
   }
 
-  _succeeded() {
-    if (this._outage !== null) {
-      this._outage = null;
-      this.log('info', 'redis-tb: rate limiter available again');
+  _outageOver() {
+    const line = this._outage.succeeded();
+    if (line) {
+      this.log(...line);
     }
   }
 }
@@ -562,14 +706,18 @@ const TUNED = {
   commandTimeout: 200,
   maxRetriesPerRequest: 0,
   enableOfflineQueue: false,
+  // A command in flight when the connection dropped already failed for its caller; sent
+  // again after the reconnect it would take tokens nobody asked for any more.
+  autoResendUnfulfilledCommands: false,
   retryStrategy: (times) => Math.min(times * 100, 2000),
 };
 
 // An ioredis Redis set up for a rate limiter: fail fast instead of waiting while Redis is
 // down (no offline queue, no per-request retries, 200 ms connect and command timeouts);
-// ioredis keeps reconnecting in the background. `options` override any of that.
+// ioredis keeps reconnecting in the background. `options` override any of that. It may be
+// used at once: the limiter waits for the first connection (up to its timeoutMs).
 function createClient(url = 'redis://127.0.0.1:6379', options = {}) {
-  const Redis = require('ioredis');
+  const Redis = requireIoredis();
   const client = new Redis(url, { ...TUNED, ...options });
   // Without a listener ioredis prints every failed reconnect; the middleware reports an
   // outage itself, once.
@@ -579,7 +727,7 @@ function createClient(url = 'redis://127.0.0.1:6379', options = {}) {
 
 // The same for an ioredis Cluster; options.redisOptions go to every node's connection.
 function createClusterClient(nodes, options = {}) {
-  const Redis = require('ioredis');
+  const Redis = requireIoredis();
   const { redisOptions, ...clusterOptions } = options;
   const client = new Redis.Cluster(nodes, {
     enableOfflineQueue: false,
@@ -591,4 +739,4 @@ function createClusterClient(nodes, options = {}) {
   return client;
 }
 
-module.exports = { RateLimiter, Decision, Limit, createClient, createClusterClient, lua, numberText, checkName };
+module.exports = { RateLimiter, Decision, Limit, createClient, createClusterClient, lua, ioredisOf };

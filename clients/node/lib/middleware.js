@@ -1,15 +1,9 @@
 'use strict';
 
-const { InvalidArgument } = require('./errors');
-const { Limit, checkName } = require('./limiter');
+const { InvalidArgument, LimiterUnavailable } = require('./errors');
+const { Limit, bucketKey, checkPolicy } = require('./core');
 
 const QUOTA_EXCEEDED = 'https://iana.org/assignments/http-problem-types#quota-exceeded';
-
-function positive(value, what) {
-  if (typeof value !== 'number' || !Number.isFinite(value) || !(value > 0)) {
-    throw new InvalidArgument(`${what} must be a positive finite number, got ${String(value)}`);
-  }
-}
 
 function defaultKey(req) {
   return req.ip ?? (req.socket && req.socket.remoteAddress) ?? 'unknown';
@@ -22,15 +16,18 @@ function defaultKey(req) {
 //                                  default to "limit<index>" and must differ
 //   key(req)   who is limited: default the client IP (req.ip); e.g. req => req.user.id
 //   cost(req)  tokens this request takes (weighted n), default 1
-//   keyPrefix  bucket keys are `${keyPrefix}{${key(req)}}:${name}`; default "ratelimit:"
-//              (the hash tag keeps one caller's buckets in one cluster slot)
-//   failOpen   true (default): when the limiter fails the request passes without headers;
-//              false: 503
+//   keyPrefix  bucket keys are `${keyPrefix}{${escapeId(key(req))}}:${name}`; default
+//              "ratelimit:" (the hash tag keeps one caller's buckets in one cluster slot;
+//              escaping %, { and } keeps any id from changing it)
+//   failOpen   true (default): while the limiter is unavailable the request passes without
+//              headers; false: 503. Any other error (a bug: WRONGTYPE, a bad cost) is never
+//              let through: it is logged and goes to the framework's error handling (500)
 function limiterCore(options) {
   const { limiter } = options;
   if (!limiter || typeof limiter.take !== 'function') {
     throw new InvalidArgument('the middleware needs options.limiter, a RateLimiter');
   }
+  const several = options.limits !== undefined;
   let limits;
   if (options.limits !== undefined) {
     if (!Array.isArray(options.limits) || options.limits.length === 0) {
@@ -44,40 +41,40 @@ function limiterCore(options) {
   }
   const names = new Set();
   limits.forEach((limit, i) => {
-    positive(limit.capacity, `limits[${i}].capacity`);
-    positive(limit.rate, `limits[${i}].rate`);
+    checkPolicy(limit, several ? `limits[${i}]` : 'options');
     if (names.has(limit.name)) {
       throw new InvalidArgument(`two limits are named ${limit.name}`);
     }
-    checkName(limit.name);
     names.add(limit.name);
   });
   const key = options.key ?? defaultKey;
   const cost = options.cost ?? (() => 1);
   const keyPrefix = options.keyPrefix ?? 'ratelimit:';
-  // `<prefix>{<identity>}:<name>`: the hash tag keeps one caller's buckets in one cluster
-  // slot, so several policies can be taken at once (the Python and Rust libraries' keys).
-  const bucketKey = (who, name) => `${keyPrefix}{${who || '-'}}:${name}`;
   const failOpen = options.failOpen ?? true;
-  const several = options.limits !== undefined;
 
-  // -> { status: 0 | 429 | 503, headers, body }
+  // -> { status: 0 | 429 | 503, headers, body }; throws (for a 500) on anything but an
+  // outage: a bug never lets requests through (docs/clients.md, the failure rule).
   return async function decide(req) {
     // The key and cost functions are the application's: their errors are its own, and
     // propagate (Express: next(err); Fastify: the error handler).
     const id = await key(req);
     const who = id === undefined || id === null ? '' : String(id);
     const n = await cost(req);
+    const keyOf = (name) => bucketKey(keyPrefix, who, name);
     let decision;
     try {
       if (several) {
-        decision = await limiter.takeAll(limits.map((l) => new Limit(bucketKey(who, l.name), l.capacity, l.rate, n, l.name)));
+        decision = await limiter.takeAll(limits.map((l) => new Limit(keyOf(l.name), l.capacity, l.rate, n, l.name)));
       } else {
         const [l] = limits;
-        decision = await limiter.take(bucketKey(who, l.name), l.capacity, l.rate, n, { name: l.name });
+        decision = await limiter.take(keyOf(l.name), l.capacity, l.rate, n, { name: l.name });
       }
     } catch (err) {
-      limiter._failed(err, failOpen);
+      if (!(err instanceof LimiterUnavailable)) {
+        limiter.log('error', `redis-tb: rate limiter error, answering 500: ${err.name}: ${err.message}`);
+        throw err;
+      }
+      limiter._outageFailed(err, failOpen);
       if (failOpen) {
         return { status: 0, headers: {}, body: null };
       }
@@ -91,7 +88,7 @@ function limiterCore(options) {
         },
       };
     }
-    limiter._succeeded();
+    limiter._outageOver();
     const headers = decision.headers();
     if (decision.allowed) {
       return { status: 0, headers, body: null };

@@ -34,7 +34,7 @@ async function limiterOn(backend, options = {}) {
   await new Promise((resolve) => client.once('ready', resolve));
   const lines = [];
   const limiter = new RateLimiter(client, {
-    backend: backend.option, logger: (level, message) => lines.push([level, message]), ...options.limiter,
+    backend: backend.option, timeoutMs: 2000, logger: (level, message) => lines.push([level, message]), ...options.limiter,
   });
   return { limiter, client, lines };
 }
@@ -142,7 +142,7 @@ for (const backend of BACKENDS) {
       assert.equal(d.headers()['RateLimit-Policy'], '"limit0";q=4;w=4000, "limit1";q=9;w=9000');
     });
 
-    test('server errors: the module\'s texts as LimiterReplyError (kind "server")', async () => {
+    test('server errors: the server\'s texts as LimiterReplyError (kind "server")', async () => {
       const key = fresh('errors');
       const expectServer = async (promise, message) => {
         await assert.rejects(promise, (err) => {
@@ -152,10 +152,6 @@ for (const backend of BACKENDS) {
           return true;
         });
       };
-      await expectServer(limiter.take(key, 0, 1), 'ERR capacity must be a positive finite number');
-      await expectServer(limiter.take(key, 10, -1), 'ERR rate must be a positive finite number');
-      await expectServer(limiter.take(key, 10, 1, -1), 'ERR n must be a non-negative finite number');
-      await expectServer(limiter.take(key, 2 ** 54, 1), 'ERR capacity must be at most 9007199254740992 (2^53)');
       await expectServer(limiter.takeAll([{ key: `{${key}}a`, capacity: 1, rate: 1 }, { key: `{${key}}a`, capacity: 1, rate: 1 }]),
         'ERR each key may appear only once in TB.TAKEALL');
       const r = admin(servers[backend.server].port);
@@ -165,6 +161,21 @@ for (const backend of BACKENDS) {
         r.disconnect();
       }
       await expectServer(limiter.take(`${key}:string`, 10, 1), 'WRONGTYPE Operation against a key holding the wrong kind of value');
+    });
+
+    test('numbers the server would refuse are refused before sending: 0, negative, above 2^53 (issue 18, item 4)', async () => {
+      const key = fresh('range');
+      for (const [capacity, rate, n] of [[0, 1, 1], [-5, 1, 1], [10, 0, 1], [10, -1, 1], [10, 1, -1], [2 ** 54, 1, 1], [1e30, 1, 1], [10, 1, 1e30]]) {
+        await assert.rejects(limiter.take(key, capacity, rate, n), (err) => err instanceof InvalidArgument && err.kind === 'argument',
+          `${capacity} ${rate} ${n}`);
+      }
+      await assert.rejects(limiter.takeAll([{ key: `{${key}}a`, capacity: 1, rate: 1, n: 1e30 }]), (err) => err instanceof InvalidArgument);
+      const r = admin(servers[backend.server].port);
+      try {
+        assert.equal(await r.exists(key), 0);
+      } finally {
+        r.disconnect();
+      }
     });
 
     test('NaN, Infinity and non-numbers are refused before sending (kind "argument")', async () => {
@@ -253,6 +264,21 @@ test('the same calls give the same Decisions and headers on every backend', asyn
       assert.ok(Math.abs(other.resetAfterMs - first.resetAfterMs) < 2000, `${what}: reset ${other.resetAfterMs} vs ${first.resetAfterMs}`);
       assert.deepEqual(other.headers(), first.headers(), what);
     }
+  }
+});
+
+test('peek is FCALL_RO on the function backend, so it may run on a replica (docs/clients.md)', async () => {
+  const { limiter } = await limiterOn(BACKENDS[1]);
+  const r = admin(servers.plain.port);
+  try {
+    await limiter.connect();
+    await r.call('config', 'resetstat');
+    await limiter.peek(fresh('ro'), 5, RATE);
+    const stats = await r.info('commandstats');
+    assert.match(stats, /cmdstat_fcall_ro:calls=1,/);
+    assert.doesNotMatch(stats, /cmdstat_fcall:/);
+  } finally {
+    r.disconnect();
   }
 });
 

@@ -8,7 +8,9 @@
 const assert = require('node:assert/strict');
 const { once } = require('node:events');
 const { after, before, describe, test } = require('node:test');
-const { RateLimiter, Limit, createClusterClient } = require('..');
+const express = require('express');
+const { RateLimiter, Limit, createClusterClient, bucketKey, expressRateLimit } = require('..');
+const { keySlot } = require('../lib/core');
 const { startCluster, admin, stopAll } = require('./servers');
 
 const RATE = 0.001;
@@ -83,7 +85,7 @@ for (const variant of VARIANTS) {
       const client = createClusterClient(cluster.startup);
       clients.push(client);
       await once(client, 'ready');
-      limiter = new RateLimiter(client, { backend: variant.option });
+      limiter = new RateLimiter(client, { backend: variant.option, timeoutMs: 2000, logger: false });
       limiters.push(limiter);
       assert.equal(await limiter.connect(), variant.expect);
     });
@@ -131,6 +133,36 @@ for (const variant of VARIANTS) {
       );
     });
 
+    test('hostile ids: each caller\'s buckets share one slot by CLUSTER KEYSLOT, and a two-policy middleware take passes with headers (issue 18, item 5)', async () => {
+      const app = express();
+      app.use(expressRateLimit({
+        limiter,
+        keyPrefix: `${variant.name}-hostile:`,
+        key: (req) => req.get('x-user'),
+        limits: [{ name: 'sec', capacity: 10, rate: 1 }, { name: 'day', capacity: 100, rate: RATE }],
+      }));
+      app.get('/', (req, res) => res.json({ ok: true }));
+      app.use((err, req, res, next) => res.status(500).json({ error: err.message }));
+      const http = app.listen(0, '127.0.0.1');
+      await once(http, 'listening');
+      const r = admin(cluster.nodes[0].port);
+      try {
+        for (const id of ['}x', '}{', '{}', '}', '{', '{a}b', 'a{}x}', '50%', '%7D', '']) {
+          const res = await fetch(`http://127.0.0.1:${http.address().port}/`, { headers: { 'x-user': id } });
+          assert.equal(res.status, 200, `${JSON.stringify(id)}: ${await res.text()}`);
+          assert.match(res.headers.get('ratelimit') ?? '', /^"sec";r=9;t=\d+$/, JSON.stringify(id));
+          const keys = ['sec', 'day'].map((name) => bucketKey(`${variant.name}-hostile:`, id, name));
+          const slots = await Promise.all(keys.map((k) => r.call('cluster', 'keyslot', k)));
+          assert.equal(slots[0], slots[1], `${keys}: slots ${slots}`);
+          assert.equal(keySlot(keys[0]), slots[0]);
+        }
+      } finally {
+        r.disconnect();
+        http.closeAllConnections();
+        await new Promise((resolve) => http.close(resolve));
+      }
+    });
+
     test('waitTake', async () => {
       const key = `${variant.name}:wait`;
       await limiter.take(key, 1, 20);
@@ -148,7 +180,7 @@ test('script backend in a cluster: SCRIPT FLUSH on every node, NOSCRIPT -> EVAL 
   const client = createClusterClient(clusters.plain.startup);
   clients.push(client);
   await once(client, 'ready');
-  const limiter = new RateLimiter(client, { backend: 'script' });
+  const limiter = new RateLimiter(client, { backend: 'script', timeoutMs: 2000, logger: false });
   for (const node of clusters.plain.nodes) {
     const r = admin(node.port);
     try {
@@ -160,6 +192,17 @@ test('script backend in a cluster: SCRIPT FLUSH on every node, NOSCRIPT -> EVAL 
   for (let i = 0; i < 10; i++) {
     assert.equal((await limiter.take(`noscript:${i}`, 5, RATE, 2)).remaining, 3);
     assert.equal((await limiter.take(`noscript:${i}`, 5, RATE, 2)).remaining, 1);
+  }
+});
+
+test('the slot of a key is the server\'s (CLUSTER KEYSLOT), also where ioredis\'s slot function differs', async () => {
+  const r = admin(clusters.plain.nodes[0].port);
+  try {
+    for (const key of ['ratelimit:{}x}:sec', 'ratelimit:{}x}:day', 'a{b}c', '{}', '{{a}}', 'x{', '}{y}', 'plain', 'ünï{cödé}']) {
+      assert.equal(keySlot(key), await r.call('cluster', 'keyslot', key), key);
+    }
+  } finally {
+    r.disconnect();
   }
 });
 

@@ -148,6 +148,23 @@ test('the plain API throws LimiterUnavailable fast, even over a default ioredis 
   }
 });
 
+test('a take that timed out while the server hung is still charged when it resumes (documented: README, docs/clients.md)', async () => {
+  const client = createClient(server.url);
+  clients.push(client);
+  await once(client, 'ready');
+  const limiter = new RateLimiter(client, { timeoutMs: 100, logger: false });
+  const key = `charged-${Date.now()}`;
+  assert.equal((await limiter.take(key, 5, 0.001)).remaining, 4);
+  server.pause();
+  try {
+    await assert.rejects(limiter.take(key, 5, 0.001), LimiterUnavailable);
+  } finally {
+    server.resume();
+  }
+  const d = await limiter.peek(key, 5, 0.001, 0);
+  assert.equal(d.remaining, 3, 'the timed-out take ran when the server resumed');
+});
+
 test('server stopped: requests pass at once, one more warning', async () => {
   await server.stop();
   for (const name of Object.keys(apps)) {

@@ -85,7 +85,7 @@ for (const backend of BACKENDS) {
         const client = createClient(servers[backend.server].url);
         clients.push(client);
         await once(client, 'ready');
-        limiter = new RateLimiter(client);
+        limiter = new RateLimiter(client, { timeoutMs: 2000, logger: false });
         assert.equal(await limiter.connect(), backend.name);
       });
       after(async () => {

@@ -24,7 +24,7 @@ for (const fallback of ['function', 'script']) {
     const client = createClient(server.url);
     clients.push(client);
     await once(client, 'ready');
-    const before = new RateLimiter(client, { backend: fallback === 'script' ? 'script' : 'auto' });
+    const before = new RateLimiter(client, { backend: fallback === 'script' ? 'script' : 'auto', timeoutMs: 2000, logger: false });
     for (let i = 0; i < 3; i++) {
       await before.take('bucket', 10, RATE, 2);
     }
@@ -39,7 +39,7 @@ for (const fallback of ['function', 'script']) {
     } finally {
       r.disconnect();
     }
-    const after = new RateLimiter(client);
+    const after = new RateLimiter(client, { timeoutMs: 2000, logger: false });
     let d = await after.take('bucket', 10, RATE, 1);
     assert.equal(after.backend, 'module');
     assert.equal(d.remaining, 2);

@@ -7,7 +7,7 @@
 // type-checks against a usage file.
 
 const assert = require('node:assert/strict');
-const { execFileSync } = require('node:child_process');
+const { execFileSync, spawn } = require('node:child_process');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
@@ -92,6 +92,68 @@ test('npm pack ./clients/node and install the tarball: dist/tb.lua ships the sam
       client.disconnect();
     });`, { URL: server.url });
   assert.deepEqual(JSON.parse(out), { backend: 'function', remaining: 3 });
+});
+
+// A copy of the checkout as a new user has it: clients/node without node_modules (nor any
+// build output) and lua/tb.lua, the symlink's target.
+function cleanCheckout() {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tb-node-checkout-'));
+  temps.push(dir);
+  const skip = new Set(['node_modules', 'dist']);
+  fs.cpSync(PKG, path.join(dir, 'clients', 'node'), {
+    recursive: true,
+    verbatimSymlinks: true,
+    filter: (src) => !skip.has(path.basename(src)) && !src.endsWith('.tgz'),
+  });
+  fs.mkdirSync(path.join(dir, 'lua'));
+  fs.copyFileSync(path.join(REPO, 'lua', 'tb.lua'), path.join(dir, 'lua', 'tb.lua'));
+  return path.join(dir, 'clients', 'node');
+}
+
+// The README's first ```js block after `heading`.
+function readmeBlock(heading) {
+  const readme = fs.readFileSync(path.join(PKG, 'README.md'), 'utf8');
+  const after = readme.slice(readme.indexOf(`\n${heading}\n`));
+  return /```js\n([\s\S]*?)```/.exec(after)[1];
+}
+
+// Runs `file` with node in `dir` until stdout has every pattern, then stops it.
+function runUntil(dir, file, env, patterns) {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [file], { cwd: dir, env: { ...process.env, ...env } });
+    let out = '';
+    let err = '';
+    const timer = setTimeout(() => finish(new Error(`timed out; stdout: ${out}; stderr: ${err}`)), 15_000);
+    function finish(error) {
+      clearTimeout(timer);
+      child.kill('SIGKILL');
+      if (error) reject(error); else resolve(out);
+    }
+    child.stdout.on('data', (d) => {
+      out += d;
+      if (patterns.every((p) => p.test(out))) finish(null);
+    });
+    child.stderr.on('data', (d) => { err += d; });
+    child.on('exit', (code) => {
+      if (!patterns.every((p) => p.test(out))) finish(new Error(`exited ${code}; stdout: ${out}; stderr: ${err}`));
+    });
+  });
+}
+
+test('from a clean checkout, npm install <dir> ioredis express as the README says, and its quick start runs as written (issue 18, items 1 and 2)', async () => {
+  const pkg = cleanCheckout();
+  const dir = tempProject();
+  // The versions of package-lock.json, so npm finds them in its cache.
+  npm(['install', pkg, 'ioredis@6.0.0', 'express@5.3.0'], dir);
+  assert.equal(fs.lstatSync(path.join(dir, 'node_modules', 'redis-tb')).isSymbolicLink(), true);
+  assert.equal(fs.existsSync(path.join(pkg, 'node_modules')), false, 'the linked package has no node_modules of its own');
+  fs.writeFileSync(path.join(dir, 'app.js'), readmeBlock('## Quick start'));
+  const server = await startServer();
+  const out = await runUntil(dir, 'app.js', { REDIS_URL: server.url, PORT: '0' },
+    [/^listening on \d+$/m, /^true 19 "default";r=19;t=1$/m]);
+  const port = Number(/^listening on (\d+)$/m.exec(out)[1]);
+  assert.ok(port > 0);
+  await server.stop();
 });
 
 test('index.d.ts type-checks against test/types/usage.ts (tsc --noEmit)', () => {

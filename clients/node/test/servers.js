@@ -67,10 +67,11 @@ function ping(port) {
   });
 }
 
-// { module: bool, args: [...] } -> a running server.
-async function startServer({ module = false, args = [] } = {}) {
+// { module: bool, args: [...], port } -> a running server (on `port`, e.g. to restart one
+// that was stopped, or on a free port).
+async function startServer({ module = false, args = [], port: wanted } = {}) {
   for (let attempt = 0; attempt < 5; attempt++) {
-    const port = await freePort();
+    const port = wanted ?? await freePort();
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tb-node-'));
     const argv = ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir,
       '--enable-module-command', 'yes', ...args];
@@ -96,6 +97,9 @@ async function startServer({ module = false, args = [] } = {}) {
       resume() { child.kill('SIGCONT'); },
       async stop() {
         if (running) {
+          // Keep the event loop alive until the exit is seen (the child is unref'd: with
+          // nothing else pending, a test awaiting stop() would end with the promise pending).
+          child.ref();
           child.kill('SIGCONT');
           child.kill('SIGKILL');
           await exited;
@@ -181,4 +185,4 @@ async function stopAll() {
   await Promise.all([...started].map((s) => s.stop()));
 }
 
-module.exports = { stopAll, startServer, startCluster, admin, modulePath, REPO };
+module.exports = { stopAll, startServer, startCluster, admin, modulePath, freePort, REPO };

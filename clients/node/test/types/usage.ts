@@ -2,7 +2,7 @@
 import Redis, { Cluster } from 'ioredis';
 import {
   Decision, Limit, RateLimiter, LimiterError, LimiterUnavailable, createClient, createClusterClient,
-  expressRateLimit, fastifyRateLimit, rateLimitHeaders, luaSource, version,
+  expressRateLimit, fastifyRateLimit, rateLimitHeaders, luaSource, version, bucketKey, escapeId, classify,
 } from 'redis-tb';
 
 async function main(): Promise<void> {
@@ -23,6 +23,10 @@ async function main(): Promise<void> {
   const all = await onCluster.takeAll([new Limit('{u}:sec', 10, 2, 1, 'sec'), { key: '{u}:day', capacity: 5000, rate: 0.05787 }]);
   const waited = await limiter.waitTake('user:42', 10, 0.5, 1, { timeoutMs: 1000 });
   rateLimitHeaders(waited);
+  const key: string = bucketKey('ratelimit:', '}x', 'sec');
+  const failure: 'unavailable' | 'server_changed' | 'bug' = classify(new Error('x'));
+  const failed: number = limiter.stats.unavailable + limiter.stats.errors;
+  void [key, failure, failed, escapeId(''), new RateLimiter(redis, { logger: false, moduleRecheckMs: 1000 })];
   try {
     await limiter.take('k', NaN, 1);
   } catch (err) {
@@ -30,7 +34,7 @@ async function main(): Promise<void> {
       const unavailable: 'unavailable' = err.kind;
       console.log(unavailable);
     } else if (err instanceof LimiterError) {
-      const kind: 'argument' | 'server' | 'unavailable' = err.kind;
+      const kind: 'argument' | 'server' | 'unavailable' | 'bug' = err.kind;
       console.log(kind);
     }
   }

@@ -1,0 +1,322 @@
+'use strict';
+
+// The sans-IO core: everything the limiter decides, as plain functions over values,
+// errors and replies. lib/limiter.js only sends what these return and feeds back what
+// the server answered; nothing here touches a socket, a timer or a logger.
+// The rules are docs/clients.md's (the one failure rule, keys, names), shared with the
+// Python and Rust libraries.
+
+const util = require('node:util');
+const { LimiterError, InvalidArgument, LimiterReplyError, LimiterUnavailable, isReplyError } = require('./errors');
+const { rateLimitHeaders } = require('./headers');
+
+// ---------------------------------------------------------------------------------------
+// Arguments: refused before anything is sent (docs/clients.md, "Invalid settings never
+// reach the server").
+// ---------------------------------------------------------------------------------------
+
+// The largest capacity and n the module accepts (src/bucket.rs MAX_TOKENS).
+const MAX_TOKENS = 2 ** 53;
+
+function isNumber(value) {
+  return typeof value === 'number' && Number.isFinite(value);
+}
+
+// A number as the command's text: String(x) is the shortest decimal that reads back as x
+// ("0.001", "1e-7", "1e+21"), which the module and the script both accept.
+function capacityText(value, what = 'capacity') {
+  if (!isNumber(value) || !(value > 0) || value > MAX_TOKENS) {
+    throw new InvalidArgument(`${what} must be a positive finite number at most 2^53, got ${util.inspect(value)}`);
+  }
+  return String(value);
+}
+
+function rateText(value, what = 'rate') {
+  if (!isNumber(value) || !(value > 0)) {
+    throw new InvalidArgument(`${what} must be a positive finite number, got ${util.inspect(value)}`);
+  }
+  return String(value);
+}
+
+function costText(value, what = 'n') {
+  if (!isNumber(value) || !(value >= 0) || value > MAX_TOKENS) {
+    throw new InvalidArgument(`${what} must be a non-negative finite number at most 2^53, got ${util.inspect(value)}`);
+  }
+  return String(value);
+}
+
+function timeoutText(value) {
+  if (!isNumber(value) || !(value >= 0) || value > MAX_TOKENS) {
+    throw new InvalidArgument(`timeoutMs must be a finite number of ms >= 0 (0: no limit), got ${util.inspect(value)}`);
+  }
+  return String(Math.ceil(value));
+}
+
+// A policy name goes into the headers as an sf-string: non-empty printable ASCII only.
+function checkName(name) {
+  if (typeof name !== 'string' || !/^[\x20-\x7e]+$/.test(name)) {
+    throw new InvalidArgument(`a policy name must be non-empty printable ASCII, not ${util.inspect(name)}`);
+  }
+  return name;
+}
+
+function checkKey(key) {
+  if (!(typeof key === 'string' || Buffer.isBuffer(key)) || key.length === 0) {
+    throw new InvalidArgument('key must be a non-empty string or Buffer');
+  }
+  return key;
+}
+
+// A policy { name, capacity, rate } as the middleware and takeAll hold it: checked once.
+function checkPolicy(policy, what = 'policy') {
+  capacityText(policy.capacity, `${what}.capacity`);
+  rateText(policy.rate, `${what}.rate`);
+  checkName(policy.name);
+  return policy;
+}
+
+// ---------------------------------------------------------------------------------------
+// Keys no id can break (docs/clients.md, "Keys no id can break")
+// ---------------------------------------------------------------------------------------
+
+// `%` -> %25, `{` -> %7B, `}` -> %7D, and the empty id -> `%` (which escaping never
+// produces): the result has no brace and is never empty, so the hash tag is exactly it.
+function escapeId(id) {
+  const text = String(id);
+  if (text === '') {
+    return '%';
+  }
+  return text.replace(/[%{}]/g, (c) => ({ '%': '%25', '{': '%7B', '}': '%7D' })[c]);
+}
+
+function bucketKey(prefix, id, name) {
+  return `${prefix}{${escapeId(id)}}:${name}`;
+}
+
+// The server's hash slot of a key (cluster.c keyHashSlot): the part between the first `{`
+// and the first `}` after it, if that part is non-empty, else the whole key. Computed here
+// rather than with ioredis's slot function, which disagrees with the server for keys such
+// as `a{}x}` (issue 18, item 5).
+const CRC16_TABLE = (() => {
+  const table = new Uint16Array(256);
+  for (let i = 0; i < 256; i++) {
+    let crc = i << 8;
+    for (let bit = 0; bit < 8; bit++) {
+      crc = crc & 0x8000 ? (crc << 1) ^ 0x1021 : crc << 1;
+    }
+    table[i] = crc & 0xffff;
+  }
+  return table;
+})();
+
+function crc16(bytes) {
+  let crc = 0;
+  for (const byte of bytes) {
+    crc = ((crc << 8) ^ CRC16_TABLE[((crc >> 8) ^ byte) & 0xff]) & 0xffff;
+  }
+  return crc;
+}
+
+function keySlot(key) {
+  let bytes = Buffer.isBuffer(key) ? key : Buffer.from(String(key));
+  const open = bytes.indexOf(0x7b);
+  if (open >= 0) {
+    const close = bytes.indexOf(0x7d, open + 1);
+    if (close > open + 1) {
+      bytes = bytes.subarray(open + 1, close);
+    }
+  }
+  return crc16(bytes) & 16383;
+}
+
+// ---------------------------------------------------------------------------------------
+// The one failure rule (docs/clients.md, "The failure rule")
+// ---------------------------------------------------------------------------------------
+
+// Error replies that describe the server's state, not the request.
+const UNAVAILABLE_REPLIES = new Set([
+  'LOADING', 'BUSY', 'MASTERDOWN', 'TRYAGAIN', 'CLUSTERDOWN', 'READONLY', 'UNBLOCKED', 'NOREPLICAS', 'OOM',
+]);
+
+// Error replies that say the server no longer has what the backend uses.
+const SERVER_CHANGED_REPLIES = /^(?:NOSCRIPT\b|ERR unknown command\b|ERR Function not found\b|ERR No matching library\b)/i;
+
+// The class of one error reply's text: 'unavailable' | 'server_changed' | 'bug'.
+function classifyReply(message) {
+  const word = String(message).split(' ', 1)[0];
+  if (UNAVAILABLE_REPLIES.has(word)) {
+    return 'unavailable';
+  }
+  if (SERVER_CHANGED_REPLIES.test(message)) {
+    return 'server_changed';
+  }
+  return 'bug';
+}
+
+// The class of anything a call can throw. Errors that are not replies come from the
+// connection (refused, reset, closed, ioredis's timers, a cluster with no slot map): the
+// server is unavailable. Our own errors keep theirs, and errors of the language itself
+// (a TypeError) are bugs.
+function classify(err) {
+  if (err instanceof LimiterUnavailable) {
+    return 'unavailable';
+  }
+  if (err instanceof LimiterReplyError) {
+    return classifyReply(err.message);
+  }
+  if (err instanceof LimiterError) {
+    return 'bug';
+  }
+  if (isReplyError(err)) {
+    return classifyReply(err.message);
+  }
+  if (err instanceof TypeError || err instanceof RangeError || err instanceof ReferenceError || err instanceof SyntaxError) {
+    return 'bug';
+  }
+  return 'unavailable';
+}
+
+// The LimiterError a caller sees for `err`. A server-changed reply that survived the
+// retry is reported as the reply it is (the backend cannot serve the call: a bug).
+function limiterError(err) {
+  if (err instanceof LimiterError) {
+    return err;
+  }
+  const message = err && err.message ? err.message : String(err);
+  if (classify(err) === 'unavailable') {
+    return new LimiterUnavailable(message, { cause: err });
+  }
+  if (isReplyError(err)) {
+    return new LimiterReplyError(message, { cause: err });
+  }
+  return new LimiterError('bug', message, { cause: err });
+}
+
+// MOVED / ASK replies (cluster redirections): { kind, slot, host, port }, or null.
+function parseRedirect(message) {
+  const m = /^(MOVED|ASK) (\d+) (.*):(\d+)$/.exec(String(message));
+  return m ? { kind: m[1], slot: Number(m[2]), host: m[3], port: Number(m[4]) } : null;
+}
+
+// ---------------------------------------------------------------------------------------
+// Commands per backend, and decisions from replies
+// ---------------------------------------------------------------------------------------
+
+const MODULE_COMMANDS = { take: 'TB.TAKE', peek: 'TB.PEEK', refund: 'TB.REFUND', takeall: 'TB.TAKEALL' };
+const FUNCTIONS = { take: 'tb_take', peek: 'tb_peek', refund: 'tb_refund', takeall: 'tb_takeall' };
+
+// The command that runs `op` on `backend`: { name, args }. `keys` are final (prefixed);
+// `numbers` are the texts capacity rate n, once per key.
+function commandFor(backend, op, keys, numbers, sha) {
+  switch (backend) {
+    case 'module': {
+      if (op === 'takeall') {
+        const args = [];
+        keys.forEach((key, i) => args.push(key, ...numbers.slice(3 * i, 3 * i + 3)));
+        return { name: MODULE_COMMANDS[op], args };
+      }
+      return { name: MODULE_COMMANDS[op], args: [...keys, ...numbers] };
+    }
+    case 'function':
+      // FCALL_RO for peek: it writes nothing, so it may run on a replica.
+      return { name: op === 'peek' ? 'fcall_ro' : 'fcall', args: [FUNCTIONS[op], keys.length, ...keys, ...numbers] };
+    case 'script':
+      return { name: 'evalsha', args: [sha, keys.length, ...keys, op, ...numbers] };
+    default:
+      throw new LimiterError('bug', `no backend chosen (${backend})`);
+  }
+}
+
+// One limit of a takeAll call (and the shape the middleware's `limits` option takes).
+class Limit {
+  constructor(key, capacity, rate, n = 1, name = null) {
+    this.key = key;
+    this.capacity = capacity;
+    this.rate = rate;
+    this.n = n;
+    this.name = name;
+  }
+}
+
+// The answer of every call. `limits` lists what the call was judged with (one entry, or one
+// per takeAll limit in the call's order); `index` is the deciding limit of a takeAll (null
+// otherwise); `capacity`, `rate` and `policy` are that limit's.
+class Decision {
+  constructor(reply, limits, index) {
+    this.allowed = reply[0] === 1;
+    this.remaining = reply[1];
+    this.retryAfterMs = reply[2];
+    this.resetAfterMs = reply[3];
+    this.index = index;
+    const deciding = limits[index ?? 0];
+    this.capacity = deciding.capacity;
+    this.rate = deciding.rate;
+    this.policy = deciding.name;
+    Object.defineProperty(this, 'limits', { value: limits, enumerable: false });
+  }
+
+  headers() {
+    return rateLimitHeaders(this);
+  }
+}
+
+// A reply of the wrong shape is a bug (the key is not a bucket's, a proxy in the way).
+function decisionFrom(reply, limits, withIndex) {
+  const count = withIndex ? 5 : 4;
+  const valid = Array.isArray(reply) && reply.length === count && reply.every((x) => typeof x === 'number')
+    && (!withIndex || (Number.isInteger(reply[4]) && reply[4] >= 0 && reply[4] < limits.length));
+  if (!valid) {
+    throw new LimiterError('bug', `unexpected reply: ${util.inspect(reply)}`);
+  }
+  return new Decision(reply, limits, withIndex ? reply[4] : null);
+}
+
+// ---------------------------------------------------------------------------------------
+// Outages: one warning when calls start failing, one info line when they succeed again
+// ---------------------------------------------------------------------------------------
+
+class OutageLog {
+  constructor() {
+    this.since = null;
+  }
+
+  // -> the [level, message] to log, or null.
+  failed(err, action, now) {
+    if (this.since !== null) {
+      return null;
+    }
+    this.since = now;
+    return ['warn', `redis-tb: rate limiter unavailable, ${action}: ${err.message}`];
+  }
+
+  succeeded() {
+    if (this.since === null) {
+      return null;
+    }
+    this.since = null;
+    return ['info', 'redis-tb: rate limiter available again'];
+  }
+}
+
+module.exports = {
+  MAX_TOKENS,
+  capacityText,
+  rateText,
+  costText,
+  timeoutText,
+  checkName,
+  checkKey,
+  checkPolicy,
+  escapeId,
+  bucketKey,
+  keySlot,
+  classify,
+  classifyReply,
+  limiterError,
+  parseRedirect,
+  commandFor,
+  Limit,
+  Decision,
+  decisionFrom,
+  OutageLog,
+};

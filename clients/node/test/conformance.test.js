@@ -1,0 +1,173 @@
+'use strict';
+
+// The shared conformance suite (clients/conformance/cases.json, docs/clients.md#the-conformance-suite):
+// every case on every backend and topology it names, on real servers: the module and the
+// Lua fallback (the function backend), standalone and 3-master clusters. The runner only
+// translates the case into Node's spelling (camelCase fields, { name } for the policy,
+// { timeoutMs } for waits); the cases do not change.
+// TB_IOREDIS=<path> runs it with another ioredis (run-tests.sh: the lowest declared version).
+
+const assert = require('node:assert/strict');
+const { once } = require('node:events');
+const fs = require('node:fs');
+const path = require('node:path');
+const { after, describe, before, test } = require('node:test');
+const Redis = require(process.env.TB_IOREDIS || 'ioredis');
+const IOREDIS_VERSION = JSON.parse(fs.readFileSync(
+  path.join(path.dirname(require.resolve(process.env.TB_IOREDIS || 'ioredis')), '..', 'package.json'), 'utf8')).version;
+const { RateLimiter, InvalidArgument, LimiterReplyError, LimiterUnavailable, bucketKey, classify } = require('..');
+const { startCluster, startServer, stopAll } = require('./servers');
+
+const CASES = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', 'conformance', 'cases.json'), 'utf8'));
+const TOPOLOGIES = ['standalone', 'cluster'];
+const BACKENDS = [
+  { name: 'module', module: true, expect: 'module' },
+  { name: 'lua', module: false, expect: 'function' },
+];
+const ERRORS = { invalid_argument: InvalidArgument, reply: LimiterReplyError, unavailable: LimiterUnavailable };
+const FIELDS = {
+  allowed: 'allowed', remaining: 'remaining', retry_after_ms: 'retryAfterMs', reset_after_ms: 'resetAfterMs',
+  policy: 'policy', capacity: 'capacity', rate: 'rate', index: 'index',
+};
+
+const clients = [];
+after(async () => {
+  clients.forEach((c) => c.disconnect());
+  await stopAll();
+});
+
+// Plain ioredis clients (not createClient(): that one always loads the package's ioredis).
+async function connect(topology, server) {
+  const options = { enableOfflineQueue: false, maxRetriesPerRequest: 0 };
+  const client = topology === 'cluster'
+    ? new Redis.Cluster(server.startup, { enableOfflineQueue: false, redisOptions: options })
+    : new Redis({ host: '127.0.0.1', port: server.port, ...options });
+  client.on('error', () => {});
+  clients.push(client);
+  await once(client, 'ready');
+  return client;
+}
+
+// Every master of the topology, for FLUSHALL.
+function masters(client) {
+  return client.isCluster ? client.nodes('master') : [client];
+}
+
+function expectNumber(actual, expected, what) {
+  if (Array.isArray(expected)) {
+    assert.ok(actual >= expected[0] && actual <= expected[1], `${what}: ${actual} not in [${expected}]`);
+  } else {
+    assert.equal(actual, expected, what);
+  }
+}
+
+function checkDecision(decision, expected, what) {
+  for (const [field, value] of Object.entries(expected)) {
+    const name = FIELDS[field];
+    assert.ok(name, `${what}: the runner does not know the field ${field}`);
+    if (typeof value === 'number' || Array.isArray(value)) {
+      expectNumber(decision[name], value, `${what}: ${field}`);
+    } else {
+      assert.equal(decision[name], value, `${what}: ${field}`);
+    }
+  }
+}
+
+// One call of a case: the operation in Node's spelling.
+function run(limiter, call) {
+  const options = call.policy === undefined ? {} : { name: call.policy };
+  switch (call.op) {
+    case 'take':
+      return limiter.take(call.key, call.capacity, call.rate, call.n, options);
+    case 'peek':
+      return limiter.peek(call.key, call.capacity, call.rate, call.n, options);
+    case 'refund':
+      return limiter.refund(call.key, call.capacity, call.rate, call.n, options);
+    case 'take_all':
+      return limiter.takeAll(call.limits.map((l) => ({ key: l.key, capacity: l.capacity, rate: l.rate, n: l.n, name: l.policy })));
+    case 'wait_take':
+      return limiter.waitTake(call.key, call.capacity, call.rate, call.n, { ...options, timeoutMs: call.timeout_ms });
+    default:
+      throw new Error(`the runner does not know the op ${call.op}`);
+  }
+}
+
+async function runCall(limiter, client, call, what) {
+  if (call.op === 'classify') {
+    assert.equal(classify(new Redis.ReplyError(call.reply)), call.class, what);
+    return;
+  }
+  if (call.op === 'keys') {
+    const keys = call.policies.map((p) => bucketKey(call.prefix, call.id, p));
+    assert.deepEqual(keys, call.expect, what);
+    if (client.isCluster) {
+      // The server's slot for each key: one slot for one caller, and one TB.TAKEALL over them.
+      const slots = await Promise.all(keys.map((k) => client.nodes('master')[0].call('cluster', 'keyslot', k)));
+      assert.equal(new Set(slots).size, 1, `${what}: slots ${slots}`);
+      const d = await limiter.takeAll(keys.map((key, i) => ({ key, capacity: 5, rate: 0.001, name: call.policies[i] })));
+      assert.equal(d.allowed, true, what);
+    }
+    return;
+  }
+  if (call.error !== undefined) {
+    const kind = ERRORS[call.error];
+    assert.ok(kind, `${what}: the runner does not know the error ${call.error}`);
+    await assert.rejects(run(limiter, call), (err) => {
+      assert.ok(err instanceof kind, `${what}: ${err.name}: ${err.message}, expected ${kind.name}`);
+      assert.ok(err.message.startsWith(call.message), `${what}: "${err.message}" does not start with "${call.message}"`);
+      return true;
+    });
+    return;
+  }
+  const decision = await run(limiter, call);
+  if (call.decision) {
+    checkDecision(decision, call.decision, what);
+  }
+  if (call.headers) {
+    const headers = decision.headers();
+    for (const [name, value] of Object.entries(call.headers)) {
+      assert.equal(headers[name], value, `${what}: ${name}`);
+    }
+  }
+}
+
+test('cases.json is version 1 and every case names known backends and topologies', () => {
+  assert.equal(CASES.version, 1);
+  for (const c of CASES.cases) {
+    assert.ok(c.backends.every((b) => BACKENDS.some((x) => x.name === b)), c.name);
+    assert.ok(c.topologies.every((t) => TOPOLOGIES.includes(t)), c.name);
+  }
+});
+
+for (const topology of TOPOLOGIES) {
+  for (const backend of BACKENDS) {
+    const cases = CASES.cases.filter((c) => c.backends.includes(backend.name) && c.topologies.includes(topology));
+    describe(`conformance: ${backend.name} backend, ${topology}, ioredis ${IOREDIS_VERSION}`, () => {
+      let client;
+      let limiter;
+      before(async () => {
+        const server = topology === 'cluster'
+          ? await startCluster({ module: backend.module })
+          : await startServer({ module: backend.module });
+        client = await connect(topology, server);
+        // Timing-tolerant: nothing here tests a timeout, and the machine may be busy.
+        limiter = new RateLimiter(client, { timeoutMs: 2000, logger: false });
+        assert.equal(await limiter.connect(), backend.expect);
+        // The limiter sends with the ioredis that made the client (it never loads its own).
+        assert.equal(require('../lib/limiter').ioredisOf(client), Redis);
+      }, { timeout: 60_000 });
+
+      for (const c of cases) {
+        test(c.name, async () => {
+          await Promise.all(masters(client).map((node) => node.call('flushall')));
+          for (const command of c.setup ?? []) {
+            await client.call(...command);
+          }
+          for (const [i, call] of c.calls.entries()) {
+            await runCall(limiter, client, call, `${c.name}, call ${i} (${call.op})`);
+          }
+        });
+      }
+    });
+  }
+}
