@@ -467,11 +467,19 @@ fn differential(
                         pair.rate
                     )
                 });
-            if observed
-                .clocks_ms
-                .iter()
-                .all(|&ms| ms == observed.clocks_ms[0])
-            {
+            // A key still there past its deadline was read by a command that
+            // saw an earlier instant than the clocks (Redis 7.0 fixes the
+            // expiry clock when EXEC starts, a script takes its own when it
+            // starts), so the two keys may have been judged a ms apart.
+            let now_ms = observed.clocks_ms[0];
+            let stale = |expire: i64| (0..=now_ms).contains(&expire);
+            let straddled_expiry = stale(observed.expire_a)
+                || stale(observed.expire_b)
+                || observed
+                    .others
+                    .iter()
+                    .any(|(_, _, expire_a, expire_b)| stale(*expire_a) || stale(*expire_b));
+            if !straddled_expiry && observed.clocks_ms.iter().all(|&ms| ms == now_ms) {
                 seen = Some(observed);
                 break;
             }
