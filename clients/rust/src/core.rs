@@ -359,6 +359,23 @@ impl<'a> Exchange<'a> {
         }
     }
 
+    /// No module: the Lua backend already in use (a recheck), or the
+    /// function library.
+    fn without_module(&mut self, recheck: Option<Resolved>) -> Step {
+        match recheck {
+            Some(resolved) => {
+                self.learned.push(Learned::Checked);
+                self.send_call(resolved)
+            }
+            // In a cluster FUNCTION LOAD goes to every primary, and FCALL is
+            // routed by its key.
+            None => self.go(
+                Phase::FunctionLoad { forced: false },
+                backend::function_load(),
+            ),
+        }
+    }
+
     fn learn(&mut self, resolved: Resolved, why: String) -> Step {
         self.learned.push(Learned::Backend(resolved.clone(), why));
         self.send_call(resolved)
@@ -380,9 +397,11 @@ impl<'a> Exchange<'a> {
             return Step::Done(Err(error_of(&error)));
         }
         match phase {
-            Phase::CommandInfo { .. } | Phase::ScriptLoad { .. } => {
-                Step::Done(Err(error_of(&error)))
-            }
+            // The server refused COMMAND INFO (an ACL without `command`): it
+            // tells nothing of the module, so the Lua backend is tried, as in
+            // the Python and Node libraries (docs/clients.md).
+            Phase::CommandInfo { recheck } => self.without_module(recheck),
+            Phase::ScriptLoad { .. } => Step::Done(Err(error_of(&error))),
             Phase::FunctionLoad { forced: true } => Step::Done(Err(error_of(&error))),
             // FUNCTION is missing (Redis < 7) or refused: the script works everywhere.
             Phase::FunctionLoad { forced: false } => self.go(
@@ -419,18 +438,7 @@ impl<'a> Exchange<'a> {
                         backend::WHY_MODULE.into(),
                     );
                 }
-                match recheck {
-                    Some(resolved) => {
-                        self.learned.push(Learned::Checked);
-                        self.send_call(resolved)
-                    }
-                    // In a cluster FUNCTION LOAD goes to every primary, and
-                    // FCALL is routed by its key.
-                    None => self.go(
-                        Phase::FunctionLoad { forced: false },
-                        backend::function_load(),
-                    ),
-                }
+                self.without_module(recheck)
             }
             Phase::FunctionLoad { forced } => {
                 let why = if forced {
