@@ -44,7 +44,7 @@ use crate::commands::{count_decision, run, send, shadow, Reply, Single};
 use crate::error::TbError;
 use crate::metrics;
 use crate::store::{store, Access, BucketKey, ServerString};
-use crate::wait::{self, Action, Db, Event, Timer, TimerId, WaiterId, Writable};
+use crate::wait::{self, Action, Arrival, Db, Event, Timer, TimerId, WaiterId, Writable};
 
 /// `tb.max-waiters`: how many clients may wait on one key.
 pub const DEFAULT_MAX_WAITERS: i64 = 10_000;
@@ -116,7 +116,7 @@ fn btake(
     dispatch(
         api,
         ctx,
-        Event::Arrive {
+        Event::Arrive(Arrival {
             id,
             client: handle as usize,
             db,
@@ -126,7 +126,7 @@ fn btake(
             timeout_ms,
             retry_after_ms: outcome.retry_after_ms,
             now_ms: api.wall_ms(),
-        },
+        }),
     );
     Ok(Reply::Blocked)
 }

@@ -91,20 +91,8 @@ pub trait Server {
 /// What the server did.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Event<'a> {
-    /// A TB.BTAKE that must wait has been blocked as `client`, with `id`
-    /// (from `Machine::reserve`) as its private data. `retry_after_ms` is
-    /// when its own tokens could exist, from its judgement on arrival.
-    Arrive {
-        id: WaiterId,
-        client: Client,
-        db: Db,
-        key: &'a [u8],
-        limit: Limit,
-        n: f64,
-        timeout_ms: i64,
-        retry_after_ms: i64,
-        now_ms: i64,
-    },
+    /// A TB.BTAKE that must wait has been blocked.
+    Arrive(Arrival<'a>),
     /// A key's wake-up timer fired.
     Wake {
         db: Db,
@@ -241,30 +229,7 @@ impl Machine {
     pub fn on(&mut self, event: Event<'_>, server: &mut dyn Server) -> Vec<Action> {
         let mut actions = Vec::new();
         match event {
-            Event::Arrive {
-                id,
-                client,
-                db,
-                key,
-                limit,
-                n,
-                timeout_ms,
-                retry_after_ms,
-                now_ms,
-            } => self.arrive(
-                id,
-                Arrival {
-                    client,
-                    db,
-                    key,
-                    limit,
-                    n,
-                    timeout_ms,
-                    retry_after_ms,
-                    now_ms,
-                },
-                server,
-            ),
+            Event::Arrive(arrival) => self.arrive(arrival, server),
             Event::Wake {
                 db,
                 key,
@@ -321,8 +286,9 @@ impl Machine {
         actions
     }
 
-    fn arrive(&mut self, id: WaiterId, arrival: Arrival<'_>, server: &mut dyn Server) {
+    fn arrive(&mut self, arrival: Arrival<'_>, server: &mut dyn Server) {
         let Arrival {
+            id,
             client,
             db,
             key,
@@ -758,16 +724,20 @@ impl std::hash::Hasher for SequentialHasher {
     }
 }
 
-/// `Event::Arrive`'s fields, as one value.
-struct Arrival<'a> {
-    client: Client,
-    db: Db,
-    key: &'a [u8],
-    limit: Limit,
-    n: f64,
-    timeout_ms: i64,
-    retry_after_ms: i64,
-    now_ms: i64,
+/// A TB.BTAKE that must wait: blocked by the server as `client`, with `id`
+/// (from `Machine::reserve`) as its private data. `retry_after_ms` is when
+/// its own tokens could exist, from its judgement on arrival.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Arrival<'a> {
+    pub id: WaiterId,
+    pub client: Client,
+    pub db: Db,
+    pub key: &'a [u8],
+    pub limit: Limit,
+    pub n: f64,
+    pub timeout_ms: i64,
+    pub retry_after_ms: i64,
+    pub now_ms: i64,
 }
 
 fn waited(waiter: &Waiter, now_ms: i64) -> i64 {

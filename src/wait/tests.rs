@@ -579,7 +579,7 @@ impl Run {
                     });
                 self.model.owed.insert(id, Owed::Waiting);
                 self.dispatch(
-                    Event::Arrive {
+                    Event::Arrive(Arrival {
                         id,
                         client: id as Client,
                         db: key.0,
@@ -589,7 +589,7 @@ impl Run {
                         timeout_ms,
                         retry_after_ms: outcome.retry_after_ms,
                         now_ms,
-                    },
+                    }),
                     Some(Vec::new()),
                 );
             }
@@ -897,7 +897,7 @@ impl Bare {
     fn arrive(&mut self, timeout_ms: i64) -> WaiterId {
         let id = self.machine.reserve();
         let now_ms = self.sim.now_ms;
-        self.on(Event::Arrive {
+        self.on(Event::Arrive(Arrival {
             id,
             client: id as Client,
             db: 0,
@@ -910,7 +910,7 @@ impl Bare {
             timeout_ms,
             retry_after_ms: 1_000_000,
             now_ms,
-        });
+        }));
         id
     }
 
