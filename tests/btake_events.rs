@@ -184,6 +184,14 @@ fn wait_for_server_time(server: &Server, con: &mut redis::Connection, at_ms: i64
 const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
 
 /// A master with AOF (fsync at every write) whose replication offset moves only with writes.
+/// FAILOVER refuses a target the master does not list as `state=online` yet
+/// (a replica that has only just synced, on a loaded machine).
+fn wait_until_online(con: &mut redis::Connection) {
+    wait_until("the replica to be online", Duration::from_secs(20), || {
+        info_field(con, "replication", "slave0").is_some_and(|slave| slave.contains("state=online"))
+    });
+}
+
 fn quiet_master_with_aof() -> Server {
     let mut args = QUIET_MASTER_ARGS.to_vec();
     args.extend_from_slice(AOF_ALWAYS);
@@ -435,6 +443,7 @@ fn a_failover_that_times_out_takes_nothing_during_its_pause_and_serves_the_waite
     let drained_at = drain(&mut con, "k", "10", "1");
     let mut waiter = btake(&master, &["k", "10", "1", "2", "0"]);
     wait_for_waiting(&mut con, 1);
+    wait_until_online(&mut con);
     signal(&replica, libc::SIGSTOP);
     let port = replica.port.to_string();
     ok(
@@ -492,6 +501,7 @@ fn a_failover_that_completes_answers_the_waiter_unblocked_and_takes_nothing() {
     let drained = bucket(&mut con, "k");
     let mut waiter = btake(&master, &["k", "10", "1", "1", "0"]);
     wait_for_waiting(&mut con, 1);
+    wait_until_online(&mut con);
     signal(&replica, libc::SIGSTOP);
     let port = replica.port.to_string();
     ok(
