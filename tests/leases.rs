@@ -453,7 +453,7 @@ fn replicas_and_the_aof_end_with_exactly_the_masters_lease_sets() {
     for step in 0..60 {
         let key = format!("jobs:{}", step % 3);
         match step % 5 {
-            0 | 1 | 2 => {
+            0..=2 => {
                 if let Some(id) = acquire(&mut con, &key, 4, 20 + step * 7).lease {
                     held.push((key, id));
                 }
