@@ -69,6 +69,28 @@ class LimiterReplyError(LimiterError):
         self.message = message
 
 
+class LeaseDenied(Exception):
+    """A lease guard could not get a lease (the limit is reached, or the
+    wait timed out). Not a LimiterError: the limiter worked, the answer is
+    no. `decision` is the `Lease` denial (`retry_after_ms`, `available`)."""
+
+    def __init__(self, decision: "Lease"):
+        super().__init__(
+            f"no lease on {decision.key!r}: {decision.limit} in use; retry in {decision.retry_after_ms} ms"
+        )
+        self.decision = decision
+
+    @property
+    def retry_after_ms(self) -> int:
+        return self.decision.retry_after_ms
+
+
+class LeaseLost(LimiterError):
+    """Raised by a lease guard's `check()` once a renewal found the lease
+    no longer held (it expired, or someone deleted the key): another holder
+    may now have the slot."""
+
+
 # The three classes of docs/clients.md#the-failure-rule.
 UNAVAILABLE = "unavailable"
 SERVER_CHANGED = "server_changed"
@@ -208,6 +230,35 @@ def check_timeout_ms(timeout_ms) -> int:
     return int(math.ceil(timeout_ms))
 
 
+def whole_text(value, what: str) -> str:
+    """A lease argument (limit, lease_ms): a positive whole number at most
+    2^53, sent as plain digits (the module accepts nothing else)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidArgument(f"{what} must be a positive integer, not {type(value).__name__}")
+    if isinstance(value, numbers.Integral):
+        x = int(value)
+    elif math.isfinite(value) and float(value) == int(value):
+        x = int(value)
+    else:
+        raise InvalidArgument(f"{what} must be a positive integer, at most 2^53, not {value!r}")
+    if not 0 < x <= MAX_AMOUNT:
+        raise InvalidArgument(f"{what} must be a positive integer, at most 2^53, not {value!r}")
+    return str(x)
+
+
+def lease_id(lease) -> Optional[str]:
+    """The id of `lease` (a `Lease`, an id, or None: no lease)."""
+    if isinstance(lease, Lease):
+        return lease.lease
+    if lease is None:
+        return None
+    if isinstance(lease, bytes):
+        lease = lease.decode("utf-8", "surrogateescape")
+    if not isinstance(lease, str) or not lease:
+        raise InvalidArgument(f"a lease must be a Lease, a non-empty id str or None, not {lease!r}")
+    return lease
+
+
 # --- keys --------------------------------------------------------------------
 
 
@@ -282,6 +333,29 @@ class Policy:
         limit_numbers(self.capacity, self.rate, 0)
         if self.name is not None:
             check_name(self.name)
+
+
+@dataclass(frozen=True)
+class Concurrency:
+    """An in-flight limit for the middleware: at most `limit` requests of
+    one key at once, each holding a lease (docs/leases.md) from its start
+    until its response is finished, renewed every lease_ms/3 while it runs
+    (a crashed process's leases end `lease_ms` after their last renewal).
+    `name` (default ``inflight``) names it in ``RateLimit-Policy`` and in
+    its key ``<prefix>{<id>}:<name>``; `status` is the denial's, 429
+    (default) or 503. Checked when created."""
+
+    limit: int
+    lease_ms: int = 60_000
+    name: str = "inflight"
+    status: int = 429
+
+    def __post_init__(self):
+        whole_text(self.limit, "limit")
+        whole_text(self.lease_ms, "lease_ms")
+        check_name(self.name)
+        if self.status not in (429, 503):
+            raise InvalidArgument(f"a Concurrency status must be 429 or 503, not {self.status!r}")
 
 
 def limit_numbers(capacity: Number, rate: Number, n: Number) -> Tuple[str, str, str]:
@@ -364,10 +438,70 @@ class Decision:
         return out
 
 
+@dataclass(frozen=True)
+class Lease:
+    """The answer of `acquire` / `wait_acquire` (docs/leases.md).
+
+    acquired:       a lease was granted (or, `failed_open`, the limiter was
+                    unavailable and the call was let through without one)
+    available:      free slots left after this call (limit - live - waiting)
+    retry_after_ms: 0 when acquired; else until the earliest live lease ends
+                    by itself (a release may free a slot sooner)
+    lease:          the lease id to release/renew; None when not acquired,
+                    and when failed open (there is nothing to release)
+    failed_open:    True only for a `fail_open=True` call that met an
+                    unavailable limiter: proceed, but nothing limits you
+    key, limit, lease_ms, policy: what the call asked for
+    """
+
+    acquired: bool
+    available: int
+    retry_after_ms: int
+    lease: Optional[str]
+    key: str = ""
+    limit: int = 0
+    lease_ms: int = 0
+    policy: str = "default"
+    failed_open: bool = False
+
+    @property
+    def retry_after(self) -> Optional[float]:
+        """Seconds until a slot frees up by itself; None when acquired."""
+        return None if self.acquired else self.retry_after_ms / 1000
+
+    def headers(self) -> dict:
+        """``RateLimit-Policy: "<name>";q=<limit>;qu="concurrent-requests"``,
+        and on a denial ``Retry-After: <ceil(retry_after_ms/1000)>`` (at least
+        1: a denial with retry_after_ms 0 means others wait ahead). A
+        failed-open decision has no headers."""
+        if self.failed_open:
+            return {}
+        out = {"RateLimit-Policy": concurrency_item(self.policy, self.limit)}
+        if not self.acquired:
+            out["Retry-After"] = str(max(1, _ceil_div_1000(self.retry_after_ms)))
+        return out
+
+
+def concurrency_item(name: str, limit: int) -> str:
+    return f'{_sf_string(name)};q={_sf_int(int(limit))};qu="concurrent-requests"'
+
+
+def failed_open_lease(call: "Call") -> Lease:
+    """What a `fail_open=True` acquire answers when the limiter is unavailable."""
+    policy, limit, lease_ms = call.limits[0]
+    return Lease(True, 0, 0, None, call.keys[0], limit, lease_ms, policy, failed_open=True)
+
+
 # --- commands per backend ----------------------------------------------------
 
-_MODULE_COMMANDS = {"take": "TB.TAKE", "peek": "TB.PEEK", "refund": "TB.REFUND", "takeall": "TB.TAKEALL"}
-_FUNCTIONS = {"take": "tb_take", "peek": "tb_peek", "refund": "tb_refund", "takeall": "tb_takeall"}
+_MODULE_COMMANDS = {
+    "take": "TB.TAKE", "peek": "TB.PEEK", "refund": "TB.REFUND", "takeall": "TB.TAKEALL",
+    "acquire": "TB.ACQUIRE", "release": "TB.RELEASE", "renew": "TB.RENEW",
+}
+_FUNCTIONS = {
+    "take": "tb_take", "peek": "tb_peek", "refund": "tb_refund", "takeall": "tb_takeall",
+    "acquire": "tb_acquire", "release": "tb_release", "renew": "tb_renew",
+}
 
 
 @dataclass(frozen=True)
@@ -375,16 +509,31 @@ class Call:
     """One request, backend-neutral: `keys` and per-key `(capacity, rate, n)`
     texts, plus what the Decision needs."""
 
-    op: str  # take | peek | refund | takeall
+    op: str  # take | peek | refund | takeall | acquire | release | renew
     keys: Tuple[str, ...]
-    numbers: Tuple[Tuple[str, str, str], ...]
-    limits: Tuple[Tuple[str, Number, Number], ...]  # (policy, capacity, rate)
+    numbers: Tuple[Tuple[str, ...], ...]  # acquire: (limit, lease_ms); release: (id,); renew: (id, lease_ms)
+    limits: Tuple[Tuple[str, Number, Number], ...]  # (policy, capacity, rate); acquire: (policy, limit, lease_ms)
 
 
 def single(op: str, key: str, capacity: Number, rate: Number, n: Number, policy: str) -> Call:
     check_key(key)
     check_name(policy)
     return Call(op, (key,), (limit_numbers(capacity, rate, n),), ((policy, capacity, rate),))
+
+
+def acquire(key: str, limit, lease_ms, policy: str) -> Call:
+    check_key(key)
+    check_name(policy)
+    texts = (whole_text(limit, "limit"), whole_text(lease_ms, "lease_ms"))
+    return Call("acquire", (key,), (texts,), ((policy, int(texts[0]), int(texts[1])),))
+
+
+def release(key: str, lease: str) -> Call:
+    return Call("release", (check_key(key),), ((lease,),), ())
+
+
+def renew(key: str, lease: str, lease_ms) -> Call:
+    return Call("renew", (check_key(key),), ((lease, whole_text(lease_ms, "lease_ms")),), ())
 
 
 def take_all(limits: Sequence[Limit]) -> Call:
@@ -422,6 +571,42 @@ def command(backend: str, call: Call, sha: str) -> list:
 
 def btake_command(key: str, nums: Tuple[str, str, str], timeout_ms: int) -> list:
     return ["TB.BTAKE", key, *nums, str(timeout_ms)]
+
+
+def blocking_command(call: Call, timeout_ms: int) -> list:
+    """The waiting form of `call` on the module: TB.BTAKE for a take,
+    TB.ACQUIRE with timeout_ms for an acquire."""
+    if call.op == "acquire":
+        return ["TB.ACQUIRE", call.keys[0], *call.numbers[0], str(timeout_ms)]
+    return btake_command(call.keys[0], call.numbers[0], timeout_ms)
+
+
+def result(call: Call, reply):
+    """What a call answers: a Decision (buckets), a Lease (acquire), a
+    bool (release, renew)."""
+    if call.op == "acquire":
+        return lease_decision(call, reply)
+    if call.op in ("release", "renew"):
+        if isinstance(reply, int) and not isinstance(reply, bool) and reply in (0, 1):
+            return reply == 1
+        raise LimiterError(f"unexpected reply {reply!r}")
+    return decision(call, reply)
+
+
+def lease_decision(call: Call, reply) -> Lease:
+    """A Lease from ``[acquired, available, retry_after_ms, id or nil]``."""
+    ok = isinstance(reply, (list, tuple)) and len(reply) == 4
+    if ok:
+        acquired, available, retry, ident = reply
+        ok = all(isinstance(x, int) and not isinstance(x, bool) for x in (acquired, available, retry))
+        ok = ok and acquired in (0, 1) and ((ident is None) == (acquired == 0))
+        ok = ok and (ident is None or isinstance(ident, (bytes, str)))
+    if not ok:
+        raise LimiterError(f"unexpected reply {reply!r}")
+    if isinstance(ident, bytes):
+        ident = ident.decode("utf-8", "surrogateescape")
+    policy, limit, lease_ms = call.limits[0]
+    return Lease(acquired == 1, available, retry, ident, call.keys[0], limit, lease_ms, policy)
 
 
 def decision(call: Call, reply) -> Decision:

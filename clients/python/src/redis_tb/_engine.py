@@ -181,17 +181,53 @@ def _run(state: Backend, call: Call):
         log.info("redis-tb: %s; detecting the backend again", _core.reply_text(e))
         backend = yield from detect(state)
         reply = yield Send(tuple(_core.command(backend, call, state.sha)))
-    return _core.decision(call, reply)
+    return _core.result(call, reply)
+
+
+def acquire(state: Backend, call: Call, fail_open: bool):
+    """An acquire under the failure rule; `fail_open`: an unavailable
+    limiter answers a failed-open Lease (acquired, no id) instead of raising."""
+    try:
+        return (yield from run(state, call))
+    except _core.LimiterUnavailable:
+        if not fail_open:
+            raise
+        return _core.failed_open_lease(call)
+
+
+#: wait_acquire without the module polls at least this often: a release
+#: frees a slot long before the earliest lease ends by itself.
+LEASE_POLL_S = 0.1
+
+
+def wait_acquire(state: Backend, call: Call, timeout_ms: int, fail_open: bool, poll_s: float = LEASE_POLL_S):
+    """Acquire, waiting up to timeout_ms (0: no limit). Module: TB.ACQUIRE
+    with timeout_ms on the slot owner, first come first served by the
+    server. Lua: acquire, sleep min(retry_after_ms, poll_s), retry (not
+    first come first served)."""
+    try:
+        return (yield from _translated(_wait(state, call, timeout_ms, poll_s)))
+    except _core.LimiterUnavailable:
+        if not fail_open:
+            raise
+        return _core.failed_open_lease(call)
 
 
 def wait_take(state: Backend, call: Call, timeout_ms: int):
     """Take, waiting up to timeout_ms (0: no limit). Module: TB.BTAKE on the
     slot owner, served first come first served by the server. Lua: take,
     sleep the announced wait, retry (not first come first served)."""
-    return (yield from _translated(_wait_take(state, call, timeout_ms)))
+    return (yield from _translated(_wait(state, call, timeout_ms, None)))
 
 
-def _wait_take(state: Backend, call: Call, timeout_ms: int):
+def _done(d) -> bool:
+    """Is a polling wait over: granted, or never possible?"""
+    if isinstance(d, _core.Lease):
+        return d.acquired
+    return d.allowed or d.retry_after_ms < 0
+
+
+def _wait(state: Backend, call: Call, timeout_ms: int, poll_s: Optional[float]):
     deadline = None if timeout_ms == 0 else time.monotonic() + timeout_ms / 1000
     backend = yield from ensure(state)
     if backend == "module":
@@ -205,9 +241,11 @@ def _wait_take(state: Backend, call: Call, timeout_ms: int):
                 return (yield from _btake(call, deadline))
     while True:
         d = yield from _run(state, call)
-        if d.allowed or d.retry_after_ms < 0:
+        if _done(d):
             return d
         pause = max(d.retry_after_ms, 1) / 1000
+        if poll_s is not None:
+            pause = min(pause, poll_s)
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -217,7 +255,7 @@ def _wait_take(state: Backend, call: Call, timeout_ms: int):
 
 
 def _btake(call: Call, deadline: Optional[float]):
-    key, nums = call.keys[0], call.numbers[0]
+    key = call.keys[0]
     node, asking = None, False
     for _ in range(MAX_REDIRECTIONS + 1):
         if deadline is None:
@@ -226,7 +264,7 @@ def _btake(call: Call, deadline: Optional[float]):
             timeout_ms = max(1, int((deadline - time.monotonic()) * 1000))
             wait_s = timeout_ms / 1000 + BLOCKING_MARGIN_S
         try:
-            reply = yield Block(key, tuple(_core.btake_command(key, nums, timeout_ms)), wait_s, node, asking)
+            reply = yield Block(key, tuple(_core.blocking_command(call, timeout_ms)), wait_s, node, asking)
         except Exception as e:
             moved = _core.redirection(e)
             if moved is None:
@@ -234,8 +272,8 @@ def _btake(call: Call, deadline: Optional[float]):
             kind, host, port = moved
             node, asking = (host, port), kind == "ASK"
             continue
-        return _core.decision(call, reply)
-    raise _core.LimiterUnavailable(f"TB.BTAKE: more than {MAX_REDIRECTIONS} redirections (the cluster is resharding)")
+        return _core.result(call, reply)
+    raise _core.LimiterUnavailable(f"{_core.blocking_command(call, 0)[0]}: more than {MAX_REDIRECTIONS} redirections (the cluster is resharding)")
 
 
 def drive(gen, execute):

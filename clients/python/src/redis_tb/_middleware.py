@@ -7,15 +7,23 @@ import logging
 import threading
 from typing import Callable, List, Optional, Sequence, Tuple, Union
 
-from ._core import number_text, Decision, InvalidArgument, Limit, LimiterError, LimiterUnavailable, Number, Policy, bucket_key
+from ._core import Concurrency, Lease, number_text, Decision, InvalidArgument, Limit, LimiterError, LimiterUnavailable, Number, Policy, bucket_key
 
 log = logging.getLogger("redis_tb")
 
 PROBLEM_TYPE = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 
 
-def policies(spec: Union[Policy, Sequence[Policy]]) -> List[Policy]:
-    """One Policy (name default "default") or several (default "limit<i>")."""
+def policies(spec: Union[Policy, Sequence[Policy], None], concurrency: Optional[Concurrency] = None) -> List[Policy]:
+    """One Policy (name default "default") or several (default "limit<i>");
+    None (no rate limit) only with a Concurrency, whose name must differ."""
+    if concurrency is not None:
+        if not isinstance(concurrency, Concurrency):
+            raise InvalidArgument(f"concurrency must be a Concurrency, not {type(concurrency).__name__}")
+        named = [] if spec is None else policies(spec)
+        if concurrency.name in {p.name for p in named}:
+            raise InvalidArgument(f"the Concurrency and a Policy are both named {concurrency.name!r}")
+        return named
     if isinstance(spec, Policy):
         return [spec if spec.name else Policy(spec.capacity, spec.rate, "default")]
     items = list(spec) if isinstance(spec, (list, tuple)) else []
@@ -46,6 +54,40 @@ def limits_for(prefix: str, identity: str, pols: List[Policy], n: Number) -> Lis
 
 def header_list(d: Decision) -> List[Tuple[str, str]]:
     return list(d.headers().items())
+
+
+def merged_headers(*decisions) -> List[Tuple[str, str]]:
+    """The headers of a rate Decision and a Lease together: one
+    RateLimit-Policy listing both, the rest as each gives them."""
+    out = {}
+    for d in decisions:
+        if d is None:
+            continue
+        for k, v in d.headers().items():
+            out[k] = f"{out[k]}, {v}" if k == "RateLimit-Policy" and k in out else v
+    return list(out.items())
+
+
+def lease_denied_body(d: Lease, status: int) -> bytes:
+    secs = max(1, -(-d.retry_after_ms // 1000))
+    return json.dumps(
+        {
+            "type": PROBLEM_TYPE,
+            "title": "Too Many Requests" if status == 429 else "Service Unavailable",
+            "status": status,
+            "detail": f'Concurrency limit of policy "{d.policy}" reached ({d.limit} at once); retry in {secs} s.',
+            "violated-policies": [d.policy],
+        }
+    ).encode()
+
+
+def release_failed(error: LimiterError):
+    """A middleware's release that failed: logged, never raised (the
+    response is already on its way; the lease ends at its deadline)."""
+    if isinstance(error, LimiterUnavailable):
+        log.warning("redis-tb: could not release a request's lease; it ends at its deadline: %s", error)
+    else:
+        log.error("redis-tb: releasing a request's lease failed (a bug): %s", error)
 
 
 def denied_body(d: Decision) -> bytes:

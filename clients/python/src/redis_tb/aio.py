@@ -16,7 +16,8 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
 
 from . import _core, _engine
-from ._core import Decision, Limit, Number
+from ._core import Decision, Lease, Limit, Number
+from ._lease import AsyncLeaseGuard
 from .limiter import DEFAULT_TIMEOUT, fast_failing_kwargs, get_connection_args
 
 
@@ -188,6 +189,45 @@ class AsyncRateLimiter:
         timeout_ms = _core.check_timeout_ms(timeout_ms)
         call = _core.single("take", key, capacity, rate, n, policy)
         return await _engine.adrive(_engine.wait_take(self._state, call, timeout_ms), self._execute)
+
+    # --- concurrency limits: see RateLimiter.acquire and docs/leases.md -----
+
+    async def acquire(self, key: str, limit: int, lease_ms: int, *, policy: str = "default",
+                      fail_open: bool = False) -> Lease:
+        call = _core.acquire(key, limit, lease_ms, policy)
+        return await _engine.adrive(_engine.acquire(self._state, call, fail_open), self._execute)
+
+    async def release(self, key: str, lease) -> bool:
+        ident = _core.lease_id(lease)
+        if ident is None:
+            _core.check_key(key)
+            return False
+        return await self._run(_core.release(key, ident))
+
+    async def renew(self, key: str, lease, lease_ms: int) -> bool:
+        ident = _core.lease_id(lease)
+        call = _core.renew(key, ident or "-", lease_ms)
+        if ident is None:
+            return False
+        return await self._run(call)
+
+    async def wait_acquire(self, key: str, limit: int, lease_ms: int, *, timeout_ms: Number,
+                           policy: str = "default", fail_open: bool = False,
+                           poll_ms: Number = _engine.LEASE_POLL_S * 1000) -> Lease:
+        """See `RateLimiter.wait_acquire`: TB.ACQUIRE with timeout_ms on the
+        key's node with the module (FIFO), polling with the Lua fallback (NOT FIFO)."""
+        timeout_ms = _core.check_timeout_ms(timeout_ms)
+        poll_s = _core.check_timeout_ms(poll_ms) / 1000 or 0.001
+        call = _core.acquire(key, limit, lease_ms, policy)
+        return await _engine.adrive(_engine.wait_acquire(self._state, call, timeout_ms, fail_open, poll_s),
+                                    self._execute)
+
+    def lease(self, key: str, limit: int, lease_ms: int, *, timeout_ms: Optional[Number] = None,
+              policy: str = "default", fail_open: bool = False,
+              renew_every_ms: Optional[Number] = None) -> AsyncLeaseGuard:
+        """``async with limiter.lease(key, limit, lease_ms) as guard:``; see `RateLimiter.lease`."""
+        return AsyncLeaseGuard(self, key, limit, lease_ms, timeout_ms=timeout_ms, policy=policy,
+                               fail_open=fail_open, renew_every_ms=renew_every_ms)
 
     async def close(self):
         """Close every connection the limiter opened: its own pool (a

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import inspect
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 from . import _middleware as mw
-from ._core import LimiterError, Policy
+from ._core import Concurrency, LeaseDenied, LimiterError, Policy, bucket_key
 from .aio import AsyncRateLimiter
 
 
@@ -25,7 +25,15 @@ class RateLimitMiddleware:
     """Rate-limits HTTP requests of an ASGI app.
 
     policies: a `Policy` (one bucket per key) or a list (all at once, via
-        take_all; the tightest decides).
+        take_all; the tightest decides); None with `concurrency` only.
+    concurrency: a `Concurrency`: at most `limit` requests of one key in
+        flight. A lease is acquired when the request starts (after the rate
+        limit, if any, allowed it), renewed while it runs and released when
+        the app returns: the response finished, failed or the client went
+        away. Denied: 429 (or the Concurrency's status, 503) with
+        ``RateLimit-Policy: "<name>";q=<limit>;qu="concurrent-requests"``
+        and ``Retry-After``. `fail_open` applies: an unavailable limiter
+        lets the request through without a lease, or answers 503.
     key(scope) -> str: whose bucket (default: client IP); may be async.
     cost: tokens per request: a number (checked now) or cost(scope) -> number,
         which may be async (default 1).
@@ -45,8 +53,9 @@ class RateLimitMiddleware:
         self,
         app,
         limiter: AsyncRateLimiter,
-        policies: Union[Policy, Sequence[Policy]],
+        policies: Union[Policy, Sequence[Policy], None] = None,
         *,
+        concurrency: Optional[Concurrency] = None,
         key=client_ip,
         cost=None,
         prefix: str = "ratelimit:",
@@ -55,15 +64,17 @@ class RateLimitMiddleware:
     ):
         self.app = app
         self.limiter = limiter
-        self.policies = mw.policies(policies)
+        self.policies = mw.policies(policies, concurrency)
+        self.concurrency = concurrency
         self.key = key
         self.cost = mw.check_cost(cost)
         self.prefix = prefix
         self.on_error = on_error
         self.outcomes = mw.Outcomes(fail_open)
 
-    async def _decide(self, scope):
-        identity = str(await _maybe_await(self.key(scope)))
+    async def _decide(self, scope, identity):
+        if not self.policies:
+            return None
         n = self.cost if not callable(self.cost) else await _maybe_await(self.cost(scope))
         n = 1 if n is None else n
         limits = mw.limits_for(self.prefix, identity, self.policies, n)
@@ -75,8 +86,22 @@ class RateLimitMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        guard = None
         try:
-            d = await self._decide(scope)
+            identity = str(await _maybe_await(self.key(scope)))
+            d = await self._decide(scope, identity)
+            if d is not None and not d.allowed:
+                self.outcomes.ok()
+                return await _respond(send, 429, mw.header_list(d), mw.denied_body(d))
+            if self.concurrency is not None:
+                c = self.concurrency
+                guard = self.limiter.lease(bucket_key(self.prefix, identity, c.name), c.limit, c.lease_ms, policy=c.name)
+                try:
+                    await guard.__aenter__()
+                except LeaseDenied as e:
+                    self.outcomes.ok()
+                    headers = mw.merged_headers(d, e.decision)
+                    return await _respond(send, c.status, headers, mw.lease_denied_body(e.decision, c.status))
         except LimiterError as e:
             outcome = self.outcomes.failed(e)
             if outcome == mw.FAIL_OPEN:
@@ -88,9 +113,7 @@ class RateLimitMiddleware:
                 return await answer(scope, receive, send)
             return await _respond(send, 500, [], mw.error_body())
         self.outcomes.ok()
-        headers = mw.header_list(d)
-        if not d.allowed:
-            return await _respond(send, 429, headers, mw.denied_body(d))
+        headers = mw.merged_headers(d, guard.decision if guard is not None else None)
         raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
 
         async def send_with_headers(message):
@@ -99,7 +122,14 @@ class RateLimitMiddleware:
                 message["headers"] = list(message.get("headers", [])) + raw
             await send(message)
 
-        return await self.app(scope, receive, send_with_headers)
+        try:
+            return await self.app(scope, receive, send_with_headers)
+        finally:
+            if guard is not None:
+                try:
+                    await guard.release()
+                except LimiterError as e:
+                    mw.release_failed(e)
 
 
 async def _respond(send, status, headers, body: bytes):

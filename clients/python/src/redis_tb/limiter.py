@@ -20,7 +20,8 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from . import _core, _engine
-from ._core import Decision, Limit, LimiterError, LimiterUnavailable, Number
+from ._core import Decision, Lease, Limit, LimiterError, LimiterUnavailable, Number
+from ._lease import LeaseGuard
 
 log = logging.getLogger("redis_tb")
 
@@ -237,6 +238,61 @@ class RateLimiter:
         timeout_ms = _core.check_timeout_ms(timeout_ms)
         call = _core.single("take", key, capacity, rate, n, policy)
         return _engine.drive(_engine.wait_take(self._state, call, timeout_ms), self._execute)
+
+    # --- concurrency limits (docs/leases.md) --------------------------------
+
+    def acquire(self, key: str, limit: int, lease_ms: int, *, policy: str = "default",
+                fail_open: bool = False) -> Lease:
+        """Take a lease on `key` if fewer than `limit` are live; it ends by
+        itself after `lease_ms` unless released or renewed. `fail_open=True`:
+        an unavailable limiter answers a Lease with acquired=True,
+        lease=None, failed_open=True instead of raising LimiterUnavailable."""
+        call = _core.acquire(key, limit, lease_ms, policy)
+        return _engine.drive(_engine.acquire(self._state, call, fail_open), self._execute)
+
+    def release(self, key: str, lease) -> bool:
+        """Release `lease` (a Lease or its id): True if it was live. None
+        (no lease: denied or failed open) answers False without a call."""
+        ident = _core.lease_id(lease)
+        if ident is None:
+            _core.check_key(key)
+            return False
+        return self._run(_core.release(key, ident))
+
+    def renew(self, key: str, lease, lease_ms: int) -> bool:
+        """Make a live lease end `lease_ms` from now: True, or False if it is
+        not held any more (an expired lease cannot come back)."""
+        ident = _core.lease_id(lease)
+        call = _core.renew(key, ident or "-", lease_ms)
+        if ident is None:
+            return False
+        return self._run(call)
+
+    def wait_acquire(self, key: str, limit: int, lease_ms: int, *, timeout_ms: Number,
+                     policy: str = "default", fail_open: bool = False,
+                     poll_ms: Number = _engine.LEASE_POLL_S * 1000) -> Lease:
+        """Acquire, waiting up to timeout_ms (0: no limit) for a slot.
+
+        Module: TB.ACQUIRE with timeout_ms on a pooled connection of its own
+        to the node that owns the key, first come first served by the
+        server, woken by a release. Lua fallback: a client-side loop
+        (acquire, sleep min(retry_after_ms, poll_ms), retry): NOT first come
+        first served. Returns the grant, or the last denial at the timeout."""
+        timeout_ms = _core.check_timeout_ms(timeout_ms)
+        poll_s = _core.check_timeout_ms(poll_ms) / 1000 or 0.001
+        call = _core.acquire(key, limit, lease_ms, policy)
+        return _engine.drive(_engine.wait_acquire(self._state, call, timeout_ms, fail_open, poll_s), self._execute)
+
+    def lease(self, key: str, limit: int, lease_ms: int, *, timeout_ms: Optional[Number] = None,
+              policy: str = "default", fail_open: bool = False,
+              renew_every_ms: Optional[Number] = None) -> LeaseGuard:
+        """A guard: ``with limiter.lease("jobs:{partner}", 4, 30_000) as guard:``
+        acquires on entry (waits with timeout_ms; a denial raises
+        LeaseDenied), renews every renew_every_ms (default lease_ms/3) while
+        the block runs, releases on exit, also on an exception.
+        `guard.lost` / `guard.check()`: a renewal found the lease gone."""
+        return LeaseGuard(self, key, limit, lease_ms, timeout_ms=timeout_ms, policy=policy,
+                          fail_open=fail_open, renew_every_ms=renew_every_ms)
 
     def close(self):
         """Close every connection the limiter opened: its own pool (a

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 from . import _middleware as mw
-from ._core import LimiterError, Policy
+from ._core import Concurrency, LeaseDenied, LimiterError, Policy, bucket_key
 from .limiter import RateLimiter
 
 
@@ -23,6 +23,10 @@ class RateLimitMiddleware:
     `redis_tb.asgi.RateLimitMiddleware`, with `key(environ)`,
     `cost(environ)` and `on_error(error, environ) -> WSGI app`.
 
+    With `concurrency`, the lease is released when the server closes the
+    response iterable (PEP 3333 ``close()``: after the last chunk, or when
+    the client went away), or at once if the app raises.
+
     Flask: ``app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter, Policy(10, 1))``
     Django: wrap ``get_wsgi_application()`` in wsgi.py the same way.
     """
@@ -31,8 +35,9 @@ class RateLimitMiddleware:
         self,
         app,
         limiter: RateLimiter,
-        policies: Union[Policy, Sequence[Policy]],
+        policies: Union[Policy, Sequence[Policy], None] = None,
         *,
+        concurrency: Optional[Concurrency] = None,
         key=client_ip,
         cost=None,
         prefix: str = "ratelimit:",
@@ -41,15 +46,17 @@ class RateLimitMiddleware:
     ):
         self.app = app
         self.limiter = limiter
-        self.policies = mw.policies(policies)
+        self.policies = mw.policies(policies, concurrency)
+        self.concurrency = concurrency
         self.key = key
         self.cost = mw.check_cost(cost)
         self.prefix = prefix
         self.on_error = on_error
         self.outcomes = mw.Outcomes(fail_open)
 
-    def _decide(self, environ):
-        identity = str(self.key(environ))
+    def _decide(self, environ, identity):
+        if not self.policies:
+            return None
         n = self.cost if not callable(self.cost) else self.cost(environ)
         n = 1 if n is None else n
         limits = mw.limits_for(self.prefix, identity, self.policies, n)
@@ -59,8 +66,22 @@ class RateLimitMiddleware:
         return self.limiter.take_all(limits)
 
     def __call__(self, environ, start_response):
+        guard = None
         try:
-            d = self._decide(environ)
+            identity = str(self.key(environ))
+            d = self._decide(environ, identity)
+            if d is not None and not d.allowed:
+                self.outcomes.ok()
+                return _respond(start_response, 429, mw.header_list(d), mw.denied_body(d))
+            if self.concurrency is not None:
+                c = self.concurrency
+                guard = self.limiter.lease(bucket_key(self.prefix, identity, c.name), c.limit, c.lease_ms, policy=c.name)
+                try:
+                    guard.__enter__()
+                except LeaseDenied as e:
+                    self.outcomes.ok()
+                    headers = mw.merged_headers(d, e.decision)
+                    return _respond(start_response, c.status, headers, mw.lease_denied_body(e.decision, c.status))
         except LimiterError as e:
             outcome = self.outcomes.failed(e)
             if outcome == mw.FAIL_OPEN:
@@ -71,14 +92,46 @@ class RateLimitMiddleware:
                 return self.on_error(e, environ)(environ, start_response)
             return _respond(start_response, 500, [], mw.error_body())
         self.outcomes.ok()
-        headers = mw.header_list(d)
-        if not d.allowed:
-            return _respond(start_response, 429, headers, mw.denied_body(d))
+        headers = mw.merged_headers(d, guard.decision if guard is not None else None)
 
         def start_with_headers(status, response_headers, exc_info=None):
             return start_response(status, list(response_headers) + headers, exc_info)
 
-        return self.app(environ, start_with_headers)
+        if guard is None:
+            return self.app(environ, start_with_headers)
+        try:
+            body = self.app(environ, start_with_headers)
+        except BaseException:
+            _release(guard)
+            raise
+        return _Releasing(body, guard)
+
+
+def _release(guard):
+    try:
+        guard.release()
+    except LimiterError as e:
+        mw.release_failed(e)
+
+
+class _Releasing:
+    """The app's response iterable, releasing the request's lease when the
+    server closes it (PEP 3333), once."""
+
+    def __init__(self, body, guard):
+        self._body = body
+        self._guard = guard
+
+    def __iter__(self):
+        return iter(self._body)
+
+    def close(self):
+        try:
+            close = getattr(self._body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            _release(self._guard)
 
 
 def _respond(start_response, status, headers, body: bytes):
