@@ -2,15 +2,19 @@
 
 // redis-tb: token-bucket rate limiting over ioredis. The module's TB.* commands when the
 // server has them, the Lua fallback (lua/tb.lua) otherwise; same replies either way.
-const { RateLimiter, createClient, createClusterClient, lua } = require('./lib/limiter');
-const { Decision, Limit, bucketKey, escapeId, classify } = require('./lib/core');
-const { LimiterError, InvalidArgument, LimiterReplyError, LimiterUnavailable } = require('./lib/errors');
+const { RateLimiter, LeaseGuard, createClient, createClusterClient, lua } = require('./lib/limiter');
+const { Decision, Lease, Limit, bucketKey, escapeId, classify } = require('./lib/core');
+const { LimiterError, InvalidArgument, LimiterReplyError, LimiterUnavailable, LeaseDenied, LeaseLost } = require('./lib/errors');
 const { rateLimitHeaders } = require('./lib/headers');
 const { expressRateLimit, fastifyRateLimit } = require('./lib/middleware');
 
 module.exports = {
   RateLimiter,
   Decision,
+  Lease,
+  LeaseGuard,
+  LeaseDenied,
+  LeaseLost,
   Limit,
   LimiterError,
   InvalidArgument,

@@ -8,7 +8,7 @@
 
 const util = require('node:util');
 const { LimiterError, InvalidArgument, LimiterReplyError, LimiterUnavailable, isReplyError } = require('./errors');
-const { rateLimitHeaders } = require('./headers');
+const { rateLimitHeaders, sfString, sfInteger } = require('./headers');
 
 // ---------------------------------------------------------------------------------------
 // Arguments: refused before anything is sent (docs/clients.md, "Invalid settings never
@@ -50,6 +50,29 @@ function timeoutText(value) {
     throw new InvalidArgument(`timeoutMs must be a finite number of ms >= 0 (0: no limit), got ${util.inspect(value)}`);
   }
   return String(Math.ceil(value));
+}
+
+// A lease argument (limit, leaseMs): a positive whole number at most 2^53, sent as plain
+// digits (the module accepts nothing else: docs/leases.md).
+function wholeText(value, what) {
+  if (!Number.isInteger(value) || !(value > 0) || value > MAX_TOKENS) {
+    throw new InvalidArgument(`${what} must be a positive integer, at most 2^53, got ${util.inspect(value)}`);
+  }
+  return String(value);
+}
+
+// The id of a lease: a Lease, an id string, or null/undefined (no lease: nothing to send).
+function leaseId(lease) {
+  if (lease === null || lease === undefined) {
+    return null;
+  }
+  if (lease instanceof Lease) {
+    return lease.lease;
+  }
+  if ((typeof lease === 'string' || Buffer.isBuffer(lease)) && lease.length > 0) {
+    return lease;
+  }
+  throw new InvalidArgument(`a lease must be a Lease, a non-empty id string or null, not ${util.inspect(lease)}`);
 }
 
 // A policy name goes into the headers as an sf-string: non-empty printable ASCII only.
@@ -202,11 +225,18 @@ function parseRedirect(message) {
 // Commands per backend, and decisions from replies
 // ---------------------------------------------------------------------------------------
 
-const MODULE_COMMANDS = { take: 'TB.TAKE', peek: 'TB.PEEK', refund: 'TB.REFUND', takeall: 'TB.TAKEALL' };
-const FUNCTIONS = { take: 'tb_take', peek: 'tb_peek', refund: 'tb_refund', takeall: 'tb_takeall' };
+const MODULE_COMMANDS = {
+  take: 'TB.TAKE', peek: 'TB.PEEK', refund: 'TB.REFUND', takeall: 'TB.TAKEALL',
+  acquire: 'TB.ACQUIRE', release: 'TB.RELEASE', renew: 'TB.RENEW',
+};
+const FUNCTIONS = {
+  take: 'tb_take', peek: 'tb_peek', refund: 'tb_refund', takeall: 'tb_takeall',
+  acquire: 'tb_acquire', release: 'tb_release', renew: 'tb_renew',
+};
 
 // The command that runs `op` on `backend`: { name, args }. `keys` are final (prefixed);
-// `numbers` are the texts capacity rate n, once per key.
+// `numbers` are the texts capacity rate n, once per key (acquire: limit leaseMs; release:
+// the id; renew: the id and leaseMs).
 function commandFor(backend, op, keys, numbers, sha) {
   switch (backend) {
     case 'module': {
@@ -271,6 +301,61 @@ function decisionFrom(reply, limits, withIndex) {
   return new Decision(reply, limits, withIndex ? reply[4] : null);
 }
 
+// The answer of acquire / waitAcquire (docs/leases.md): `acquired`, `available` (free slots
+// left after the call), `retryAfterMs` (0 when acquired; else until the earliest live lease
+// ends by itself), `lease` (the id, or null when not acquired and when failed open),
+// `failedOpen` (a failOpen call met an unavailable limiter: acquired without a lease), and
+// what the call asked for: key, limit, leaseMs, policy.
+class Lease {
+  constructor(acquired, available, retryAfterMs, lease, asked, failedOpen = false) {
+    this.acquired = acquired;
+    this.available = available;
+    this.retryAfterMs = retryAfterMs;
+    this.lease = lease;
+    this.failedOpen = failedOpen;
+    this.key = asked.key;
+    this.limit = asked.limit;
+    this.leaseMs = asked.leaseMs;
+    this.policy = asked.name;
+  }
+
+  // RateLimit-Policy: "<name>";q=<limit>;qu="concurrent-requests", and on a denial
+  // Retry-After: ceil(retryAfterMs / 1000), at least 1. A failed-open Lease has none.
+  headers() {
+    if (this.failedOpen) {
+      return {};
+    }
+    const headers = { 'RateLimit-Policy': concurrencyItem(this.policy, this.limit) };
+    if (!this.acquired) {
+      headers['Retry-After'] = String(Math.max(1, Math.ceil(this.retryAfterMs / 1000)));
+    }
+    return headers;
+  }
+}
+
+function concurrencyItem(name, limit) {
+  return `${sfString(name)};q=${sfInteger(limit)};qu="concurrent-requests"`;
+}
+
+// [acquired, available, retry_after_ms, id or nil]; another shape is a bug.
+function leaseFrom(reply, asked) {
+  const valid = Array.isArray(reply) && reply.length === 4 && reply.slice(0, 3).every(Number.isInteger)
+    && (reply[0] === 1 ? (typeof reply[3] === 'string' || Buffer.isBuffer(reply[3])) && reply[3].length > 0
+      : reply[0] === 0 && reply[3] === null);
+  if (!valid) {
+    throw new LimiterError('bug', `unexpected reply: ${util.inspect(reply)}`);
+  }
+  const id = Buffer.isBuffer(reply[3]) ? reply[3].toString() : reply[3];
+  return new Lease(reply[0] === 1, reply[1], reply[2], id, asked);
+}
+
+function boolFrom(reply) {
+  if (reply !== 0 && reply !== 1) {
+    throw new LimiterError('bug', `unexpected reply: ${util.inspect(reply)}`);
+  }
+  return reply === 1;
+}
+
 // ---------------------------------------------------------------------------------------
 // Outages: one warning when calls start failing, one info line when they succeed again
 // ---------------------------------------------------------------------------------------
@@ -304,6 +389,8 @@ module.exports = {
   rateText,
   costText,
   timeoutText,
+  wholeText,
+  leaseId,
   checkName,
   checkKey,
   checkPolicy,
@@ -318,5 +405,9 @@ module.exports = {
   Limit,
   Decision,
   decisionFrom,
+  Lease,
+  leaseFrom,
+  boolFrom,
+  concurrencyItem,
   OutageLog,
 };

@@ -42,10 +42,30 @@ class LimiterUnavailable extends LimiterError {
   }
 }
 
+// A lease guard found its lease no longer held (a renewal answered 0): guard.check() throws it.
+class LeaseLost extends LimiterError {
+  constructor(message, options) {
+    super('lost', message, options);
+    this.name = 'LeaseLost';
+  }
+}
+
+// limiter.lease() / withLease() could not get a lease (the limit is reached, or the wait
+// timed out). Not a LimiterError: the limiter worked, the answer is no. `decision` is the
+// Lease denial (retryAfterMs, available).
+class LeaseDenied extends Error {
+  constructor(decision) {
+    super(`no lease on ${String(decision.key)}: ${decision.limit} in use; retry in ${decision.retryAfterMs} ms`);
+    this.name = 'LeaseDenied';
+    this.decision = decision;
+    this.retryAfterMs = decision.retryAfterMs;
+  }
+}
+
 function isReplyError(err) {
   // ioredis's ReplyError (from redis-errors) without importing it: another copy of
   // ioredis may have made it.
   return Boolean(err) && err.name === 'ReplyError';
 }
 
-module.exports = { LimiterError, InvalidArgument, LimiterReplyError, LimiterUnavailable, isReplyError };
+module.exports = { LimiterError, InvalidArgument, LimiterReplyError, LimiterUnavailable, LeaseLost, LeaseDenied, isReplyError };

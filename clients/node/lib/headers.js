@@ -40,4 +40,4 @@ function rateLimitHeaders(decision) {
   return headers;
 }
 
-module.exports = { rateLimitHeaders, sfString, SF_INTEGER_MAX };
+module.exports = { rateLimitHeaders, sfString, sfInteger, SF_INTEGER_MAX };

@@ -7,7 +7,7 @@ const util = require('node:util');
 const { setTimeout: sleep } = require('node:timers/promises');
 const { createRequire } = require('node:module');
 
-const { LimiterError, InvalidArgument, LimiterUnavailable, isReplyError } = require('./errors');
+const { LimiterError, InvalidArgument, LimiterUnavailable, LeaseDenied, LeaseLost, isReplyError } = require('./errors');
 const core = require('./core');
 
 const { Limit, Decision, decisionFrom, classify, limiterError } = core;
@@ -415,7 +415,8 @@ class RateLimiter {
   // One call of `op` (take, peek, refund, takeall): the failure rule around one send.
   // A server change (the module unloaded, a FUNCTION FLUSH, a SCRIPT FLUSH) detects the
   // backend again and retries once; the retry's error is whatever class it is.
-  async _call(op, keys, numbers, limits) {
+  // `parse`: the reply -> the answer (default: a Decision over `limits`).
+  async _call(op, keys, numbers, limits, parse = (reply) => decisionFrom(reply, limits, op === 'takeall')) {
     try {
       await this._ensureBackend();
       const generation = this._generation;
@@ -432,7 +433,7 @@ class RateLimiter {
         }
         reply = await this._sendOp(op, keys, numbers);
       }
-      return decisionFrom(reply, limits, op === 'takeall');
+      return parse(reply);
     } catch (err) {
       throw this._failed(err);
     }
@@ -512,7 +513,7 @@ class RateLimiter {
       await this._ensureBackend();
       if (this._backend === 'module') {
         try {
-          return decisionFrom(await this._blockingTake(prefixedKey, [...numbers, timeoutText], timeoutMs), limits, false);
+          return decisionFrom(await this._blocking('TB.BTAKE', prefixedKey, [...numbers, timeoutText], timeoutMs), limits, false);
         } catch (err) {
           if (classify(err) !== 'server_changed') {
             throw err;
@@ -540,6 +541,139 @@ class RateLimiter {
     }
   }
 
+  // ---------------------------------------------------------------------------------------
+  // Concurrency limits: leases (docs/leases.md)
+  // ---------------------------------------------------------------------------------------
+
+  _asked(key, limit, leaseMs, options) {
+    const texts = [core.wholeText(limit, 'limit'), core.wholeText(leaseMs, 'leaseMs')];
+    const name = core.checkName((options && options.name) ?? 'default');
+    return { key: core.checkKey(key), limit, leaseMs, name, texts };
+  }
+
+  // failOpen: an unavailable limiter answers a Lease with acquired true, lease null and
+  // failedOpen true (proceed without a lease) instead of throwing LimiterUnavailable.
+  _failOpen(err, asked, options) {
+    if (options && options.failOpen && err instanceof LimiterUnavailable) {
+      return new core.Lease(true, 0, 0, null, asked, true);
+    }
+    throw err;
+  }
+
+  // Takes a lease on `key` if fewer than `limit` are live; it ends by itself after leaseMs
+  // unless released or renewed. options: { name, failOpen }.
+  async acquire(key, limit, leaseMs, options = {}) {
+    const asked = this._asked(key, limit, leaseMs, options);
+    try {
+      return await this._call('acquire', [prefixed(this.client, asked.key)], asked.texts, null,
+        (reply) => core.leaseFrom(reply, asked));
+    } catch (err) {
+      return this._failOpen(err, asked, options);
+    }
+  }
+
+  // Releases `lease` (a Lease or its id): true if it was live. null (no lease) -> false,
+  // without a call.
+  async release(key, lease) {
+    const id = core.leaseId(lease);
+    const k = prefixed(this.client, core.checkKey(key));
+    if (id === null) {
+      return false;
+    }
+    return this._call('release', [k], [id], null, core.boolFrom);
+  }
+
+  // Makes a live lease end leaseMs from now: true, or false if it is not held any more.
+  async renew(key, lease, leaseMs) {
+    const id = core.leaseId(lease);
+    const k = prefixed(this.client, core.checkKey(key));
+    const ms = core.wholeText(leaseMs, 'leaseMs');
+    if (id === null) {
+      return false;
+    }
+    return this._call('renew', [k], [id, ms], null, core.boolFrom);
+  }
+
+  // Waits up to options.timeoutMs (required; 0 = no limit) for a lease.
+  // Module backend: TB.ACQUIRE with timeout_ms, first come first served in the server (a
+  // release wakes the head of the queue), on a pooled connection of its own to the node
+  // that owns the key, exactly as waitTake. Function/script backends: POLLING, NOT FIFO:
+  // acquire, sleep min(retryAfterMs, pollMs (default 100), time left), retry.
+  async waitAcquire(key, limit, leaseMs, options = {}) {
+    if (options.timeoutMs === undefined) {
+      throw new InvalidArgument('waitAcquire needs options.timeoutMs, a finite number of ms >= 0 (0: no limit)');
+    }
+    const timeoutText = core.timeoutText(options.timeoutMs);
+    const timeoutMs = Number(timeoutText);
+    const pollMs = optionalMs(options, 'pollMs', 100) || 1;
+    const asked = this._asked(key, limit, leaseMs, options);
+    const prefixedKey = prefixed(this.client, asked.key);
+    const started = performance.now();
+    try {
+      await this._ensureBackend();
+      if (this._backend === 'module') {
+        try {
+          return core.leaseFrom(await this._blocking('TB.ACQUIRE', prefixedKey, [...asked.texts, timeoutText], timeoutMs), asked);
+        } catch (err) {
+          if (classify(err) !== 'server_changed') {
+            throw err;
+          }
+          await this._detectAgain();
+          if (this._backend === 'module') {
+            throw err;
+          }
+        }
+      }
+    } catch (err) {
+      return this._failOpen(this._failed(err), asked, options);
+    }
+    const deadline = timeoutMs === 0 ? Infinity : started + timeoutMs;
+    for (;;) {
+      const decision = await this.acquire(key, limit, leaseMs, { name: asked.name, failOpen: options.failOpen });
+      if (decision.acquired) {
+        return decision;
+      }
+      const left = deadline - performance.now();
+      if (left <= 0) {
+        return decision;
+      }
+      await sleep(Math.max(1, Math.min(decision.retryAfterMs || pollMs, pollMs, left)));
+    }
+  }
+
+  // A LeaseGuard: acquires (waitAcquire with options.timeoutMs), throws LeaseDenied when
+  // denied, renews every options.renewEveryMs (default leaseMs / 3; 0: never) until
+  // released. `await using guard = await limiter.lease(...)` releases at the end of the
+  // block (Symbol.asyncDispose); or call guard.release(); or use withLease.
+  async lease(key, limit, leaseMs, options = {}) {
+    const renewEveryMs = options.renewEveryMs === undefined
+      ? Math.max(1, Math.floor(leaseMs / 3)) : optionalMs(options, 'renewEveryMs', 0);
+    const decision = options.timeoutMs === undefined
+      ? await this.acquire(key, limit, leaseMs, options)
+      : await this.waitAcquire(key, limit, leaseMs, options);
+    if (!decision.acquired) {
+      throw new LeaseDenied(decision);
+    }
+    return new LeaseGuard(this, key, decision, leaseMs, renewEveryMs);
+  }
+
+  // Runs fn(guard) holding a lease, and releases it when fn settles (also when it throws).
+  // Resolves to fn's result; a denial rejects with LeaseDenied.
+  async withLease(key, limit, leaseMs, fn, options = {}) {
+    if (typeof fn !== 'function') {
+      throw new InvalidArgument('withLease needs a function (guard) => ...');
+    }
+    const guard = await this.lease(key, limit, leaseMs, options);
+    let failed = true;
+    try {
+      const result = await fn(guard);
+      failed = false;
+      return result;
+    } finally {
+      await guard._dispose(failed);
+    }
+  }
+
   // The node that owns `key`'s slot, by the server's slot rule and the client's slot map;
   // null for a standalone client. A stale map is corrected by MOVED.
   _owner(key) {
@@ -554,8 +688,9 @@ class RateLimiter {
     return { host: master.options.host, port: master.options.port };
   }
 
-  // TB.BTAKE on the slot owner, following MOVED and ASK.
-  async _blockingTake(key, args, timeoutMs) {
+  // A blocking command (TB.BTAKE, TB.ACQUIRE with timeout_ms) on the slot owner, on a
+  // pooled connection of its own, following MOVED and ASK.
+  async _blocking(command, key, args, timeoutMs) {
     // The client-side timer is above the server's timeout, so the server's denial arrives
     // first; timeout 0 waits as long as the server does.
     const clientTimeout = timeoutMs === 0 ? 0 : timeoutMs + this.blockingMarginMs;
@@ -568,7 +703,7 @@ class RateLimiter {
         if (asking) {
           pending.push(send(conn, 'asking', [], null, this.timeoutMs));
         }
-        pending.push(send(conn, 'TB.BTAKE', [key, ...args], null, clientTimeout));
+        pending.push(send(conn, command, [key, ...args], null, clientTimeout));
         const replies = await Promise.all(pending);
         this._release(conn, node);
         return replies[replies.length - 1];
@@ -591,7 +726,7 @@ class RateLimiter {
         }
       }
     }
-    throw new LimiterUnavailable(`TB.BTAKE: more than ${MAX_REDIRECTIONS} cluster redirections`);
+    throw new LimiterUnavailable(`${command}: more than ${MAX_REDIRECTIONS} cluster redirections`);
   }
 
   _newConnection(node) {
@@ -701,6 +836,138 @@ class RateLimiter {
   }
 }
 
+// Holds one lease: renews it in the background (a timer that does not keep the process
+// alive) until released. `lost` (and `signal`, an AbortSignal aborted with a LeaseLost)
+// tell the work that a renewal found the lease no longer held; `check()` throws it.
+class LeaseGuard {
+  constructor(limiter, key, decision, leaseMs, renewEveryMs) {
+    this.limiter = limiter;
+    this.key = key;
+    this.decision = decision;
+    this.leaseMs = leaseMs;
+    this.renewEveryMs = renewEveryMs;
+    this.renewals = 0;
+    // The error that made the guard lost, if it was one (a bug such as WRONGTYPE).
+    this.error = null;
+    this._lost = false;
+    this._released = false;
+    this._warned = false;
+    this._controller = new AbortController();
+    this._timer = null;
+    this._renewing = null;
+    if (decision.lease !== null && renewEveryMs > 0) {
+      this._schedule();
+    }
+  }
+
+  get lease() {
+    return this.decision.lease;
+  }
+
+  get failedOpen() {
+    return this.decision.failedOpen;
+  }
+
+  get lost() {
+    return this._lost;
+  }
+
+  get signal() {
+    return this._controller.signal;
+  }
+
+  check() {
+    if (this._lost) {
+      throw this._controller.signal.reason;
+    }
+  }
+
+  _schedule() {
+    this._timer = setTimeout(() => {
+      this._renewing = this._renewOnce().finally(() => {
+        this._renewing = null;
+      });
+    }, this.renewEveryMs);
+    this._timer.unref();
+  }
+
+  async _renewOnce() {
+    let ok;
+    try {
+      ok = await this.limiter.renew(this.key, this.lease, this.leaseMs);
+    } catch (err) {
+      if (this._released) {
+        return;
+      }
+      if (err instanceof LimiterUnavailable) {
+        // The lease may still be live: go on trying; once the server is back, a lease that
+        // ended meanwhile answers 0 (lost).
+        if (!this._warned) {
+          this._warned = true;
+          this.limiter.log('warn', `redis-tb: cannot renew lease ${this.lease} (will retry): ${err.message}`);
+        }
+        this._schedule();
+        return;
+      }
+      this.error = err;
+      this.limiter.log('error', `redis-tb: renewing lease ${this.lease} failed; counting it lost: ${err.message}`);
+      this._lose();
+      return;
+    }
+    if (this._released) {
+      return;
+    }
+    if (ok) {
+      this.renewals += 1;
+      this._warned = false;
+      this._schedule();
+    } else {
+      this.limiter.log('warn', `redis-tb: lease ${this.lease} is no longer held (renewal answered 0)`);
+      this._lose();
+    }
+  }
+
+  _lose() {
+    this._lost = true;
+    this._controller.abort(new LeaseLost(`the lease ${this.lease} on ${String(this.key)} is no longer held`,
+      this.error ? { cause: this.error } : undefined));
+  }
+
+  // Stops renewing and releases (once): true if the lease was held until now.
+  async release() {
+    clearTimeout(this._timer);
+    const first = !this._released;
+    this._released = true;
+    if (this._renewing) {
+      await this._renewing;
+    }
+    if (!first || this.lease === null) {
+      return false;
+    }
+    return this.limiter.release(this.key, this.lease);
+  }
+
+  // The end of a block: an unavailable limiter is logged, not thrown (the lease ends at its
+  // deadline by itself); any other error throws, unless the block already failed.
+  async _dispose(failed) {
+    try {
+      await this.release();
+    } catch (err) {
+      if (err instanceof LimiterUnavailable) {
+        this.limiter.log('warn', `redis-tb: could not release lease ${this.lease}; it ends at its deadline: ${err.message}`);
+      } else if (failed) {
+        this.limiter.log('error', `redis-tb: releasing lease ${this.lease} failed: ${err.message}`);
+      } else {
+        throw err;
+      }
+    }
+  }
+
+  [Symbol.asyncDispose]() {
+    return this._dispose(false);
+  }
+}
+
 const TUNED = {
   connectTimeout: 200,
   commandTimeout: 200,
@@ -739,4 +1006,4 @@ function createClusterClient(nodes, options = {}) {
   return client;
 }
 
-module.exports = { RateLimiter, Decision, Limit, createClient, createClusterClient, lua, ioredisOf };
+module.exports = { RateLimiter, Decision, Limit, LeaseGuard, createClient, createClusterClient, lua, ioredisOf };

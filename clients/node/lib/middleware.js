@@ -1,7 +1,7 @@
 'use strict';
 
-const { InvalidArgument, LimiterUnavailable } = require('./errors');
-const { Limit, bucketKey, checkPolicy } = require('./core');
+const { InvalidArgument, LimiterUnavailable, LeaseDenied } = require('./errors');
+const { Limit, bucketKey, checkPolicy, checkName, wholeText } = require('./core');
 
 const QUOTA_EXCEEDED = 'https://iana.org/assignments/http-problem-types#quota-exceeded';
 
@@ -22,6 +22,44 @@ function defaultKey(req) {
 //   failOpen   true (default): while the limiter is unavailable the request passes without
 //              headers; false: 503. Any other error (a bug: WRONGTYPE, a bad cost) is never
 //              let through: it is logged and goes to the framework's error handling (500)
+//   concurrency: { limit, leaseMs = 60000, name = 'inflight', status = 429 }
+//              at most `limit` requests of one key in flight: a lease (docs/leases.md) on
+//              `${keyPrefix}{${escapeId(key(req))}}:${name}`, acquired when the request
+//              starts (after the rate limit, if any, allowed it), renewed every leaseMs/3
+//              while it runs, released when the response finishes or the connection closes
+//              (errors, aborts). Denied: `status` (429, or 503) with RateLimit-Policy:
+//              "<name>";q=<limit>;qu="concurrent-requests" and Retry-After. With it, the
+//              rate limit (capacity/rate or limits) is optional. failOpen applies: an
+//              unavailable limiter lets the request through without a lease (or 503).
+function checkConcurrency(spec, rateNames) {
+  if (spec === undefined || spec === null) {
+    return null;
+  }
+  const c = {
+    limit: spec.limit, leaseMs: spec.leaseMs ?? 60_000, name: spec.name ?? 'inflight', status: spec.status ?? 429,
+  };
+  wholeText(c.limit, 'concurrency.limit');
+  wholeText(c.leaseMs, 'concurrency.leaseMs');
+  checkName(c.name);
+  if (c.status !== 429 && c.status !== 503) {
+    throw new InvalidArgument(`concurrency.status must be 429 or 503, got ${c.status}`);
+  }
+  if (rateNames.has(c.name)) {
+    throw new InvalidArgument(`the concurrency limit and a rate limit are both named ${c.name}`);
+  }
+  return c;
+}
+
+function mergeHeaders(...sets) {
+  const out = {};
+  for (const headers of sets) {
+    for (const [name, value] of Object.entries(headers)) {
+      out[name] = name === 'RateLimit-Policy' && out[name] ? `${out[name]}, ${value}` : value;
+    }
+  }
+  return out;
+}
+
 function limiterCore(options) {
   const { limiter } = options;
   if (!limiter || typeof limiter.take !== 'function') {
@@ -36,6 +74,8 @@ function limiterCore(options) {
     limits = options.limits.map((limit, i) => ({
       name: limit.name ?? `limit${i}`, capacity: limit.capacity, rate: limit.rate,
     }));
+  } else if (options.capacity === undefined && options.rate === undefined && options.concurrency) {
+    limits = [];
   } else {
     limits = [{ name: options.name ?? 'default', capacity: options.capacity, rate: options.rate }];
   }
@@ -47,6 +87,7 @@ function limiterCore(options) {
     }
     names.add(limit.name);
   });
+  const concurrency = checkConcurrency(options.concurrency, names);
   const key = options.key ?? defaultKey;
   const cost = options.cost ?? (() => 1);
   const keyPrefix = options.keyPrefix ?? 'ratelimit:';
@@ -61,13 +102,37 @@ function limiterCore(options) {
     const who = id === undefined || id === null ? '' : String(id);
     const n = await cost(req);
     const keyOf = (name) => bucketKey(keyPrefix, who, name);
-    let decision;
+    let decision = null;
+    let guard = null;
     try {
       if (several) {
         decision = await limiter.takeAll(limits.map((l) => new Limit(keyOf(l.name), l.capacity, l.rate, n, l.name)));
-      } else {
+      } else if (limits.length === 1) {
         const [l] = limits;
         decision = await limiter.take(keyOf(l.name), l.capacity, l.rate, n, { name: l.name });
+      }
+      if (concurrency && (decision === null || decision.allowed)) {
+        try {
+          guard = await limiter.lease(keyOf(concurrency.name), concurrency.limit, concurrency.leaseMs, { name: concurrency.name });
+        } catch (err) {
+          if (!(err instanceof LeaseDenied)) {
+            throw err;
+          }
+          limiter._outageOver();
+          const denied = err.decision;
+          const headers = mergeHeaders(decision ? decision.headers() : {}, denied.headers());
+          return {
+            status: concurrency.status,
+            headers,
+            body: {
+              type: QUOTA_EXCEEDED,
+              title: concurrency.status === 429 ? 'Too Many Requests' : 'Service Unavailable',
+              status: concurrency.status,
+              detail: `Concurrency limit of policy "${denied.policy}" reached (${denied.limit} at once); retry in ${headers['Retry-After']} s.`,
+              'violated-policies': [denied.policy],
+            },
+          };
+        }
       }
     } catch (err) {
       if (!(err instanceof LimiterUnavailable)) {
@@ -89,9 +154,9 @@ function limiterCore(options) {
       };
     }
     limiter._outageOver();
-    const headers = decision.headers();
-    if (decision.allowed) {
-      return { status: 0, headers, body: null };
+    const headers = mergeHeaders(decision ? decision.headers() : {}, guard ? guard.decision.headers() : {});
+    if (decision === null || decision.allowed) {
+      return { status: 0, headers, body: null, guard };
     }
     const detail = decision.retryAfterMs < 0
       ? `This request costs more than policy "${decision.policy}" can ever allow.`
@@ -110,6 +175,31 @@ function limiterCore(options) {
   };
 }
 
+// Releases a request's lease once, when its response finishes or its connection closes
+// (an error, an abort). A failed release is logged, never thrown: the response is on its
+// way, and the lease ends at its deadline by itself.
+function releaseWhenDone(limiter, guard, res) {
+  if (!guard) {
+    return;
+  }
+  let done = false;
+  const release = () => {
+    if (done) {
+      return;
+    }
+    done = true;
+    guard.release().catch((err) => {
+      const level = err instanceof LimiterUnavailable ? 'warn' : 'error';
+      limiter.log(level, `redis-tb: releasing a request's lease failed: ${err.message}`);
+    });
+  };
+  res.once('finish', release);
+  res.once('close', release);
+  if (res.writableFinished || res.destroyed) {
+    release();
+  }
+}
+
 // Express (or any connect-style framework, or plain node:http): app.use(expressRateLimit({...})).
 function expressRateLimit(options) {
   const decide = limiterCore(options);
@@ -124,6 +214,7 @@ function expressRateLimit(options) {
       res.setHeader(name, value);
     }
     if (outcome.status === 0) {
+      releaseWhenDone(options.limiter, outcome.guard, res);
       return next();
     }
     res.statusCode = outcome.status;
@@ -140,6 +231,7 @@ async function fastifyRateLimit(fastify, options) {
   fastify.addHook('onRequest', async (request, reply) => {
     const outcome = await decide(request);
     reply.headers(outcome.headers);
+    releaseWhenDone(options.limiter, outcome.guard, reply.raw);
     if (outcome.status !== 0) {
       reply.code(outcome.status).header('content-type', 'application/problem+json').send(Buffer.from(JSON.stringify(outcome.body)));
       return reply;
