@@ -90,7 +90,7 @@ export declare class Decision {
   headers(): RateLimitHeaders;
 }
 
-export type ErrorKind = 'argument' | 'server' | 'unavailable' | 'bug';
+export type ErrorKind = 'argument' | 'server' | 'unavailable' | 'bug' | 'lost';
 
 /** Base class of everything the library throws. */
 export declare class LimiterError extends Error {
@@ -113,6 +113,88 @@ export declare class LimiterUnavailable extends LimiterError {
   readonly kind: 'unavailable';
 }
 
+/** kind 'lost': a LeaseGuard's renewal found its lease no longer held (guard.check(), guard.signal.reason). */
+export declare class LeaseLost extends LimiterError {
+  constructor(message: string, options?: { cause?: unknown });
+  readonly kind: 'lost';
+}
+
+/** limiter.lease() / withLease() got no lease (limit reached, or the wait timed out). Not a LimiterError. */
+export declare class LeaseDenied extends Error {
+  constructor(decision: Lease);
+  readonly decision: Lease;
+  readonly retryAfterMs: number;
+}
+
+export interface ConcurrencyHeaders {
+  'RateLimit-Policy'?: string;
+  'Retry-After'?: string;
+}
+
+/** The answer of acquire / waitAcquire (docs/leases.md). */
+export declare class Lease {
+  /** A lease was granted; or failedOpen: the limiter was unavailable and the call let through without one. */
+  readonly acquired: boolean;
+  /** Free slots left after this call (limit - live - waiting). */
+  readonly available: number;
+  /** 0 when acquired; else until the earliest live lease ends by itself (a release may free a slot sooner). */
+  readonly retryAfterMs: number;
+  /** The lease id for release/renew; null when not acquired and when failed open. */
+  readonly lease: string | null;
+  /** A failOpen call met an unavailable limiter: proceed, nothing limits you, nothing to release. */
+  readonly failedOpen: boolean;
+  readonly key: Key;
+  readonly limit: number;
+  readonly leaseMs: number;
+  readonly policy: string;
+  /** RateLimit-Policy: "<name>";q=<limit>;qu="concurrent-requests", and Retry-After on a denial; {} when failed open. */
+  headers(): ConcurrencyHeaders;
+}
+
+export interface AcquireOptions extends CallOptions {
+  /** true: an unavailable limiter answers a Lease with acquired true, lease null, failedOpen true. Default false (throws LimiterUnavailable). */
+  failOpen?: boolean;
+}
+
+export interface WaitAcquireOptions extends AcquireOptions {
+  /** How long to wait at most, in ms; 0 = no limit. Required. */
+  timeoutMs: number;
+  /** Lua fallback only: poll at least this often, in ms. Default 100. */
+  pollMs?: number;
+}
+
+export interface LeaseOptions extends AcquireOptions {
+  /** Wait up to this long for a slot (waitAcquire); absent: answer at once. */
+  timeoutMs?: number;
+  pollMs?: number;
+  /** Renew every this many ms while held; default leaseMs / 3; 0: never. */
+  renewEveryMs?: number;
+}
+
+/** One lease held, renewed in the background until released (`await using`, withLease, or release()). */
+export declare class LeaseGuard implements AsyncDisposable {
+  readonly limiter: RateLimiter;
+  readonly key: Key;
+  readonly decision: Lease;
+  readonly leaseMs: number;
+  readonly renewEveryMs: number;
+  readonly renewals: number;
+  /** The error that made the guard lost, if it was one (a bug such as WRONGTYPE). */
+  readonly error: unknown;
+  /** The lease id; null when failed open. */
+  readonly lease: string | null;
+  readonly failedOpen: boolean;
+  /** A renewal found the lease no longer held. */
+  readonly lost: boolean;
+  /** Aborted (reason: a LeaseLost) when the lease is lost: pass it to fetch() and friends. */
+  readonly signal: AbortSignal;
+  /** Throws the LeaseLost once lost. */
+  check(): void;
+  /** Stops renewing and releases (once): true if the lease was held until now. */
+  release(): Promise<boolean>;
+  [Symbol.asyncDispose](): Promise<void>;
+}
+
 export declare class RateLimiter {
   constructor(client: Redis | Cluster, options?: RateLimiterOptions);
   readonly client: Redis | Cluster;
@@ -128,6 +210,18 @@ export declare class RateLimiter {
   takeAll(limits: ReadonlyArray<LimitSpec>): Promise<Decision>;
   /** Module: TB.BTAKE on the slot owner (FIFO in the server; timeoutMs 0 = no limit). Lua fallback: polling, NOT FIFO. */
   waitTake(key: Key, capacity: number, rate: number, n: number | undefined, options: WaitOptions): Promise<Decision>;
+  /** A lease on key if fewer than limit are live; it ends by itself after leaseMs unless released or renewed. */
+  acquire(key: Key, limit: number, leaseMs: number, options?: AcquireOptions): Promise<Lease>;
+  /** true if the lease was live and is now released; null (no lease) resolves false without a call. */
+  release(key: Key, lease: Lease | string | null): Promise<boolean>;
+  /** true if the live lease now ends leaseMs from now; false if it is not held. */
+  renew(key: Key, lease: Lease | string | null, leaseMs: number): Promise<boolean>;
+  /** Module: TB.ACQUIRE with timeout_ms on the slot owner (FIFO in the server; 0 = no limit). Lua fallback: polling, NOT FIFO. */
+  waitAcquire(key: Key, limit: number, leaseMs: number, options: WaitAcquireOptions): Promise<Lease>;
+  /** Acquires (waits with timeoutMs) and renews until released; rejects with LeaseDenied when denied. */
+  lease(key: Key, limit: number, leaseMs: number, options?: LeaseOptions): Promise<LeaseGuard>;
+  /** Runs fn holding a lease and releases it when fn settles, also when it throws. */
+  withLease<T>(key: Key, limit: number, leaseMs: number, fn: (guard: LeaseGuard) => T | Promise<T>, options?: LeaseOptions): Promise<T>;
   /** Closes every connection the limiter opened (waitTake's, idle or waiting); the client passed in stays open. */
   close(): void;
 }
@@ -157,10 +251,25 @@ interface MiddlewareBase<Req> {
   keyPrefix?: string;
   /** true (default): pass requests through when the limiter fails; false: 503. */
   failOpen?: boolean;
+  /** In-flight limit: a lease per request from its start until its response finishes or its connection closes. */
+  concurrency?: ConcurrencyOptions;
+}
+
+export interface ConcurrencyOptions {
+  /** At most this many requests of one key at once. */
+  limit: number;
+  /** A request's lease lasts this long unless renewed (every leaseMs / 3 while it runs). Default 60000. */
+  leaseMs?: number;
+  /** Its policy name (header, key `${keyPrefix}{id}:${name}`). Default "inflight". */
+  name?: string;
+  /** The denial's status: 429 (default) or 503. */
+  status?: 429 | 503;
 }
 
 export type MiddlewareOptions<Req = any> = MiddlewareBase<Req> &
-  ({ capacity: number; rate: number; name?: string; limits?: undefined } | { limits: PolicyOptions[]; capacity?: undefined; rate?: undefined; name?: undefined });
+  ({ capacity: number; rate: number; name?: string; limits?: undefined }
+    | { limits: PolicyOptions[]; capacity?: undefined; rate?: undefined; name?: undefined }
+    | { concurrency: ConcurrencyOptions; limits?: undefined; capacity?: undefined; rate?: undefined; name?: undefined });
 
 /** Express (connect-style) middleware. */
 export declare function expressRateLimit<Req = any>(

@@ -3,6 +3,7 @@ import Redis, { Cluster } from 'ioredis';
 import {
   Decision, Limit, RateLimiter, LimiterError, LimiterUnavailable, createClient, createClusterClient,
   expressRateLimit, fastifyRateLimit, rateLimitHeaders, luaSource, version, bucketKey, escapeId, classify,
+  Lease, LeaseGuard, LeaseDenied, LeaseLost,
 } from 'redis-tb';
 
 async function main(): Promise<void> {
@@ -34,7 +35,7 @@ async function main(): Promise<void> {
       const unavailable: 'unavailable' = err.kind;
       console.log(unavailable);
     } else if (err instanceof LimiterError) {
-      const kind: 'argument' | 'server' | 'unavailable' | 'bug' = err.kind;
+      const kind: 'argument' | 'server' | 'unavailable' | 'bug' | 'lost' = err.kind;
       console.log(kind);
     }
   }
@@ -47,12 +48,45 @@ async function main(): Promise<void> {
   limiter.close();
 }
 
+// Concurrency limits: leases, the guard, the middleware option.
+async function leases(limiter: RateLimiter): Promise<void> {
+  const d: Lease = await limiter.acquire('jobs:{partner}', 4, 30_000, { failOpen: true });
+  const id: string | null = d.lease;
+  const flags: [boolean, boolean, number, number] = [d.acquired, d.failedOpen, d.available, d.retryAfterMs];
+  const released: boolean = await limiter.release('jobs:{partner}', d);
+  const renewed: boolean = await limiter.renew('jobs:{partner}', id, 30_000);
+  const waited = await limiter.waitAcquire('jobs:{partner}', 4, 30_000, { timeoutMs: 5000, pollMs: 50 });
+  const guard: LeaseGuard = await limiter.lease('jobs:{partner}', 4, 30_000, { timeoutMs: 0, renewEveryMs: 5000 });
+  const signal: AbortSignal = guard.signal;
+  guard.check();
+  await guard[Symbol.asyncDispose]();
+  const n: number = await limiter.withLease('jobs:{partner}', 4, 30_000, async (g) => (g.lost ? 0 : 1));
+  try {
+    await limiter.lease('jobs:{partner}', 1, 1000);
+  } catch (err) {
+    if (err instanceof LeaseDenied) {
+      const wait: number = err.retryAfterMs;
+      void wait;
+    } else if (err instanceof LeaseLost) {
+      const lost: 'lost' = err.kind;
+      void lost;
+    }
+  }
+  const inflight = expressRateLimit({ limiter, concurrency: { limit: 10, leaseMs: 60_000, status: 503 } });
+  const both = expressRateLimit({ limiter, capacity: 10, rate: 1, concurrency: { limit: 10 } });
+  void [flags, released, renewed, waited.headers()['Retry-After'], signal, n, inflight, both];
+}
+
 // Mistakes the types catch.
 async function mistakes(limiter: RateLimiter): Promise<void> {
   // @ts-expect-error capacity must be a number
   await limiter.take('k', '10', 1);
   // @ts-expect-error waitTake needs timeoutMs
   await limiter.waitTake('k', 1, 1, 1, {});
+  // @ts-expect-error waitAcquire needs timeoutMs
+  await limiter.waitAcquire('k', 1, 1000, {});
+  // @ts-expect-error a denial status is 429 or 503
+  expressRateLimit({ limiter, concurrency: { limit: 1, status: 500 } });
   // @ts-expect-error no such backend
   new RateLimiter(createClient(), { backend: 'lua' });
   // @ts-expect-error one limit or several, not both
@@ -60,4 +94,5 @@ async function mistakes(limiter: RateLimiter): Promise<void> {
 }
 
 void main;
+void leases;
 void mistakes;
