@@ -19,6 +19,10 @@ const { RateLimiter, InvalidArgument, LimiterReplyError, LimiterUnavailable, buc
 const { startCluster, startServer, stopAll } = require('./servers');
 
 const CASES = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', 'conformance', 'cases.json'), 'utf8'));
+// The lease cases: the same format, in a file of their own (its "about" says why).
+const LEASES = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', 'conformance', 'leases.json'), 'utf8'));
+const ALL_CASES = [...CASES.cases, ...LEASES.cases];
+const LEASE_ID = /^[0-9]+-[0-9]+$/;
 const TOPOLOGIES = ['standalone', 'cluster'];
 const BACKENDS = [
   { name: 'module', module: true, expect: 'module' },
@@ -28,6 +32,7 @@ const ERRORS = { invalid_argument: InvalidArgument, reply: LimiterReplyError, un
 const FIELDS = {
   allowed: 'allowed', remaining: 'remaining', retry_after_ms: 'retryAfterMs', reset_after_ms: 'resetAfterMs',
   policy: 'policy', capacity: 'capacity', rate: 'rate', index: 'index',
+  acquired: 'acquired', available: 'available', lease: 'lease', failed_open: 'failedOpen', limit: 'limit', lease_ms: 'leaseMs',
 };
 
 const clients = [];
@@ -65,7 +70,9 @@ function checkDecision(decision, expected, what) {
   for (const [field, value] of Object.entries(expected)) {
     const name = FIELDS[field];
     assert.ok(name, `${what}: the runner does not know the field ${field}`);
-    if (typeof value === 'number' || Array.isArray(value)) {
+    if (field === 'lease' && value === '<id>') {
+      assert.match(decision[name], LEASE_ID, `${what}: ${field}`);
+    } else if (typeof value === 'number' || Array.isArray(value)) {
       expectNumber(decision[name], value, `${what}: ${field}`);
     } else {
       assert.equal(decision[name], value, `${what}: ${field}`);
@@ -74,9 +81,18 @@ function checkDecision(decision, expected, what) {
 }
 
 // One call of a case: the operation in Node's spelling.
-function run(limiter, call) {
+function run(limiter, call, saved = {}) {
   const options = call.policy === undefined ? {} : { name: call.policy };
+  const lease = typeof call.lease === 'string' && call.lease.startsWith('$') ? saved[call.lease.slice(1)] : call.lease;
   switch (call.op) {
+    case 'acquire':
+      return limiter.acquire(call.key, call.limit, call.lease_ms, options);
+    case 'wait_acquire':
+      return limiter.waitAcquire(call.key, call.limit, call.lease_ms, { ...options, timeoutMs: call.timeout_ms });
+    case 'release':
+      return limiter.release(call.key, lease);
+    case 'renew':
+      return limiter.renew(call.key, lease, call.lease_ms);
     case 'take':
       return limiter.take(call.key, call.capacity, call.rate, call.n, options);
     case 'peek':
@@ -92,7 +108,7 @@ function run(limiter, call) {
   }
 }
 
-async function runCall(limiter, client, call, what) {
+async function runCall(limiter, client, call, what, saved) {
   if (call.op === 'classify') {
     assert.equal(classify(new Redis.ReplyError(call.reply)), call.class, what);
     return;
@@ -112,14 +128,23 @@ async function runCall(limiter, client, call, what) {
   if (call.error !== undefined) {
     const kind = ERRORS[call.error];
     assert.ok(kind, `${what}: the runner does not know the error ${call.error}`);
-    await assert.rejects(run(limiter, call), (err) => {
+    await assert.rejects(run(limiter, call, saved), (err) => {
       assert.ok(err instanceof kind, `${what}: ${err.name}: ${err.message}, expected ${kind.name}`);
       assert.ok(err.message.startsWith(call.message), `${what}: "${err.message}" does not start with "${call.message}"`);
       return true;
     });
     return;
   }
-  const decision = await run(limiter, call);
+  const decision = await run(limiter, call, saved);
+  if (call.result !== undefined) {
+    assert.equal(decision, call.result, what);
+  }
+  if (call.save !== undefined) {
+    saved[call.save] = decision.lease;
+  }
+  if (call.id_count !== undefined) {
+    assert.equal(Number(decision.lease.split('-')[1]), call.id_count, what);
+  }
   if (call.decision) {
     checkDecision(decision, call.decision, what);
   }
@@ -133,7 +158,8 @@ async function runCall(limiter, client, call, what) {
 
 test('cases.json is version 1 and every case names known backends and topologies', () => {
   assert.equal(CASES.version, 1);
-  for (const c of CASES.cases) {
+  assert.equal(LEASES.version, 1);
+  for (const c of ALL_CASES) {
     assert.ok(c.backends.every((b) => BACKENDS.some((x) => x.name === b)), c.name);
     assert.ok(c.topologies.every((t) => TOPOLOGIES.includes(t)), c.name);
   }
@@ -141,7 +167,7 @@ test('cases.json is version 1 and every case names known backends and topologies
 
 for (const topology of TOPOLOGIES) {
   for (const backend of BACKENDS) {
-    const cases = CASES.cases.filter((c) => c.backends.includes(backend.name) && c.topologies.includes(topology));
+    const cases = ALL_CASES.filter((c) => c.backends.includes(backend.name) && c.topologies.includes(topology));
     describe(`conformance: ${backend.name} backend, ${topology}, ioredis ${IOREDIS_VERSION}`, () => {
       let client;
       let limiter;
@@ -163,8 +189,9 @@ for (const topology of TOPOLOGIES) {
           for (const command of c.setup ?? []) {
             await client.call(...command);
           }
+          const saved = {};
           for (const [i, call] of c.calls.entries()) {
-            await runCall(limiter, client, call, `${c.name}, call ${i} (${call.op})`);
+            await runCall(limiter, client, call, `${c.name}, call ${i} (${call.op})`, saved);
           }
         });
       }

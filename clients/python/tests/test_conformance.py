@@ -12,6 +12,7 @@ function (over the reply's text, and over redis-py's exception for it)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import redis
@@ -25,6 +26,9 @@ from conftest import REPO
 from test_cluster import reset
 
 CASES = json.loads((REPO / "clients" / "conformance" / "cases.json").read_text(encoding="utf-8"))
+# The lease cases: the same format, in a file of their own (its "about" says why).
+LEASES = json.loads((REPO / "clients" / "conformance" / "leases.json").read_text(encoding="utf-8"))
+LEASE_ID = re.compile(r"^[0-9]+-[0-9]+$")
 
 # (backend of the case, topology) -> how Python runs it: [(server fixture, backend argument)]
 WAYS = {
@@ -38,7 +42,7 @@ ERRORS = {"invalid_argument": InvalidArgument, "unavailable": LimiterUnavailable
 
 
 def runs():
-    for case in CASES["cases"]:
+    for case in CASES["cases"] + LEASES["cases"]:
         for backend in case["backends"]:
             for topology in case["topologies"]:
                 for fixture, arg in WAYS[(backend, topology)]:
@@ -48,6 +52,7 @@ def runs():
 
 def test_the_suite_has_the_version_this_runner_reads():
     assert CASES["version"] == 1 and CASES["cases"]
+    assert LEASES["version"] == 1 and LEASES["cases"]
 
 
 @pytest.fixture
@@ -78,19 +83,34 @@ def limiter_for(request):
 def check_decision(d, expected: dict):
     for field, want in expected.items():
         got = getattr(d, field)
-        if isinstance(want, list):
+        if field == "lease" and want == "<id>":
+            assert isinstance(got, str) and LEASE_ID.match(got), (field, got, want)
+        elif isinstance(want, list):
             assert want[0] <= got <= want[1], (field, got, want)
         else:
             assert got == want, (field, got, want)
 
 
-def call_limiter(lim, call):
+def lease_arg(call, saved):
+    lease = call["lease"]
+    return saved[lease[1:]] if lease.startswith("$") else lease
+
+
+def call_limiter(lim, call, saved=None):
     op = call["op"]
+    kw = {"policy": call["policy"]} if "policy" in call else {}
+    if op == "acquire":
+        return lim.acquire(call["key"], call["limit"], call["lease_ms"], **kw)
+    if op == "wait_acquire":
+        return lim.wait_acquire(call["key"], call["limit"], call["lease_ms"], timeout_ms=call["timeout_ms"], **kw)
+    if op == "release":
+        return lim.release(call["key"], lease_arg(call, saved))
+    if op == "renew":
+        return lim.renew(call["key"], lease_arg(call, saved), call["lease_ms"])
     if op == "take_all":
         return lim.take_all([Limit(x["key"], x["capacity"], x["rate"], x.get("n", 1), x.get("policy"))
                              for x in call["limits"]])
     args = (call["key"], call["capacity"], call["rate"], call.get("n", 1))
-    kw = {"policy": call["policy"]} if "policy" in call else {}
     if op == "wait_take":
         return lim.wait_take(*args, timeout_ms=call["timeout_ms"], **kw)
     return getattr(lim, op)(*args, **kw)
@@ -109,6 +129,7 @@ def run_keys(call, topology, client, lim):
 @pytest.mark.parametrize("case,topology,fixture,arg", list(runs()))
 def test_case(limiter_for, case, topology, fixture, arg):
     lim, client = limiter_for(topology, fixture, arg)
+    saved = {}
     for command in case.get("setup", []):
         client.execute_command(*command)
     for i, call in enumerate(case["calls"]):
@@ -122,10 +143,16 @@ def test_case(limiter_for, case, topology, fixture, arg):
             continue
         if "error" in call:
             with pytest.raises(ERRORS[call["error"]]) as e:
-                call_limiter(lim, call)
+                call_limiter(lim, call, saved)
             assert str(e.value).startswith(call["message"]), (where, str(e.value))
             continue
-        d = call_limiter(lim, call)
+        d = call_limiter(lim, call, saved)
+        if "result" in call:
+            assert d is call["result"], where
+        if "save" in call:
+            saved[call["save"]] = d.lease
+        if "id_count" in call:
+            assert int(d.lease.split("-")[1]) == call["id_count"], (where, d.lease)
         if "decision" in call:
             check_decision(d, call["decision"])
         if "headers" in call:
