@@ -299,3 +299,34 @@ def test_async_fail_open(own_server):
         await aclose(client)
 
     asyncio.run(main())
+
+
+# --- a cluster: leases on the slot owner, waits woken by a release ----------
+
+
+@pytest.mark.parametrize("fixture", ["module_cluster", "plain_cluster"])
+def test_cluster_wait_acquire_on_every_master(request, fixture):
+    from redis.cluster import RedisCluster
+
+    from test_cluster import reset, users
+
+    cluster = request.getfixturevalue(fixture)
+    reset(cluster)
+    client = RedisCluster(host="127.0.0.1", port=cluster.port, socket_timeout=1, socket_connect_timeout=1)
+    lim = RateLimiter(client, timeout=1)
+    for t in users():
+        key = bucket_key("rl:", t, "inflight")
+        holder = lim.acquire(key, 1, 60_000)
+        assert holder.acquired
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(lim.wait_acquire(key, 1, 60_000, timeout_ms=5000)))
+        waiter.start()
+        time.sleep(0.2)
+        assert lim.release(key, holder)
+        waiter.join(6)
+        assert got and got[0].acquired, (t, got)
+        with lim.lease(key, 2, 300) as guard:
+            time.sleep(0.5)
+            assert guard.renewals >= 1 and not guard.lost
+    lim.close()
+    client.close()
