@@ -17,9 +17,10 @@ const express = require('express');
 const Fastify = require('fastify');
 const {
   RateLimiter, Lease, LeaseGuard, LeaseDenied, LeaseLost, InvalidArgument, LimiterReplyError, LimiterUnavailable,
-  bucketKey, createClient, expressRateLimit, fastifyRateLimit,
+  bucketKey, createClient, createClusterClient, expressRateLimit, fastifyRateLimit,
 } = require('..');
-const { startServer, admin, stopAll } = require('./servers');
+const { keySlot } = require('../lib/core');
+const { startCluster, startServer, admin, stopAll } = require('./servers');
 
 const servers = {};
 const clients = [];
@@ -381,3 +382,44 @@ test('the README\'s Concurrency limits block runs as written', async () => {
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
+
+// One id per master of a cluster (the slot ranges of servers.js).
+function idsPerMaster() {
+  const found = new Map();
+  for (let i = 0; found.size < 3; i++) {
+    const slot = keySlot(`tenant:${i}`);
+    const node = slot <= 5460 ? 0 : slot <= 10922 ? 1 : 2;
+    if (!found.has(node)) found.set(node, `tenant:${i}`);
+  }
+  return [...found.values()];
+}
+
+for (const module of [true, false]) {
+  test(`cluster ${module ? 'with' : 'without'} the module: waitAcquire on every master is woken by a release`, async () => {
+    const cluster = await startCluster({ module });
+    const c = createClusterClient(cluster.startup);
+    await once(c, 'ready');
+    const limiter = new RateLimiter(c, { timeoutMs: 2000, logger: false });
+    try {
+      assert.equal(await limiter.connect(), module ? 'module' : 'function');
+      for (const id of idsPerMaster()) {
+        const key = bucketKey('rl:', id, 'inflight');
+        const holder = await limiter.acquire(key, 1, 60_000);
+        assert.ok(holder.acquired, id);
+        const waiting = limiter.waitAcquire(key, 1, 60_000, { timeoutMs: 5000 });
+        await sleep(200);
+        assert.equal(await limiter.release(key, holder), true);
+        const got = await waiting;
+        assert.ok(got.acquired, `${id}: ${JSON.stringify(got)}`);
+        await limiter.withLease(key, 2, 300, async (guard) => {
+          await sleep(500);
+          assert.ok(guard.renewals >= 1 && !guard.lost);
+        });
+      }
+    } finally {
+      limiter.close();
+      c.disconnect();
+      await cluster.stop();
+    }
+  }, { timeout: 60_000 });
+}
