@@ -151,6 +151,23 @@ for (const backend of BACKENDS) {
       });
     });
 
+    test('a flushed Lua backend is detected again and the call retried once', async () => {
+      const key = fresh('flush');
+      const flush = async () => {
+        await direct.call('function', 'flush');
+        await direct.call('script', 'flush');
+      };
+      const a = await limiter.acquire(key, 2, 30_000);
+      await flush();
+      const b = await limiter.acquire(key, 2, 30_000);
+      assert.ok(a.acquired && b.acquired && b.available === 0);
+      await flush();
+      assert.equal(await limiter.release(key, a), true);
+      await flush();
+      assert.equal(await limiter.renew(key, b, 30_000), true);
+      assert.equal(limiter.backend, backend.expect);
+    });
+
     test('waitAcquire times out with a denial, and is woken by a release', async () => {
       const key = fresh('t');
       const holder = await limiter.acquire(key, 1, 60_000);

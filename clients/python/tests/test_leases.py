@@ -330,3 +330,23 @@ def test_cluster_wait_acquire_on_every_master(request, fixture):
             assert guard.renewals >= 1 and not guard.lost
     lim.close()
     client.close()
+
+
+def test_a_flushed_lua_backend_is_detected_again(limiter, setup):
+    """Server changed (FUNCTION FLUSH / SCRIPT FLUSH under the limiter):
+    detected again, the call retried once, and the lease answers as before."""
+    server, _, expected = setup
+    a = limiter.acquire("l:{flush}", 2, 30_000)
+    with server.client() as r:
+        r.execute_command("FUNCTION", "FLUSH")
+        r.execute_command("SCRIPT", "FLUSH")
+    b = limiter.acquire("l:{flush}", 2, 30_000)
+    assert a.acquired and b.acquired and b.available == 0 and limiter.backend == expected
+    with server.client() as r:
+        r.execute_command("FUNCTION", "FLUSH")
+        r.execute_command("SCRIPT", "FLUSH")
+    assert limiter.release("l:{flush}", a) is True
+    with server.client() as r:
+        r.execute_command("FUNCTION", "FLUSH")
+        r.execute_command("SCRIPT", "FLUSH")
+    assert limiter.renew("l:{flush}", b, 30_000) is True
