@@ -265,18 +265,30 @@ def test_async_acquire_release_and_guard(alimiter_args):
             async with lim.lease("al:{a}", 1, 300):
                 async with lim.lease("al:{a}", 1, 300):
                     pass
-        holder = await lim.acquire("al:{a}", 1, 60_000)
-        waiter = asyncio.ensure_future(lim.wait_acquire("al:{a}", 1, 60_000, timeout_ms=10_000))
-        await asyncio.sleep(0.2)
-        assert await lim.release("al:{a}", holder)
-        d = await asyncio.wait_for(waiter, 5)
-        assert d.acquired
         async with lim.lease("al:{lost}", 1, 300) as guard:
             await client.delete("al:{lost}")
             await asyncio.sleep(0.25)
             assert guard.lost
             with pytest.raises(LeaseLost):
                 guard.check()
+        await lim.close()
+        await aclose(client)
+
+    asyncio.run(main())
+
+
+def test_async_wait_acquire_woken_by_a_release(alimiter_args):
+    server, arg, _ = alimiter_args
+
+    async def main():
+        client = aredis.Redis(port=server.port)
+        lim = AsyncRateLimiter(client, backend=arg)
+        holder = await lim.acquire("al:{w}", 1, 60_000)
+        waiter = asyncio.ensure_future(lim.wait_acquire("al:{w}", 1, 60_000, timeout_ms=10_000))
+        await asyncio.sleep(0.2)
+        assert await lim.release("al:{w}", holder)
+        d = await asyncio.wait_for(waiter, 5)
+        assert d.acquired
         await lim.close()
         await aclose(client)
 
