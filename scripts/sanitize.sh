@@ -402,12 +402,12 @@ phase_growth() {
     calls=$(awk -F'[=,]' '{ s += $2 } END { print s + 0 }' "$dir/commandstats.txt")
     redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
     wait "$pid" || true
-    local expected=$(( (GROWTH_CALLS * 9 + GROWTH_CALLS / 20) * 3 ))
+    local expected=$(( (GROWTH_CALLS * 11 + GROWTH_CALLS / 20) * 3 ))
     local d1=$(( mem[1] - mem[0] )) d3=$(( mem[3] - mem[1] ))
     echo "growth: ${calls} module calls (expected ${expected}); used_memory warm->round1 ${d1} B, round1->round3 ${d3} B"
-    # A leak of even 1 byte per call would add >= GROWTH_CALLS * 9 bytes per
+    # A leak of even 1 byte per call would add >= GROWTH_CALLS * 11 bytes per
     # round (and 7 bytes per abandoned waiter, as once, 35,000).
-    local limit=$(( GROWTH_CALLS * 9 / 8 ))
+    local limit=$(( GROWTH_CALLS * 11 / 8 ))
     if (( calls < expected )); then
         failures+=("growth: only ${calls} of ${expected} calls reached the module")
     fi
