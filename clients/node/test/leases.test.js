@@ -133,6 +133,18 @@ for (const backend of BACKENDS) {
       assert.equal((await limiter.acquire(key, 1, 30_000)).acquired, true); // every slot came back
     });
 
+    test('a guard stops renewing once released', async () => {
+      const guard = await limiter.lease(fresh('stop'), 1, 150);
+      await sleep(200);
+      assert.equal(await guard.release(), true);
+      const { renewals } = guard;
+      assert.ok(renewals >= 1);
+      await sleep(300);
+      assert.equal(guard.renewals, renewals);
+      assert.equal(guard.lost, false);
+      await assert.rejects(limiter.lease(fresh('stop'), 1, 150, { renewEveryMs: -1 }), InvalidArgument);
+    });
+
     test('a guard renews past leaseMs, and sees a lost lease', async () => {
       const key = fresh('k');
       await limiter.withLease(key, 1, 300, async (guard) => {

@@ -123,6 +123,17 @@ def test_guard_renews_past_lease_ms(limiter):
     assert limiter.acquire("l:{k}", 1, 300).acquired
 
 
+def test_guard_stops_renewing_on_exit(limiter):
+    with limiter.lease("l:{stop}", 1, 150) as guard:
+        time.sleep(0.2)
+    renewals = guard.renewals
+    assert renewals >= 1
+    time.sleep(0.3)
+    assert guard.renewals == renewals and not guard.lost  # no renewal after the release
+    with pytest.raises(InvalidArgument):
+        limiter.lease("l:{stop}", 1, 150, renew_every_ms=-1)
+
+
 def test_guard_sees_a_lost_lease(limiter, setup):
     server = setup[0]
     with limiter.lease("l:{lost}", 1, 300) as guard:
