@@ -8,6 +8,15 @@ use std::collections::{BTreeMap, HashMap};
 use proptest::prelude::*;
 
 use super::*;
+use crate::args::Request;
+use crate::btake::{Served, Tokens};
+use crate::bucket::{self, Limit, Outcome, State};
+
+// TB.BTAKE's machine: the kind these tests wait for.
+type Machine = super::Machine<Tokens>;
+type Event<'a> = super::Event<'a, Tokens>;
+type Action = super::Action<Tokens>;
+type Arrival<'a> = super::Arrival<'a, Tokens>;
 
 /// When the server runs a blocked client's callback after an unblock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,23 +62,26 @@ struct Sim {
     violations: Vec<String>,
 }
 
-impl Server for Sim {
-    fn read(&mut self, db: Db, key: &[u8]) -> Result<Option<State>, TbError> {
-        match self.keys.get(&(db, key.to_vec())) {
-            None => Ok(None),
-            Some(Value::Bucket(state)) => Ok(Some(*state)),
-            Some(Value::Other) => Err(TbError::BucketGone),
-        }
+impl Server<Tokens> for Sim {
+    fn read(&mut self, db: Db, key: &[u8]) -> Result<Served, TbError> {
+        let bucket = match self.keys.get(&(db, key.to_vec())) {
+            None => None,
+            Some(Value::Bucket(state)) => Some(*state),
+            Some(Value::Other) => return Err(TbError::BucketGone),
+        };
+        Ok(Served {
+            bucket,
+            expire_at_ms: 0,
+        })
     }
 
-    fn write(
-        &mut self,
-        db: Db,
-        key: &[u8],
-        state: &State,
-        now_ms: i64,
-        expire_at_ms: i64,
-    ) -> Result<(), TbError> {
+    fn write(&mut self, db: Db, key: &[u8], served: &Served, now_ms: i64) -> Result<(), TbError> {
+        let Some(state) = &served.bucket else {
+            self.violations
+                .push(format!("write of no bucket to {key:?}"));
+            return Err(TbError::Internal);
+        };
+        let expire_at_ms = served.expire_at_ms;
         if self.paused {
             self.violations
                 .push(format!("write of {key:?} while paused"));
@@ -584,8 +596,7 @@ impl Run {
                         client: id as Client,
                         db: key.0,
                         key: &key.1,
-                        limit,
-                        n,
+                        request: Request { limit, n },
                         timeout_ms,
                         retry_after_ms: outcome.retry_after_ms,
                         now_ms,
@@ -902,11 +913,13 @@ impl Bare {
             client: id as Client,
             db: 0,
             key: b"k",
-            limit: Limit {
-                capacity: 10.0,
-                refill_per_sec: 0.001,
+            request: Request {
+                limit: Limit {
+                    capacity: 10.0,
+                    refill_per_sec: 0.001,
+                },
+                n: 1.0,
             },
-            n: 1.0,
             timeout_ms,
             retry_after_ms: 1_000_000,
             now_ms,
@@ -970,7 +983,7 @@ fn memory_follows_the_live_waiters() {
     let per_waiter = (crate::live_bytes() - before - 800_000) / 100_000;
     eprintln!(
         "{per_waiter} bytes per live waiter (record {} bytes)",
-        std::mem::size_of::<Waiter>()
+        std::mem::size_of::<Waiter<Tokens>>()
     );
     assert!(per_waiter <= 256, "{per_waiter} bytes per live waiter");
     for id in ids {
