@@ -20,7 +20,7 @@ use crate::commands::{count_decision, run, send, shadow, Reply, Single};
 use crate::error::TbError;
 use crate::metrics;
 use crate::store::{store, Access, BucketKey};
-use crate::wait::{self, Kind, MainThread};
+use crate::wait::{self, Kind, MainThread, Unserved};
 use crate::wait_glue::{self, GlueKind};
 
 /// TB.BTAKE key capacity rate n timeout_ms
@@ -125,10 +125,10 @@ impl Kind for Tokens {
         state: &mut Served,
         request: &Request,
         now_ms: i64,
-    ) -> Result<(TokenGrant, bool), i64> {
+    ) -> Result<(TokenGrant, bool), Unserved> {
         let outcome = bucket::take(state.bucket, &request.limit, request.n, now_ms);
         if !outcome.allowed {
-            return Err(outcome.retry_after_ms);
+            return Err(Unserved::Later(outcome.retry_after_ms));
         }
         let wrote = match outcome.write {
             Some(after) => {
@@ -155,8 +155,14 @@ impl Kind for Tokens {
         }
     }
 
-    fn denied(state: &Served, request: &Request, queued: f64, now_ms: i64) -> Outcome {
-        bucket::take_behind(state.bucket, &request.limit, request.n, queued, now_ms)
+    fn denied(
+        state: &Served,
+        request: &Request,
+        queued: f64,
+        now_ms: i64,
+    ) -> Result<Outcome, TbError> {
+        let denial = bucket::take_behind(state.bucket, &request.limit, request.n, queued, now_ms);
+        Ok(denial)
     }
 }
 

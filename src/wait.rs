@@ -76,15 +76,14 @@ pub trait Kind: Sized + Copy + Debug + PartialEq + 'static {
     fn weight(request: &Self::Request) -> f64;
 
     /// Serves one head on `state` at `now_ms`: its grant, and whether
-    /// `state` now holds something to write; or, when it cannot be served,
-    /// in how many ms it could be (-1: never; it is looked at again later).
+    /// `state` now holds something to write; or why not ([`Unserved`]).
     /// The heads of one wake-up are served one after another on the same
     /// `state`, which is written once after the last.
     fn serve(
         state: &mut Self::State,
         request: &Self::Request,
         now_ms: i64,
-    ) -> Result<(Self::Grant, bool), i64>;
+    ) -> Result<(Self::Grant, bool), Unserved>;
 
     /// The reply of a served waiter.
     fn granted(grant: Self::Grant) -> Self::Reply;
@@ -97,7 +96,20 @@ pub trait Kind: Sized + Copy + Debug + PartialEq + 'static {
         request: &Self::Request,
         queued: f64,
         now_ms: i64,
-    ) -> Self::Reply;
+    ) -> Result<Self::Reply, TbError>;
+}
+
+/// Why [`Kind::serve`] did not serve a head.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Unserved {
+    /// Not yet: it could be served in this many ms (-1: never; the key is
+    /// looked at again later). The head and everyone behind it wait on.
+    Later(i64),
+    /// This head's wait ends with `error` (tokens never do this; a lease
+    /// may, when the key's ids run out); the next head is judged on the
+    /// same state.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Failed(TbError),
 }
 
 /// Whether the machine may write a key now.
@@ -455,9 +467,13 @@ impl<K: Kind> Machine<K> {
                     written |= wrote;
                     served.push((id, grant));
                 }
-                Err(delay_ms) => {
+                Err(Unserved::Later(delay_ms)) => {
                     retry_after_ms = Some(delay_ms);
                     break;
+                }
+                Err(Unserved::Failed(error)) => {
+                    // Ended as met, like a late waiter.
+                    self.end(id, Phase::Failed(error), server, actions);
                 }
             }
         }
@@ -542,7 +558,7 @@ impl<K: Kind> Machine<K> {
                 let queued = self.queued(waiter.db, &waiter.key).unwrap_or(0.0);
                 server
                     .read(waiter.db, &waiter.key)
-                    .map(|state| K::denied(&state, &waiter.request, queued, now_ms))
+                    .and_then(|state| K::denied(&state, &waiter.request, queued, now_ms))
             }
         };
         actions.push(Action::Reply {
