@@ -24,6 +24,14 @@ use redis_module::raw::{
     RedisModule_SignalModifiedKey, RedisModule_StopTimer, RedisModule_StringPtrLen,
     RedisModule_UnblockClient, RedisModule_WrongArity,
 };
+use redis_module::raw::{
+    RedisModule_CallReplyInteger, RedisModule_GetExpire, RedisModule_ReplyWithNull,
+    RedisModule_ReplyWithStringBuffer, RedisModule_ValueLength, RedisModule_ZsetAdd,
+    RedisModule_ZsetFirstInScoreRange, RedisModule_ZsetLastInScoreRange,
+    RedisModule_ZsetRangeCurrentElement, RedisModule_ZsetRangeEndReached,
+    RedisModule_ZsetRangeNext, RedisModule_ZsetRangeStop, RedisModule_ZsetRem,
+    RedisModule_ZsetScore,
+};
 
 pub struct Api {
     pub open_key: unsafe extern "C" fn(
@@ -111,6 +119,33 @@ pub struct Api {
     /// name on every call.
     pub tokens_field: FieldName,
     pub last_refill_field: FieldName,
+    /// Leases (`lease_set.rs`): the sorted-set functions, and the name of
+    /// the bookkeeping member, made once like the field names.
+    pub zset: Zset,
+    pub seq_member: FieldName,
+    pub get_expire: unsafe extern "C" fn(*mut RedisModuleKey) -> mstime_t,
+    pub call_reply_integer: unsafe extern "C" fn(*mut RedisModuleCallReply) -> c_longlong,
+    pub reply_with_null: unsafe extern "C" fn(*mut RedisModuleCtx) -> c_int,
+    pub reply_with_string_buffer:
+        unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char, usize) -> c_int,
+}
+
+/// The sorted-set part of the API.
+pub struct Zset {
+    pub length: unsafe extern "C" fn(*mut RedisModuleKey) -> usize,
+    pub add:
+        unsafe extern "C" fn(*mut RedisModuleKey, f64, *mut RedisModuleString, *mut c_int) -> c_int,
+    pub rem: unsafe extern "C" fn(*mut RedisModuleKey, *mut RedisModuleString, *mut c_int) -> c_int,
+    pub score: unsafe extern "C" fn(*mut RedisModuleKey, *mut RedisModuleString, *mut f64) -> c_int,
+    pub first_in_score_range:
+        unsafe extern "C" fn(*mut RedisModuleKey, f64, f64, c_int, c_int) -> c_int,
+    pub last_in_score_range:
+        unsafe extern "C" fn(*mut RedisModuleKey, f64, f64, c_int, c_int) -> c_int,
+    pub range_current_element:
+        unsafe extern "C" fn(*mut RedisModuleKey, *mut f64) -> *mut RedisModuleString,
+    pub range_next: unsafe extern "C" fn(*mut RedisModuleKey) -> c_int,
+    pub range_end_reached: unsafe extern "C" fn(*mut RedisModuleKey) -> c_int,
+    pub range_stop: unsafe extern "C" fn(*mut RedisModuleKey),
 }
 
 /// A server string created at load and never freed.
@@ -192,6 +227,23 @@ pub unsafe fn resolve() -> Result<&'static Api, &'static str> {
         free_call_reply: need!(RedisModule_FreeCallReply),
         tokens_field: field("tokens")?,
         last_refill_field: field("last_refill")?,
+        zset: Zset {
+            length: need!(RedisModule_ValueLength),
+            add: need!(RedisModule_ZsetAdd),
+            rem: need!(RedisModule_ZsetRem),
+            score: need!(RedisModule_ZsetScore),
+            first_in_score_range: need!(RedisModule_ZsetFirstInScoreRange),
+            last_in_score_range: need!(RedisModule_ZsetLastInScoreRange),
+            range_current_element: need!(RedisModule_ZsetRangeCurrentElement),
+            range_next: need!(RedisModule_ZsetRangeNext),
+            range_end_reached: need!(RedisModule_ZsetRangeEndReached),
+            range_stop: need!(RedisModule_ZsetRangeStop),
+        },
+        seq_member: field("seq")?,
+        get_expire: need!(RedisModule_GetExpire),
+        call_reply_integer: need!(RedisModule_CallReplyInteger),
+        reply_with_null: need!(RedisModule_ReplyWithNull),
+        reply_with_string_buffer: need!(RedisModule_ReplyWithStringBuffer),
     };
     Ok(API.get_or_init(|| api))
 }

@@ -47,6 +47,38 @@ pub fn parse_timeout(text: &[u8]) -> Result<i64, TbError> {
     Ok(timeout_ms.ceil() as i64)
 }
 
+/// TB.ACQUIRE's `limit`: leases live at once, a whole number in [1, 2^53].
+pub fn parse_limit(text: &[u8]) -> Result<i64, TbError> {
+    whole(text).ok_or(TbError::Limit)
+}
+
+/// `lease_ms` of TB.ACQUIRE and TB.RENEW: a whole number of ms in [1, 2^53].
+pub fn parse_lease_ms(text: &[u8]) -> Result<i64, TbError> {
+    whole(text).ok_or(TbError::LeaseMs)
+}
+
+/// 2^53, as in `lease::MAX_WHOLE` (this file is also built into the
+/// benchmarks, without the rest of the crate).
+const MAX_WHOLE: i64 = 1 << 53;
+
+/// Plain decimal digits (leading zeros allowed, no sign, fraction or
+/// exponent), at most 64 bytes, valued from 1 to 2^53.
+fn whole(text: &[u8]) -> Option<i64> {
+    if text.is_empty() || text.len() > 64 || !text.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let mut value: i64 = 0;
+    for digit in text {
+        value = value
+            .checked_mul(10)?
+            .checked_add(i64::from(digit.wrapping_sub(b'0')))?;
+        if value > MAX_WHOLE {
+            return None;
+        }
+    }
+    (value >= 1).then_some(value)
+}
+
 fn positive(text: &[u8]) -> Option<f64> {
     parse_decimal(text, Sign::Forbidden).filter(|value| *value > 0.0)
 }
@@ -129,7 +161,44 @@ mod tests {
         }
     }
 
+    #[test]
+    fn limit_and_lease_ms_are_whole_numbers_from_1_to_2_pow_53() {
+        assert_eq!(parse_limit(b"5"), Ok(5));
+        assert_eq!(parse_limit(b"007"), Ok(7));
+        assert_eq!(parse_lease_ms(b"9007199254740992"), Ok(1 << 53));
+        let long = format!("{}1", "0".repeat(64));
+        for bad in [
+            "0",
+            "",
+            "-1",
+            "+1",
+            "1.0",
+            "1e3",
+            " 1",
+            "1 ",
+            "9007199254740993",
+            "0x10",
+            &long,
+        ] {
+            assert_eq!(parse_limit(bad.as_bytes()), Err(TbError::Limit), "{bad:?}");
+            assert_eq!(
+                parse_lease_ms(bad.as_bytes()),
+                Err(TbError::LeaseMs),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            parse_limit(&"9".repeat(64).into_bytes()),
+            Err(TbError::Limit)
+        );
+    }
+
     proptest! {
+        #[test]
+        fn whole_numbers_read_back_as_their_decimal_text(value in 1i64..=(1i64 << 53)) {
+            prop_assert_eq!(parse_limit(value.to_string().as_bytes()), Ok(value));
+        }
+
         #[test]
         fn accepted_requests_are_always_usable(
             c in proptest::collection::vec(any::<u8>(), 0..70),

@@ -41,6 +41,12 @@ pub enum Shape {
     Repeated,
     /// `key capacity rate n timeout_ms` (TB.BTAKE).
     Blocking,
+    /// `key limit lease_ms [timeout_ms]` (TB.ACQUIRE).
+    Acquire,
+    /// `key lease` (TB.RELEASE).
+    Release,
+    /// `key lease lease_ms` (TB.RENEW).
+    Renew,
 }
 
 /// Creates the command and sets its info. Errors are log-ready text.
@@ -59,8 +65,8 @@ pub unsafe fn register(
     // where the key spec below cannot be set (before 7.0); after it, the
     // server derives the same range from the key spec.
     let (last_key, key_step) = match spec.shape {
-        Shape::Single { .. } | Shape::Blocking => (1, 1),
         Shape::Repeated => (-1, 4),
+        _ => (1, 1),
     };
     let created = create(
         ctx,
@@ -102,8 +108,8 @@ pub unsafe fn register(
         KeySpecFlags::from_bits_truncate(spec.key_flags.bits()),
         BeginSearch::new_index(1),
         match spec.shape {
-            Shape::Single { .. } | Shape::Blocking => FindKeys::new_range(0, 1, 0),
             Shape::Repeated => FindKeys::new_range(-1, 4, 0),
+            _ => FindKeys::new_range(0, 1, 0),
         },
     )]);
     // The argument tree points at static strings only: nothing is allocated
@@ -157,9 +163,11 @@ pub unsafe fn register(
         },
         END_OF_ARGS,
     ];
+    let mut leases = lease_args(spec.shape);
     let args = match spec.shape {
         Shape::Single { .. } | Shape::Blocking => bucket.as_mut_ptr(),
         Shape::Repeated => repeated.as_mut_ptr(),
+        Shape::Acquire | Shape::Release | Shape::Renew => leases.as_mut_ptr(),
     };
 
     // Version 1 of the struct plus our own sizes lets a 7.0 server read the
@@ -188,6 +196,58 @@ pub unsafe fn register(
         return Err(format!("could not set command info of {name}"));
     }
     Ok(())
+}
+
+/// The arguments of the lease commands (empty for the others).
+fn lease_args(shape: Shape) -> [raw::RedisModuleCommandArg; 5] {
+    let key = raw::RedisModuleCommandArg {
+        key_spec_index: 0,
+        ..command_arg(
+            c"key",
+            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
+            c"the lease set's sorted set",
+            CommandArgFlags::NONE,
+        )
+    };
+    let integer = |name, summary, flags| {
+        command_arg(
+            name,
+            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
+            summary,
+            flags,
+        )
+    };
+    let lease = command_arg(
+        c"lease",
+        raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
+        c"the id TB.ACQUIRE handed out",
+        CommandArgFlags::NONE,
+    );
+    let lease_ms = integer(
+        c"lease_ms",
+        c"how long the lease lasts, in ms, 1 to 2^53",
+        CommandArgFlags::NONE,
+    );
+    match shape {
+        Shape::Acquire => [
+            key,
+            integer(
+                c"limit",
+                c"leases live at once at most, 1 to 2^53",
+                CommandArgFlags::NONE,
+            ),
+            lease_ms,
+            number_arg(
+                c"timeout_ms",
+                c"wait up to this long, in ms, first come first served; 0 waits without limit",
+                CommandArgFlags::OPTIONAL,
+            ),
+            END_OF_ARGS,
+        ],
+        Shape::Release => [key, lease, END_OF_ARGS, END_OF_ARGS, END_OF_ARGS],
+        Shape::Renew => [key, lease, lease_ms, END_OF_ARGS, END_OF_ARGS],
+        _ => [END_OF_ARGS; 5],
+    }
 }
 
 /// The all-zero entry that ends an argument array.

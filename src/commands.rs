@@ -13,7 +13,7 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 use crate::api::{self, Api};
 use crate::args::{self, parse_request};
 use crate::bucket::{self, Charge, Outcome};
-use crate::error::{corrupt_bucket_message, TbError};
+use crate::error::{corrupt_bucket_message, corrupt_lease_set_message, TbError};
 use crate::metrics;
 use crate::store::{store, Access, BucketKey, Corrupt};
 use crate::wait;
@@ -27,7 +27,14 @@ pub static SHADOW_MODE: AtomicBool = AtomicBool::new(false);
 /// when TB.BTAKE has blocked the client (`btake.rs` answers it later).
 pub enum Reply {
     Decision(Outcome),
-    All { outcome: Outcome, index: usize },
+    All {
+        outcome: Outcome,
+        index: usize,
+    },
+    /// TB.ACQUIRE: `[acquired, available, retry_after_ms, lease]`.
+    Lease(crate::lease_commands::LeaseReply),
+    /// TB.RELEASE, TB.RENEW: 1 or 0.
+    Flag(bool),
     Blocked,
 }
 
@@ -328,8 +335,20 @@ pub fn send(
                 let index = i64::try_from(index).unwrap_or(i64::MAX);
                 reply_outcome(api, ctx, &outcome, Some(index));
             }
+            Ok(Reply::Lease(lease)) => reply_lease(api, ctx, &lease),
+            Ok(Reply::Flag(flag)) => {
+                (api.reply_with_long_long)(ctx, i64::from(flag));
+            }
             Err(TbError::WrongArity) => {
                 (api.wrong_arity)(ctx);
+            }
+            Err(TbError::CorruptLeaseSet { key_arg }) => {
+                let key = args
+                    .get(key_arg)
+                    .map(|key| api.bytes(key))
+                    .unwrap_or_default();
+                let message = corrupt_lease_set_message(key);
+                (api.reply_with_error)(ctx, message.as_ptr());
             }
             Err(TbError::CorruptBucket { key_arg }) => {
                 let key = args
@@ -396,5 +415,31 @@ unsafe fn reply_outcome(
     (api.reply_with_long_long)(ctx, outcome.reset_after_ms);
     if let Some(index) = index {
         (api.reply_with_long_long)(ctx, index);
+    }
+}
+
+/// `[acquired, available, retry_after_ms, lease]`, the lease a bulk string
+/// or nil.
+///
+/// # Safety
+/// `ctx` must be a context with a client.
+unsafe fn reply_lease(
+    api: &Api,
+    ctx: *mut RedisModuleCtx,
+    lease: &crate::lease_commands::LeaseReply,
+) {
+    (api.reply_with_array)(ctx, 4);
+    (api.reply_with_long_long)(ctx, i64::from(lease.id.is_some()));
+    (api.reply_with_long_long)(ctx, lease.available);
+    (api.reply_with_long_long)(ctx, lease.retry_after_ms);
+    match lease.id {
+        Some(id) => {
+            let text = id.text();
+            let bytes = text.as_bytes();
+            (api.reply_with_string_buffer)(ctx, bytes.as_ptr().cast(), bytes.len());
+        }
+        None => {
+            (api.reply_with_null)(ctx);
+        }
     }
 }

@@ -33,6 +33,17 @@ pub enum TbError {
     /// A TB.BTAKE waiter's bucket became unreadable (another type, or
     /// corrupt) while it waited.
     BucketGone,
+    /// TB.ACQUIRE's `limit` is not a whole number in [1, 2^53].
+    Limit,
+    /// `lease_ms` of TB.ACQUIRE or TB.RENEW is not a whole number in [1, 2^53].
+    LeaseMs,
+    /// The key at argument `key_arg` holds a sorted set without a usable
+    /// `seq` member: not a lease set. The message names the key.
+    CorruptLeaseSet {
+        key_arg: usize,
+    },
+    /// The lease set's count of ids has reached 2^53.
+    LeaseIdsExhausted,
     /// A bug caught by the last-resort `catch_unwind`.
     Internal,
 }
@@ -67,6 +78,18 @@ impl TbError {
             TbError::WriteFailed => {
                 c"ERR tb: the server refused to store the bucket; nothing was changed"
             }
+            TbError::Limit => {
+                c"ERR limit must be a positive integer, at most 9007199254740992 (2^53)"
+            }
+            TbError::LeaseMs => {
+                c"ERR lease_ms must be a positive integer number of ms, at most 9007199254740992 (2^53)"
+            }
+            TbError::CorruptLeaseSet { .. } => {
+                c"ERR corrupt lease set: no seq member scored from -2^53 to 0"
+            }
+            TbError::LeaseIdsExhausted => {
+                c"ERR tb: this lease set has handed out 2^53 ids; delete it to start again"
+            }
             TbError::WrongArity | TbError::Internal => c"ERR tb: internal error (see server log)",
         }
     }
@@ -75,9 +98,28 @@ impl TbError {
 /// The corrupt-bucket message for `key`: printable ASCII kept, everything
 /// else escaped (so the reply stays one line and NUL-free), cut to 64 bytes.
 pub fn corrupt_bucket_message(key: &[u8]) -> std::ffi::CString {
+    corrupt_message(
+        "ERR corrupt bucket '",
+        key,
+        "': tokens and last_refill must be finite numbers",
+        TbError::CorruptBucket { key_arg: 0 },
+    )
+}
+
+/// The corrupt-lease-set message for `key`, escaped as for buckets.
+pub fn corrupt_lease_set_message(key: &[u8]) -> std::ffi::CString {
+    corrupt_message(
+        "ERR corrupt lease set '",
+        key,
+        "': no seq member scored from -2^53 to 0",
+        TbError::CorruptLeaseSet { key_arg: 0 },
+    )
+}
+
+fn corrupt_message(before: &str, key: &[u8], after: &str, fallback: TbError) -> std::ffi::CString {
     const SHOWN: usize = 64;
     let shown = key.get(..SHOWN).unwrap_or(key);
-    let mut text = String::from("ERR corrupt bucket '");
+    let mut text = String::from(before);
     for byte in shown {
         match byte {
             b'\'' | b'\\' => {
@@ -91,11 +133,10 @@ pub fn corrupt_bucket_message(key: &[u8]) -> std::ffi::CString {
     if key.len() > SHOWN {
         text.push_str("...");
     }
-    text.push_str("': tokens and last_refill must be finite numbers");
+    text.push_str(after);
     // The escaping above leaves no NUL byte; the fallback is unreachable but
     // keeps this function free of panics.
-    std::ffi::CString::new(text)
-        .unwrap_or_else(|_| TbError::CorruptBucket { key_arg: 0 }.message().to_owned())
+    std::ffi::CString::new(text).unwrap_or_else(|_| fallback.message().to_owned())
 }
 
 #[cfg(test)]

@@ -14,6 +14,9 @@
 //!   command and the glue that feeds the machine the server's callbacks;
 //! - `store.rs`: reading and writing a bucket's hash, propagation, and
 //!   all-or-nothing writes of several buckets;
+//! - `lease.rs`: the rules of concurrency leases, pure; `lease_set.rs`:
+//!   their sorted set in the keyspace; `lease_commands.rs`: TB.ACQUIRE,
+//!   TB.RELEASE and TB.RENEW;
 //! - `command_info.rs`: command registration and COMMAND DOCS;
 //! - `api.rs`: the server functions, resolved once; `metrics.rs`: INFO tb;
 //! - `load.rs`: loading (OnLoad, load arguments, configs, module options,
@@ -39,6 +42,9 @@ mod command_info;
 mod commands;
 mod error;
 mod fault;
+pub mod lease;
+mod lease_commands;
+mod lease_set;
 mod load;
 mod metrics;
 pub mod number;

@@ -15,7 +15,7 @@ use crate::command_info::{CommandSpec, Shape};
 use crate::commands::SHADOW_MODE;
 #[cfg(feature = "fault-injection")]
 use crate::fault;
-use crate::{api, btake, command_info, commands, metrics};
+use crate::{api, btake, command_info, commands, lease_commands, metrics};
 
 /// The server's entry point on `loadmodule` / `MODULE LOAD`.
 ///
@@ -367,7 +367,7 @@ fn valkey_major(ctx: *mut RedisModuleCtx) -> Option<u32> {
 }
 
 /// Every command the module registers, with its COMMAND DOCS and key specs.
-pub const COMMANDS: [CommandSpec; 5] = [
+pub const COMMANDS: [CommandSpec; 8] = [
     CommandSpec {
         name: c"tb.take",
         handler: Some(commands::tb_take),
@@ -423,6 +423,44 @@ pub const COMMANDS: [CommandSpec; 5] = [
         arity: -5,
         key_flags: READ_WRITE_UPDATE,
         shape: Shape::Repeated,
+    },
+    CommandSpec {
+        name: c"tb.acquire",
+        handler: Some(lease_commands::tb_acquire),
+        // `blocking` as XREAD has it: it may wait, when given timeout_ms.
+        flags: c"write deny-oom blocking",
+        acl_categories: c"write slow blocking",
+        summary: c"Takes a lease if fewer than limit are live, ending after lease_ms unless released or renewed; with timeout_ms, waits first come first served. Replies [acquired, available, retry_after_ms, lease].",
+        complexity: c"O(log N) where N is the number of leases, plus O(log N) for each ended lease removed (at most 64)",
+        arity: -4,
+        key_flags: READ_WRITE_UPDATE,
+        shape: Shape::Acquire,
+    },
+    CommandSpec {
+        name: c"tb.release",
+        handler: Some(lease_commands::tb_release),
+        // No deny-oom: giving a lease back must work when memory is short.
+        flags: c"write fast",
+        acl_categories: c"write fast",
+        summary: c"Releases a live lease. Replies 1 if it was live, 0 otherwise (released, expired or unknown).",
+        complexity: c"O(log N) where N is the number of leases, plus O(log N) for each ended lease removed (at most 64)",
+        arity: 3,
+        key_flags: KeySpecFlags::READ_WRITE
+            .union(KeySpecFlags::ACCESS)
+            .union(KeySpecFlags::DELETE),
+        shape: Shape::Release,
+    },
+    CommandSpec {
+        name: c"tb.renew",
+        handler: Some(lease_commands::tb_renew),
+        // No deny-oom: a holder must be able to keep its lease.
+        flags: c"write fast",
+        acl_categories: c"write fast",
+        summary: c"Makes a live lease end lease_ms from now. Replies 1 if it was live, 0 otherwise.",
+        complexity: c"O(log N) where N is the number of leases, plus O(log N) for each ended lease removed (at most 64)",
+        arity: 4,
+        key_flags: READ_WRITE_UPDATE,
+        shape: Shape::Renew,
     },
 ];
 

@@ -26,6 +26,12 @@ impl Counter {
     pub fn get(&self) -> u64 {
         self.0.load(Relaxed)
     }
+
+    pub fn add_count(&self, count: usize) {
+        let count = u64::try_from(count).unwrap_or(u64::MAX);
+        self.0
+            .store(self.0.load(Relaxed).wrapping_add(count), Relaxed);
+    }
 }
 
 /// A value that is set rather than counted.
@@ -88,6 +94,15 @@ pub static WAITS_ABANDONED: Counter = Counter::new();
 pub static WAIT_MS: Sum = Sum::new();
 /// TB.BTAKE: clients whose wait has not ended, set by `btake.rs`.
 pub static WAITING: Gauge = Gauge::new();
+/// TB.ACQUIRE: leases granted (at once or after a wait), and denials
+/// (timed-out waits included).
+pub static LEASES_ACQUIRED: Counter = Counter::new();
+pub static LEASES_DENIED: Counter = Counter::new();
+/// TB.RELEASE and TB.RENEW that found their lease live.
+pub static LEASES_RELEASED: Counter = Counter::new();
+pub static LEASES_RENEWED: Counter = Counter::new();
+/// Leases a call removed after their deadline.
+pub static LEASES_EXPIRED: Counter = Counter::new();
 /// Which clock the commands read (see `Api::now_ms`), set at load: the
 /// server's cached command time (Redis 7.2+, Valkey) or the wall clock.
 pub static CACHED_CLOCK: AtomicBool = AtomicBool::new(false);
@@ -127,6 +142,15 @@ pub extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
             add_u64(ctx, name.as_ptr(), counter.get());
         }
         add_f64(ctx, c"wait_ms".as_ptr(), WAIT_MS.get());
+        for (name, counter) in [
+            (c"leases_acquired", &LEASES_ACQUIRED),
+            (c"leases_denied", &LEASES_DENIED),
+            (c"leases_released", &LEASES_RELEASED),
+            (c"leases_renewed", &LEASES_RENEWED),
+            (c"leases_expired", &LEASES_EXPIRED),
+        ] {
+            add_u64(ctx, name.as_ptr(), counter.get());
+        }
         // `cached`, the server's command time (Redis 7.2+, Valkey), or
         // `wall` (Redis 7.0).
         if let Some(add_text) = RedisModule_InfoAddFieldCString {

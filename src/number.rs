@@ -164,7 +164,7 @@ impl NumberText {
 
     /// Appends `text`; a write past the end (which no caller makes) is
     /// dropped.
-    fn push(&mut self, text: &[u8]) {
+    pub fn push(&mut self, text: &[u8]) {
         let Some(end) = self.len.checked_add(text.len()) else {
             return;
         };

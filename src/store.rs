@@ -387,8 +387,21 @@ impl<'a> ServerString<'a> {
         (!string.ptr.is_null()).then_some(string)
     }
 
+    /// Takes ownership of a string the server handed over (may be null).
+    pub fn owned(api: &'a Api, ctx: *mut RedisModuleCtx, ptr: *mut RedisModuleString) -> Self {
+        ServerString::new(api, ctx, ptr)
+    }
+
     pub fn ptr(&self) -> *mut RedisModuleString {
         self.ptr
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        if self.ptr.is_null() {
+            return &[];
+        }
+        // SAFETY: a live string owned by self, borrowed with it.
+        unsafe { self.api.bytes(&self.ptr) }
     }
 
     /// The value as a finite number, `None` if absent or not a number.

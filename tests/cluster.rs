@@ -1071,3 +1071,84 @@ fn a_waiter_sent_on_by_ask_is_served_on_the_importing_node() {
     }
     finish_slot_move(&cluster, slot, target, [target, source, ports[2]]);
 }
+
+/// `[acquired, available, retry_after_ms, lease]` through the cluster client.
+fn tb_acquire(con: &mut impl ConnectionLike, key: &str, limit: i64) -> (i64, Option<String>) {
+    let reply: Value = redis::cmd("TB.ACQUIRE")
+        .arg(key)
+        .arg(limit)
+        .arg(600_000)
+        .query(con)
+        .expect("TB.ACQUIRE");
+    let Value::Array(items) = reply else {
+        panic!("TB.ACQUIRE replied {reply:?}");
+    };
+    let acquired = redis::from_redis_value(&items[0]).expect("acquired");
+    let lease = redis::from_redis_value(&items[3]).expect("lease");
+    (acquired, lease)
+}
+
+#[test]
+fn leases_follow_their_slot_and_a_slot_move_keeps_them_and_their_count() {
+    let cluster = Cluster::start();
+    let ports = cluster.master_ports();
+    let (source, target) = (ports[0], ports[1]);
+    let key = format!("{{{}}}:inflight", cluster.key_on(source, "tenant"));
+    let mut client = cluster.client();
+    let (_, first) = tb_acquire(&mut client, &key, 2);
+    let (_, second) = tb_acquire(&mut client, &key, 2);
+    let (first, second) = (first.expect("a lease"), second.expect("a lease"));
+    assert_eq!(tb_acquire(&mut client, &key, 2), (0, None));
+    let mut src = cluster.node(source).con();
+    let mut dst = cluster.node(target).con();
+    let slot = keyslot(&mut src, &key);
+    let before: Vec<(String, i64)> = redis::cmd("ZRANGE")
+        .arg(&key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(&mut src)
+        .expect("ZRANGE");
+
+    start_slot_move(&cluster, slot, (source, &mut src), (target, &mut dst));
+    ok(
+        &mut src,
+        redis::cmd("MIGRATE")
+            .arg("127.0.0.1")
+            .arg(target)
+            .arg(&key)
+            .arg(0)
+            .arg(5000),
+    );
+    finish_slot_move(&cluster, slot, target, [target, source, ports[2]]);
+    cluster.wait_owner(slot, target);
+
+    let after: Vec<(String, i64)> = redis::cmd("ZRANGE")
+        .arg(&key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(&mut dst)
+        .expect("ZRANGE");
+    assert_eq!(after, before, "the lease set moved as it was");
+    // The source redirects; the client follows, and the leases and count carry on.
+    let error = error_of(&mut src, redis::cmd("TB.RELEASE").arg(&key).arg(&first));
+    assert_eq!(error, format!("MOVED {slot} 127.0.0.1:{target}"));
+    assert_eq!(tb_acquire(&mut client, &key, 2), (0, None));
+    let released: i64 = redis::cmd("TB.RELEASE")
+        .arg(&key)
+        .arg(&first)
+        .query(&mut client)
+        .expect("TB.RELEASE");
+    assert_eq!(released, 1);
+    let (acquired, third) = tb_acquire(&mut client, &key, 2);
+    assert_eq!(acquired, 1);
+    assert!(third.expect("a lease").ends_with("-3"), "the count goes on");
+    let renewed: i64 = redis::cmd("TB.RENEW")
+        .arg(&key)
+        .arg(&second)
+        .arg(1000)
+        .query(&mut client)
+        .expect("TB.RENEW");
+    assert_eq!(renewed, 1);
+}

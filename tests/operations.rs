@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use common::*;
 
 /// Every field of `INFO tb`, in order.
-const FIELDS: [&str; 15] = [
+const FIELDS: [&str; 20] = [
     "tb_calls",
     "tb_allowed",
     "tb_denied",
@@ -25,6 +25,11 @@ const FIELDS: [&str; 15] = [
     "tb_waits_timed_out",
     "tb_waits_abandoned",
     "tb_wait_ms",
+    "tb_leases_acquired",
+    "tb_leases_denied",
+    "tb_leases_released",
+    "tb_leases_renewed",
+    "tb_leases_expired",
     "tb_clock",
 ];
 
@@ -488,23 +493,38 @@ fn may_run(con: &mut redis::Connection, args: &[&str]) -> bool {
     }
 }
 
-const TB_CALLS: [&[&str]; 5] = [
+const TB_CALLS: [&[&str]; 8] = [
     &["TB.TAKE", "rl:1", "5", "1", "1"],
     &["TB.PEEK", "rl:1", "5", "1", "1"],
     &["TB.REFUND", "rl:1", "5", "1", "1"],
     &["TB.TAKEALL", "rl:1", "5", "1", "1", "rl:2", "5", "1", "1"],
     // Granted at once (a full bucket): no wait.
     &["TB.BTAKE", "rl:3", "5", "1", "1", "0"],
+    // Granted at once (a free slot): no wait.
+    &["TB.ACQUIRE", "rl:4", "1000", "60000", "0"],
+    &["TB.RELEASE", "rl:4", "1-1"],
+    &["TB.RENEW", "rl:4", "1-1", "1000"],
 ];
 
-/// Which of TB.TAKE, TB.PEEK, TB.REFUND, TB.TAKEALL, TB.BTAKE a user with `rules` (and
-/// `~rl:*`) may run.
+/// The TB commands, in the order of `TB_CALLS`.
+const TB_COMMANDS: [&str; 8] = [
+    "tb.take",
+    "tb.peek",
+    "tb.refund",
+    "tb.takeall",
+    "tb.btake",
+    "tb.acquire",
+    "tb.release",
+    "tb.renew",
+];
+
+/// Which of the `TB_CALLS` a user with `rules` (and `~rl:*`) may run.
 fn granted(
     server: &Server,
     admin: &mut redis::Connection,
     user: &str,
     rules: &[&str],
-) -> [bool; 5] {
+) -> [bool; 8] {
     let mut all = vec![user, "on", ">pw", "~rl:*"];
     all.extend_from_slice(rules);
     acl_setuser(admin, &all);
@@ -521,8 +541,7 @@ fn granted(
 fn acl_categories_are_those_the_server_supports() {
     let server = Server::start();
     let mut admin = server.conn();
-    let commands = ["tb.take", "tb.peek", "tb.refund", "tb.takeall", "tb.btake"];
-    let categories: Vec<Vec<String>> = commands
+    let categories: Vec<Vec<String>> = TB_COMMANDS
         .iter()
         .map(|command| categories_of(&mut admin, command))
         .collect();
@@ -547,29 +566,33 @@ fn acl_categories_are_those_the_server_supports() {
                 with_tb(&["@write", "@fast"]),
                 with_tb(&["@write", "@slow"]),
                 with_tb(&["@write", "@slow", "@blocking"]),
+                with_tb(&["@write", "@slow", "@blocking"]),
+                with_tb(&["@write", "@fast"]),
+                with_tb(&["@write", "@fast"]),
             ]
         );
-        //                                           take   peek   refund takeall btake
+        // take, peek, refund, takeall, btake, acquire, release, renew
+        let (t, f) = (true, false);
         assert_eq!(
             granted(&server, &mut admin, "w", &["+@write"]),
-            [true, false, true, true, true]
+            [t, f, t, t, t, t, t, t]
         );
         assert_eq!(
             granted(&server, &mut admin, "r", &["+@read"]),
-            [false, true, false, false, false]
+            [f, t, f, f, f, f, f, f]
         );
         assert_eq!(
             granted(&server, &mut admin, "f", &["+@fast"]),
-            [true, true, true, false, false]
+            [t, t, t, f, f, f, t, t]
         );
         assert_eq!(
             granted(&server, &mut admin, "b", &["+@blocking"]),
-            [false, false, false, false, true]
+            [f, f, f, f, t, t, f, f]
         );
     } else {
         assert!(categories.iter().all(|c| c.is_empty()), "{categories:?}");
         let rules = ["+@write", "+@read", "+@fast", "+@slow", "+@blocking"];
-        assert_eq!(granted(&server, &mut admin, "w", &rules), [false; 5]);
+        assert_eq!(granted(&server, &mut admin, "w", &rules), [false; 8]);
     }
 
     // A server that lists the category `tb` gives it to every TB command.
@@ -582,7 +605,7 @@ fn acl_categories_are_those_the_server_supports() {
     if has_tb {
         assert_eq!(
             granted(&server, &mut admin, "limiter", &["+@tb"]),
-            [true; 5]
+            [true; 8]
         );
         let mut limiter = conn_as(&server, "limiter", "pw");
         assert_noperm(&mut limiter, &["TB.TAKE", "other:1", "5", "1", "1"]);

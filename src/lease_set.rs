@@ -1,0 +1,474 @@
+//! A lease set in the keyspace: type check, read into a [`Seen`], and the
+//! writes of a grant, a release and a renewal with their propagation.
+//!
+//! Layout (shared with lua/tb.lua, so either can take over from the other):
+//! a sorted set with one member per lease, its id scored by its deadline
+//! (Unix ms), and the member `seq` scored by minus the count of ids handed
+//! out. The key expires at the latest deadline it has handed out.
+//!
+//! Replicas and the AOF get plain ZREM / ZADD / PEXPIREAT with the values
+//! computed here, never the command, so they need no module and replay to
+//! exactly the master's set.
+
+use std::os::raw::{c_int, c_longlong};
+
+use redis_module::raw::{
+    RedisModuleCtx, RedisModuleKey, RedisModuleString, REDISMODULE_KEYTYPE_EMPTY,
+    REDISMODULE_KEYTYPE_ZSET, REDISMODULE_NOTIFY_GENERIC, REDISMODULE_NOTIFY_ZSET, REDISMODULE_OK,
+    REDISMODULE_READ, REDISMODULE_WRITE,
+};
+
+use crate::api::Api;
+use crate::error::TbError;
+use crate::lease::{self, Grant, Seen, MAX_EXPIRED_REMOVED};
+use crate::metrics;
+use crate::number::format_integer;
+use crate::store::{Access, ServerString};
+
+/// An open lease-set key; closed when dropped.
+pub struct LeaseSet<'a> {
+    api: &'a Api,
+    ctx: *mut RedisModuleCtx,
+    name: *mut RedisModuleString,
+    key: *mut RedisModuleKey,
+}
+
+/// What a call read: the figures, and the ended leases a write removes.
+pub struct Read<'a> {
+    pub seen: Seen,
+    pub expired: Vec<ServerString<'a>>,
+}
+
+impl<'a> LeaseSet<'a> {
+    /// Opens `name` and checks that it is empty or a sorted set, so
+    /// WRONGTYPE is answered before anything is touched.
+    ///
+    /// # Safety
+    /// `ctx` and `name` must be live for as long as the set is open.
+    pub unsafe fn open(
+        api: &'a Api,
+        ctx: *mut RedisModuleCtx,
+        name: *mut RedisModuleString,
+        access: Access,
+    ) -> Result<Self, TbError> {
+        let mode = match access {
+            Access::Read => REDISMODULE_READ,
+            Access::Write => REDISMODULE_READ | REDISMODULE_WRITE,
+        };
+        let key = (api.open_key)(ctx, name, mode as c_int);
+        let set = LeaseSet {
+            api,
+            ctx,
+            name,
+            key,
+        };
+        if set.is_empty() {
+            return Ok(set);
+        }
+        match (api.key_type)(key) as isize {
+            REDISMODULE_KEYTYPE_ZSET => Ok(set),
+            _ => Err(TbError::WrongType),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        // SAFETY: `key` is open (or null, checked first).
+        self.key.is_null()
+            || unsafe { (self.api.key_type)(self.key) } as isize == REDISMODULE_KEYTYPE_EMPTY
+    }
+
+    /// The set as seen at `now_ms`: `CorruptLeaseSet` (naming argument
+    /// `key_arg`) if it has no usable `seq` member.
+    pub fn read(&self, now_ms: i64, key_arg: usize) -> Result<Read<'a>, TbError> {
+        let mut read = Read {
+            seen: Seen::default(),
+            expired: Vec::new(),
+        };
+        if self.is_empty() {
+            return Ok(read);
+        }
+        let zset = &self.api.zset;
+        let issued = self
+            .score(self.api.seq_member.0)
+            .and_then(lease::issued_from_score)
+            .ok_or(TbError::CorruptLeaseSet { key_arg })?;
+        read.seen.issued = issued;
+        let now = now_ms as f64;
+        // One pass from the lowest score: `seq`, then the ended leases
+        // (kept for removal, up to the bound), then the earliest live one.
+        // Past the bound the rest are counted by the server instead, so a
+        // call's work stays bounded however many leases ended unnoticed.
+        let bound = MAX_EXPIRED_REMOVED.saturating_add(2);
+        let mut not_live = 0usize;
+        let mut earliest = None;
+        let mut overflow = false;
+        // SAFETY: the key is open and holds a sorted set; elements come back
+        // as new strings, owned (and freed) by ServerString.
+        unsafe {
+            let mut more =
+                (zset.first_in_score_range)(self.key, f64::NEG_INFINITY, f64::INFINITY, 0, 0)
+                    == REDISMODULE_OK as c_int;
+            while more && (zset.range_end_reached)(self.key) == 0 {
+                let mut score = 0.0;
+                let element = (zset.range_current_element)(self.key, &mut score);
+                let element = ServerString::owned(self.api, self.ctx, element);
+                if score > now {
+                    earliest = Some(score);
+                    break;
+                }
+                not_live = not_live.saturating_add(1);
+                if score > 0.0 && read.expired.len() < MAX_EXPIRED_REMOVED {
+                    read.expired.push(element);
+                }
+                if not_live >= bound {
+                    overflow = true;
+                    break;
+                }
+                more = (zset.range_next)(self.key) != 0;
+            }
+            (zset.range_stop)(self.key);
+        }
+        let length = i64::try_from(unsafe { (zset.length)(self.key) }).unwrap_or(i64::MAX);
+        read.seen.live = if overflow {
+            earliest = self.first_score_above(now);
+            self.count_live(now_ms)?
+        } else {
+            length.saturating_sub(i64::try_from(not_live).unwrap_or(i64::MAX))
+        };
+        read.seen.earliest_deadline_ms = earliest.map(whole_ms);
+        read.seen.expire_at_ms = self.expire_at_ms(now_ms);
+        if read.seen.expire_at_ms.is_none() {
+            read.seen.latest_deadline_ms = self.last_score_above(0.0).map(whole_ms);
+        }
+        Ok(read)
+    }
+
+    /// The score of `member`, if it is in the set.
+    pub fn score(&self, member: *mut RedisModuleString) -> Option<f64> {
+        let mut score = 0.0;
+        // SAFETY: the key is open and holds a sorted set.
+        let found = !self.is_empty()
+            && unsafe { (self.api.zset.score)(self.key, member, &mut score) }
+                == REDISMODULE_OK as c_int;
+        found.then_some(score)
+    }
+
+    fn first_score_above(&self, floor: f64) -> Option<f64> {
+        let zset = &self.api.zset;
+        // SAFETY: as in `read`.
+        unsafe {
+            if (zset.first_in_score_range)(self.key, floor, f64::INFINITY, 1, 0)
+                != REDISMODULE_OK as c_int
+            {
+                return None;
+            }
+            let mut score = 0.0;
+            let found = (zset.range_end_reached)(self.key) == 0;
+            if found {
+                let element = (zset.range_current_element)(self.key, &mut score);
+                drop(ServerString::owned(self.api, self.ctx, element));
+            }
+            (zset.range_stop)(self.key);
+            found.then_some(score)
+        }
+    }
+
+    fn last_score_above(&self, floor: f64) -> Option<f64> {
+        let zset = &self.api.zset;
+        // SAFETY: as in `read`.
+        unsafe {
+            if (zset.last_in_score_range)(self.key, floor, f64::INFINITY, 1, 0)
+                != REDISMODULE_OK as c_int
+            {
+                return None;
+            }
+            let mut score = 0.0;
+            let found = (zset.range_end_reached)(self.key) == 0;
+            if found {
+                let element = (zset.range_current_element)(self.key, &mut score);
+                drop(ServerString::owned(self.api, self.ctx, element));
+            }
+            (zset.range_stop)(self.key);
+            found.then_some(score)
+        }
+    }
+
+    /// ZCOUNT key (now +inf, through the server: only when more ended
+    /// leases wait for removal than one call looks at.
+    fn count_live(&self, now_ms: i64) -> Result<i64, TbError> {
+        let mut min = b"(".to_vec();
+        min.extend_from_slice(format_integer(now_ms).as_bytes());
+        let min = ServerString::copy(self.api, self.ctx, &min).ok_or(TbError::Internal)?;
+        // SAFETY: a live context, key name and strings; the reply is freed.
+        unsafe {
+            let reply = (self.api.call)(
+                self.ctx,
+                c"ZCOUNT".as_ptr(),
+                c"ssc".as_ptr(),
+                self.name,
+                min.ptr(),
+                c"+inf".as_ptr(),
+            );
+            if reply.is_null() {
+                return Err(TbError::Internal);
+            }
+            let count = (self.api.call_reply_integer)(reply);
+            (self.api.free_call_reply)(reply);
+            Ok(count)
+        }
+    }
+
+    fn expire_at_ms(&self, now_ms: i64) -> Option<i64> {
+        // SAFETY: the key is open.
+        let at = unsafe {
+            match self.api.get_abs_expire {
+                Some(get_abs_expire) => get_abs_expire(self.key),
+                None => match (self.api.get_expire)(self.key) {
+                    relative if relative >= 0 => now_ms.saturating_add(relative),
+                    none => none,
+                },
+            }
+        };
+        (at >= 0).then_some(at)
+    }
+
+    /// Stores new leases (one per waiter a wake-up serves, or one for
+    /// TB.ACQUIRE), the count after them, the removal of `expired` and the
+    /// expiry, then tells replicas, the AOF and listeners.
+    pub fn grant(&self, read: &Read<'a>, grants: &[Grant]) -> Result<(), TbError> {
+        let Some(last) = grants.last() else {
+            return Ok(());
+        };
+        let ids: Vec<ServerString> = grants
+            .iter()
+            .map(|grant| ServerString::copy(self.api, self.ctx, grant.id.text().as_bytes()))
+            .collect::<Option<_>>()
+            .ok_or(TbError::WriteFailed)?;
+        let issued = last.id.n;
+        let expire_at_ms = grants.iter().filter_map(|grant| grant.expire_at_ms).max();
+        for (grant, id) in grants.iter().zip(&ids) {
+            self.add(grant.deadline_ms as f64, id.ptr())?;
+        }
+        self.add(-(issued as f64), self.api.seq_member.0)?;
+        self.remove(&read.expired);
+        if let Some(at) = expire_at_ms {
+            self.set_expiry(at)?;
+        }
+        self.propagate_removal(&read.expired, None);
+        // SAFETY: a live context; the strings live until after the call
+        // (RM_Replicate copies what it keeps).
+        unsafe {
+            if let ([grant], [id]) = (grants, ids.as_slice()) {
+                (self.api.replicate)(
+                    self.ctx,
+                    c"ZADD".as_ptr(),
+                    c"slsls".as_ptr(),
+                    self.name,
+                    grant.deadline_ms as c_longlong,
+                    id.ptr(),
+                    issued.saturating_neg() as c_longlong,
+                    self.api.seq_member.0,
+                );
+            } else {
+                let mut texts = Vec::with_capacity(grants.len().saturating_mul(2));
+                for (grant, id) in grants.iter().zip(&ids) {
+                    texts.push(self.integer(grant.deadline_ms)?);
+                    texts.push(
+                        ServerString::copy(self.api, self.ctx, id.bytes())
+                            .ok_or(TbError::Internal)?,
+                    );
+                }
+                texts.push(self.integer(issued.saturating_neg())?);
+                let mut argv: Vec<*mut RedisModuleString> =
+                    texts.iter().map(|text| text.ptr()).collect();
+                argv.push(self.api.seq_member.0);
+                (self.api.replicate)(
+                    self.ctx,
+                    c"ZADD".as_ptr(),
+                    c"sv".as_ptr(),
+                    self.name,
+                    argv.as_mut_ptr(),
+                    argv.len(),
+                );
+            }
+            (self.api.notify)(
+                self.ctx,
+                REDISMODULE_NOTIFY_ZSET as c_int,
+                c"zadd".as_ptr(),
+                self.name,
+            );
+        }
+        if let Some(at) = expire_at_ms {
+            self.propagate_expiry(at);
+        }
+        self.signal();
+        Ok(())
+    }
+
+    /// Removes the live lease `lease` (checked by the caller) and `expired`.
+    pub fn release(&self, read: &Read<'a>, lease: *mut RedisModuleString) -> Result<(), TbError> {
+        let mut deleted: c_int = 0;
+        // SAFETY: the key is open for writing and holds a sorted set.
+        let status = unsafe { (self.api.zset.rem)(self.key, lease, &mut deleted) };
+        if status != REDISMODULE_OK as c_int || deleted == 0 {
+            return Err(TbError::WriteFailed);
+        }
+        self.remove(&read.expired);
+        self.propagate_removal(&read.expired, Some(lease));
+        self.signal();
+        Ok(())
+    }
+
+    /// Moves the live lease `lease` to `deadline_ms`, with `expired` removed.
+    pub fn renew(
+        &self,
+        read: &Read<'a>,
+        lease: *mut RedisModuleString,
+        deadline_ms: i64,
+        expire_at_ms: Option<i64>,
+    ) -> Result<(), TbError> {
+        self.add(deadline_ms as f64, lease)?;
+        self.remove(&read.expired);
+        if let Some(at) = expire_at_ms {
+            self.set_expiry(at)?;
+        }
+        self.propagate_removal(&read.expired, None);
+        // SAFETY: a live context and strings.
+        unsafe {
+            (self.api.replicate)(
+                self.ctx,
+                c"ZADD".as_ptr(),
+                c"sls".as_ptr(),
+                self.name,
+                deadline_ms as c_longlong,
+                lease,
+            );
+            (self.api.notify)(
+                self.ctx,
+                REDISMODULE_NOTIFY_ZSET as c_int,
+                c"zadd".as_ptr(),
+                self.name,
+            );
+        }
+        if let Some(at) = expire_at_ms {
+            self.propagate_expiry(at);
+        }
+        self.signal();
+        Ok(())
+    }
+
+    fn add(&self, score: f64, member: *mut RedisModuleString) -> Result<(), TbError> {
+        let mut flags: c_int = 0;
+        // SAFETY: the key is open for writing (empty or a sorted set).
+        let status = unsafe { (self.api.zset.add)(self.key, score, member, &mut flags) };
+        if status == REDISMODULE_OK as c_int {
+            Ok(())
+        } else {
+            Err(TbError::WriteFailed)
+        }
+    }
+
+    fn remove(&self, expired: &[ServerString<'a>]) {
+        for member in expired {
+            let mut deleted: c_int = 0;
+            // SAFETY: the key is open for writing and holds a sorted set
+            // (its `seq` member is never among these, so it never empties).
+            unsafe { (self.api.zset.rem)(self.key, member.ptr(), &mut deleted) };
+        }
+        metrics::LEASES_EXPIRED.add_count(expired.len());
+    }
+
+    fn set_expiry(&self, at_ms: i64) -> Result<(), TbError> {
+        // SAFETY: the key is open for writing and holds the set.
+        let status = unsafe {
+            match self.api.set_abs_expire {
+                Some(set_abs_expire) => set_abs_expire(self.key, at_ms),
+                None => (self.api.set_expire)(
+                    self.key,
+                    at_ms.saturating_sub((self.api.milliseconds)()).max(1),
+                ),
+            }
+        };
+        if status == REDISMODULE_OK as c_int {
+            Ok(())
+        } else {
+            Err(TbError::WriteFailed)
+        }
+    }
+
+    /// `ZREM key <expired...> [lease]`, if there is anything to remove.
+    fn propagate_removal(
+        &self,
+        expired: &[ServerString<'a>],
+        lease: Option<*mut RedisModuleString>,
+    ) {
+        let mut argv: Vec<*mut RedisModuleString> = expired.iter().map(ServerString::ptr).collect();
+        argv.extend(lease);
+        if argv.is_empty() {
+            return;
+        }
+        // SAFETY: a live context and strings.
+        unsafe {
+            (self.api.replicate)(
+                self.ctx,
+                c"ZREM".as_ptr(),
+                c"sv".as_ptr(),
+                self.name,
+                argv.as_mut_ptr(),
+                argv.len(),
+            );
+            (self.api.notify)(
+                self.ctx,
+                REDISMODULE_NOTIFY_ZSET as c_int,
+                c"zrem".as_ptr(),
+                self.name,
+            );
+        }
+    }
+
+    fn propagate_expiry(&self, at_ms: i64) {
+        // SAFETY: a live context and key name.
+        unsafe {
+            (self.api.replicate)(
+                self.ctx,
+                c"PEXPIREAT".as_ptr(),
+                c"sl".as_ptr(),
+                self.name,
+                at_ms as c_longlong,
+            );
+            (self.api.notify)(
+                self.ctx,
+                REDISMODULE_NOTIFY_GENERIC as c_int,
+                c"expire".as_ptr(),
+                self.name,
+            );
+        }
+    }
+
+    /// WATCH and client tracking (the module opts out of the implicit
+    /// signal on every write-open).
+    fn signal(&self) {
+        // SAFETY: a live context and key name.
+        unsafe { (self.api.signal_modified_key)(self.ctx, self.name) };
+    }
+
+    fn integer(&self, value: i64) -> Result<ServerString<'a>, TbError> {
+        ServerString::copy(self.api, self.ctx, format_integer(value).as_bytes())
+            .ok_or(TbError::Internal)
+    }
+}
+
+impl Drop for LeaseSet<'_> {
+    fn drop(&mut self) {
+        if !self.key.is_null() {
+            // SAFETY: opened by `open`, closed exactly once.
+            unsafe { (self.api.close_key)(self.key) };
+        }
+    }
+}
+
+/// A score as whole ms (scores this module writes are whole already).
+pub fn whole_ms(score: f64) -> i64 {
+    // `as` saturates, and a sorted set holds no NaN.
+    score.ceil() as i64
+}

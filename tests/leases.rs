@@ -1,0 +1,573 @@
+//! TB.ACQUIRE, TB.RELEASE and TB.RENEW against a real server: the replies,
+//! the errors, the stored sorted set, leases ending by themselves, ids that
+//! are never handed out twice, and what replicas, the AOF, restarts and
+//! failovers see (docs/leases.md).
+
+mod common;
+
+use common::{
+    aof_commands, expect_error, pexpiretime, repl_offset, server_time_ms, sleep_ms,
+    start_replica_of, wait_for_replica, wait_until, Server, QUIET_MASTER_ARGS, SYNC_TIMEOUT,
+};
+use redis::Value;
+
+/// `[acquired, available, retry_after_ms, lease]` as sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Acquired {
+    acquired: i64,
+    available: i64,
+    retry_after_ms: i64,
+    lease: Option<String>,
+}
+
+fn acquire(con: &mut redis::Connection, key: &str, limit: i64, lease_ms: i64) -> Acquired {
+    let reply: Value = redis::cmd("TB.ACQUIRE")
+        .arg(key)
+        .arg(limit)
+        .arg(lease_ms)
+        .query(con)
+        .expect("TB.ACQUIRE");
+    parse_acquired(reply)
+}
+
+fn parse_acquired(reply: Value) -> Acquired {
+    let Value::Array(items) = reply else {
+        panic!("TB.ACQUIRE replied {reply:?}");
+    };
+    let int = |value: &Value| match value {
+        Value::Int(n) => *n,
+        other => panic!("expected an integer, got {other:?}"),
+    };
+    let lease = match &items[3] {
+        Value::Nil => None,
+        Value::BulkString(bytes) => Some(String::from_utf8(bytes.clone()).expect("UTF-8 id")),
+        other => panic!("expected a bulk string or nil, got {other:?}"),
+    };
+    Acquired {
+        acquired: int(&items[0]),
+        available: int(&items[1]),
+        retry_after_ms: int(&items[2]),
+        lease,
+    }
+}
+
+fn release(con: &mut redis::Connection, key: &str, lease: &str) -> i64 {
+    redis::cmd("TB.RELEASE")
+        .arg(key)
+        .arg(lease)
+        .query(con)
+        .expect("TB.RELEASE")
+}
+
+fn renew(con: &mut redis::Connection, key: &str, lease: &str, lease_ms: i64) -> i64 {
+    redis::cmd("TB.RENEW")
+        .arg(key)
+        .arg(lease)
+        .arg(lease_ms)
+        .query(con)
+        .expect("TB.RENEW")
+}
+
+/// The sorted set as `(member, score)` pairs, lowest score first.
+fn members(con: &mut redis::Connection, key: &str) -> Vec<(String, i64)> {
+    redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(con)
+        .expect("ZRANGE")
+}
+
+fn id_of(reply: &Acquired) -> String {
+    reply.lease.clone().expect("a lease id")
+}
+
+/// The `<n>` part of an id.
+fn count_of(id: &str) -> i64 {
+    id.split('-').nth(1).expect("<ms>-<n>").parse().expect("n")
+}
+
+#[test]
+fn acquire_grants_up_to_limit_then_denies_with_the_wait_for_the_earliest_lease() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let first = acquire(&mut con, "jobs", 2, 30_000);
+    assert_eq!(
+        (first.acquired, first.available, first.retry_after_ms),
+        (1, 1, 0)
+    );
+    let second = acquire(&mut con, "jobs", 2, 60_000);
+    assert_eq!((second.acquired, second.available), (1, 0));
+    let third = acquire(&mut con, "jobs", 2, 30_000);
+    assert_eq!(
+        (third.acquired, third.available, third.lease.as_deref()),
+        (0, 0, None)
+    );
+    assert!(
+        (29_000..=30_000).contains(&third.retry_after_ms),
+        "the first lease ends in ~30 s: {third:?}"
+    );
+    assert_eq!(count_of(&id_of(&first)), 1);
+    assert_eq!(count_of(&id_of(&second)), 2);
+}
+
+#[test]
+fn the_lease_set_is_a_plain_sorted_set_of_ids_by_deadline_with_a_seq_member() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let before = server_time_ms(&mut con);
+    let lease = id_of(&acquire(&mut con, "jobs", 3, 40_000));
+    let after = server_time_ms(&mut con);
+    let stored = members(&mut con, "jobs");
+    assert_eq!(stored.len(), 2, "{stored:?}");
+    assert_eq!(stored[0], ("seq".to_string(), -1));
+    assert_eq!(stored[1].0, lease);
+    let granted_ms: i64 = lease.split('-').next().unwrap().parse().unwrap();
+    assert!((before..=after).contains(&granted_ms));
+    assert_eq!(
+        stored[1].1,
+        granted_ms + 40_000,
+        "the score is the deadline"
+    );
+    assert_eq!(pexpiretime(&mut con, "jobs"), granted_ms + 40_000);
+}
+
+#[test]
+fn release_frees_the_slot_once_and_a_second_release_is_a_harmless_zero() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let lease = id_of(&acquire(&mut con, "jobs", 1, 30_000));
+    assert_eq!(acquire(&mut con, "jobs", 1, 30_000).acquired, 0);
+    assert_eq!(release(&mut con, "jobs", &lease), 1);
+    assert_eq!(release(&mut con, "jobs", &lease), 0);
+    assert_eq!(release(&mut con, "jobs", "123-456"), 0);
+    assert_eq!(release(&mut con, "missing", &lease), 0);
+    let next = acquire(&mut con, "jobs", 1, 30_000);
+    assert_eq!(next.acquired, 1);
+    assert_eq!(
+        count_of(&id_of(&next)),
+        2,
+        "the count goes on after a release"
+    );
+}
+
+#[test]
+fn no_argument_can_release_or_renew_the_seq_member() {
+    let server = Server::start();
+    let mut con = server.conn();
+    acquire(&mut con, "jobs", 1, 30_000);
+    let stored = members(&mut con, "jobs");
+    for bogus in ["seq", "", "-1", "x-1", "1-2-3"] {
+        assert_eq!(release(&mut con, "jobs", bogus), 0, "{bogus:?}");
+        assert_eq!(renew(&mut con, "jobs", bogus, 10), 0, "{bogus:?}");
+    }
+    assert_eq!(members(&mut con, "jobs"), stored);
+}
+
+#[test]
+fn a_crashed_holders_slot_comes_back_at_its_deadline() {
+    let server = Server::start();
+    let mut con = server.conn();
+    // The holder takes the only slot for 300 ms and never comes back.
+    let crashed = id_of(&acquire(&mut con, "jobs", 1, 300));
+    let denied = acquire(&mut con, "jobs", 1, 300);
+    assert_eq!(denied.acquired, 0);
+    sleep_ms(denied.retry_after_ms + 5);
+    let next = acquire(&mut con, "jobs", 1, 30_000);
+    assert_eq!(next.acquired, 1, "the slot returned by itself: {next:?}");
+    // Its ended lease was removed by that grant, and cannot be released.
+    assert!(!members(&mut con, "jobs")
+        .iter()
+        .any(|(id, _)| *id == crashed));
+    assert_eq!(release(&mut con, "jobs", &crashed), 0);
+}
+
+#[test]
+fn renewal_keeps_a_lease_past_its_first_deadline_and_an_ended_one_cannot_come_back() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let lease = id_of(&acquire(&mut con, "jobs", 1, 400));
+    for _ in 0..4 {
+        sleep_ms(200);
+        assert_eq!(renew(&mut con, "jobs", &lease, 400), 1);
+    }
+    // 800 ms after the grant, the lease still holds the slot.
+    assert_eq!(acquire(&mut con, "jobs", 1, 400).acquired, 0);
+    let now = server_time_ms(&mut con);
+    let deadline = members(&mut con, "jobs")[1].1;
+    assert!(deadline > now && deadline <= now + 400);
+    // A renewal may shorten the lease; the key's expiry never shrinks.
+    let expiry = pexpiretime(&mut con, "jobs");
+    assert_eq!(renew(&mut con, "jobs", &lease, 50), 1);
+    assert_eq!(pexpiretime(&mut con, "jobs"), expiry);
+    sleep_ms(80);
+    assert_eq!(
+        renew(&mut con, "jobs", &lease, 10_000),
+        0,
+        "ended: no renewal"
+    );
+    assert_eq!(release(&mut con, "jobs", &lease), 0);
+}
+
+#[test]
+fn a_lower_limit_denies_until_enough_leases_end_and_revokes_none() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let ids: Vec<String> = (0..3)
+        .map(|_| id_of(&acquire(&mut con, "jobs", 3, 30_000)))
+        .collect();
+    let denied = acquire(&mut con, "jobs", 1, 30_000);
+    assert_eq!((denied.acquired, denied.available), (0, 0));
+    assert_eq!(members(&mut con, "jobs").len(), 4, "nothing revoked");
+    for id in &ids[..2] {
+        assert_eq!(release(&mut con, "jobs", id), 1);
+    }
+    assert_eq!(acquire(&mut con, "jobs", 1, 30_000).acquired, 0);
+    assert_eq!(release(&mut con, "jobs", &ids[2]), 1);
+    assert_eq!(acquire(&mut con, "jobs", 1, 30_000).acquired, 1);
+}
+
+#[test]
+fn ids_are_never_handed_out_twice_even_after_the_key_expires_and_is_made_anew() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let mut seen = std::collections::HashSet::new();
+    for round in 0..3 {
+        for _ in 0..3 {
+            let lease = id_of(&acquire(&mut con, "jobs", 5, 40));
+            assert!(seen.insert(lease.clone()), "round {round}: {lease} twice");
+        }
+        wait_until("the lease set to expire", SYNC_TIMEOUT, || {
+            !common::exists(&mut con, "jobs")
+        });
+    }
+    // And in one MULTI, where every call sees the same instant.
+    let replies: Vec<Value> = redis::pipe()
+        .atomic()
+        .cmd("TB.ACQUIRE")
+        .arg("jobs")
+        .arg(5)
+        .arg(1000)
+        .cmd("TB.ACQUIRE")
+        .arg("jobs")
+        .arg(5)
+        .arg(1000)
+        .query(&mut con)
+        .expect("MULTI");
+    for reply in replies {
+        let lease = id_of(&parse_acquired(reply));
+        assert!(seen.insert(lease.clone()), "{lease} twice");
+    }
+}
+
+#[test]
+fn the_count_survives_a_restart() {
+    let mut server = Server::start_with(&["--appendonly", "yes"]);
+    let mut con = server.conn();
+    let first = id_of(&acquire(&mut con, "jobs", 5, 600_000));
+    release(&mut con, "jobs", &first);
+    server.restart();
+    let mut con = server.conn();
+    let next = id_of(&acquire(&mut con, "jobs", 5, 600_000));
+    assert_eq!(count_of(&next), 2);
+}
+
+#[test]
+fn bad_arguments_get_their_own_error_and_touch_nothing() {
+    let server = Server::start();
+    let mut con = server.conn();
+    acquire(&mut con, "jobs", 2, 30_000);
+    let stored = members(&mut con, "jobs");
+    let limit = "ERR limit must be a positive integer, at most 9007199254740992 (2^53)";
+    let lease_ms =
+        "ERR lease_ms must be a positive integer number of ms, at most 9007199254740992 (2^53)";
+    let timeout = "ERR timeout_ms must be a non-negative finite number of ms, at most 2^53";
+    let cases: &[(&[&[u8]], &str)] = &[
+        (&[b"TB.ACQUIRE", b"jobs", b"0", b"10"], limit),
+        (&[b"TB.ACQUIRE", b"jobs", b"1.5", b"10"], limit),
+        (&[b"TB.ACQUIRE", b"jobs", b"9007199254740993", b"10"], limit),
+        (&[b"TB.ACQUIRE", b"jobs", b"-1", b"x"], limit),
+        (&[b"TB.ACQUIRE", b"jobs", b"1", b"0"], lease_ms),
+        (&[b"TB.ACQUIRE", b"jobs", b"1", b"1e3"], lease_ms),
+        (&[b"TB.ACQUIRE", b"jobs", b"1", b"10", b"-1"], timeout),
+        (&[b"TB.RENEW", b"jobs", b"1-1", b"0"], lease_ms),
+        (&[b"TB.RENEW", b"jobs", b"1-1", b" 5"], lease_ms),
+        (
+            &[b"TB.ACQUIRE", b"jobs", b"1"],
+            "ERR wrong number of arguments for 'tb.acquire' command",
+        ),
+        (
+            &[b"TB.ACQUIRE", b"jobs", b"1", b"1", b"1", b"1"],
+            "ERR wrong number of arguments for 'tb.acquire' command",
+        ),
+        (
+            &[b"TB.RELEASE", b"jobs"],
+            "ERR wrong number of arguments for 'tb.release' command",
+        ),
+        (
+            &[b"TB.RENEW", b"jobs", b"1-1"],
+            "ERR wrong number of arguments for 'tb.renew' command",
+        ),
+    ];
+    for (args, expected) in cases {
+        assert_eq!(expect_error(&mut con, args), *expected, "{args:?}");
+    }
+    assert_eq!(members(&mut con, "jobs"), stored);
+}
+
+#[test]
+fn a_key_that_is_not_a_lease_set_is_refused_and_left_alone() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let _: () = redis::cmd("SET")
+        .arg("text")
+        .arg("x")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("ZADD")
+        .arg("scores")
+        .arg(1)
+        .arg("a")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("ZADD")
+        .arg("halfseq")
+        .arg(-1.5)
+        .arg("seq")
+        .query(&mut con)
+        .unwrap();
+    let wrong = "WRONGTYPE Operation against a key holding the wrong kind of value";
+    for command in [
+        &[&b"TB.ACQUIRE"[..], b"text", b"1", b"1"][..],
+        &[b"TB.RELEASE", b"text", b"1-1"],
+        &[b"TB.RENEW", b"text", b"1-1", b"1"],
+    ] {
+        assert_eq!(expect_error(&mut con, command), wrong);
+    }
+    for key in ["scores", "halfseq"] {
+        let corrupt =
+            format!("ERR corrupt lease set '{key}': no seq member scored from -2^53 to 0");
+        for command in [
+            &[&b"TB.ACQUIRE"[..], key.as_bytes(), b"1", b"1"][..],
+            &[b"TB.RELEASE", key.as_bytes(), b"1-1"],
+            &[b"TB.RENEW", key.as_bytes(), b"1-1", b"1"],
+        ] {
+            assert_eq!(expect_error(&mut con, command), corrupt);
+        }
+    }
+    assert_eq!(members(&mut con, "scores"), vec![("a".to_string(), 1)]);
+}
+
+#[test]
+fn a_writing_call_removes_at_most_64_ended_leases_and_still_counts_exactly() {
+    let server = Server::start();
+    let mut con = server.conn();
+    // 100 leases that end together, then one that lasts.
+    for _ in 0..100 {
+        assert_eq!(acquire(&mut con, "jobs", 1000, 150).acquired, 1);
+    }
+    let lasting = acquire(&mut con, "jobs", 1000, 60_000);
+    sleep_ms(200);
+    let grant = acquire(&mut con, "jobs", 3, 60_000);
+    assert_eq!(
+        (grant.acquired, grant.available),
+        (1, 1),
+        "two live leases: {grant:?}"
+    );
+    assert_eq!(members(&mut con, "jobs").len(), 1 + 100 - 64 + 2);
+    // Two calls later every ended lease is gone; the live ones stay.
+    let next = id_of(&acquire(&mut con, "jobs", 3, 60_000));
+    assert_eq!(release(&mut con, "jobs", &next), 1);
+    let left: Vec<String> = members(&mut con, "jobs")
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(
+        left,
+        vec!["seq".to_string(), id_of(&lasting), id_of(&grant)]
+    );
+    let info = common::info_field(&mut con, "tb", "tb_leases_expired").unwrap();
+    assert_eq!(info, "100");
+}
+
+#[test]
+fn replies_and_counters_show_in_info_tb() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let lease = id_of(&acquire(&mut con, "jobs", 1, 30_000));
+    acquire(&mut con, "jobs", 1, 30_000);
+    renew(&mut con, "jobs", &lease, 30_000);
+    release(&mut con, "jobs", &lease);
+    release(&mut con, "jobs", &lease);
+    for (field, value) in [
+        ("tb_leases_acquired", "1"),
+        ("tb_leases_denied", "1"),
+        ("tb_leases_renewed", "1"),
+        ("tb_leases_released", "1"),
+    ] {
+        assert_eq!(
+            common::info_field(&mut con, "tb", field).as_deref(),
+            Some(value),
+            "{field}"
+        );
+    }
+}
+
+/// A master and its replica, synced.
+fn pair() -> (Server, Server) {
+    let master = Server::start_with(QUIET_MASTER_ARGS);
+    let replica = start_replica_of(&master);
+    (master, replica)
+}
+
+#[test]
+fn a_denial_and_a_release_of_nothing_replicate_zero_bytes() {
+    let (master, replica) = pair();
+    let mut con = master.conn();
+    let lease = id_of(&acquire(&mut con, "jobs", 1, 30_000));
+    release(&mut con, "jobs", &lease);
+    acquire(&mut con, "jobs", 1, 30_000);
+    wait_for_replica(&master, &replica);
+    let before = repl_offset(&mut con);
+    assert_eq!(acquire(&mut con, "jobs", 1, 30_000).acquired, 0);
+    assert_eq!(release(&mut con, "jobs", &lease), 0);
+    assert_eq!(renew(&mut con, "jobs", &lease, 10), 0);
+    assert_eq!(release(&mut con, "nothing", "1-1"), 0);
+    assert_eq!(repl_offset(&mut con), before);
+}
+
+#[test]
+fn replicas_and_the_aof_end_with_exactly_the_masters_lease_sets() {
+    let master = Server::start_with(&[
+        "--appendonly",
+        "yes",
+        "--aof-use-rdb-preamble",
+        "no",
+        "--repl-ping-replica-period",
+        "3600",
+    ]);
+    let replica = start_replica_of(&master);
+    let mut con = master.conn();
+    let mut held = Vec::new();
+    for step in 0..60 {
+        let key = format!("jobs:{}", step % 3);
+        match step % 5 {
+            0..=2 => {
+                if let Some(id) = acquire(&mut con, &key, 4, 20 + step * 7).lease {
+                    held.push((key, id));
+                }
+            }
+            3 => {
+                if let Some((key, id)) = held.pop() {
+                    release(&mut con, &key, &id);
+                }
+            }
+            _ => {
+                if let Some((key, id)) = held.first() {
+                    renew(&mut con, key, id, 5_000);
+                }
+            }
+        }
+        sleep_ms(3);
+    }
+    wait_for_replica(&master, &replica);
+    let mut rcon = replica.conn();
+    for key in ["jobs:0", "jobs:1", "jobs:2"] {
+        assert_eq!(members(&mut rcon, key), members(&mut con, key), "{key}");
+        assert_eq!(
+            pexpiretime(&mut rcon, key),
+            pexpiretime(&mut con, key),
+            "{key}"
+        );
+    }
+    // The AOF holds only plain commands: a server without the module loads it.
+    let commands = aof_commands(&master.dir);
+    assert!(commands
+        .iter()
+        .all(|command| !String::from_utf8_lossy(&command[0])
+            .to_uppercase()
+            .starts_with("TB.")));
+    let mut plain = Server::start_without_module(&["--appendonly", "yes"]);
+    plain.stop();
+    let target = plain.dir.join("appendonlydir");
+    let _ = std::fs::remove_dir_all(&target);
+    copy_dir(&master.dir.join("appendonlydir"), &target);
+    plain.restart();
+    let mut pcon = plain.conn();
+    for key in ["jobs:0", "jobs:1", "jobs:2"] {
+        assert_eq!(members(&mut pcon, key), members(&mut con, key), "{key}");
+        assert_eq!(
+            pexpiretime(&mut pcon, key),
+            pexpiretime(&mut con, key),
+            "{key}"
+        );
+    }
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+#[test]
+fn a_promoted_replica_keeps_the_leases_and_the_count() {
+    let (master, replica) = pair();
+    let mut con = master.conn();
+    let held = id_of(&acquire(&mut con, "jobs", 2, 600_000));
+    let released = id_of(&acquire(&mut con, "jobs", 2, 600_000));
+    release(&mut con, "jobs", &released);
+    wait_for_replica(&master, &replica);
+    drop(master);
+    let mut rcon = replica.conn();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut rcon)
+        .unwrap();
+    // The held lease still holds its slot; the next id counts on.
+    let next = id_of(&acquire(&mut rcon, "jobs", 2, 600_000));
+    assert_eq!(count_of(&next), 3);
+    assert_eq!(acquire(&mut rcon, "jobs", 2, 600_000).acquired, 0);
+    assert_eq!(release(&mut rcon, "jobs", &held), 1);
+    assert_eq!(
+        release(&mut rcon, "jobs", &released),
+        0,
+        "a stale id stays stale"
+    );
+}
+
+#[test]
+fn leases_work_inside_multi_and_scripts() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let lease: String = redis::cmd("EVAL")
+        .arg("return redis.call('TB.ACQUIRE', KEYS[1], 1, 30000)[4]")
+        .arg(1)
+        .arg("jobs")
+        .query(&mut con)
+        .expect("TB.ACQUIRE from a script");
+    let released: i64 = redis::cmd("EVAL")
+        .arg("return redis.call('TB.RELEASE', KEYS[1], ARGV[1])")
+        .arg(1)
+        .arg("jobs")
+        .arg(&lease)
+        .query(&mut con)
+        .expect("TB.RELEASE from a script");
+    assert_eq!(released, 1);
+    // With a timeout inside MULTI: answered at once, never blocked.
+    acquire(&mut con, "jobs", 1, 30_000);
+    let replies: Vec<Value> = redis::pipe()
+        .atomic()
+        .cmd("TB.ACQUIRE")
+        .arg("jobs")
+        .arg(1)
+        .arg(30_000)
+        .arg(10_000)
+        .query(&mut con)
+        .expect("MULTI");
+    assert_eq!(parse_acquired(replies[0].clone()).acquired, 0);
+}
