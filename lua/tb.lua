@@ -599,8 +599,8 @@ local function extend_expiry(key, deadline, now)
   if at == -1 then
     local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
     local highest = tonumber(top[2])
-    if highest ~= nil and highest > deadline then
-      deadline = highest
+    if highest ~= nil and math.ceil(highest) > deadline then
+      deadline = math.ceil(highest)
     end
     return deadline
   elseif at >= deadline then
@@ -640,10 +640,16 @@ local function write_leases(key, now, deadline, members, also)
   end
 end
 
--- The lease `lease` at `key` if it is live at `now`: its deadline, else nil.
+-- The lease `lease` at `key` if it is live at `now`: its deadline (whole ms,
+-- rounded up as the module reads a score), else nil. Only members shaped like
+-- an id, `<digits>-<digits>` of at most 64 bytes, are looked up, so no
+-- argument can touch `seq` or a member someone else stored.
 local function live_deadline(key, lease, now)
+  if #lease > MAX_LEN or not string.match(lease, '^%d+%-%d+$') then
+    return nil
+  end
   local score = tonumber(redis.call('ZSCORE', key, lease))
-  if score ~= nil and now < score then
+  if score ~= nil and now < math.ceil(score) then
     return score
   end
   return nil
@@ -676,7 +682,7 @@ local function tb_acquire(keys, args)
     -- Denied (live >= limit >= 1, so a live lease exists): nothing written.
     local first = redis.call('ZRANGEBYSCORE', key, '(' .. fmt_int(now), '+inf', 'WITHSCORES',
       'LIMIT', 0, 1)
-    return {0, 0, tonumber(first[2]) - now, false}
+    return {0, 0, math.ceil(tonumber(first[2])) - now, false}
   end
   count = count or 0
   if count >= MAX_LEASE then

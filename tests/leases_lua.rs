@@ -450,7 +450,7 @@ fn check_contract(seen: &Observed, call: &Call, what: &str) -> Outcome {
             -2 => written,
             -1 => held_before
                 .iter()
-                .map(|(_, s)| *s as i64)
+                .map(|(_, s)| s.ceil() as i64)
                 .fold(written, i64::max),
             at => at.max(written),
         };
@@ -497,7 +497,7 @@ fn check_contract(seen: &Observed, call: &Call, what: &str) -> Outcome {
                 let earliest = before
                     .iter()
                     .filter(|(m, s)| m != "seq" && *s > now as f64)
-                    .map(|(_, s)| *s as i64)
+                    .map(|(_, s)| s.ceil() as i64)
                     .min()
                     .expect("a denial with a live lease");
                 assert_eq!(reply, (0, 0, earliest - now, None), "{}", context());
@@ -509,7 +509,8 @@ fn check_contract(seen: &Observed, call: &Call, what: &str) -> Outcome {
             let lease = arg(0);
             let reply: i64 = redis::from_redis_value(&seen.twin)
                 .unwrap_or_else(|e| panic!("reply shape {e}: {}", context()));
-            let held = lease != "seq" && before.iter().any(|(m, s)| *m == lease && *s > now as f64);
+            let held =
+                is_lease_id(&lease) && before.iter().any(|(m, s)| *m == lease && *s > now as f64);
             assert_eq!(reply, held as i64, "{}", context());
             if !held {
                 unchanged();
@@ -536,6 +537,15 @@ fn check_contract(seen: &Observed, call: &Call, what: &str) -> Outcome {
         }
         other => panic!("no such call {other}"),
     }
+}
+
+/// `<digits>-<digits>`, at most 64 bytes: the only members a release or renewal looks up.
+fn is_lease_id(lease: &str) -> bool {
+    let digits = |part: &str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
+    lease.len() <= 64
+        && lease
+            .split_once('-')
+            .is_some_and(|(ms, n)| digits(ms) && digits(n))
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -879,6 +889,7 @@ fn hand_made_cases(con: &mut redis::Connection, fallback: &Fallback) {
     enum Score {
         Ago(i64),
         Ahead(i64),
+        AheadHalf(i64),
         Abs(f64),
     }
     enum Expiry {
@@ -893,6 +904,9 @@ fn hand_made_cases(con: &mut redis::Connection, fallback: &Fallback) {
     many.push(("5-99".into(), Score::Ahead(60_000)));
     many.push(("seq".into(), Score::Abs(-99.0)));
     let live = |id: &str, ahead: i64| (id.to_string(), Score::Ahead(ahead));
+    // Shaped like an id, but longer than one may be.
+    let long_id = format!("1-{}", "1".repeat(63));
+    let long_id = [long_id.as_bytes()];
     let seq = |count: f64| ("seq".to_string(), Score::Abs(-count));
     let max = MAX as f64;
     type Case = (Vec<(String, Score)>, Expiry, Call);
@@ -920,6 +934,14 @@ fn hand_made_cases(con: &mut redis::Connection, fallback: &Fallback) {
         (vec![seq(2.0), live("7-1", 1000), ("7-2".into(), Score::Ago(0))], Expiry::Latest, Call::new("acquire", &[b"2", b"10"])),
         (vec![seq(2.0), live("7-1", 1000), ("7-2".into(), Score::Ago(0))], Expiry::Latest, Call::new("renew", &[b"7-2", b"10"])),
         (vec![seq(2.0), live("7-1", 1), ("7-2".into(), Score::Ago(0))], Expiry::Latest, Call::new("release", &[b"7-1"])),
+        (vec![seq(1.0), live("foo", 5000)], Expiry::Latest, Call::new("release", &[b"foo"])),
+        (vec![seq(1.0), live("foo", 5000)], Expiry::Latest, Call::new("renew", &[b"foo", b"10"])),
+        (vec![seq(1.0), live("foo", 5000)], Expiry::Latest, Call::new("acquire", &[b"1", b"10"])),
+        (vec![seq(1.0), live(std::str::from_utf8(long_id[0]).unwrap(), 5000)], Expiry::Latest, Call::new("release", &long_id)),
+        (vec![seq(1.0), live("7-1", 5000), ("7-2".into(), Score::AheadHalf(0))], Expiry::Latest, Call::new("release", &[b"7-2"])),
+        (vec![seq(1.0), ("7-1".into(), Score::AheadHalf(1000))], Expiry::Latest, Call::new("acquire", &[b"1", b"10"])),
+        (vec![seq(1.0), ("7-1".into(), Score::AheadHalf(50_000))], Expiry::None, Call::new("acquire", &[b"2", b"10"])),
+        (vec![seq(1.0), ("7-1".into(), Score::AheadHalf(50_000))], Expiry::None, Call::new("renew", &[b"7-1", b"10"])),
     ];
     let mut resynced = 0;
     let mut errors_compared = 0;
@@ -935,6 +957,7 @@ fn hand_made_cases(con: &mut redis::Connection, fallback: &Fallback) {
                     let score = match score {
                         Score::Ago(ms) => (now - ms) as f64,
                         Score::Ahead(ms) => (now + ms) as f64,
+                        Score::AheadHalf(ms) => (now + ms) as f64 + 0.5,
                         Score::Abs(s) => *s,
                     };
                     pipe.cmd("ZADD")
@@ -1164,7 +1187,8 @@ fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
         "{}",
         fallback.name()
     );
-    // Two keys: one argument too many for the module.
+    // Two keys: an argument more than the command takes (TB.ACQUIRE takes a timeout_ms, so
+    // the module gets two more).
     for (command, args) in [
         ("acquire", vec![&b"1"[..], b"1000"]),
         ("release", vec![&b"a"[..]]),
@@ -1173,6 +1197,9 @@ fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
         let mut module = module_cmd(command, key, &[b"le:other"]);
         for arg in &args {
             module.arg(*arg);
+        }
+        if command == "acquire" {
+            module.arg("0");
         }
         assert_same_error(
             con,
