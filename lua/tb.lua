@@ -10,6 +10,9 @@
 --     FCALL tb_peek    1 key capacity rate [n]      (also FCALL_RO: no-writes)
 --     FCALL tb_refund  1 key capacity rate n
 --     FCALL tb_takeall N key1 .. keyN capacity1 rate1 n1 .. capacityN rateN nN
+--     FCALL tb_acquire 1 key limit lease_ms              (TB.ACQUIRE, no timeout_ms)
+--     FCALL tb_release 1 key lease
+--     FCALL tb_renew   1 key lease lease_ms
 --   A functions library is stored with the data (RDB, AOF) and replicated,
 --   so clients never see NOSCRIPT.
 --
@@ -20,22 +23,32 @@
 --     EVALSHA <sha> 1 key peek capacity rate [n]
 --     EVALSHA <sha> 1 key refund capacity rate n
 --     EVALSHA <sha> N key1 .. keyN takeall capacity1 rate1 n1 .. capacityN rateN nN
+--     EVALSHA <sha> 1 key acquire limit lease_ms
+--     EVALSHA <sha> 1 key release lease
+--     EVALSHA <sha> 1 key renew lease lease_ms
 --
 -- Each step mirrors src/bucket.rs and src/number.rs operation for
 -- operation, so both produce the same doubles, the same waits to the ms and
 -- byte-identical `tokens` text (tests/lua_fallback.rs compares them). The
--- clock is the server's TIME, read once per call, never the caller's.
--- Replicas and the AOF receive the effects (HSET, PEXPIREAT with an
--- absolute deadline), never the script.
+-- leases (docs/leases.md) store the module's sorted set, members, scores and
+-- expiry (tests/leases_lua.rs compares them). The clock is the server's
+-- TIME, read once per call, never the caller's. Replicas and the AOF receive
+-- the effects (HSET, ZREM, ZADD, PEXPIREAT with an absolute deadline), never
+-- the script.
 --
 -- Known differences from the module (see tests/lua_fallback.rs):
--- * no TB.BTAKE (a script cannot wait), no INFO tb counters, and
+-- * no TB.BTAKE and no timeout_ms for acquire (a script cannot wait: one
+--   more argument is the wrong-arity error), no INFO tb counters, and
 --   tb.shadow-mode does not apply;
 -- * a wrong number of arguments is reported in the module's words, but by
 --   the script (the server cannot check a script's arity);
 -- * ACL applies to the commands inside: a restricted user needs FCALL (or
---   EVALSHA) and TYPE, HMGET, TIME, HSET, PEXPIREAT. Without PEXPIREAT the
---   script fails after its HSET, and a script is not rolled back.
+--   EVALSHA) and, for the buckets, TYPE, HMGET, TIME, HSET, PEXPIREAT; for
+--   the leases, TYPE, ZSCORE, TIME, ZCOUNT, ZRANGEBYSCORE, ZRANGE,
+--   PEXPIRETIME, ZREM, ZADD, PEXPIREAT (before Redis 7.0, which has no
+--   PEXPIRETIME: PTTL, and an expiry may then come out a ms off the
+--   module's). Without PEXPIREAT the script fails after its write, and a
+--   script is not rolled back.
 
 -- The longest wait ever reported or turned into a TTL: 2^53 ms.
 local MAX_WAIT_MS = 9007199254740992
@@ -583,6 +596,8 @@ local function expire_time(key, now)
   local at = redis.pcall('PEXPIRETIME', key)
   if type(at) == 'number' then
     return at
+  elseif not string.find(tostring(at.err), 'nknown', 1, true) then
+    return error(at) -- not a missing command (NOPERM, say): fail as call would
   end
   local ttl = redis.call('PTTL', key)
   if ttl < 0 then

@@ -1372,4 +1372,29 @@ fn a_restricted_user_needs_the_commands_the_lease_functions_call() {
     let err = outcome(&mut con, &f.cmd("acquire", b"other:1", &[b"1", b"1"]))
         .expect_err("a key outside ~le:*");
     assert!(err.starts_with("NOPERM"), "{err}");
+
+    // Without PEXPIRETIME (PTTL granted instead) the functions fail before they write: PTTL is
+    // only the stand-in where the command does not exist, never where it is forbidden.
+    let no_pexpiretime: Vec<&str> = rules
+        .iter()
+        .copied()
+        .filter(|rule| *rule != "+pexpiretime")
+        .chain(["+pttl"])
+        .collect();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("partial")
+        .arg(&no_pexpiretime)
+        .query(&mut admin)
+        .expect("ACL SETUSER");
+    let mut partial = server.conn();
+    let _: () = redis::cmd("AUTH")
+        .arg("partial")
+        .arg("pw")
+        .query(&mut partial)
+        .expect("AUTH");
+    let err = outcome(&mut partial, &f.cmd("acquire", b"le:2", &[b"1", b"1000"]))
+        .expect_err("no PEXPIRETIME");
+    println!("without +pexpiretime: {err}");
+    assert!(!exists(&mut admin, "le:2"));
 }
