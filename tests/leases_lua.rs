@@ -1398,3 +1398,192 @@ fn a_restricted_user_needs_the_commands_the_lease_functions_call() {
     println!("without +pexpiretime: {err}");
     assert!(!exists(&mut admin, "le:2"));
 }
+
+/// Replicas and the AOF get the same commands from both (docs/leases.md, "Replication is by
+/// effects only"): a fixed sequence of grants, denials, releases and renewals, each compared
+/// in one ms, then the AOF's commands on each key, transaction by transaction, must be the same
+/// once B is renamed A; a call that writes nothing appends nothing.
+#[test]
+fn the_twins_append_the_same_commands() {
+    for make_fallback in [
+        Fallback::script as fn(&mut redis::Connection) -> Fallback,
+        Fallback::function,
+    ] {
+        let server = Server::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+        let mut con = server.conn();
+        let fallback = make_fallback(&mut con);
+        let (a, b) = ("aof:a", "aof:b");
+        let mut resynced = 0;
+        let mut attempts = 0;
+        // (index of the compared attempt among all attempts, whether the call writes)
+        let mut compared: Vec<(usize, bool, String)> = Vec::new();
+        let mut ids: Vec<String> = Vec::new();
+        let mut step = |con: &mut redis::Connection, call: Call, writes: Option<bool>| {
+            // An attempt that is not compared has written A all the same: each attempt starts
+            // from the state before the step (a RESTORE outside the probes' transactions).
+            let dump: Option<Vec<u8>> = redis::cmd("DUMP").arg(a).query(con).expect("DUMP");
+            let expire = pexpiretime(con, a);
+            let restore = |con: &mut redis::Connection| {
+                let mut pipe = redis::pipe();
+                pipe.atomic().cmd("DEL").arg(a).arg(b).ignore();
+                if let Some(dump) = &dump {
+                    for key in [a, b] {
+                        let restore = pipe.cmd("RESTORE").arg(key);
+                        if expire > 0 {
+                            restore.arg(expire).arg(dump.as_slice()).arg("ABSTTL");
+                        } else {
+                            restore.arg(0).arg(dump.as_slice());
+                        }
+                        restore.ignore();
+                    }
+                }
+                let _: () = pipe.query(con).expect("RESTORE");
+            };
+            let before = resynced;
+            let seen = compared_step(
+                con,
+                Some(&fallback),
+                &call,
+                a,
+                b,
+                Some(&restore),
+                &mut resynced,
+            )
+            .unwrap_or_else(|| panic!("{}: never ran within one ms", call.show()));
+            seen.assert_twins(&call.show());
+            attempts += resynced - before + 1;
+            let id = match &seen.module {
+                Value::Array(items) => match items.get(3) {
+                    Some(Value::BulkString(id)) => Some(text(id)),
+                    _ => None,
+                },
+                _ => None,
+            };
+            let wrote = seen.after_a != seen.before_a || seen.expire_a != seen.expire_before_a;
+            if let Some(writes) = writes {
+                assert_eq!(wrote, writes, "{}: {}", call.show(), seen.context());
+            }
+            compared.push((attempts - 1, wrote, call.show()));
+            id
+        };
+        for lease_ms in [&b"10000"[..], b"5", b"5"] {
+            let id = step(
+                &mut con,
+                Call::new("acquire", &[b"3", lease_ms]),
+                Some(true),
+            );
+            ids.push(id.expect("granted"));
+        }
+        sleep_ms(10);
+        let id = step(
+            &mut con,
+            Call::new("acquire", &[b"3", b"10000"]),
+            Some(true),
+        );
+        ids.push(id.expect("granted"));
+        step(
+            &mut con,
+            Call::new("acquire", &[b"2", b"10000"]),
+            Some(false),
+        );
+        step(
+            &mut con,
+            Call::new("release", &[ids[0].as_bytes()]),
+            Some(true),
+        );
+        step(
+            &mut con,
+            Call::new("release", &[ids[0].as_bytes()]),
+            Some(false),
+        );
+        step(
+            &mut con,
+            Call::new("release", &[ids[1].as_bytes()]),
+            Some(false),
+        );
+        step(
+            &mut con,
+            Call::new("renew", &[ids[3].as_bytes(), b"20000"]),
+            Some(true),
+        );
+        step(
+            &mut con,
+            Call::new("renew", &[ids[3].as_bytes(), b"1000"]),
+            Some(true),
+        );
+        step(
+            &mut con,
+            Call::new("renew", &[b"garbage", b"10"]),
+            Some(false),
+        );
+        step(
+            &mut con,
+            Call::new("release", &[ids[3].as_bytes()]),
+            Some(true),
+        );
+
+        // The transactions that hold the probes are the attempts, in order.
+        let commands = aof_commands(&server.dir);
+        let mut blocks: Vec<Vec<Vec<Vec<u8>>>> = Vec::new();
+        let mut current: Option<Vec<Vec<Vec<u8>>>> = None;
+        for command in commands {
+            match command[0].to_ascii_uppercase().as_slice() {
+                b"MULTI" => current = Some(Vec::new()),
+                b"EXEC" => {
+                    let block = current.take().expect("EXEC after MULTI");
+                    if block
+                        .iter()
+                        .any(|c| c.get(1).map(Vec::as_slice) == Some(PROBE_BEFORE.as_bytes()))
+                    {
+                        blocks.push(block);
+                    }
+                }
+                _ => {
+                    if let Some(block) = current.as_mut() {
+                        block.push(command);
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            blocks.len(),
+            attempts,
+            "one transaction per attempt in the AOF"
+        );
+        let on = |block: &[Vec<Vec<u8>>], key: &str| -> Vec<Vec<Vec<u8>>> {
+            block
+                .iter()
+                .filter(|c| c.get(1).map(Vec::as_slice) == Some(key.as_bytes()))
+                .map(|c| {
+                    let mut c = c.clone();
+                    c[1] = a.as_bytes().to_vec();
+                    c
+                })
+                .collect()
+        };
+        let show = |commands: &[Vec<Vec<u8>>]| -> String {
+            commands
+                .iter()
+                .map(|c| c.iter().map(|x| text(x)).collect::<Vec<_>>().join(" "))
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        for (index, wrote, what) in &compared {
+            let from_module = on(&blocks[*index], a);
+            let from_twin = on(&blocks[*index], b);
+            println!("{} {what}: {}", fallback.name(), show(&from_module));
+            assert_eq!(
+                show(&from_twin),
+                show(&from_module),
+                "{} {what}: the AOF differs",
+                fallback.name()
+            );
+            assert_eq!(
+                !from_module.is_empty(),
+                *wrote,
+                "{what}: appended {}",
+                show(&from_module)
+            );
+        }
+    }
+}
