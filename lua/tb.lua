@@ -760,8 +760,11 @@ if redis.register_function then
   redis.register_function('tb_refund', tb_refund)
   redis.register_function('tb_takeall', tb_takeall)
   redis.register_function('tb_acquire', tb_acquire)
-  redis.register_function('tb_release', tb_release)
-  redis.register_function('tb_renew', tb_renew)
+  -- Like TB.RELEASE and TB.RENEW (no deny-oom): a holder can give its lease
+  -- back, or keep it, when memory is short.
+  redis.register_function{function_name = 'tb_release', callback = tb_release,
+    flags = {'allow-oom'}}
+  redis.register_function{function_name = 'tb_renew', callback = tb_renew, flags = {'allow-oom'}}
 else
   -- EVAL: a write after TIME needs effects replication, the default since
   -- Redis 5; Redis 4 gets it from this call.

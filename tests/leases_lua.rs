@@ -1588,3 +1588,83 @@ fn the_twins_append_the_same_commands() {
         }
     }
 }
+
+/// Over `maxmemory` (noeviction), TB.ACQUIRE and `tb_acquire` are refused with the server's OOM
+/// error and write nothing, while TB.RELEASE, TB.RENEW, `tb_release` and `tb_renew` still
+/// work (a holder can give its lease back or keep it when memory is short).
+#[test]
+fn over_maxmemory_only_acquire_is_refused_by_both() {
+    const OOM_ERR: &str = "OOM command not allowed when used memory > 'maxmemory'.";
+    let server = Server::start_with(&["--maxmemory-policy", "noeviction"]);
+    let mut con = server.conn();
+    let fallback = Fallback::function(&mut con);
+    let mut ids = Vec::new();
+    for key in ["oom:a", "oom:b"] {
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let args: [&[u8]; 2] = [b"5", b"60000"];
+            let cmd = if key == "oom:a" {
+                module_cmd("acquire", key.as_bytes(), &args)
+            } else {
+                fallback.cmd("acquire", key.as_bytes(), &args)
+            };
+            let (acquired, _, _, id): (i64, i64, i64, String) = cmd.query(&mut con).unwrap();
+            assert_eq!(acquired, 1);
+            held.push(id);
+        }
+        ids.push(held);
+    }
+    let _: i64 = redis::cmd("SETRANGE")
+        .arg("ballast")
+        .arg(32 << 20)
+        .arg("x")
+        .query(&mut con)
+        .expect("SETRANGE ballast");
+    let used: i64 = info_field(&mut con, "memory", "used_memory")
+        .expect("used_memory")
+        .parse()
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(used - (16 << 20))
+        .query(&mut con)
+        .unwrap();
+    for (i, key) in ["oom:a", "oom:b"].into_iter().enumerate() {
+        let by = |command: &str, args: &[&[u8]]| {
+            if i == 0 {
+                module_cmd(command, key.as_bytes(), args)
+            } else {
+                fallback.cmd(command, key.as_bytes(), args)
+            }
+        };
+        let before = snapshot(&mut con, key.as_bytes());
+        let refused = outcome(&mut con, &by("acquire", &[b"5", b"60000"]));
+        assert_eq!(refused, Err(OOM_ERR.to_string()), "{key}");
+        assert_eq!(snapshot(&mut con, key.as_bytes()), before, "{key}: written");
+        let renewed = outcome(&mut con, &by("renew", &[ids[i][0].as_bytes(), b"90000"]));
+        assert_eq!(renewed, Ok(Value::Int(1)), "{key}");
+        let released = outcome(&mut con, &by("release", &[ids[i][1].as_bytes()]));
+        assert_eq!(released, Ok(Value::Int(1)), "{key}");
+    }
+    // The script form has no flags: the server refuses its first write of a command that is
+    // deny-oom (ZADD, so acquire and renew) and lets ZREM through (release).
+    let script = Fallback::script(&mut con);
+    let before = snapshot(&mut con, b"oom:b");
+    let renewed = outcome(
+        &mut con,
+        &script.cmd("renew", b"oom:b", &[ids[1][0].as_bytes(), b"90000"]),
+    );
+    let err = renewed.expect_err("EVALSHA renew over maxmemory");
+    assert!(err.starts_with(OOM_ERR), "{err}");
+    assert_eq!(
+        snapshot(&mut con, b"oom:b"),
+        before,
+        "a refused renewal wrote"
+    );
+    let released = outcome(
+        &mut con,
+        &script.cmd("release", b"oom:b", &[ids[1][0].as_bytes()]),
+    );
+    assert_eq!(released, Ok(Value::Int(1)));
+}
