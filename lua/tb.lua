@@ -665,7 +665,7 @@ local function live_deadline(key, lease, now)
   end
   local score = tonumber(redis.call('ZSCORE', key, lease))
   if score ~= nil and now < math.ceil(score) then
-    return score
+    return math.ceil(score)
   end
   return nil
 end
