@@ -32,18 +32,16 @@ async fn main() {
     module.connect().await.expect("module backend");
     lua.connect().await.expect("function backend");
 
-    let plain = Router::new()
-        .route("/bare", get(|| async { "ok" }))
-        .route(
-            "/get",
-            get(move || {
-                let mut con = con.clone();
-                async move {
-                    let _: Option<String> = con.get("bench:get").await.expect("GET");
-                    "ok"
-                }
-            }),
-        );
+    let plain = Router::new().route("/bare", get(|| async { "ok" })).route(
+        "/get",
+        get(move || {
+            let mut con = con.clone();
+            async move {
+                let _: Option<String> = con.get("bench:get").await.expect("GET");
+                "ok"
+            }
+        }),
+    );
     let limited = |limiter| {
         Router::new()
             .route("/x", get(|| async { "ok" }))
