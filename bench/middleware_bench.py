@@ -445,6 +445,32 @@ def bench_framework(fw: dict, server: RedisServer, requests: int, rounds: int, w
     return {"per_round": per_round, "problems": problems}
 
 
+def breakdowns(setups: dict, server: RedisServer, n: int, rounds: int) -> dict:
+    """Each library's own cost without HTTP (bench/middleware/breakdown.*):
+    one GET against one `take` on the same connection kind, and the
+    middleware's decision called directly. Says whether the excess over one
+    GET is the library's call or the framework glue around it."""
+    runs = {
+        "python": ([str(VENV / "bin" / "python"), "breakdown.py"], {}),
+        "node": (["node", "breakdown.js"], {"NODE_PATH": str(NODE_DIR / "node_modules")}),
+        "axum": ([str(AXUM_TARGET / "release" / "tb-mw-bench-axum"), "breakdown"],
+                 {"REDIS_URL": f"redis://127.0.0.1:{server.port}/0", "PORT": "0"}),
+    }  # fmt: skip
+    out = {}
+    for setup, (argv, env) in runs.items():
+        if setup not in setups or setups[setup]:
+            continue
+        argv = argv + ([str(server.port)] if setup != "axum" else []) + [str(n), str(rounds)]
+        try:
+            done = subprocess.run(argv, cwd=APPS, env=dict(os.environ, **env), capture_output=True, text=True, timeout=300)
+            if done.returncode != 0:
+                raise RuntimeError(done.stderr.strip()[-500:])
+            out[setup] = json.loads(done.stdout.strip().splitlines()[-1])
+        except Exception as e:  # noqa: BLE001 - informative only
+            log(f"breakdown {setup}: {e}")
+    return out
+
+
 def summarise(per_round: list[dict]) -> dict:
     def med(xs):
         return statistics.median(xs)
@@ -521,6 +547,47 @@ def markdown(results: dict) -> str:
         if "summary" in res:
             s = res["summary"]
             lines.append(f"- {name}: {f1(s['bare'])}, {f1(s['get'])}, {f1(s['module'])}, {f1(s['lua'])}")
+    bd = results.get("breakdown") or {}
+    if bd:
+        lines += [
+            "",
+            "## Without HTTP: one GET against one take",
+            "",
+            "Each library in process, on the connection kind its middleware uses, against the same "
+            "server (bench/middleware/breakdown.py, breakdown.js, the axum binary's `breakdown` mode): "
+            "µs per call, sequential; `decision` is the middleware's own work called directly (Python: "
+            "the WSGI/ASGI middleware around an app that does nothing; Node: `limiterCore`'s decide, "
+            "what the Express middleware and the Fastify hook run).",
+            "",
+            "| library | GET | take | take / GET | decision | decision / GET |",
+            "|---|---|---|---|---|---|",
+        ]
+        rows = []
+        if "python" in bd:
+            rows.append(("Python sync (redis.Redis)", bd["python"]["sync"]))
+            rows.append(("Python async (redis.asyncio, uvloop)", bd["python"]["async"]))
+        if "node" in bd:
+            rows.append(("Node (ioredis)", bd["node"]))
+        if "axum" in bd:
+            rows.append(("Rust (MultiplexedConnection)", bd["axum"]))
+        for label, r in rows:
+            dec = r.get("middleware")
+            dec_ratio = "-" if dec is None else f"{dec / r['get']:.2f}"
+            lines.append(f"| {label} | {f1(r['get'])} | {f1(r['take'])} | {r['take'] / r['get']:.2f} | "
+                         f"{f1(dec)} | {dec_ratio} |")  # fmt: skip
+        extra = []
+        if "python" in bd:
+            extra.append(f"Python: `bucket_key()` {bd['python']['sync']['cpu_bucket_key']:.2f} µs, "
+                         f"`Decision.headers()` {bd['python']['sync']['cpu_headers']:.2f} µs")  # fmt: skip
+        if "node" in bd:
+            extra.append(f"Node: `headers()` {bd['node']['cpu_headers']:.2f} µs")
+        if extra:
+            lines += ["", "CPU alone, no I/O: " + "; ".join(extra) + "."]
+        prof = bd.get("python", {}).get("profile_wsgi")
+        if prof:
+            lines += ["", "Python, cProfile over the WSGI middleware (own time per request, under the profiler):", "",
+                      "| function | µs | calls |", "|---|---|---|"]  # fmt: skip
+            lines += [f"| `{r['function']}` | {r['own_us_per_request']:.1f} | {r['calls_per_request']:g} |" for r in prof]
     return "\n".join(lines) + "\n"
 
 
@@ -540,6 +607,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
     p.add_argument("--warmup", type=int, default=300, help="warm-up requests per route (default 300)")
     p.add_argument("--quick", action="store_true", help="300 requests x 3 rounds, for a smoke run")
+    p.add_argument("--no-breakdown", action="store_true", help="skip the in-process GET/take breakdown")
     p.add_argument("--only", default="", help="comma-separated framework names (e.g. axum,Express)")
     p.add_argument("--out", default=str(ROOT / "bench" / "middleware-results"),
                    help="output path without extension (default bench/middleware-results)")
@@ -593,6 +661,9 @@ def main() -> int:
             s = res["summary"]
             log(f"{name}: bare {f1(s['bare'])} µs, +GET {f1(s['get_overhead'])}, +limiter {f1(s['module_overhead'])} "
                 f"(ratio {ratio_text(s['ratio']['module'])}), Lua +{f1(s['lua_overhead'])}")  # fmt: skip
+        if not args.no_breakdown:
+            log("breakdown: GET against take, in process, without HTTP")
+            results["breakdown"] = breakdowns(setups, server, args.requests, args.rounds)
     finally:
         server.stop()
 

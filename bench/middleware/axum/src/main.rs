@@ -6,10 +6,20 @@
 //!   GET /lua/x     the same on the Lua backend (FUNCTION library)
 //! The policy never denies (capacity and rate 1e9): the allow path is what
 //! every request of a healthy service takes. Env: REDIS_URL, PORT.
+//!
+//! `tb-mw-bench-axum breakdown N ROUNDS` instead prints, as JSON, µs per call
+//! without HTTP (median over ROUNDS of the mean of N sequential calls): one
+//! GET on the MultiplexedConnection, one `take` on the limiter.
 use axum::{routing::get, Router};
 use redis_tb_client::redis::{self, AsyncCommands};
 use redis_tb_client::{AsyncRateLimiter, Backend, RateLimitLayer};
 use std::net::SocketAddr;
+use std::time::Instant;
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
 
 #[tokio::main]
 async fn main() {
@@ -31,6 +41,36 @@ async fn main() {
         .with_backend(Backend::Function);
     module.connect().await.expect("module backend");
     lua.connect().await.expect("function backend");
+
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("breakdown") {
+        let n: u32 = args[2].parse().expect("N");
+        let rounds: usize = args[3].parse().expect("ROUNDS");
+        let mut get_us = Vec::new();
+        let mut take_us = Vec::new();
+        for _ in 0..rounds {
+            let mut c = con.clone();
+            let t0 = Instant::now();
+            for _ in 0..n {
+                let _: Option<String> = c.get("bench:get").await.expect("GET");
+            }
+            get_us.push(t0.elapsed().as_secs_f64() * 1e6 / f64::from(n));
+            let t0 = Instant::now();
+            for _ in 0..n {
+                module
+                    .take("ratelimit:{127.0.0.1}:default", 1e9, 1e9, 1.0)
+                    .await
+                    .expect("take");
+            }
+            take_us.push(t0.elapsed().as_secs_f64() * 1e6 / f64::from(n));
+        }
+        println!(
+            "{{\"get\": {}, \"take\": {}}}",
+            median(get_us),
+            median(take_us)
+        );
+        return;
+    }
 
     let plain = Router::new().route("/bare", get(|| async { "ok" })).route(
         "/get",
