@@ -4,11 +4,15 @@
 For each framework (uvicorn/Starlette, gunicorn/Flask, Express, Fastify,
 axum) one app (bench/middleware/) serves four routes:
 
-  /bare      "ok", no middleware: the framework's own cost
-  /get       one plain GET to the same Redis from the handler, then "ok":
+  /bare/x    "ok", no middleware: the framework's own cost
+  /get/x     one plain GET to the same Redis from the handler, then "ok":
              the cost of one round trip through the app's usual client
   /module/x  "ok" behind the library's limiter middleware, module backend
   /lua/x     the same on the Lua backend (FUNCTION library)
+
+Each route is its own sub-app (Starlette Mount, Flask app under werkzeug's
+dispatcher, Fastify context, axum nested Router; Express: route-level
+middleware), so the four differ only by the handler's GET or the middleware.
 
 The policy never denies (capacity and rate 1e9): the allow path, the one every
 request of a healthy service takes. A load generator of our own (below: one
@@ -17,8 +21,8 @@ Routes are interleaved: every round runs every route once, in a rotating
 order, so a slow phase of a shared machine hits them alike; each round gives
 one median per route, and every figure is the median over the rounds.
 
-    limiter overhead = t(/module/x) - t(/bare)
-    GET round trip   = t(/get) - t(/bare)
+    limiter overhead = t(/module/x) - t(/bare/x)
+    GET round trip   = t(/get/x) - t(/bare/x)
     ratio            = limiter overhead / GET round trip    (target <= 1.5)
 
 The ratio is computed within each round, against the baselines of the same
@@ -60,7 +64,9 @@ VENV = CACHE / "venv"
 NODE_DIR = CACHE / "node"
 AXUM_TARGET = CACHE / "axum-target"
 ROUTES = ["bare", "get", "module", "lua"]
-PATHS = {"bare": "/bare", "get": "/get", "module": "/module/x", "lua": "/lua/x"}
+# Every route one level down, so that each framework can give the four the same
+# structure (a sub-app or sub-router each), the middleware being the only difference.
+PATHS = {"bare": "/bare/x", "get": "/get/x", "module": "/module/x", "lua": "/lua/x"}
 TARGET_RATIO = 1.5
 
 
@@ -377,7 +383,7 @@ class App:
                 try:
                     conn = HttpConn(self.port, timeout=2)
                     try:
-                        if conn.request("/bare")[0] == 200:
+                        if conn.request(PATHS["bare"])[0] == 200:
                             return
                     finally:
                         conn.close()
@@ -524,8 +530,8 @@ def markdown(results: dict) -> str:
         f"load average {meta['loadavg_before']} before and {meta['loadavg_after']} after. "
         f"One keep-alive connection, one request at a time; {meta['requests']} requests per route "
         f"per round, {meta['rounds']} rounds (after {meta['warmup']} warm-up requests per route); "
-        "medians of the per-round medians. `+GET` is `/get - /bare`, one plain GET round trip from "
-        "the handler; `+limiter` is `/module/x - /bare` (or `/lua/x`), the middleware on the allow "
+        "medians of the per-round medians. `+GET` is `/get/x - /bare/x`, one plain GET round trip from "
+        "the handler; `+limiter` is `/module/x - /bare/x` (or `/lua/x`), the middleware on the allow "
         "path; the ratio is computed per round (median, min-max over the rounds). Target: the "
         "module ratio <= 1.5.",
         "",
@@ -541,7 +547,7 @@ def markdown(results: dict) -> str:
             v = ", ".join(f"{k} {x}" for k, x in res["versions"].items())
             lines.append(f"| {name} | {res['server']} | {v} |")
     lines.append("")
-    lines.append("Per-request medians in µs (`/bare`, `/get`, `/module/x`, `/lua/x`):")
+    lines.append("Per-request medians in µs (`/bare/x`, `/get/x`, `/module/x`, `/lua/x`):")
     lines.append("")
     for name, res in results["frameworks"].items():
         if "summary" in res:

@@ -1,8 +1,9 @@
 """The Starlette app of bench/middleware_bench.py, served by uvicorn.
 
-The same four routes in every framework's app:
-  GET /bare      "ok", no middleware
-  GET /get       one plain GET of bench:get on the same Redis, then "ok"
+The same four routes in every framework's app, each a Starlette app of its
+own under a Mount, so that they differ only by the GET or the middleware:
+  GET /bare/x    "ok", no middleware
+  GET /get/x     one plain GET of bench:get on the same Redis, then "ok"
   GET /module/x  "ok" behind redis_tb.asgi.RateLimitMiddleware, module backend
   GET /lua/x     the same on the Lua backend (FUNCTION library)
 The policy never denies (capacity and rate 1e9): the allow path, the one every
@@ -32,15 +33,18 @@ async def one_get(request):
     return PlainTextResponse("ok")
 
 
+def sub(handler):
+    return Starlette(routes=[Route("/x", handler)])
+
+
 def limited(backend):
-    inner = Starlette(routes=[Route("/x", ok)])
-    return RateLimitMiddleware(inner, limiter=AsyncRateLimiter(client, backend=backend), policies=POLICY)
+    return RateLimitMiddleware(sub(ok), limiter=AsyncRateLimiter(client, backend=backend), policies=POLICY)
 
 
 app = Starlette(
     routes=[
-        Route("/bare", ok),
-        Route("/get", one_get),
+        Mount("/bare", app=sub(ok)),
+        Mount("/get", app=sub(one_get)),
         Mount("/module", app=limited("module")),
         Mount("/lua", app=limited("function")),
     ]

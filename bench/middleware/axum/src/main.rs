@@ -1,7 +1,8 @@
 //! The axum app of `bench/middleware_bench.py`: the same four routes as the
-//! other frameworks' apps.
-//!   GET /bare      "ok", no middleware
-//!   GET /get       one plain `GET bench:get` to the same Redis, then "ok"
+//! other frameworks' apps, each a nested Router of its own, so that they
+//! differ only by the GET or the layer.
+//!   GET /bare/x    "ok", no middleware
+//!   GET /get/x     one plain `GET bench:get` to the same Redis, then "ok"
 //!   GET /module/x  "ok" behind the redis-tb layer on the module backend
 //!   GET /lua/x     the same on the Lua backend (FUNCTION library)
 //! The policy never denies (capacity and rate 1e9): the allow path is what
@@ -72,8 +73,9 @@ async fn main() {
         return;
     }
 
-    let plain = Router::new().route("/bare", get(|| async { "ok" })).route(
-        "/get",
+    let bare = Router::new().route("/x", get(|| async { "ok" }));
+    let one_get = Router::new().route(
+        "/x",
         get(move || {
             let mut con = con.clone();
             async move {
@@ -87,7 +89,9 @@ async fn main() {
             .route("/x", get(|| async { "ok" }))
             .layer(RateLimitLayer::new(limiter, 1e9, 1e9).expect("policy"))
     };
-    let app = plain
+    let app = Router::new()
+        .nest("/bare", bare)
+        .nest("/get", one_get)
         .nest("/module", limited(module))
         .nest("/lua", limited(lua));
 
