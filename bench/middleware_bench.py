@@ -320,15 +320,19 @@ def frameworks() -> list[dict]:
          "argv": [py, "-m", "uvicorn", "asgi_app:app", "--host", "127.0.0.1", "--port", "{port}",
                   "--workers", "1", "--loop", "uvloop", "--http", "httptools",
                   "--log-level", "warning", "--no-access-log"],
-         "server": "uvicorn 1 worker, uvloop, httptools; redis.asyncio"},
+         "server": "uvicorn 1 worker, uvloop, httptools; redis.asyncio",
+         "packages": ["starlette", "uvicorn", "uvloop", "httptools", "redis", "redis-tb"]},
         {"name": "gunicorn/Flask", "setup": "python",
          "argv": [py, "-m", "gunicorn", "--workers", "1", "--worker-class", "gthread", "--threads", "4",
                   "--keep-alive", "60", "--bind", "127.0.0.1:{port}", "--log-level", "warning", "wsgi_app:app"],
-         "server": "gunicorn 1 gthread worker, 4 threads; redis (sync)"},
+         "server": "gunicorn 1 gthread worker, 4 threads; redis (sync)",
+         "packages": ["flask", "werkzeug", "gunicorn", "redis", "redis-tb"]},
         {"name": "Express", "setup": "node", "env": node_env,
-         "argv": ["node", "node_app.js", "express"], "server": "node, 1 process; ioredis"},
+         "argv": ["node", "node_app.js", "express"], "server": "node, 1 process; ioredis",
+         "packages": ["node", "express", "ioredis", "redis-tb"]},
         {"name": "Fastify", "setup": "node", "env": node_env,
-         "argv": ["node", "node_app.js", "fastify"], "server": "node, 1 process; ioredis"},
+         "argv": ["node", "node_app.js", "fastify"], "server": "node, 1 process; ioredis",
+         "packages": ["node", "fastify", "ioredis", "redis-tb"]},
         {"name": "axum", "setup": "axum",
          "argv": [str(AXUM_TARGET / "release" / "tb-mw-bench-axum")],
          "server": "tokio multi-thread runtime; redis crate MultiplexedConnection"},
@@ -340,7 +344,7 @@ def versions(setup: str) -> dict[str, str]:
         if setup == "python":
             out = subprocess.run([VENV / "bin" / "python", "-m", "pip", "list", "--format=json"],
                                  capture_output=True, text=True, timeout=60)  # fmt: skip
-            want = {"starlette", "uvicorn", "uvloop", "httptools", "flask", "gunicorn", "redis", "redis-tb"}
+            want = {"starlette", "uvicorn", "uvloop", "httptools", "flask", "werkzeug", "gunicorn", "redis", "redis-tb"}
             return {p["name"]: p["version"] for p in json.loads(out.stdout) if p["name"].lower() in want}
         if setup == "node":
             found = {"node": subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()}
@@ -658,7 +662,10 @@ def main() -> int:
                 log(f"{name}: skipped: {e}")
                 results["frameworks"][name] = {"skipped": f"did not run: {e}"}
                 continue
-            res = {"server": fw["server"], "versions": versions(fw["setup"]), "per_round": run["per_round"],
+            found = versions(fw["setup"])
+            wanted = fw.get("packages")
+            found = {k: v for k, v in found.items() if wanted is None or k.lower() in wanted}
+            res = {"server": fw["server"], "versions": found, "per_round": run["per_round"],
                    "summary": summarise(run["per_round"]), "problems": run["problems"]}  # fmt: skip
             for problem in run["problems"]:
                 log(f"{name}: WRONG: {problem}")
