@@ -17,13 +17,18 @@ middleware), so the four differ only by the handler's GET or the middleware.
 The policy never denies (capacity and rate 1e9): the allow path, the one every
 request of a healthy service takes. A load generator of our own (below: one
 HTTP/1.1 keep-alive connection, one request at a time) times each request.
-Routes are interleaved: every round runs every route once, in a rotating
-order, so a slow phase of a shared machine hits them alike; each round gives
-one median per route, and every figure is the median over the rounds.
+Routes are interleaved: within a round the four take turns in blocks of 100
+requests, in a rotating order, so a slow phase of a shared machine hits them
+alike; each round gives one median per route, and every figure is the median
+over the rounds.
 
     limiter overhead = t(/module/x) - t(/bare/x)
     GET round trip   = t(/get/x) - t(/bare/x)
     ratio            = limiter overhead / GET round trip    (target <= 1.5)
+
+The same ratio is also computed from CPU time (the app's processes and the
+Redis server's, /proc/<pid>/task/*/schedstat, per request): time spent
+waiting for a CPU on a loaded machine is not in it.
 
 The ratio is computed within each round, against the baselines of the same
 round, then summarised by its median (and min-max over the rounds).
@@ -68,6 +73,7 @@ ROUTES = ["bare", "get", "module", "lua"]
 # structure (a sub-app or sub-router each), the middleware being the only difference.
 PATHS = {"bare": "/bare/x", "get": "/get/x", "module": "/module/x", "lua": "/lua/x"}
 TARGET_RATIO = 1.5
+BLOCK = 100  # requests to one route before the next route's turn
 
 
 def log(msg: str):
@@ -158,6 +164,33 @@ class RedisServer:
                 self.proc.kill()
                 self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def group_pids(pgid: int) -> list[int]:
+    """The processes of a process group (an app with its workers: gunicorn's
+    master and worker)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def cpu_ns(pids: list[int]) -> int:
+    """CPU time the processes' threads have run so far, in ns
+    (/proc/<pid>/task/<tid>/schedstat: exact, not tick-sampled)."""
+    total = 0
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+            try:
+                total += int(task.read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+    return total
 
 
 # --------------------------------------------------------------------------
@@ -434,13 +467,27 @@ def bench_framework(fw: dict, server: RedisServer, requests: int, rounds: int, w
             for route in ROUTES:
                 conn.time_requests(PATHS[route], warmup)
             before = server.calls()
+            app_pids, redis_pids = group_pids(app.proc.pid), [server.proc.pid]
             per_round = []
+            blocks = max(1, requests // BLOCK)
             for r in range(rounds):
-                order = ROUTES[r % len(ROUTES) :] + ROUTES[: r % len(ROUTES)]
-                medians = {}
-                for route in order:
-                    medians[route] = statistics.median(conn.time_requests(PATHS[route], requests))
-                per_round.append(medians)
+                # Blocks of BLOCK requests per route, the routes taking turns in a rotating
+                # order: a slow spell of the shared machine hits the four routes alike.
+                samples = {route: [] for route in ROUTES}
+                app_ns = dict.fromkeys(ROUTES, 0)
+                redis_ns = dict.fromkeys(ROUTES, 0)
+                for b in range(blocks):
+                    shift = (r + b) % len(ROUTES)
+                    for route in ROUTES[shift:] + ROUTES[:shift]:
+                        a0, s0 = cpu_ns(app_pids), cpu_ns(redis_pids)
+                        samples[route] += conn.time_requests(PATHS[route], requests // blocks)
+                        app_ns[route] += cpu_ns(app_pids) - a0
+                        redis_ns[route] += cpu_ns(redis_pids) - s0
+                done = blocks * (requests // blocks)
+                row = {route: statistics.median(xs) for route, xs in samples.items()}
+                row["cpu_app"] = {route: app_ns[route] / done / 1000 for route in ROUTES}
+                row["cpu_redis"] = {route: redis_ns[route] / done / 1000 for route in ROUTES}
+                per_round.append(row)
             after = server.calls()
         finally:
             conn.close()
@@ -495,6 +542,22 @@ def summarise(per_round: list[dict]) -> dict:
     out["lua_overhead"] = med([r["lua"] - r["bare"] for r in per_round])
     out["ratio"] = ratios
     out["target_met"] = ratios["module"] is not None and ratios["module"]["median"] <= TARGET_RATIO
+    # CPU per request, the app's and the server's: what a request costs whatever
+    # the machine's load (waiting for a CPU is not counted).
+    cpu = {}
+    for route in ROUTES:
+        cpu[route] = med([r["cpu_app"][route] + r["cpu_redis"][route] for r in per_round])
+        cpu[f"{route}_app"] = med([r["cpu_app"][route] for r in per_round])
+        cpu[f"{route}_redis"] = med([r["cpu_redis"][route] for r in per_round])
+    for backend in ("module", "lua"):
+        xs = []
+        for r in per_round:
+            total = {route: r["cpu_app"][route] + r["cpu_redis"][route] for route in ROUTES}
+            if total["get"] > total["bare"]:
+                xs.append((total[backend] - total["bare"]) / (total["get"] - total["bare"]))
+        cpu[f"ratio_{backend}"] = {"median": med(xs), "min": min(xs), "max": max(xs)} if xs else None
+    cpu["target_met"] = cpu["ratio_module"] is not None and cpu["ratio_module"]["median"] <= TARGET_RATIO
+    out["cpu"] = cpu
     return out
 
 
@@ -524,6 +587,24 @@ def table(results: dict) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def cpu_table(results: dict) -> tuple[list[str], list[list[str]]]:
+    head = ["framework", "bare CPU µs", "+GET CPU µs", "+limiter CPU µs (module)", "ratio module/GET",
+            "+limiter CPU µs (Lua)", "ratio Lua/GET", "target <= 1.5x"]  # fmt: skip
+    rows = []
+    for name, res in results["frameworks"].items():
+        if "summary" not in res:
+            continue
+        c = res["summary"]["cpu"]
+
+        def plus(route, c=c):
+            return f"{c[route] - c['bare']:.1f} (app {c[route + '_app'] - c['bare_app']:.1f}, " \
+                   f"server {c[route + '_redis'] - c['bare_redis']:.1f})"  # fmt: skip
+
+        rows.append([name, f1(c["bare"]), plus("get"), plus("module"), ratio_text(c["ratio_module"]),
+                     plus("lua"), ratio_text(c["ratio_lua"]), "met" if c["target_met"] else "MISSED"])  # fmt: skip
+    return head, rows
+
+
 def markdown(results: dict) -> str:
     meta = results["meta"]
     head, rows = table(results)
@@ -533,7 +614,8 @@ def markdown(results: dict) -> str:
         f"{meta['date']}, git {meta['git']}, {meta['server']}, {meta['cpus']} CPUs, "
         f"load average {meta['loadavg_before']} before and {meta['loadavg_after']} after. "
         f"One keep-alive connection, one request at a time; {meta['requests']} requests per route "
-        f"per round, {meta['rounds']} rounds (after {meta['warmup']} warm-up requests per route); "
+        f"per round, the routes taking turns in blocks of {BLOCK}, {meta['rounds']} rounds (after "
+        f"{meta['warmup']} warm-up requests per route); "
         "medians of the per-round medians. `+GET` is `/get/x - /bare/x`, one plain GET round trip from "
         "the handler; `+limiter` is `/module/x - /bare/x` (or `/lua/x`), the middleware on the allow "
         "path; the ratio is computed per round (median, min-max over the rounds). Target: the "
@@ -543,6 +625,19 @@ def markdown(results: dict) -> str:
         "|" + "---|" * len(head),
     ]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
+    head, rows = cpu_table(results)
+    if rows:
+        lines += [
+            "",
+            "The same requests in CPU time: the app's processes (all threads) and the Redis "
+            "server's, from `/proc/<pid>/task/*/schedstat`, per request, medians over the rounds. "
+            "Time spent waiting for a CPU is not in it, so these hold on a loaded machine where "
+            "the latencies above scatter.",
+            "",
+            "| " + " | ".join(head) + " |",
+            "|" + "---|" * len(head),
+        ]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", "| framework | server and client | versions |", "|---|---|---|"]
     for name, res in results["frameworks"].items():
         if "skipped" in res:
@@ -614,7 +709,7 @@ def git_rev() -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=2000, help="requests per route per round (default 2000)")
-    p.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
+    p.add_argument("--rounds", type=int, default=7, help="rounds (default 7)")
     p.add_argument("--warmup", type=int, default=300, help="warm-up requests per route (default 300)")
     p.add_argument("--quick", action="store_true", help="300 requests x 3 rounds, for a smoke run")
     p.add_argument("--no-breakdown", action="store_true", help="skip the in-process GET/take breakdown")
@@ -697,11 +792,14 @@ def main() -> int:
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(results))
-    head, rows = table(results)
-    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
-    print()
-    for row in [head, *rows]:
-        print("  ".join(x.ljust(w) for x, w in zip(row, widths)))
+    for make in (table, cpu_table):
+        head, rows = make(results)
+        if not rows:
+            continue
+        widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+        print()
+        for row in [head, *rows]:
+            print("  ".join(x.ljust(w) for x, w in zip(row, widths)))
     print(f"\nwritten: {out.with_suffix('.md')} and .json")
     return status
 

@@ -3,7 +3,8 @@ bench/middleware_bench.py in its venv, against the same Redis.
 
   python breakdown.py PORT N ROUNDS   -> one JSON object on stdout
 
-Per call, in µs (median over ROUNDS of the mean of N sequential calls):
+Per call, in µs (median over ROUNDS of the mean of N sequential calls; the
+calls take turns, N each, so a slow spell hits them alike):
   sync:  client.get, limiter.take, the WSGI middleware around an app that
          does nothing (called directly: take, key, headers, start_response)
   async: await client.get, await limiter.take, the ASGI middleware the same
@@ -34,24 +35,27 @@ POLICY = Policy(capacity=1e9, rate=1e9)
 ENVIRON = {"REQUEST_METHOD": "GET", "PATH_INFO": "/x", "REMOTE_ADDR": "127.0.0.1"}
 
 
-def timed(fn) -> float:
-    means = []
+def timed(fns: dict) -> dict:
+    """µs per call of each function; they take turns, N calls each, ROUNDS times."""
+    means = {name: [] for name in fns}
     for _ in range(ROUNDS):
-        t0 = time.perf_counter()
-        for _ in range(N):
-            fn()
-        means.append((time.perf_counter() - t0) / N * 1e6)
-    return statistics.median(means)
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(N):
+                fn()
+            means[name].append((time.perf_counter() - t0) / N * 1e6)
+    return {name: statistics.median(xs) for name, xs in means.items()}
 
 
-async def atimed(fn) -> float:
-    means = []
+async def atimed(fns: dict) -> dict:
+    means = {name: [] for name in fns}
     for _ in range(ROUNDS):
-        t0 = time.perf_counter()
-        for _ in range(N):
-            await fn()
-        means.append((time.perf_counter() - t0) / N * 1e6)
-    return statistics.median(means)
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(N):
+                await fn()
+            means[name].append((time.perf_counter() - t0) / N * 1e6)
+    return {name: statistics.median(xs) for name, xs in means.items()}
 
 
 def noop_wsgi(environ, start_response):
@@ -75,15 +79,12 @@ def sync_part() -> tuple[dict, list]:
         for _ in mw(dict(ENVIRON), start_response):
             pass
 
-    out = {
-        "get": timed(lambda: client.get("bench:get")),
-        "take": timed(lambda: limiter.take("ratelimit:{127.0.0.1}:default", 1e9, 1e9)),
-        "middleware": timed(through_mw),
-    }
-    cpu = {
-        "bucket_key": timed(lambda: bucket_key("ratelimit:", "127.0.0.1", "default")),
-        "headers": timed(d.headers),
-    }
+    out = timed({
+        "get": lambda: client.get("bench:get"),
+        "take": lambda: limiter.take("ratelimit:{127.0.0.1}:default", 1e9, 1e9),
+        "middleware": through_mw,
+    })  # fmt: skip
+    cpu = timed({"bucket_key": lambda: bucket_key("ratelimit:", "127.0.0.1", "default"), "headers": d.headers})
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(N):
@@ -124,11 +125,11 @@ async def async_part() -> dict:
     await client.get("bench:get")
     await limiter.take("ratelimit:{127.0.0.1}:default", 1e9, 1e9)
     assert limiter.backend == "module", limiter.backend
-    out = {
-        "get": await atimed(lambda: client.get("bench:get")),
-        "take": await atimed(lambda: limiter.take("ratelimit:{127.0.0.1}:default", 1e9, 1e9)),
-        "middleware": await atimed(through_mw),
-    }
+    out = await atimed({
+        "get": lambda: client.get("bench:get"),
+        "take": lambda: limiter.take("ratelimit:{127.0.0.1}:default", 1e9, 1e9),
+        "middleware": through_mw,
+    })  # fmt: skip
     await limiter.close()
     await client.aclose()
     return out
