@@ -688,6 +688,10 @@ def markdown(results: dict) -> str:
             extra.append(f"Node: `headers()` {bd['node']['cpu_headers']:.2f} µs")
         if extra:
             lines += ["", "CPU alone, no I/O: " + "; ".join(extra) + "."]
+        wf = bd.get("python", {}).get("async", {}).get("get_wait_for")
+        if wf:
+            lines += ["", f"Python async: one GET inside `asyncio.wait_for` (how AsyncRateLimiter bounds each "
+                          f"command) {wf:.1f} µs, against {bd['python']['async']['get']:.1f} µs without."]  # fmt: skip
         prof = bd.get("python", {}).get("profile_wsgi")
         if prof:
             lines += ["", "Python, cProfile over the WSGI middleware (own time per request, under the profiler):", "",

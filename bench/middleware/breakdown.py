@@ -7,7 +7,8 @@ Per call, in µs (median over ROUNDS of the mean of N sequential calls; the
 calls take turns, N each, so a slow spell hits them alike):
   sync:  client.get, limiter.take, the WSGI middleware around an app that
          does nothing (called directly: take, key, headers, start_response)
-  async: await client.get, await limiter.take, the ASGI middleware the same
+  async: await client.get, the same inside asyncio.wait_for (as the limiter
+         bounds each command), await limiter.take, the ASGI middleware
   cpu:   bucket_key() and Decision.headers(), no I/O
   profile: the top functions (own time) of cProfile over the WSGI middleware
 """
@@ -127,6 +128,8 @@ async def async_part() -> dict:
     assert limiter.backend == "module", limiter.backend
     out = await atimed({
         "get": lambda: client.get("bench:get"),
+        # What AsyncRateLimiter does to bound every command (a task per call).
+        "get_wait_for": lambda: asyncio.wait_for(client.get("bench:get"), 0.2),
         "take": lambda: limiter.take("ratelimit:{127.0.0.1}:default", 1e9, 1e9),
         "middleware": through_mw,
     })  # fmt: skip
