@@ -7,8 +7,9 @@ Per call, in µs (median over ROUNDS of the mean of N sequential calls; the
 calls take turns, N each, so a slow spell hits them alike):
   sync:  client.get, limiter.take, the WSGI middleware around an app that
          does nothing (called directly: take, key, headers, start_response)
-  async: await client.get, the same inside asyncio.wait_for (as the limiter
-         bounds each command), await limiter.take, the ASGI middleware
+  async: await client.get, the same inside asyncio.timeout (as the limiter
+         bounds each command) and inside asyncio.wait_for (as it did before),
+         await limiter.take, the ASGI middleware
   cpu:   bucket_key() and Decision.headers(), no I/O
   profile: the top functions (own time) of cProfile over the WSGI middleware
 """
@@ -123,12 +124,18 @@ async def async_part() -> dict:
     async def through_mw():
         await mw(dict(scope), receive, send)
 
+    async def get_within(seconds):
+        async with asyncio.timeout(seconds):
+            return await client.get("bench:get")
+
     await client.get("bench:get")
     await limiter.take("ratelimit:{127.0.0.1}:default", 1e9, 1e9)
     assert limiter.backend == "module", limiter.backend
     out = await atimed({
         "get": lambda: client.get("bench:get"),
-        # What AsyncRateLimiter does to bound every command (a task per call).
+        # How AsyncRateLimiter bounds every command: asyncio.timeout (3.11+), in
+        # the calling task; wait_for (before 3.11, and what it used before): a task per call.
+        "get_timeout": lambda: get_within(0.2),
         "get_wait_for": lambda: asyncio.wait_for(client.get("bench:get"), 0.2),
         "take": lambda: limiter.take("ratelimit:{127.0.0.1}:default", 1e9, 1e9),
         "middleware": through_mw,
