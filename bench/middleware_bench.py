@@ -705,7 +705,9 @@ def markdown(results: dict) -> str:
 def git_rev() -> str:
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+        # Changes other than this bench's own output files.
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)bench/middleware-results.*"], cwd=ROOT,
                                capture_output=True, text=True).stdout.strip()  # fmt: skip
         return rev + ("+changes" if dirty else "")
     except OSError:
