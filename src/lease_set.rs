@@ -161,6 +161,30 @@ impl<'a> LeaseSet<'a> {
         Ok(read)
     }
 
+    /// What TB.RELEASE and TB.RENEW need, without counting the live leases:
+    /// the `seq` check, the ended leases a write removes (the 64 earliest),
+    /// and the expiry. `seen.live` and `seen.earliest_deadline_ms` stay
+    /// unset.
+    pub fn read_ended(&self, now_ms: i64, key_arg: usize) -> Result<Read<'a>, TbError> {
+        let mut read = Read {
+            seen: Seen::default(),
+            expired: Vec::new(),
+        };
+        if self.is_empty() {
+            return Ok(read);
+        }
+        read.seen.issued = self
+            .score(self.api.seq_member.0)
+            .and_then(lease::issued_from_score)
+            .ok_or(TbError::CorruptLeaseSet { key_arg })?;
+        read.expired = self.earliest_ended(now_ms as f64);
+        read.seen.expire_at_ms = self.expire_at_ms(now_ms);
+        if read.seen.expire_at_ms.is_none() {
+            read.seen.latest_deadline_ms = self.last_score_above(0.0).map(whole_ms);
+        }
+        Ok(read)
+    }
+
     /// The score of `member`, if it is in the set.
     pub fn score(&self, member: *mut RedisModuleString) -> Option<f64> {
         let mut score = 0.0;
