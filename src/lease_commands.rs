@@ -212,6 +212,23 @@ pub struct LeasesServed {
     grants: Vec<Grant>,
 }
 
+#[cfg(test)]
+impl LeasesServed {
+    /// A lease set as a server read it, nothing granted yet (the tests'
+    /// simulated server).
+    pub(crate) fn read_as(seen: Seen) -> LeasesServed {
+        LeasesServed {
+            seen,
+            grants: Vec::new(),
+        }
+    }
+
+    /// The leases granted so far, in order, which the write stores.
+    pub(crate) fn grants(&self) -> &[Grant] {
+        &self.grants
+    }
+}
+
 static MACHINE: MainThread<Leases> = MainThread::new();
 
 impl Kind for Leases {
