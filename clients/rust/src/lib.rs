@@ -40,6 +40,7 @@ mod backend;
 mod core;
 mod decision;
 mod error;
+mod lease;
 #[cfg(feature = "tower")]
 mod middleware;
 mod sync;
@@ -48,16 +49,17 @@ pub use crate::core::{
     bucket_key, check_policy, classify_reply, escape_id, key_slot, FailureClass,
 };
 #[cfg(feature = "tokio")]
-pub use aio::{AsyncRateLimiter, LazyConnectionManager};
+pub use aio::{AsyncLeaseGuard, AsyncRateLimiter, LazyConnectionManager};
 pub use backend::{lua_script, Backend, Logger, Timeouts, LUA_LIBRARY};
 pub use decision::{Decision, Limit, Policy};
 pub use error::{Error, Result};
+pub use lease::{LeaseDecision, Permit};
 #[cfg(feature = "tower")]
 pub use middleware::{
     client_ip, connect_info_ip, problem_body, CostFn, ErrorHandler, KeyFn, RateLimitLayer,
     RateLimitService, QUOTA_EXCEEDED,
 };
-pub use sync::{ManagedConnection, RateLimiter};
+pub use sync::{LeaseGuard, ManagedConnection, RateLimiter};
 
 /// The `redis` crate this one is built on, for connections of the matching version.
 pub use redis;
