@@ -7,6 +7,7 @@ mod conformance;
 mod fail_open;
 mod failure_rule;
 mod keys;
+mod leases;
 mod middleware;
 mod migration;
 mod package;
