@@ -647,12 +647,22 @@ where
         self.guard(outcome, Instant::now())
     }
 
-    pub(crate) fn guard(
+    fn guard(
         &self,
         outcome: Result<LeaseDecision>,
         started: Instant,
     ) -> Result<Permit<AsyncLeaseGuard>> {
-        lease::permit(outcome, self.opts.lease_fail_open, |decision, id| {
+        self.guard_with(outcome, started, self.opts.lease_fail_open)
+    }
+
+    /// The guard of an acquire sent at `started`, failing open as `fail_open` says.
+    pub(crate) fn guard_with(
+        &self,
+        outcome: Result<LeaseDecision>,
+        started: Instant,
+        fail_open: bool,
+    ) -> Result<Permit<AsyncLeaseGuard>> {
+        lease::permit(outcome, fail_open, |decision, id| {
             AsyncLeaseGuard::start(self.clone(), decision, id, started)
         })
     }

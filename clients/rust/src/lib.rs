@@ -56,7 +56,8 @@ pub use error::{Error, Result};
 pub use lease::{LeaseDecision, Permit};
 #[cfg(feature = "tower")]
 pub use middleware::{
-    client_ip, connect_info_ip, problem_body, CostFn, ErrorHandler, KeyFn, RateLimitLayer,
+    client_ip, connect_info_ip, lease_problem_body, problem_body, ConcurrencyLimitLayer,
+    ConcurrencyLimitService, CostFn, ErrorHandler, KeyFn, LeaseBody, RateLimitLayer,
     RateLimitService, QUOTA_EXCEEDED,
 };
 pub use sync::{LeaseGuard, ManagedConnection, RateLimiter};
