@@ -6,6 +6,7 @@ mod common;
 mod conformance;
 mod fail_open;
 mod failure_rule;
+mod inflight;
 mod keys;
 mod leases;
 mod middleware;
