@@ -212,6 +212,7 @@ impl Call {
 
     /// The first bucket's key (the only one outside `take_all`): where an
     /// async wait goes first (the sync one follows MOVED every time).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub fn first_key(&self) -> &str {
         self.buckets.first().map(|b| b.key.as_str()).unwrap_or("")
     }
@@ -299,7 +300,8 @@ pub(crate) trait Request {
     fn command(&self, resolved: &Resolved, eval: bool) -> Cmd;
     /// The module's blocking form, waiting up to `timeout_ms` (0: no limit).
     fn blocking(&self, timeout_ms: u64) -> Cmd;
-    /// The key whose slot owner serves the call.
+    /// The key whose slot owner serves the call (the async wait's pool).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     fn first_key(&self) -> &str;
     /// The reply, read.
     fn parse(&self, value: &Value) -> Result<Self::Output>;

@@ -484,7 +484,10 @@ mod tests {
             Value::Nil,
         ]);
         let d = a.parse(&denied).unwrap();
-        assert_eq!((d.acquired, d.retry_after_ms, d.lease), (false, 1500, None));
+        assert_eq!(
+            (d.acquired, d.retry_after_ms, d.lease.clone()),
+            (false, 1500, None)
+        );
         assert_eq!(d.retry_after_secs(), Some(2));
         let h = d.headers();
         assert_eq!(h[0].1, "\"jobs\";q=2;qu=\"concurrent-requests\"");
