@@ -5,7 +5,7 @@
 #
 # Phases:
 #   suite   Integration tests (SANITIZE_TESTS, default: take errors takeall refund
-#           peek btake btake_events) against redis-server under valgrind memcheck. Every memcheck
+#           peek btake btake_events leases) against redis-server under valgrind memcheck. Every memcheck
 #           error (invalid read/write/free, uninitialised value, overlap) is
 #           reported; one whose stack goes through libredis_tb.so fails the run.
 #           The harness SIGKILLs its servers, so this phase cannot see leaks.
@@ -37,7 +37,7 @@ ROOT=$PWD
 OUT=$ROOT/.cache/sanitize
 MODULE=$ROOT/target/release/libredis_tb.so
 SERVER_BIN=${TB_SERVER_BIN:-redis-server}
-TESTS=${SANITIZE_TESTS:-take errors takeall refund peek btake btake_events}
+TESTS=${SANITIZE_TESTS:-take errors takeall refund peek btake btake_events leases}
 THREADS=${SANITIZE_THREADS:-2}
 LEAK_ROUNDS=${LEAK_ROUNDS:-100}
 GROWTH_CALLS=${GROWTH_CALLS:-100000}
@@ -185,6 +185,20 @@ TB.BTAKE vk:w 2 0.001 1 3
 TB.BTAKE vk:w 2 0.001 1 0.5
 TB.BTAKE vk:str 2 1 1 5
 TB.BTAKE vk:w 2 0.001 x 5
+TB.ACQUIRE vk:l 2 60000
+TB.ACQUIRE vk:l 2 1
+TB.ACQUIRE vk:l 2 60000
+TB.ACQUIRE vk:l 0 1
+TB.ACQUIRE vk:l 1 1 x
+TB.RELEASE vk:l 1-1
+TB.RELEASE vk:l seq
+TB.RENEW vk:l 1-1 10
+TB.RENEW vk:l 1-1 0
+EVAL "local r = redis.call('TB.ACQUIRE', KEYS[1], 5, 60000); redis.call('TB.RENEW', KEYS[1], r[4], 1000); return redis.call('TB.RELEASE', KEYS[1], r[4])" 1 vk:l
+TB.ACQUIRE vk:str 1 1
+ZADD vk:z 1 a
+TB.ACQUIRE vk:z 1 1
+TB.RELEASE vk:z 1-1
 SWAPDB 0 1
 SWAPDB 0 1
 FLUSHDB ASYNC
@@ -192,9 +206,9 @@ CONFIG SET tb.shadow-mode yes
 TB.TAKE vk:slow 1 0.001 5
 CONFIG SET tb.shadow-mode no
 INFO tb
-COMMAND DOCS tb.take tb.takeall
+COMMAND DOCS tb.take tb.takeall tb.acquire tb.release tb.renew
 COMMAND GETKEYS TB.TAKEALL a 1 1 1 b 1 1 1
-DEL vk:a vk:slow vk:zero vk:b vk:c vk:str vk:bad vk:odd vk:sci vk:huge vk:tiny vk:m vk:lua vk:w
+DEL vk:a vk:slow vk:zero vk:b vk:c vk:str vk:bad vk:odd vk:sci vk:huge vk:tiny vk:m vk:lua vk:w vk:l vk:z
 EOF
 }
 
@@ -339,13 +353,16 @@ growth_round() {
         resp "$n" TB.TAKE g:corrupt 10 1 1
         resp "$n" TB.TAKE g:x nan 1 1
         resp "$n" TB.TAKEALL g:c 1 1 1 g:c 1 1 1
+        # 1 ms leases on one key: each grant removes those that ended.
+        resp "$n" TB.ACQUIRE g:lease 1000000 1
+        resp "$n" TB.RELEASE g:lease "1-__i__"
     } | redis-cli -p "$port" --pipe --pipe-timeout 120 > "$OUT/growth/pipe.txt" 2>&1 || true
     # (--pipe exits 1 when any reply is an error, as a third of these are.)
     local result
     result=$(grep -E "^errors:" "$OUT/growth/pipe.txt" || echo "no reply summary")
     echo "  $result"
-    if [[ $result != *"replies: $(( n * 9 + n / 20 ))" ]]; then
-        failures+=("growth: expected $(( n * 9 + n / 20 )) replies, got: $result")
+    if [[ $result != *"replies: $(( n * 11 + n / 20 ))" ]]; then
+        failures+=("growth: expected $(( n * 11 + n / 20 )) replies, got: $result")
     fi
     # Let the 1 ms buckets expire by themselves (active expiry), then delete the rest.
     local deadline=$(( $(now) + 60 ))
@@ -385,12 +402,12 @@ phase_growth() {
     calls=$(awk -F'[=,]' '{ s += $2 } END { print s + 0 }' "$dir/commandstats.txt")
     redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
     wait "$pid" || true
-    local expected=$(( (GROWTH_CALLS * 9 + GROWTH_CALLS / 20) * 3 ))
+    local expected=$(( (GROWTH_CALLS * 11 + GROWTH_CALLS / 20) * 3 ))
     local d1=$(( mem[1] - mem[0] )) d3=$(( mem[3] - mem[1] ))
     echo "growth: ${calls} module calls (expected ${expected}); used_memory warm->round1 ${d1} B, round1->round3 ${d3} B"
-    # A leak of even 1 byte per call would add >= GROWTH_CALLS * 9 bytes per
+    # A leak of even 1 byte per call would add >= GROWTH_CALLS * 11 bytes per
     # round (and 7 bytes per abandoned waiter, as once, 35,000).
-    local limit=$(( GROWTH_CALLS * 9 / 8 ))
+    local limit=$(( GROWTH_CALLS * 11 / 8 ))
     if (( calls < expected )); then
         failures+=("growth: only ${calls} of ${expected} calls reached the module")
     fi

@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use common::*;
 
 /// Every field of `INFO tb`, in order.
-const FIELDS: [&str; 15] = [
+const FIELDS: [&str; 20] = [
     "tb_calls",
     "tb_allowed",
     "tb_denied",
