@@ -464,7 +464,7 @@ impl<'a, R: Request> Exchange<'a, R> {
 /// Logged once by a limiter whose `wait_take` or `wait_acquire` polls
 /// although the module is there.
 pub(crate) const POLLING_NOTE: &str =
-    "redis-tb: wait_take/wait_acquire poll (not FIFO): no client for a dedicated blocking connection";
+    "redis-tb: wait_take and wait_acquire: polls (not FIFO): no client for a dedicated blocking connection";
 
 /// The answer of a call that a wait repeats: done, or worth another try in
 /// so many ms.
