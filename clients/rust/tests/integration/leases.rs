@@ -293,6 +293,9 @@ async fn async_lost_lease_is_observable() {
 #[test]
 fn sync_wait_acquire_is_woken_by_a_release() {
     for server in lease_servers() {
+        if !module_waits(&server) {
+            continue;
+        }
         let mut l = RateLimiter::from_client(server.client(), GENEROUS);
         let holder = l.acquire("w", 1, 30_000).unwrap();
         let id = held(&holder).to_string();
@@ -329,6 +332,9 @@ fn sync_wait_acquire_is_woken_by_a_release() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn async_wait_acquire_guard_is_woken_by_a_release() {
     for server in lease_servers() {
+        if !module_waits(&server) {
+            continue;
+        }
         let l = AsyncRateLimiter::from_client(server.client(), GENEROUS);
         let first = l
             .acquire_guard("aw", 1, 30_000)
@@ -402,29 +408,143 @@ async fn async_fail_open_with_the_server_down() {
     ));
 }
 
+/// The module on `server` waits in the server (TB.ACQUIRE with timeout_ms
+/// queues the caller). Until the module's waiting lands it answers at once,
+/// and the module half of the wait tests cannot run yet.
+pub fn module_waits(server: &Server) -> bool {
+    if !server.module {
+        return true;
+    }
+    let mut con = server.conn();
+    let key = "redis-tb-test:waits?";
+    let _: redis::Value = redis::cmd("TB.ACQUIRE")
+        .arg(key)
+        .arg(1)
+        .arg(60_000)
+        .query(&mut con)
+        .unwrap();
+    let started = Instant::now();
+    let _: redis::Value = redis::cmd("TB.ACQUIRE")
+        .arg(key)
+        .arg(1)
+        .arg(60_000)
+        .arg(100)
+        .query(&mut con)
+        .unwrap();
+    let waits = started.elapsed() >= Duration::from_millis(90);
+    let _: () = redis::cmd("DEL").arg(key).query(&mut con).unwrap();
+    if !waits {
+        eprintln!(
+            "SKIPPED: this module answers TB.ACQUIRE with timeout_ms at once (no waiting yet)"
+        );
+    }
+    waits
+}
+
+fn lease_key_on_node(node: usize) -> String {
+    let (first, last) = [(0, 5460), (5461, 10922), (10923, 16383)][node];
+    (0..)
+        .map(|i| format!("lease:{i}"))
+        .find(|k| (first..=last).contains(&redis_tb_client::key_slot(k)))
+        .unwrap()
+}
+
 #[test]
 fn cluster_wait_acquire_goes_to_the_slot_owner() {
     let cluster = Cluster::start(true);
-    // A key the first node does not own: the wait follows MOVED.
-    let seed = &cluster.nodes[0];
-    let key = (0..)
-        .map(|i| format!("lease{i}"))
-        .find(|k| redis_tb_client::key_slot(k) > 5460)
-        .unwrap();
-    let mut l = RateLimiter::from_client(seed.client(), GENEROUS);
-    let mut cl = RateLimiter::new(cluster.client().get_connection().unwrap());
-    let holder = cl.acquire(&key, 1, 30_000).unwrap();
+    if !module_waits(&cluster.nodes[0]) {
+        return;
+    }
+    // Node 0 is only the seed of the blocking client: the key lives on node 1.
+    let key = lease_key_on_node(1);
+    let mut l = RateLimiter::new(cluster.client().get_connection().unwrap())
+        .with_blocking_client(cluster.nodes[0].client());
+    let holder = l.acquire(&key, 1, 30_000).unwrap();
     let id = held(&holder).to_string();
-    let urls = cluster.urls();
-    let k2 = key.clone();
+    let (urls, k2) = (cluster.urls(), key.clone());
     let releaser = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(300));
         let client = redis::cluster::ClusterClient::new(urls).unwrap();
         let mut r = RateLimiter::new(client.get_connection().unwrap());
         r.release(&k2, &id).unwrap()
     });
+    let started = Instant::now();
     let d = l.wait_acquire(&key, 1, 30_000, 5000).unwrap();
     assert!(releaser.join().unwrap());
     assert!(d.acquired, "{d:?}");
-    assert!(cl.release(&key, held(&d)).unwrap());
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(l.release(&key, held(&d)).unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_async_waiters_are_served_first_come_first_served_on_the_owner() {
+    let cluster = Cluster::start(true);
+    if !module_waits(&cluster.nodes[0]) {
+        return;
+    }
+    let con = cluster.client().get_async_connection().await.unwrap();
+    let l = AsyncRateLimiter::new(con)
+        .with_timeouts(GENEROUS)
+        .with_blocking_client(cluster.nodes[0].client());
+    let key = lease_key_on_node(2);
+    let holder = l.acquire(&key, 1, 30_000).await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for name in ["first", "second"] {
+        let (l, tx, key) = (l.clone(), tx.clone(), key.clone());
+        tokio::spawn(async move {
+            let d = l.wait_acquire(&key, 1, 30_000, 0).await.unwrap();
+            tx.send((name, d)).unwrap();
+        });
+        // The first waiter is queued in the server before the second starts.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let mut lease = holder.lease.unwrap();
+    for expected in ["first", "second"] {
+        assert!(l.release(&key, &lease).await.unwrap());
+        let (name, d) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("a waiter was woken")
+            .unwrap();
+        assert_eq!((name, d.acquired), (expected, true), "{d:?}");
+        lease = d.lease.unwrap();
+    }
+}
+
+#[test]
+fn polling_wait_acquire_hears_a_release_within_the_poll_cap() {
+    // No blocking client: wait_acquire polls, also with the module (and so
+    // does every wait on Lua). The poll sleeps at most 100 ms, not the
+    // retry_after_ms of a 30 s lease.
+    for server in lease_servers() {
+        let lines = Lines::default();
+        let mut l = RateLimiter::new(server.conn()).with_logger(lines.logger());
+        let holder = l.acquire("p", 1, 30_000).unwrap();
+        let (client, id) = (server.client(), held(&holder).to_string());
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            let mut r = RateLimiter::from_client(client, GENEROUS);
+            r.release("p", &id).unwrap()
+        });
+        let started = Instant::now();
+        let d = l.wait_acquire("p", 1, 30_000, 10_000).unwrap();
+        let took = started.elapsed();
+        assert!(releaser.join().unwrap());
+        assert!(d.acquired, "{d:?}");
+        assert!(
+            took >= Duration::from_millis(250) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+        // Timed out: the last denial, after about the timeout.
+        let started = Instant::now();
+        assert!(!l.wait_acquire("p", 1, 30_000, 250).unwrap().acquired);
+        assert!(started.elapsed() >= Duration::from_millis(240));
+        if server.module {
+            let polls = lines
+                .all()
+                .into_iter()
+                .filter(|(_, m)| m.contains("polls"))
+                .count();
+            assert_eq!(polls, 1, "{:?}", lines.all());
+        }
+    }
 }
