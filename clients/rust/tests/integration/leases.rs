@@ -548,3 +548,31 @@ fn polling_wait_acquire_hears_a_release_within_the_poll_cap() {
         }
     }
 }
+
+#[test]
+fn server_changes_are_detected_again_for_leases() {
+    if !lua_has_leases() {
+        eprintln!("SKIPPED: lua/tb.lua has no acquire/release/renew yet");
+        return;
+    }
+    // The module goes away: the next lease call moves to Lua, once.
+    let mut server = Server::with_module();
+    let lines = Lines::default();
+    let mut l = RateLimiter::from_client(server.client(), GENEROUS).with_logger(lines.logger());
+    assert!(l.acquire("sc", 2, 30_000).unwrap().acquired);
+    assert_eq!(l.backend(), Some(Backend::Module));
+    server.restart_with_module(false);
+    let d = l.acquire("sc", 2, 30_000).unwrap();
+    assert!(d.acquired, "{d:?}");
+    assert_eq!(l.backend(), Some(Backend::Function));
+    assert!(lines
+        .all()
+        .iter()
+        .any(|(level, m)| *level == log::Level::Warn && m.contains("module is gone")));
+    // The function library is flushed: loaded again, the call retried.
+    let _: () = redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query(&mut server.conn())
+        .unwrap();
+    assert!(l.release("sc", held(&d)).unwrap());
+}
