@@ -4,7 +4,7 @@
 //! this crate makes (a `ConnectionManager` made at the first call, so that
 //! a limiter can be created while the server is down).
 
-use crate::backend::{emit, emit_line, Backend, Call, Logger, Op, Request, Timeouts};
+use crate::backend::{emit, emit_line, Backend, Blocking, Call, Logger, Op, Request, Timeouts};
 use crate::core::{self, Awaited, BackendState, Exchange, FailureClass, Learned, Step};
 use crate::decision::{Decision, Limit};
 use crate::error::{Error, Result};
@@ -419,7 +419,7 @@ where
     /// backend first).
     pub(crate) async fn wait<R>(&self, call: &R, probe: &Call, timeout_ms: u64) -> Result<R::Output>
     where
-        R: Request,
+        R: Blocking,
         R::Output: Awaited,
     {
         if self.backend().is_none() {
@@ -447,7 +447,7 @@ where
         self.poll(call, timeout_ms).await
     }
 
-    async fn btake<R: Request>(
+    async fn btake<R: Blocking>(
         &self,
         client: &redis::Client,
         call: &R,

@@ -298,8 +298,6 @@ pub(crate) trait Request {
     type Output;
     /// The command on `resolved` (the script: EVALSHA, or EVAL with `eval`).
     fn command(&self, resolved: &Resolved, eval: bool) -> Cmd;
-    /// The module's blocking form, waiting up to `timeout_ms` (0: no limit).
-    fn blocking(&self, timeout_ms: u64) -> Cmd;
     /// The key whose slot owner serves the call (the async wait's pool).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     fn first_key(&self) -> &str;
@@ -307,19 +305,28 @@ pub(crate) trait Request {
     fn parse(&self, value: &Value) -> Result<Self::Output>;
 }
 
+/// A call that can wait in the server (TB.BTAKE, TB.ACQUIRE with a timeout).
+pub(crate) trait Blocking: Request {
+    /// The module's blocking form, waiting up to `timeout_ms` (0: no limit).
+    fn blocking(&self, timeout_ms: u64) -> Cmd;
+}
+
 impl Request for Call {
     type Output = Decision;
     fn command(&self, resolved: &Resolved, eval: bool) -> Cmd {
         Call::command(self, resolved, eval)
-    }
-    fn blocking(&self, timeout_ms: u64) -> Cmd {
-        self.btake(timeout_ms)
     }
     fn first_key(&self) -> &str {
         Call::first_key(self)
     }
     fn parse(&self, value: &Value) -> Result<Decision> {
         self.decision(value)
+    }
+}
+
+impl Blocking for Call {
+    fn blocking(&self, timeout_ms: u64) -> Cmd {
+        self.btake(timeout_ms)
     }
 }
 

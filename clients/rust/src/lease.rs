@@ -4,7 +4,7 @@
 //! when a renewal loop gives a lease up are all decided here once. The sync
 //! and async limiters only do the I/O.
 
-use crate::backend::{lua_command, Backend, LuaName, Request, Resolved};
+use crate::backend::{lua_command, Backend, Blocking, LuaName, Request, Resolved};
 use crate::core::{check_key, check_name, Awaited, MAX_EXACT};
 use crate::decision::{sf_string, SF_INT_MAX};
 use crate::error::{Error, Result};
@@ -281,15 +281,6 @@ impl Request for AcquireCall {
         )
     }
 
-    fn blocking(&self, timeout_ms: u64) -> Cmd {
-        let mut cmd = redis::cmd("TB.ACQUIRE");
-        cmd.arg(&self.key)
-            .arg(self.limit)
-            .arg(self.lease_ms)
-            .arg(timeout_ms);
-        cmd
-    }
-
     fn first_key(&self) -> &str {
         &self.key
     }
@@ -330,6 +321,18 @@ impl Request for AcquireCall {
             limit: self.limit,
             lease_ms: self.lease_ms,
         })
+    }
+}
+
+impl Blocking for AcquireCall {
+    /// `TB.ACQUIRE key limit lease_ms timeout_ms`.
+    fn blocking(&self, timeout_ms: u64) -> Cmd {
+        let mut cmd = redis::cmd("TB.ACQUIRE");
+        cmd.arg(&self.key)
+            .arg(self.limit)
+            .arg(self.lease_ms)
+            .arg(timeout_ms);
+        cmd
     }
 }
 
@@ -388,11 +391,6 @@ impl Request for FlagCall {
                 )
             }
         }
-    }
-
-    /// Never blocks: the same command.
-    fn blocking(&self, _timeout_ms: u64) -> Cmd {
-        self.command(&Resolved::new(Backend::Module, None), false)
     }
 
     fn first_key(&self) -> &str {

@@ -2,7 +2,7 @@
 //! `redis::Connection`, a `redis::cluster::ClusterConnection`, or the
 //! [`ManagedConnection`] this crate makes with short timeouts).
 
-use crate::backend::{emit, emit_line, Backend, Call, Logger, Op, Request, Timeouts};
+use crate::backend::{emit, emit_line, Backend, Blocking, Call, Logger, Op, Request, Timeouts};
 use crate::core::{
     is_connection_problem, Awaited, BackendState, Exchange, Learned, Step, MODULE_RECHECK,
 };
@@ -390,7 +390,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
     /// backend first).
     fn wait<R>(&mut self, call: &R, probe: &Call, timeout_ms: u64) -> Result<R::Output>
     where
-        R: Request,
+        R: Blocking,
         R::Output: Awaited,
     {
         if self.backend().is_none() {
@@ -423,7 +423,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
     /// TB.BTAKE on the node that owns the key's slot, found by following
     /// `MOVED`/`ASK` from `client`'s node; the wait's connection is kept for
     /// the next wait on that node.
-    fn btake<R: Request>(
+    fn btake<R: Blocking>(
         &mut self,
         client: redis::Client,
         call: &R,
