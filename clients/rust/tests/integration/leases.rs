@@ -576,3 +576,25 @@ fn server_changes_are_detected_again_for_leases() {
         .unwrap();
     assert!(l.release("sc", held(&d)).unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_that_cannot_renew_for_lease_ms_is_lost() {
+    let server = Server::with_module();
+    let l = AsyncRateLimiter::from_client(server.client(), redis_tb_client::Timeouts::default());
+    let mut guard = None;
+    // The 200 ms default timeouts can miss right after a start.
+    for _ in 0..50 {
+        if let Ok(Permit::Held(g)) = l.acquire_guard("hung", 1, 600).await {
+            guard = Some(g);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let guard = guard.expect("acquired");
+    server.signal(libc::SIGSTOP);
+    let outcome = tokio::time::timeout(Duration::from_secs(5), guard.lost()).await;
+    server.signal(libc::SIGCONT);
+    let why = outcome.expect("lost while the server hung");
+    assert!(why.contains("within lease_ms"), "{why}");
+    assert!(guard.is_lost());
+}
