@@ -3,7 +3,9 @@
 //! (TB.TAKE ...) or not (the Lua fallback `lua/tb.lua`, as a FUNCTION library
 //! or an EVALSHA script), draft-11 `RateLimit` headers, and (feature
 //! `tower`) a tower/axum middleware; errors follow the one failure rule of
-//! docs/clients.md. See README.md.
+//! docs/clients.md. Concurrency limits (docs/leases.md): `acquire`,
+//! `release`, `renew`, `wait_acquire`, drop guards ([`LeaseGuard`], and
+//! `AsyncLeaseGuard` with renewal), and `ConcurrencyLimitLayer`. See README.md.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), redis_tb_client::Error> {
