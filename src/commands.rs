@@ -12,6 +12,7 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
 use crate::api::{self, Api};
 use crate::args::{self, parse_request};
+use crate::btake::TokenMachine;
 use crate::bucket::{self, Charge, Outcome};
 use crate::error::{corrupt_bucket_message, corrupt_lease_set_message, TbError};
 use crate::metrics;
@@ -165,7 +166,7 @@ impl<'a> Single<'a> {
 /// The tokens TB.BTAKE callers waiting on `key` want, if any wait: the
 /// commands leave those tokens to the queue (`bucket::take_behind`).
 fn queued_on(api: &Api, ctx: *mut RedisModuleCtx, key: *mut RedisModuleString) -> Option<f64> {
-    wait::with_machine(|machine| {
+    wait::with_machine(|machine: &mut TokenMachine| {
         if machine.is_empty() {
             return None; // the usual case: no lookup at all
         }

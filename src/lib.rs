@@ -10,8 +10,10 @@
 //! - `bucket.rs`: the arithmetic, pure (no Redis types, no clock);
 //! - `args.rs`, `number.rs`: input parsing; `error.rs`: every error reply;
 //! - `commands.rs`: the command handlers, their reply, shadow mode;
-//! - `wait.rs`: TB.BTAKE's waiting, a pure state machine; `btake.rs`: the
-//!   command and the glue that feeds the machine the server's callbacks;
+//! - `wait.rs`: waiting in the server (TB.BTAKE, TB.ACQUIRE), a pure state
+//!   machine generic over what is waited for; `wait_glue.rs`: the glue that
+//!   blocks clients and feeds each kind's machine the server's callbacks;
+//!   `btake.rs`: TB.BTAKE and its kind of wait, tokens;
 //! - `store.rs`: reading and writing a bucket's hash, propagation, and
 //!   all-or-nothing writes of several buckets;
 //! - `lease.rs`: the rules of concurrency leases, pure; `lease_set.rs`:
@@ -50,6 +52,7 @@ mod metrics;
 pub mod number;
 mod store;
 mod wait;
+mod wait_glue;
 
 // Unit tests run outside a server, where the server's allocator does not
 // exist; they use the system allocator instead, counted per thread so a

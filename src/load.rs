@@ -10,12 +10,12 @@ use std::sync::atomic::Ordering::Relaxed;
 use redis_module::commands::KeySpecFlags;
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
-use crate::btake::{DEFAULT_MAX_WAITERS, MAX_WAITERS};
 use crate::command_info::{CommandSpec, Shape};
 use crate::commands::SHADOW_MODE;
 #[cfg(feature = "fault-injection")]
 use crate::fault;
-use crate::{api, btake, command_info, commands, lease_commands, metrics};
+use crate::wait_glue::{DEFAULT_MAX_WAITERS, MAX_WAITERS};
+use crate::{api, btake, command_info, commands, lease_commands, metrics, wait_glue};
 
 /// The server's entry point on `loadmodule` / `MODULE LOAD`.
 ///
@@ -75,7 +75,7 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
 pub unsafe extern "C" fn RedisModule_OnUnload(ctx: *mut RedisModuleCtx) -> c_int {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         if let Some(api) = api::api() {
-            btake::on_unload(api, ctx);
+            wait_glue::on_unload(api, ctx);
         }
     }));
     raw::REDISMODULE_OK as c_int
@@ -280,7 +280,7 @@ fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
     }));
     set_module_options(ctx);
     metrics::CACHED_CLOCK.store(api.cached_microseconds.is_some(), Relaxed);
-    btake::reset_at_load();
+    wait_glue::reset_at_load(api, ctx);
     // SAFETY: OnLoad context. This replaces the crate's default INFO callback.
     if let Some(register_info) = unsafe { raw::RedisModule_RegisterInfoFunc } {
         unsafe { register_info(ctx, Some(metrics::info)) };
@@ -299,8 +299,8 @@ fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
     // without a keyspace event.
     if let Some(subscribe) = unsafe { raw::RedisModule_SubscribeToServerEvent } {
         let events: [(u64, raw::RedisModuleEventCallback); 2] = [
-            (raw::REDISMODULE_EVENT_FLUSHDB, Some(btake::on_flush)),
-            (raw::REDISMODULE_EVENT_SWAPDB, Some(btake::on_swapdb)),
+            (raw::REDISMODULE_EVENT_FLUSHDB, Some(wait_glue::on_flush)),
+            (raw::REDISMODULE_EVENT_SWAPDB, Some(wait_glue::on_swapdb)),
         ];
         for (id, callback) in events {
             let event = raw::RedisModuleEvent { id, dataver: 1 };

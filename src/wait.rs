@@ -1,17 +1,25 @@
-//! TB.BTAKE's waiting as one explicit state machine: `Machine::on(event)`.
+//! Waiting in the server, first come first served, as one explicit state
+//! machine: `Machine::on(event)`.
 //!
 //! Pure and the same on every server: no Redis types, no clock of its own.
-//! The glue (`btake.rs`) turns each server callback into an [`Event`],
-//! gives the machine a [`Server`] to read and write buckets and to arm and
-//! cancel timers with (calls that never call back into the module), and
-//! carries out the [`Action`]s it returns: unblocking a client, whose
+//! Generic over what is waited for, a [`Kind`]: TB.BTAKE waits for tokens
+//! (`btake::Tokens`), TB.ACQUIRE for a lease. A kind says what a waiter
+//! asks for, what the key holds, how one head is served on it and what a
+//! waiter is told; the queues, timers, phases, deadlines, pauses, flushes
+//! and unload below are written once for every kind, and each kind has a
+//! machine of its own ([`Kind::machine`], [`with_machine`]).
+//!
+//! The glue (`wait_glue.rs`) turns each server callback into an [`Event`],
+//! gives the machine a [`Server`] to read and write the key's state and to
+//! arm and cancel timers with (calls that never call back into the module),
+//! and carries out the [`Action`]s it returns: unblocking a client, whose
 //! callback the server runs at once (Redis 7.0 and 7.2, Valkey) or just
 //! before the event loop sleeps (Redis 7.4+), and replying in that callback.
 //!
 //! The rules, each enforced in one place below:
 //! - A key's waiters are served in arrival order, and only from a wake-up
-//!   of the key (`drive`): one wake-up serves every head the bucket can
-//!   serve, with one write of the bucket for all of them.
+//!   of the key (`drive`): one wake-up serves every head the key's state
+//!   can serve ([`Kind::serve`]), with one write for all of them.
 //! - The take happens at the wake-up; the callback only replies. So a
 //!   served waiter has left the queue before its callback runs, whenever
 //!   that is, and nobody can be served twice or after its deadline.
@@ -25,9 +33,9 @@
 //!   live waiters, nothing stays behind per waiter that left.
 
 use std::collections::HashMap;
+use std::fmt::Debug;
 use std::rc::Rc;
 
-use crate::bucket::{self, Limit, Outcome, State};
 use crate::error::TbError;
 
 pub type Db = i32;
@@ -46,7 +54,65 @@ pub const PAUSED_RECHECK_MS: i64 = 10;
 /// How soon a due key is looked at again while its slot moves elsewhere.
 pub const MIGRATING_RECHECK_MS: i64 = 100;
 
-/// Whether the machine may write a bucket now.
+/// What is waited for: TB.BTAKE's tokens, TB.ACQUIRE's leases. Only
+/// types and pure functions; the server side of a kind is
+/// `wait_glue::GlueKind`.
+pub trait Kind: Sized + Copy + Debug + PartialEq + 'static {
+    /// What one waiter asks for (tokens: the limit and n).
+    type Request: Copy + Debug + PartialEq;
+    /// What [`Server::read`] returns and [`Server::write`] stores: the
+    /// key's value as served so far, and whatever the write needs with it
+    /// (tokens: the bucket and the expiry to set).
+    type State;
+    /// What a served waiter is told (tokens: remaining, reset_after_ms).
+    type Grant: Copy + Debug + PartialEq;
+    /// The reply value of a waiter's callback (tokens: `bucket::Outcome`).
+    type Reply: Copy + Debug + PartialEq;
+
+    /// This kind's one machine.
+    fn machine() -> &'static MainThread<Self>;
+
+    /// How much a waiter counts in [`Machine::queued`] (tokens: n).
+    fn weight(request: &Self::Request) -> f64;
+
+    /// Serves one head on `state` at `now_ms`: its grant, and whether
+    /// `state` now holds something to write; or why not ([`Unserved`]).
+    /// The heads of one wake-up are served one after another on the same
+    /// `state`, which is written once after the last.
+    fn serve(
+        state: &mut Self::State,
+        request: &Self::Request,
+        now_ms: i64,
+    ) -> Result<(Self::Grant, bool), Unserved>;
+
+    /// The reply of a served waiter.
+    fn granted(grant: Self::Grant) -> Self::Reply;
+
+    /// The denial of a waiter that timed out (or got CLIENT UNBLOCK), with
+    /// the figures of `now_ms`; `queued` is what the queue still ahead of
+    /// it wants.
+    fn denied(
+        state: &Self::State,
+        request: &Self::Request,
+        queued: f64,
+        now_ms: i64,
+    ) -> Result<Self::Reply, TbError>;
+}
+
+/// Why [`Kind::serve`] did not serve a head.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Unserved {
+    /// Not yet: it could be served in this many ms (-1: never; the key is
+    /// looked at again later). The head and everyone behind it wait on.
+    Later(i64),
+    /// This head's wait ends with `error` (tokens never do this; a lease
+    /// may, when the key's ids run out); the next head is judged on the
+    /// same state.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Failed(TbError),
+}
+
+/// Whether the machine may write a key now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Writable {
     Yes,
@@ -68,20 +134,12 @@ pub enum Timer<'a> {
 
 /// What the machine asks of the server while it handles an event. None of
 /// these may call back into the machine.
-pub trait Server {
-    /// The bucket at `key` in `db`: `None` when missing (a full bucket), an
-    /// error when the key holds something that is not a bucket.
-    fn read(&mut self, db: Db, key: &[u8]) -> Result<Option<State>, TbError>;
-    /// Stores a bucket and its absolute expiry, and propagates it; all or
-    /// nothing.
-    fn write(
-        &mut self,
-        db: Db,
-        key: &[u8],
-        state: &State,
-        now_ms: i64,
-        expire_at_ms: i64,
-    ) -> Result<(), TbError>;
+pub trait Server<K: Kind> {
+    /// The state at `key` in `db` (tokens: `None` when missing, a full
+    /// bucket); an error when the key holds something of another type.
+    fn read(&mut self, db: Db, key: &[u8]) -> Result<K::State, TbError>;
+    /// Stores `state` as served, and propagates it; all or nothing.
+    fn write(&mut self, db: Db, key: &[u8], state: &K::State, now_ms: i64) -> Result<(), TbError>;
     fn writable(&mut self, db: Db, key: &[u8]) -> Writable;
     fn arm(&mut self, timer: Timer<'_>, delay_ms: i64) -> TimerId;
     /// Stops a timer that has not fired; `wake` says which kind it was.
@@ -90,9 +148,9 @@ pub trait Server {
 
 /// What the server did.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Event<'a> {
-    /// A TB.BTAKE that must wait has been blocked.
-    Arrive(Arrival<'a>),
+pub enum Event<'a, K: Kind> {
+    /// A command that must wait has been blocked.
+    Arrive(Arrival<'a, K>),
     /// A key's wake-up timer fired.
     Wake {
         db: Db,
@@ -116,7 +174,7 @@ pub enum Event<'a> {
     /// FLUSHDB (`Some(db)`) or FLUSHALL (`None`).
     Flushed { db: Option<Db>, now_ms: i64 },
     /// SWAPDB: waiters stay on their database number, so they now see the
-    /// other database's buckets.
+    /// other database's keys.
     Swapped { a: Db, b: Db, now_ms: i64 },
     /// MODULE UNLOAD: forget everything.
     Unload,
@@ -124,16 +182,16 @@ pub enum Event<'a> {
 
 /// What the glue must do, in order, after `on` returns.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Action {
+pub enum Action<K: Kind> {
     /// End this client's wait; the server then runs its callback, which
     /// becomes `Event::Unblocked`.
     Unblock(Client),
     /// The reply to send from the callback being handled: a grant, a denial
-    /// at its timeout (or CLIENT UNBLOCK), or an error. `n` is what the
-    /// waiter asked for.
+    /// at its timeout (or CLIENT UNBLOCK), or an error. `request` is what
+    /// the waiter asked for.
     Reply {
-        result: Result<Outcome, TbError>,
-        n: f64,
+        result: Result<K::Reply, TbError>,
+        request: K::Request,
         waited_ms: i64,
     },
     /// A waiter left without a reply.
@@ -142,25 +200,27 @@ pub enum Action {
 
 /// Where a waiter stands.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Phase {
+enum Phase<G> {
     /// In its key's queue.
     Waiting,
-    /// Out of the queue, unblocked, its callback yet to run: served (the
-    /// tokens are taken and stored), timed out, or failed.
-    Granted {
-        remaining: i64,
-        reset_after_ms: i64,
-    },
+    /// Out of the queue, unblocked, its callback yet to run: served (what
+    /// it waited for is taken and stored), timed out, or failed.
+    Granted(G),
     TimedOut,
     Failed(TbError),
 }
 
+impl<G> Phase<G> {
+    fn is_waiting(&self) -> bool {
+        matches!(self, Phase::Waiting)
+    }
+}
+
 #[derive(Debug)]
-struct Waiter {
+struct Waiter<K: Kind> {
     db: Db,
     key: Rc<[u8]>,
-    limit: Limit,
-    n: f64,
+    request: K::Request,
     client: Client,
     since_ms: i64,
     deadline_ms: Option<i64>,
@@ -168,7 +228,7 @@ struct Waiter {
     /// Neighbours in the queue, while `Waiting` (0: none).
     prev: WaiterId,
     next: WaiterId,
-    phase: Phase,
+    phase: Phase<K::Grant>,
 }
 
 /// One key's queue: a list linked through the waiters, so a waiter leaves
@@ -178,22 +238,35 @@ struct Queue {
     head: WaiterId,
     tail: WaiterId,
     len: usize,
-    /// The sum of the waiters' `n`: what the queue ahead of a newcomer wants.
+    /// The sum of the waiters' weights (`Kind::weight`): what the queue
+    /// ahead of a newcomer wants.
     wanted: f64,
     /// The wake-up timer: its id, when it is due, and its token.
     timer: Option<(TimerId, i64, u64)>,
 }
 
-#[derive(Debug, Default)]
-pub struct Machine {
+/// One kind's waiters, on every key.
+#[derive(Debug)]
+pub struct Machine<K: Kind> {
     /// Queues by database, then key; only keys with waiters have one.
     queues: HashMap<Db, HashMap<Rc<[u8]>, Queue>, Sequential>,
-    waiters: HashMap<WaiterId, Waiter, Sequential>,
+    waiters: HashMap<WaiterId, Waiter<K>, Sequential>,
     last_id: WaiterId,
     last_token: u64,
 }
 
-impl Machine {
+impl<K: Kind> Default for Machine<K> {
+    fn default() -> Self {
+        Machine {
+            queues: HashMap::default(),
+            waiters: HashMap::default(),
+            last_id: 0,
+            last_token: 0,
+        }
+    }
+}
+
+impl<K: Kind> Machine<K> {
     /// The id for the next arrival, given to the server before `Arrive`.
     pub fn reserve(&mut self) -> WaiterId {
         loop {
@@ -219,14 +292,15 @@ impl Machine {
         self.queue(db, key).map_or(0, |queue| queue.len)
     }
 
-    /// The tokens the waiters on `key` want, if any wait: other commands
-    /// leave them to the queue (`bucket::take_behind`). A hash lookup only.
+    /// What the waiters on `key` want (the sum of their weights), if any
+    /// wait: other commands leave it to the queue (tokens:
+    /// `bucket::take_behind`). A hash lookup only.
     pub fn queued(&self, db: Db, key: &[u8]) -> Option<f64> {
         self.queue(db, key).map(|queue| queue.wanted)
     }
 
     /// Handles one event; the glue carries out the returned actions in order.
-    pub fn on(&mut self, event: Event<'_>, server: &mut dyn Server) -> Vec<Action> {
+    pub fn on(&mut self, event: Event<'_, K>, server: &mut dyn Server<K>) -> Vec<Action<K>> {
         let mut actions = Vec::new();
         match event {
             Event::Arrive(arrival) => self.arrive(arrival, server),
@@ -286,14 +360,13 @@ impl Machine {
         actions
     }
 
-    fn arrive(&mut self, arrival: Arrival<'_>, server: &mut dyn Server) {
+    fn arrive(&mut self, arrival: Arrival<'_, K>, server: &mut dyn Server<K>) {
         let Arrival {
             id,
             client,
             db,
             key,
-            limit,
-            n,
+            request,
             timeout_ms,
             retry_after_ms,
             now_ms,
@@ -316,7 +389,7 @@ impl Machine {
             queue.head = id;
         }
         queue.len = queue.len.saturating_add(1);
-        queue.wanted += n;
+        queue.wanted += K::weight(&request);
         if prev != 0 {
             if let Some(before) = self.waiters.get_mut(&prev) {
                 before.next = id;
@@ -330,8 +403,7 @@ impl Machine {
             Waiter {
                 db,
                 key: key_rc,
-                limit,
-                n,
+                request,
                 client,
                 since_ms: now_ms,
                 deadline_ms,
@@ -346,16 +418,16 @@ impl Machine {
         self.wake_soon(db, key, retry_after_ms, now_ms, server);
     }
 
-    /// Serves the key's queue from its head for as long as the bucket holds
-    /// the head's tokens, with one write for all of them, then sets the
+    /// Serves the key's queue from its head for as long as the key's state
+    /// can serve the head, with one write for all of them, then sets the
     /// wake-up for the next head.
     fn drive(
         &mut self,
         db: Db,
         key: &[u8],
         now_ms: i64,
-        server: &mut dyn Server,
-        actions: &mut Vec<Action>,
+        server: &mut dyn Server<K>,
+        actions: &mut Vec<Action<K>>,
     ) {
         match server.writable(db, key) {
             Writable::Yes => {}
@@ -367,15 +439,16 @@ impl Machine {
         let mut state = match server.read(db, key) {
             Ok(state) => state,
             Err(error) => {
-                // Not a bucket any more: every waiter of the key fails alike.
+                // Not this kind's value any more: every waiter of the key
+                // fails alike.
                 for id in self.queued_ids(db, key) {
                     self.end(id, Phase::Failed(error), server, actions);
                 }
                 return;
             }
         };
-        let mut served: Vec<(WaiterId, Outcome)> = Vec::new();
-        let mut written: Option<(State, i64)> = None;
+        let mut served: Vec<(WaiterId, K::Grant)> = Vec::new();
+        let mut written = false;
         let mut retry_after_ms = None;
         let mut cursor = self.queue(db, key).map_or(0, |queue| queue.head);
         while let Some(waiter) = self.waiters.get(&cursor) {
@@ -389,37 +462,33 @@ impl Machine {
                 self.end(id, Phase::TimedOut, server, actions);
                 continue;
             }
-            let outcome = bucket::take(state, &waiter.limit, waiter.n, now_ms);
-            if !outcome.allowed {
-                retry_after_ms = Some(outcome.retry_after_ms);
-                break;
+            match K::serve(&mut state, &waiter.request, now_ms) {
+                Ok((grant, wrote)) => {
+                    written |= wrote;
+                    served.push((id, grant));
+                }
+                Err(Unserved::Later(delay_ms)) => {
+                    retry_after_ms = Some(delay_ms);
+                    break;
+                }
+                Err(Unserved::Failed(error)) => {
+                    // Ended as met, like a late waiter.
+                    self.end(id, Phase::Failed(error), server, actions);
+                }
             }
-            if let Some(after) = outcome.write {
-                state = Some(after);
-                written = Some((after, outcome.reset_after_ms));
-            }
-            served.push((id, outcome));
         }
-        let stored = match written {
-            Some((after, reset_after_ms)) => server.write(
-                db,
-                key,
-                &after,
-                now_ms,
-                bucket::expire_at_ms(now_ms, reset_after_ms),
-            ),
-            None => Ok(()),
+        let stored = if written {
+            server.write(db, key, &state, now_ms)
+        } else {
+            Ok(())
         };
         if stored.is_err() {
-            // The bucket is as it was: the next head is judged on it anew.
+            // The key is as it was: the next head is judged on it anew.
             retry_after_ms = Some(0);
         }
-        for (id, outcome) in served {
+        for (id, grant) in served {
             let phase = match stored {
-                Ok(()) => Phase::Granted {
-                    remaining: outcome.remaining,
-                    reset_after_ms: outcome.reset_after_ms,
-                },
+                Ok(()) => Phase::Granted(grant),
                 Err(error) => Phase::Failed(error),
             };
             self.end(id, phase, server, actions);
@@ -435,13 +504,13 @@ impl Machine {
         &mut self,
         id: WaiterId,
         now_ms: i64,
-        server: &mut dyn Server,
-        actions: &mut Vec<Action>,
+        server: &mut dyn Server<K>,
+        actions: &mut Vec<Action<K>>,
     ) {
         let Some(waiter) = self.waiters.get_mut(&id) else {
             return;
         };
-        if waiter.deadline_timer.take().is_none() || waiter.phase != Phase::Waiting {
+        if waiter.deadline_timer.take().is_none() || !waiter.phase.is_waiting() {
             return;
         }
         let Some(deadline_ms) = waiter.deadline_ms else {
@@ -464,13 +533,13 @@ impl Machine {
         &mut self,
         id: WaiterId,
         now_ms: i64,
-        server: &mut dyn Server,
-        actions: &mut Vec<Action>,
+        server: &mut dyn Server<K>,
+        actions: &mut Vec<Action<K>>,
     ) {
         let Some(phase) = self.waiters.get(&id).map(|waiter| waiter.phase) else {
             return; // answered already, or gone
         };
-        if phase == Phase::Waiting {
+        if phase.is_waiting() {
             // CLIENT UNBLOCK: a denial, like a timeout.
             self.unlink(id, now_ms, server);
         }
@@ -481,37 +550,33 @@ impl Machine {
             server.cancel(timer, false);
         }
         let result = match phase {
-            Phase::Granted {
-                remaining,
-                reset_after_ms,
-            } => Ok(Outcome {
-                allowed: true,
-                remaining,
-                retry_after_ms: 0,
-                reset_after_ms,
-                write: None,
-            }),
+            Phase::Granted(grant) => Ok(K::granted(grant)),
             Phase::Failed(error) => Err(error),
             // A denial with the figures of this moment, counting the
             // queue still ahead of a request like this one.
             Phase::Waiting | Phase::TimedOut => {
                 let queued = self.queued(waiter.db, &waiter.key).unwrap_or(0.0);
-                server.read(waiter.db, &waiter.key).map(|state| {
-                    bucket::take_behind(state, &waiter.limit, waiter.n, queued, now_ms)
-                })
+                server
+                    .read(waiter.db, &waiter.key)
+                    .and_then(|state| K::denied(&state, &waiter.request, queued, now_ms))
             }
         };
         actions.push(Action::Reply {
             result,
-            n: waiter.n,
+            request: waiter.request,
             waited_ms: waited(&waiter, now_ms),
         });
     }
 
     /// Takes a waiter out of its queue for good, in whatever phase: the
     /// client is gone.
-    fn leave(&mut self, id: WaiterId, now_ms: i64, server: &mut dyn Server) -> Option<Waiter> {
-        if self.waiters.get(&id)?.phase == Phase::Waiting {
+    fn leave(
+        &mut self,
+        id: WaiterId,
+        now_ms: i64,
+        server: &mut dyn Server<K>,
+    ) -> Option<Waiter<K>> {
+        if self.waiters.get(&id)?.phase.is_waiting() {
             self.unlink(id, now_ms, server);
         }
         let waiter = self.forget(id)?;
@@ -527,9 +592,9 @@ impl Machine {
     fn end(
         &mut self,
         id: WaiterId,
-        phase: Phase,
-        server: &mut dyn Server,
-        actions: &mut Vec<Action>,
+        phase: Phase<K::Grant>,
+        server: &mut dyn Server<K>,
+        actions: &mut Vec<Action<K>>,
     ) -> bool {
         let was_head = self
             .unlink_quietly(id, server)
@@ -546,7 +611,7 @@ impl Machine {
 
     /// Unlinks a waiting waiter; if it was the head, the next one may be
     /// servable now, so the key is woken.
-    fn unlink(&mut self, id: WaiterId, now_ms: i64, server: &mut dyn Server) {
+    fn unlink(&mut self, id: WaiterId, now_ms: i64, server: &mut dyn Server<K>) {
         let Some((db, key, was_head)) = self.unlink_quietly(id, server) else {
             return;
         };
@@ -560,10 +625,10 @@ impl Machine {
     fn unlink_quietly(
         &mut self,
         id: WaiterId,
-        server: &mut dyn Server,
+        server: &mut dyn Server<K>,
     ) -> Option<(Db, Rc<[u8]>, bool)> {
         let waiter = self.waiters.get_mut(&id)?;
-        if waiter.phase != Phase::Waiting {
+        if !waiter.phase.is_waiting() {
             return None;
         }
         let (db, key, prev, next, n) = (
@@ -571,7 +636,7 @@ impl Machine {
             waiter.key.clone(),
             waiter.prev,
             waiter.next,
-            waiter.n,
+            K::weight(&waiter.request),
         );
         waiter.prev = 0;
         waiter.next = 0;
@@ -615,7 +680,7 @@ impl Machine {
     }
 
     /// Removes the record of a waiter that is out of its queue.
-    fn forget(&mut self, id: WaiterId) -> Option<Waiter> {
+    fn forget(&mut self, id: WaiterId) -> Option<Waiter<K>> {
         let waiter = self.waiters.remove(&id)?;
         shrink(&mut self.waiters);
         Some(waiter)
@@ -629,7 +694,7 @@ impl Machine {
         key: &[u8],
         delay_ms: i64,
         now_ms: i64,
-        server: &mut dyn Server,
+        server: &mut dyn Server<K>,
     ) {
         let delay_ms = delay_ms.clamp(0, MAX_TIMER_MS);
         let due_ms = now_ms.saturating_add(delay_ms);
@@ -650,7 +715,7 @@ impl Machine {
         }
     }
 
-    fn wake_dbs(&mut self, dbs: &[Db], now_ms: i64, server: &mut dyn Server) {
+    fn wake_dbs(&mut self, dbs: &[Db], now_ms: i64, server: &mut dyn Server<K>) {
         for db in dbs {
             let keys: Vec<Rc<[u8]>> = self
                 .queues
@@ -724,23 +789,22 @@ impl std::hash::Hasher for SequentialHasher {
     }
 }
 
-/// A TB.BTAKE that must wait: blocked by the server as `client`, with `id`
+/// A command that must wait: blocked by the server as `client`, with `id`
 /// (from `Machine::reserve`) as its private data. `retry_after_ms` is when
-/// its own tokens could exist, from its judgement on arrival.
+/// what it asks for could exist, from its judgement on arrival.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Arrival<'a> {
+pub struct Arrival<'a, K: Kind> {
     pub id: WaiterId,
     pub client: Client,
     pub db: Db,
     pub key: &'a [u8],
-    pub limit: Limit,
-    pub n: f64,
+    pub request: K::Request,
     pub timeout_ms: i64,
     pub retry_after_ms: i64,
     pub now_ms: i64,
 }
 
-fn waited(waiter: &Waiter, now_ms: i64) -> i64 {
+fn waited<K: Kind>(waiter: &Waiter<K>, now_ms: i64) -> i64 {
     now_ms.saturating_sub(waiter.since_ms).max(0)
 }
 
@@ -753,7 +817,7 @@ fn shrink<K: std::hash::Hash + Eq, V, S: std::hash::BuildHasher>(map: &mut HashM
 }
 
 #[cfg(test)]
-impl Machine {
+impl<K: Kind> Machine<K> {
     /// Checks the structure against itself: links, counts, sums, timers.
     fn check(&self) -> Result<(), String> {
         let mut linked = 0usize;
@@ -768,14 +832,14 @@ impl Machine {
                 let mut wanted = 0.0;
                 while cursor != 0 {
                     let waiter = self.waiters.get(&cursor).ok_or("dangling link")?;
-                    if waiter.phase != Phase::Waiting || waiter.prev != prev {
+                    if !waiter.phase.is_waiting() || waiter.prev != prev {
                         return Err(format!("waiter {cursor} linked but {waiter:?}"));
                     }
                     if waiter.db != *db || waiter.key != *key {
                         return Err(format!("waiter {cursor} in another key's queue"));
                     }
                     len += 1;
-                    wanted += waiter.n;
+                    wanted += K::weight(&waiter.request);
                     prev = cursor;
                     cursor = waiter.next;
                 }
@@ -794,7 +858,7 @@ impl Machine {
         let waiting = self
             .waiters
             .values()
-            .filter(|waiter| waiter.phase == Phase::Waiting)
+            .filter(|waiter| waiter.phase.is_waiting())
             .count();
         if waiting != linked {
             return Err(format!("{waiting} waiting, {linked} in queues"));
@@ -803,42 +867,50 @@ impl Machine {
     }
 }
 
-// --- The server's one machine -------------------------------------------------
+// --- Each kind's one machine --------------------------------------------------
 
-/// The machine, reached only from the server's main thread (commands,
-/// timers, blocked-client and keyspace callbacks all run there).
-struct MainThread {
-    machine: std::cell::UnsafeCell<Option<Machine>>,
+/// A kind's machine, reached only from the server's main thread (commands,
+/// timers, blocked-client and keyspace callbacks all run there). Each kind
+/// has one, in a static its [`Kind::machine`] returns:
+/// `static MACHINE: MainThread<MyKind> = MainThread::new();`.
+pub struct MainThread<K: Kind> {
+    machine: std::cell::UnsafeCell<Option<Machine<K>>>,
     borrowed: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: see `with_machine`: one thread, and never two borrows at once.
-unsafe impl Sync for MainThread {}
+unsafe impl<K: Kind> Sync for MainThread<K> {}
 
-static MACHINE: MainThread = MainThread {
-    machine: std::cell::UnsafeCell::new(None),
-    borrowed: std::sync::atomic::AtomicBool::new(false),
-};
-
-/// Runs `f` on the server's machine. The glue makes every server call that
-/// can call back into the module outside `f`; should one ever nest
-/// regardless (a bug), the inner call gets `None` instead of a second,
-/// aliasing borrow.
-pub fn with_machine<R>(f: impl FnOnce(&mut Machine) -> R) -> Option<R> {
-    use std::sync::atomic::Ordering::Relaxed;
-    if MACHINE.borrowed.swap(true, Relaxed) {
-        return None;
-    }
-    struct Release;
-    impl Drop for Release {
-        fn drop(&mut self) {
-            MACHINE.borrowed.store(false, Relaxed);
+impl<K: Kind> MainThread<K> {
+    pub const fn new() -> Self {
+        MainThread {
+            machine: std::cell::UnsafeCell::new(None),
+            borrowed: std::sync::atomic::AtomicBool::new(false),
         }
     }
-    let _release = Release;
+}
+
+/// Runs `f` on the server's machine of kind `K`. The glue makes every
+/// server call that can call back into the module outside `f`; should one
+/// ever nest regardless (a bug), the inner call gets `None` instead of a
+/// second, aliasing borrow. The machines of two kinds are separate: each
+/// may be borrowed while the other is.
+pub fn with_machine<K: Kind, R>(f: impl FnOnce(&mut Machine<K>) -> R) -> Option<R> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let main = K::machine();
+    if main.borrowed.swap(true, Relaxed) {
+        return None;
+    }
+    struct Release(&'static std::sync::atomic::AtomicBool);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            self.0.store(false, Relaxed);
+        }
+    }
+    let _release = Release(&main.borrowed);
     // SAFETY: main thread only, and the flag above rules out a second
     // borrow while this one lives.
-    let machine = unsafe { &mut *MACHINE.machine.get() };
+    let machine = unsafe { &mut *main.machine.get() };
     Some(f(machine.get_or_insert_with(Machine::default)))
 }
 

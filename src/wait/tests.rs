@@ -8,6 +8,15 @@ use std::collections::{BTreeMap, HashMap};
 use proptest::prelude::*;
 
 use super::*;
+use crate::args::Request;
+use crate::btake::{Served, Tokens};
+use crate::bucket::{self, Limit, Outcome, State};
+
+// TB.BTAKE's machine: the kind these tests wait for.
+type Machine = super::Machine<Tokens>;
+type Event<'a> = super::Event<'a, Tokens>;
+type Action = super::Action<Tokens>;
+type Arrival<'a> = super::Arrival<'a, Tokens>;
 
 /// When the server runs a blocked client's callback after an unblock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,23 +62,26 @@ struct Sim {
     violations: Vec<String>,
 }
 
-impl Server for Sim {
-    fn read(&mut self, db: Db, key: &[u8]) -> Result<Option<State>, TbError> {
-        match self.keys.get(&(db, key.to_vec())) {
-            None => Ok(None),
-            Some(Value::Bucket(state)) => Ok(Some(*state)),
-            Some(Value::Other) => Err(TbError::BucketGone),
-        }
+impl Server<Tokens> for Sim {
+    fn read(&mut self, db: Db, key: &[u8]) -> Result<Served, TbError> {
+        let bucket = match self.keys.get(&(db, key.to_vec())) {
+            None => None,
+            Some(Value::Bucket(state)) => Some(*state),
+            Some(Value::Other) => return Err(TbError::BucketGone),
+        };
+        Ok(Served {
+            bucket,
+            expire_at_ms: 0,
+        })
     }
 
-    fn write(
-        &mut self,
-        db: Db,
-        key: &[u8],
-        state: &State,
-        now_ms: i64,
-        expire_at_ms: i64,
-    ) -> Result<(), TbError> {
+    fn write(&mut self, db: Db, key: &[u8], served: &Served, now_ms: i64) -> Result<(), TbError> {
+        let Some(state) = &served.bucket else {
+            self.violations
+                .push(format!("write of no bucket to {key:?}"));
+            return Err(TbError::Internal);
+        };
+        let expire_at_ms = served.expire_at_ms;
         if self.paused {
             self.violations
                 .push(format!("write of {key:?} while paused"));
@@ -584,8 +596,7 @@ impl Run {
                         client: id as Client,
                         db: key.0,
                         key: &key.1,
-                        limit,
-                        n,
+                        request: Request { limit, n },
                         timeout_ms,
                         retry_after_ms: outcome.retry_after_ms,
                         now_ms,
@@ -902,11 +913,13 @@ impl Bare {
             client: id as Client,
             db: 0,
             key: b"k",
-            limit: Limit {
-                capacity: 10.0,
-                refill_per_sec: 0.001,
+            request: Request {
+                limit: Limit {
+                    capacity: 10.0,
+                    refill_per_sec: 0.001,
+                },
+                n: 1.0,
             },
-            n: 1.0,
             timeout_ms,
             retry_after_ms: 1_000_000,
             now_ms,
@@ -970,7 +983,7 @@ fn memory_follows_the_live_waiters() {
     let per_waiter = (crate::live_bytes() - before - 800_000) / 100_000;
     eprintln!(
         "{per_waiter} bytes per live waiter (record {} bytes)",
-        std::mem::size_of::<Waiter>()
+        std::mem::size_of::<Waiter<Tokens>>()
     );
     assert!(per_waiter <= 256, "{per_waiter} bytes per live waiter");
     for id in ids {
@@ -1000,4 +1013,164 @@ fn a_key_nobody_waits_on_costs_a_lookup_and_no_allocation() {
     assert_eq!(seen, 0);
     assert_eq!(crate::live_bytes(), before);
     assert!(bare.machine.queued(0, b"k").is_some());
+}
+
+/// A second kind, as TB.ACQUIRE's will be: slots, each waiter wanting one
+/// (weight 1), and a head that may fail on its own.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Slots;
+
+/// A slot request; `fails`: serving it fails this waiter alone.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Slot {
+    fails: bool,
+}
+
+static SLOTS: MainThread<Slots> = MainThread::new();
+
+impl Kind for Slots {
+    type Request = Slot;
+    /// Free slots, and how many were taken since the read.
+    type State = (i64, i64);
+    type Grant = i64;
+    type Reply = Option<i64>;
+
+    fn machine() -> &'static MainThread<Slots> {
+        &SLOTS
+    }
+
+    fn weight(_: &Slot) -> f64 {
+        1.0
+    }
+
+    fn serve(state: &mut (i64, i64), slot: &Slot, _: i64) -> Result<(i64, bool), Unserved> {
+        if slot.fails {
+            return Err(Unserved::Failed(TbError::Internal));
+        }
+        if state.0 == 0 {
+            return Err(Unserved::Later(100));
+        }
+        state.0 -= 1;
+        state.1 += 1;
+        Ok((state.0, true))
+    }
+
+    fn granted(left: i64) -> Option<i64> {
+        Some(left)
+    }
+
+    fn denied(_: &(i64, i64), _: &Slot, _: f64, _: i64) -> Result<Option<i64>, TbError> {
+        Ok(None)
+    }
+}
+
+/// The free slots of every key, and the writes.
+#[derive(Default)]
+struct SlotServer {
+    free: i64,
+    writes: Vec<(i64, i64)>,
+    timers: TimerId,
+}
+
+impl Server<Slots> for SlotServer {
+    fn read(&mut self, _: Db, _: &[u8]) -> Result<(i64, i64), TbError> {
+        Ok((self.free, 0))
+    }
+
+    fn write(&mut self, _: Db, _: &[u8], state: &(i64, i64), _: i64) -> Result<(), TbError> {
+        self.free = state.0;
+        self.writes.push(*state);
+        Ok(())
+    }
+
+    fn writable(&mut self, _: Db, _: &[u8]) -> Writable {
+        Writable::Yes
+    }
+
+    fn arm(&mut self, _: Timer<'_>, _: i64) -> TimerId {
+        self.timers += 1;
+        self.timers
+    }
+
+    fn cancel(&mut self, _: TimerId, _: bool) {}
+}
+
+/// The same machine serves another kind: heads in order, as many as the
+/// state allows, one write for all, a failing head ended alone; and each
+/// kind has a machine of its own.
+#[test]
+fn another_kind_waits_in_the_same_machine() {
+    let mut server = SlotServer::default();
+    let mut machine = super::Machine::<Slots>::default();
+    let now_ms = START_MS;
+    let requests = [false, true, false, false];
+    let mut ids = Vec::new();
+    for fails in requests {
+        let id = machine.reserve();
+        ids.push(id);
+        let arrival = super::Arrival::<Slots> {
+            id,
+            client: id as Client,
+            db: 0,
+            key: b"slots",
+            request: Slot { fails },
+            timeout_ms: 0,
+            retry_after_ms: 100,
+            now_ms,
+        };
+        assert!(machine
+            .on(super::Event::Arrive(arrival), &mut server)
+            .is_empty());
+    }
+    assert_eq!(machine.queued(0, b"slots"), Some(4.0));
+    // Two free slots: the first head, the failing one, the third; the
+    // fourth waits.
+    server.free = 2;
+    let token = machine
+        .queue(0, b"slots")
+        .and_then(|queue| queue.timer)
+        .map(|(_, _, token)| token)
+        .unwrap();
+    let wake = super::Event::Wake {
+        db: 0,
+        key: b"slots",
+        token,
+        now_ms,
+    };
+    let actions = machine.on(wake, &mut server);
+    machine.check().unwrap();
+    let unblocked: Vec<super::Action<Slots>> = [ids[1], ids[0], ids[2]]
+        .iter()
+        .map(|id| super::Action::Unblock(*id as Client))
+        .collect();
+    assert_eq!(actions, unblocked);
+    assert_eq!(server.writes, vec![(0, 2)]);
+    assert_eq!(machine.queued_ids(0, b"slots"), vec![ids[3]]);
+    let replies: Vec<_> = ids
+        .iter()
+        .take(3)
+        .flat_map(|id| machine.on(super::Event::Unblocked { id: *id, now_ms }, &mut server))
+        .collect();
+    let reply = |result| super::Action::Reply {
+        result,
+        request: Slot { fails: false },
+        waited_ms: 0,
+    };
+    let failed = super::Action::Reply {
+        result: Err(TbError::Internal),
+        request: Slot { fails: true },
+        waited_ms: 0,
+    };
+    assert_eq!(
+        replies,
+        vec![reply(Ok(Some(1))), failed, reply(Ok(Some(0)))]
+    );
+    // CLIENT UNBLOCK of the last: the kind's denial.
+    let last = machine.on(super::Event::Unblocked { id: ids[3], now_ms }, &mut server);
+    assert_eq!(last, vec![reply(Ok(None))]);
+    assert!(machine.is_empty());
+    // Each kind's machine is its own.
+    let slots_id = with_machine(|machine: &mut super::Machine<Slots>| machine.reserve());
+    let tokens_empty = with_machine(|machine: &mut Machine| machine.is_empty());
+    assert_eq!((slots_id, tokens_empty), (Some(1), Some(true)));
 }
