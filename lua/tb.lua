@@ -10,6 +10,9 @@
 --     FCALL tb_peek    1 key capacity rate [n]      (also FCALL_RO: no-writes)
 --     FCALL tb_refund  1 key capacity rate n
 --     FCALL tb_takeall N key1 .. keyN capacity1 rate1 n1 .. capacityN rateN nN
+--     FCALL tb_acquire 1 key limit lease_ms              (TB.ACQUIRE, no timeout_ms)
+--     FCALL tb_release 1 key lease
+--     FCALL tb_renew   1 key lease lease_ms
 --   A functions library is stored with the data (RDB, AOF) and replicated,
 --   so clients never see NOSCRIPT.
 --
@@ -20,22 +23,32 @@
 --     EVALSHA <sha> 1 key peek capacity rate [n]
 --     EVALSHA <sha> 1 key refund capacity rate n
 --     EVALSHA <sha> N key1 .. keyN takeall capacity1 rate1 n1 .. capacityN rateN nN
+--     EVALSHA <sha> 1 key acquire limit lease_ms
+--     EVALSHA <sha> 1 key release lease
+--     EVALSHA <sha> 1 key renew lease lease_ms
 --
 -- Each step mirrors src/bucket.rs and src/number.rs operation for
 -- operation, so both produce the same doubles, the same waits to the ms and
 -- byte-identical `tokens` text (tests/lua_fallback.rs compares them). The
--- clock is the server's TIME, read once per call, never the caller's.
--- Replicas and the AOF receive the effects (HSET, PEXPIREAT with an
--- absolute deadline), never the script.
+-- leases (docs/leases.md) store the module's sorted set, members, scores and
+-- expiry (tests/leases_lua.rs compares them). The clock is the server's
+-- TIME, read once per call, never the caller's. Replicas and the AOF receive
+-- the effects (HSET, ZREM, ZADD, PEXPIREAT with an absolute deadline), never
+-- the script.
 --
 -- Known differences from the module (see tests/lua_fallback.rs):
--- * no TB.BTAKE (a script cannot wait), no INFO tb counters, and
+-- * no TB.BTAKE and no timeout_ms for acquire (a script cannot wait: one
+--   more argument is the wrong-arity error), no INFO tb counters, and
 --   tb.shadow-mode does not apply;
 -- * a wrong number of arguments is reported in the module's words, but by
 --   the script (the server cannot check a script's arity);
 -- * ACL applies to the commands inside: a restricted user needs FCALL (or
---   EVALSHA) and TYPE, HMGET, TIME, HSET, PEXPIREAT. Without PEXPIREAT the
---   script fails after its HSET, and a script is not rolled back.
+--   EVALSHA) and, for the buckets, TYPE, HMGET, TIME, HSET, PEXPIREAT; for
+--   the leases, TYPE, ZSCORE, TIME, ZCOUNT, ZRANGEBYSCORE, ZRANGE,
+--   PEXPIRETIME, ZREM, ZADD, PEXPIREAT (before Redis 7.0, which has no
+--   PEXPIRETIME: PTTL, and an expiry may then come out a ms off the
+--   module's). Without PEXPIREAT the script fails after its write, and a
+--   script is not rolled back.
 
 -- The longest wait ever reported or turned into a TTL: 2^53 ms.
 local MAX_WAIT_MS = 9007199254740992
@@ -525,6 +538,219 @@ local function tb_takeall(keys, args)
   return reply
 end
 
+-- Leases (docs/leases.md): TB.ACQUIRE, TB.RELEASE and TB.RENEW. The key is a
+-- sorted set: one member per lease, its id `<ms>-<n>` scored by its deadline
+-- (Unix ms), and `seq` scored by minus the count of ids handed out. Scores
+-- and ms are whole numbers <= 2^53, exact in doubles, and reach the server
+-- as '%d' text, so ZADD and PEXPIREAT get the module's numbers exactly.
+
+-- The largest limit, lease_ms, deadline and count: 2^53.
+local MAX_LEASE = 9007199254740992
+-- How many expired leases one writing call removes, earliest first.
+local EXPIRED_PER_CALL = 64
+
+local ERR_LIMIT = 'ERR limit must be a positive integer, at most 9007199254740992 (2^53)'
+local ERR_LEASE_MS =
+  'ERR lease_ms must be a positive integer number of ms, at most 9007199254740992 (2^53)'
+local ERR_EXHAUSTED = 'ERR tb: this lease set has handed out 2^53 ids; delete it to start again'
+
+-- Plain decimal digits (leading zeros allowed; no sign, fraction or
+-- exponent), at most 64 bytes, from 1 to 2^53: the value, else nil. The
+-- range is checked on the text, since 64 digits are far beyond a double.
+local function parse_positive_integer(text)
+  if type(text) ~= 'string' or #text == 0 or #text > MAX_LEN
+      or not string.match(text, '^%d+$') then
+    return nil
+  end
+  local digits = string.match(text, '^0*(%d*)$')
+  if digits == '' or #digits > 16 or (#digits == 16 and digits > '9007199254740992') then
+    return nil
+  end
+  return tonumber(digits)
+end
+
+local function fmt_int(x)
+  return string.format('%d', x)
+end
+
+-- The lease set at `key`: nil for a missing key, else the count of ids it
+-- has handed out; or (second value) an error reply.
+local function read_leases(key)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'none' then
+    return nil
+  elseif kind ~= 'zset' then
+    return nil, redis.error_reply(ERR_WRONGTYPE)
+  end
+  local score = tonumber(redis.call('ZSCORE', key, 'seq'))
+  if score == nil or not (score >= -MAX_LEASE and score <= 0) or score ~= math.floor(score) then
+    return nil, redis.error_reply('ERR corrupt lease set \'' .. show_key(key)
+      .. '\': no seq member scored from -2^53 to 0')
+  end
+  return -score
+end
+
+-- The key's expiry as an absolute ms: -1 none, -2 no key. PEXPIRETIME is
+-- Redis 7+ and Valkey; before it, PTTL from `now` (possibly a ms off).
+local function expire_time(key, now)
+  local at = redis.pcall('PEXPIRETIME', key)
+  if type(at) == 'number' then
+    return at
+  elseif not string.find(tostring(at.err), 'nknown', 1, true) then
+    return error(at) -- not a missing command (NOPERM, say): fail as call would
+  end
+  local ttl = redis.call('PTTL', key)
+  if ttl < 0 then
+    return ttl
+  end
+  return now + ttl
+end
+
+-- The expiry after a write of `deadline`: it only grows. A key without one
+-- (PERSIST by hand) gets the latest deadline it holds, or `deadline`.
+-- Called before the write; PEXPIREAT only when the expiry grows.
+local function extend_expiry(key, deadline, now)
+  local at = expire_time(key, now)
+  if at == -1 then
+    local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    local highest = tonumber(top[2])
+    if highest ~= nil and math.ceil(highest) > deadline then
+      deadline = math.ceil(highest)
+    end
+    return deadline
+  elseif at >= deadline then
+    return nil
+  end
+  return deadline
+end
+
+-- The ids of at most EXPIRED_PER_CALL leases ended by `now`, earliest
+-- first: deadlines in (0, now], which never includes `seq`.
+local function expired_leases(key, now)
+  return redis.call('ZRANGEBYSCORE', key, '(0', fmt_int(now), 'LIMIT', 0, EXPIRED_PER_CALL)
+end
+
+-- now + lease_ms, capped at 2^53 (exact: both are integers <= 2^53, and a
+-- sum past 2^53 rounds to at least 2^53).
+local function deadline_of(now, lease_ms)
+  return math.min(now + lease_ms, MAX_LEASE)
+end
+
+-- Stores a lease's deadline (ZADD `members`, a list of score, member) after
+-- removing expired leases (and `also`, a member to remove, if any).
+local function write_leases(key, now, deadline, members, also)
+  local expiry = deadline and extend_expiry(key, deadline, now)
+  local expired = expired_leases(key, now)
+  if also ~= nil then
+    expired[#expired + 1] = also
+  end
+  if #expired > 0 then
+    redis.call('ZREM', key, unpack(expired))
+  end
+  if members ~= nil then
+    redis.call('ZADD', key, unpack(members))
+  end
+  if expiry ~= nil then
+    redis.call('PEXPIREAT', key, fmt_int(expiry))
+  end
+end
+
+-- The lease `lease` at `key` if it is live at `now`: its deadline (whole ms,
+-- rounded up as the module reads a score), else nil. Only members shaped like
+-- an id, `<digits>-<digits>` of at most 64 bytes, are looked up, so no
+-- argument can touch `seq` or a member someone else stored.
+local function live_deadline(key, lease, now)
+  if #lease > MAX_LEN or not string.match(lease, '^%d+%-%d+$') then
+    return nil
+  end
+  local score = tonumber(redis.call('ZSCORE', key, lease))
+  if score ~= nil and now < math.ceil(score) then
+    return math.ceil(score)
+  end
+  return nil
+end
+
+-- TB.ACQUIRE key limit lease_ms (no timeout_ms: a script cannot wait).
+local function tb_acquire(keys, args)
+  if #keys ~= 1 or #args ~= 2 then
+    return arity_error('tb.acquire')
+  end
+  local limit = parse_positive_integer(args[1])
+  if limit == nil then
+    return redis.error_reply(ERR_LIMIT)
+  end
+  local lease_ms = parse_positive_integer(args[2])
+  if lease_ms == nil then
+    return redis.error_reply(ERR_LEASE_MS)
+  end
+  local key = keys[1]
+  local count, err = read_leases(key)
+  if err then
+    return err
+  end
+  local now = server_now()
+  local live = 0
+  if count ~= nil then
+    live = redis.call('ZCOUNT', key, '(' .. fmt_int(now), '+inf')
+  end
+  if live >= limit then
+    -- Denied (live >= limit >= 1, so a live lease exists): nothing written.
+    local first = redis.call('ZRANGEBYSCORE', key, '(' .. fmt_int(now), '+inf', 'WITHSCORES',
+      'LIMIT', 0, 1)
+    return {0, 0, math.ceil(tonumber(first[2])) - now, false}
+  end
+  count = count or 0
+  if count >= MAX_LEASE then
+    return redis.error_reply(ERR_EXHAUSTED)
+  end
+  local n = count + 1
+  local id = fmt_int(now) .. '-' .. fmt_int(n)
+  local deadline = deadline_of(now, lease_ms)
+  write_leases(key, now, deadline, {fmt_int(deadline), id, fmt_int(-n), 'seq'}, nil)
+  return {1, limit - live - 1, 0, id}
+end
+
+-- TB.RELEASE key lease
+local function tb_release(keys, args)
+  if #keys ~= 1 or #args ~= 1 then
+    return arity_error('tb.release')
+  end
+  local key = keys[1]
+  local count, err = read_leases(key)
+  if err then
+    return err
+  end
+  local now = server_now()
+  if count == nil or live_deadline(key, args[1], now) == nil then
+    return 0
+  end
+  write_leases(key, now, nil, nil, args[1])
+  return 1
+end
+
+-- TB.RENEW key lease lease_ms
+local function tb_renew(keys, args)
+  if #keys ~= 1 or #args ~= 2 then
+    return arity_error('tb.renew')
+  end
+  local lease_ms = parse_positive_integer(args[2])
+  if lease_ms == nil then
+    return redis.error_reply(ERR_LEASE_MS)
+  end
+  local key = keys[1]
+  local count, err = read_leases(key)
+  if err then
+    return err
+  end
+  local now = server_now()
+  if count == nil or live_deadline(key, args[1], now) == nil then
+    return 0
+  end
+  local deadline = deadline_of(now, lease_ms)
+  write_leases(key, now, deadline, {fmt_int(deadline), args[1]}, nil)
+  return 1
+end
+
 if redis.register_function then
   -- FUNCTION LOAD: writers are registered without flags, like any function
   -- that writes: refused by FCALL_RO, on a read-only replica and (like the
@@ -533,16 +759,24 @@ if redis.register_function then
   redis.register_function{function_name = 'tb_peek', callback = tb_peek, flags = {'no-writes'}}
   redis.register_function('tb_refund', tb_refund)
   redis.register_function('tb_takeall', tb_takeall)
+  redis.register_function('tb_acquire', tb_acquire)
+  -- Like TB.RELEASE and TB.RENEW (no deny-oom): a holder can give its lease
+  -- back, or keep it, when memory is short.
+  redis.register_function{function_name = 'tb_release', callback = tb_release,
+    flags = {'allow-oom'}}
+  redis.register_function{function_name = 'tb_renew', callback = tb_renew, flags = {'allow-oom'}}
 else
   -- EVAL: a write after TIME needs effects replication, the default since
   -- Redis 5; Redis 4 gets it from this call.
   if redis.replicate_commands then
     redis.replicate_commands()
   end
-  local commands = {take = tb_take, peek = tb_peek, refund = tb_refund, takeall = tb_takeall}
+  local commands = {take = tb_take, peek = tb_peek, refund = tb_refund, takeall = tb_takeall,
+    acquire = tb_acquire, release = tb_release, renew = tb_renew}
   local command = commands[ARGV[1]]
   if command == nil then
-    return redis.error_reply('ERR the first argument must be take, peek, refund or takeall')
+    return redis.error_reply('ERR the first argument must be take, peek, refund, takeall, '
+      .. 'acquire, release or renew')
   end
   return command(KEYS, {unpack(ARGV, 2)})
 end

@@ -11,7 +11,10 @@
 # hand-off race (bench/handoff_bench.py): 4,000 clients blocked on one key in
 # TB.BTAKE, then in BLPOP, one supply each, time to the last reply and server
 # CPU per served waiter on Redis, every fetched Valkey and the binaries in
-# TB_BENCH_SERVERS (bench/handoff-results.md).
+# TB_BENCH_SERVERS (bench/handoff-results.md). Then the lease race
+# (bench/lease_bench.py): TB.ACQUIRE + TB.RELEASE against the Lua sorted-set
+# semaphore (EVALSHA + ZREM) and our own tb.lua, server time per pair, on the
+# same servers (bench/lease-results.md).
 #
 # Knobs (environment or flags passed through to bench/bench.py):
 #   BENCH_REPS=3     repetitions (medians and min-max spreads over these)
@@ -27,10 +30,13 @@
 #                    options to it (e.g. "--quick", "--servers redis")
 #   BENCH_HANDOFF=0  skip the hand-off race; BENCH_HANDOFF_ARGS=... passes
 #                    options to it (e.g. "--waiters 10000 --rounds 5")
+#   BENCH_LEASE=0    skip the lease race; BENCH_LEASE_ARGS=... passes options
+#                    to it (e.g. "--servers redis --scale 0.2")
 #   TB_BENCH_SERVERS=/a/redis-server:/b/valkey-server
-#                    more servers for the hand-off race (missing ones skipped)
-# A full run takes about 9-12 minutes on 2 cores (the hand-off race well under
-# one of them).
+#                    more servers for the hand-off race and the lease race
+#                    (missing ones skipped)
+# A full run takes about 10-13 minutes on 2 cores (the hand-off race well under
+# one of them, the lease race about a minute on three servers).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -75,5 +81,9 @@ fi
 if [[ "${BENCH_HANDOFF:-1}" != 0 ]]; then
     # shellcheck disable=SC2086
     python3 bench/handoff_bench.py ${BENCH_HANDOFF_ARGS:-} || status=1
+fi
+if [[ "${BENCH_LEASE:-1}" != 0 ]]; then
+    # shellcheck disable=SC2086
+    python3 bench/lease_bench.py ${BENCH_LEASE_ARGS:-} || status=1
 fi
 exit "$status"

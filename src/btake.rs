@@ -171,6 +171,7 @@ impl GlueKind for Tokens {
         api: &Api,
         ctx: *mut RedisModuleCtx,
         key: *mut RedisModuleString,
+        _now_ms: i64,
     ) -> Result<Served, TbError> {
         // SAFETY: a live context and key string.
         let mut bucket = unsafe { BucketKey::open(api, ctx, key, Access::Read) }

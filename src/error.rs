@@ -44,6 +44,9 @@ pub enum TbError {
     },
     /// The lease set's count of ids has reached 2^53.
     LeaseIdsExhausted,
+    /// A TB.ACQUIRE waiter's key became something other than a lease set
+    /// (another type, or a sorted set without `seq`) while it waited.
+    LeaseSetGone,
     /// A bug caught by the last-resort `catch_unwind`.
     Internal,
 }
@@ -89,6 +92,9 @@ impl TbError {
             }
             TbError::LeaseIdsExhausted => {
                 c"ERR tb: this lease set has handed out 2^53 ids; delete it to start again"
+            }
+            TbError::LeaseSetGone => {
+                c"ERR tb: the lease set was overwritten with a value that is not a lease set while waiting"
             }
             TbError::WrongArity | TbError::Internal => c"ERR tb: internal error (see server log)",
         }

@@ -114,14 +114,7 @@ pub fn acquire(
     now_ms: i64,
 ) -> Result<Acquire, TbError> {
     if waiting > 0 || seen.live >= limit.limit {
-        let retry_after_ms = seen
-            .earliest_deadline_ms
-            .filter(|_| seen.live > 0)
-            .map_or(0, |deadline| deadline.saturating_sub(now_ms).max(0));
-        return Ok(Acquire::Denied {
-            available: free(limit.limit, seen.live, waiting),
-            retry_after_ms,
-        });
+        return Ok(denial(seen, limit, waiting, now_ms));
     }
     if seen.issued >= MAX_WHOLE {
         return Err(TbError::LeaseIdsExhausted);
@@ -137,6 +130,20 @@ pub fn acquire(
         available: free(limit.limit, live, 0),
         expire_at_ms: expiry_after(seen, deadline_ms),
     }))
+}
+
+/// A denial's figures at `now_ms`, with `waiting` callers queued ahead:
+/// the free slots left to a newcomer, and the time until the earliest live
+/// lease ends by itself (0 when none is live).
+pub fn denial(seen: &Seen, limit: &LeaseLimit, waiting: i64, now_ms: i64) -> Acquire {
+    let retry_after_ms = seen
+        .earliest_deadline_ms
+        .filter(|_| seen.live > 0)
+        .map_or(0, |deadline| deadline.saturating_sub(now_ms).max(0));
+    Acquire::Denied {
+        available: free(limit.limit, seen.live, waiting),
+        retry_after_ms,
+    }
 }
 
 /// The lease set after `grant` was stored: what the next head in a queue

@@ -2,6 +2,11 @@
 //! that end on the server's clock. Each handler parses its arguments in
 //! order, opens the lease set, reads it once at one instant, decides with
 //! the pure rules of `lease.rs` and stores through `lease_set.rs`.
+//!
+//! A TB.ACQUIRE with `timeout_ms` that cannot have a lease at once waits in
+//! the same state machine as TB.BTAKE (`wait.rs`, glue in `wait_glue.rs`),
+//! as the kind [`Leases`]: first come first served per key, served at the
+//! wake-ups a release, a lease's end, a DEL or a flush brings.
 
 use std::os::raw::c_int;
 
@@ -9,12 +14,14 @@ use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
 use crate::api::Api;
 use crate::args::{parse_lease_ms, parse_limit, parse_timeout};
-use crate::commands::{now, run, Reply, KEY_ARG};
+use crate::commands::{now, run, send, Reply, KEY_ARG};
 use crate::error::TbError;
-use crate::lease::{self, Acquire, LeaseLimit};
+use crate::lease::{self, Acquire, Grant, LeaseLimit, Seen};
 use crate::lease_set::LeaseSet;
 use crate::metrics;
 use crate::store::Access;
+use crate::wait::{self, Kind, MainThread, Unserved};
+use crate::wait_glue::{self, GlueKind};
 
 /// What TB.ACQUIRE answers: `[acquired, available, retry_after_ms, lease]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,14 +47,17 @@ fn acquire(
         limit: parse_limit(unsafe { api.bytes(limit) })?,
         lease_ms: parse_lease_ms(unsafe { api.bytes(lease_ms) })?,
     };
-    let _timeout_ms = timeout
+    let timeout_ms = timeout
         .map(|timeout| parse_timeout(unsafe { api.bytes(timeout) }))
         .transpose()?;
     // SAFETY: the command's context and key.
     let set = unsafe { LeaseSet::open(api, ctx, *key, Access::Write) }?;
     let now_ms = now(api);
     let read = set.read(now_ms, KEY_ARG)?;
-    let reply = match lease::acquire(&read.seen, &limit, 0, now_ms)? {
+    // SAFETY: a live context and argument.
+    let (db, name) = unsafe { ((api.selected_db)(ctx), api.bytes(key)) };
+    let waiting = waiting_on(db, name);
+    let reply = match lease::acquire(&read.seen, &limit, waiting, now_ms)? {
         Acquire::Granted(grant) => {
             set.grant(&read, &[grant])?;
             metrics::LEASES_ACQUIRED.bump();
@@ -56,6 +66,24 @@ fn acquire(
                 available: grant.available,
                 retry_after_ms: 0,
             }
+        }
+        Acquire::Denied { retry_after_ms, .. }
+            if timeout_ms.is_some() && wait_glue::may_block(api, ctx) =>
+        {
+            wait_glue::room::<Leases>(db, name)?;
+            drop(read);
+            drop(set);
+            let timeout_ms = timeout_ms.unwrap_or(0);
+            wait_glue::block::<Leases>(
+                api,
+                ctx,
+                *key,
+                (db, name),
+                limit,
+                timeout_ms,
+                retry_after_ms,
+            )?;
+            return Ok(Reply::Blocked);
         }
         Acquire::Denied {
             available,
@@ -70,6 +98,18 @@ fn acquire(
         }
     };
     Ok(Reply::Lease(reply))
+}
+
+/// How many TB.ACQUIRE callers wait on `name` in `db`: a newcomer queues
+/// behind them. A lookup only when somebody waits somewhere.
+fn waiting_on(db: wait::Db, name: &[u8]) -> i64 {
+    wait::with_machine::<Leases, _>(|machine| {
+        if machine.is_empty() {
+            return 0;
+        }
+        i64::try_from(machine.waiting_on(db, name)).unwrap_or(i64::MAX)
+    })
+    .unwrap_or(0)
 }
 
 /// TB.RELEASE key lease
@@ -157,4 +197,164 @@ pub extern "C" fn tb_renew(
     argc: c_int,
 ) -> c_int {
     run(ctx, argv, argc, renew)
+}
+
+// --- The kind: leases -------------------------------------------------------
+
+/// TB.ACQUIRE's kind of wait: one lease of a lease set.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Leases;
+
+/// The lease set as a wake-up serves it: as read, then with the leases
+/// granted so far, which the write stores in one ZADD.
+pub struct LeasesServed {
+    seen: Seen,
+    grants: Vec<Grant>,
+}
+
+static MACHINE: MainThread<Leases> = MainThread::new();
+
+impl Kind for Leases {
+    type Request = LeaseLimit;
+    type State = LeasesServed;
+    type Grant = Grant;
+    type Reply = LeaseReply;
+
+    fn machine() -> &'static MainThread<Leases> {
+        &MACHINE
+    }
+
+    fn weight(_request: &LeaseLimit) -> f64 {
+        1.0
+    }
+
+    fn serve(
+        state: &mut LeasesServed,
+        request: &LeaseLimit,
+        now_ms: i64,
+    ) -> Result<(Grant, bool), Unserved> {
+        match lease::acquire(&state.seen, request, 0, now_ms) {
+            Ok(Acquire::Granted(grant)) => {
+                state.seen = lease::after_grant(&state.seen, &grant);
+                state.grants.push(grant);
+                Ok((grant, true))
+            }
+            // A slot frees up when the earliest live lease ends (or sooner,
+            // at a release, which wakes the queue by itself).
+            Ok(Acquire::Denied { retry_after_ms, .. }) => {
+                Err(Unserved::Later(retry_after_ms.max(1)))
+            }
+            Err(error) => Err(Unserved::Failed(error)),
+        }
+    }
+
+    fn granted(grant: Grant) -> LeaseReply {
+        LeaseReply {
+            id: Some(grant.id),
+            available: grant.available,
+            retry_after_ms: 0,
+        }
+    }
+
+    fn denied(
+        state: &LeasesServed,
+        request: &LeaseLimit,
+        queued: f64,
+        now_ms: i64,
+    ) -> Result<LeaseReply, TbError> {
+        // `queued` counts whole waiters (weight 1 each).
+        let waiting = queued.max(0.0).min(i64::MAX as f64) as i64;
+        let (available, retry_after_ms) = match lease::denial(&state.seen, request, waiting, now_ms)
+        {
+            Acquire::Denied {
+                available,
+                retry_after_ms,
+            } => (available, retry_after_ms),
+            Acquire::Granted(_) => (0, 0),
+        };
+        Ok(LeaseReply {
+            id: None,
+            available,
+            retry_after_ms,
+        })
+    }
+}
+
+impl GlueKind for Leases {
+    fn read(
+        api: &Api,
+        ctx: *mut RedisModuleCtx,
+        key: *mut RedisModuleString,
+        now_ms: i64,
+    ) -> Result<LeasesServed, TbError> {
+        // SAFETY: a live context and key string.
+        let set = unsafe { LeaseSet::open(api, ctx, key, Access::Read) }
+            .map_err(|_| TbError::LeaseSetGone)?;
+        let read = set
+            .read(now_ms, KEY_ARG)
+            .map_err(|_| TbError::LeaseSetGone)?;
+        Ok(LeasesServed {
+            seen: read.seen,
+            grants: Vec::new(),
+        })
+    }
+
+    fn write(
+        api: &Api,
+        ctx: *mut RedisModuleCtx,
+        key: *mut RedisModuleString,
+        state: &LeasesServed,
+        now_ms: i64,
+    ) -> Result<(), TbError> {
+        // SAFETY: a live context and key string.
+        let set = unsafe { LeaseSet::open(api, ctx, key, Access::Write) }
+            .map_err(|_| TbError::LeaseSetGone)?;
+        // Read again in the same callback, so nothing changed since the
+        // grants were decided; this read also lists the ended leases the
+        // write removes.
+        let read = set
+            .read(now_ms, KEY_ARG)
+            .map_err(|_| TbError::LeaseSetGone)?;
+        set.grant(&read, &state.grants)
+    }
+
+    fn exists(api: &Api, ctx: *mut RedisModuleCtx, key: *mut RedisModuleString) -> bool {
+        // SAFETY: a live context and key string.
+        unsafe { LeaseSet::open(api, ctx, key, Access::Read) }.is_ok_and(|set| set.exists())
+    }
+
+    fn reply(
+        api: &Api,
+        ctx: *mut RedisModuleCtx,
+        result: Result<LeaseReply, TbError>,
+        _request: &LeaseLimit,
+        waited_ms: i64,
+    ) {
+        match result {
+            Ok(reply) if reply.id.is_some() => {
+                metrics::WAITS_SERVED.bump();
+                metrics::LEASES_ACQUIRED.bump();
+            }
+            Ok(_) => {
+                metrics::WAITS_TIMED_OUT.bump();
+                metrics::LEASES_DENIED.bump();
+            }
+            Err(_) => {}
+        }
+        metrics::WAIT_MS.add(waited_ms as f64);
+        send(api, ctx, &[], result.map(Reply::Lease));
+    }
+
+    fn started() {
+        metrics::WAITS_STARTED.bump();
+    }
+
+    fn abandoned(waited_ms: i64) {
+        metrics::WAITS_ABANDONED.bump();
+        metrics::WAIT_MS.add(waited_ms as f64);
+    }
+
+    fn waiting(count: usize) {
+        metrics::LEASE_WAITING.set(u64::try_from(count).unwrap_or(u64::MAX));
+    }
 }

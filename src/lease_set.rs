@@ -71,6 +71,10 @@ impl<'a> LeaseSet<'a> {
         }
     }
 
+    pub fn exists(&self) -> bool {
+        !self.is_empty()
+    }
+
     fn is_empty(&self) -> bool {
         // SAFETY: `key` is open (or null, checked first).
         self.key.is_null()

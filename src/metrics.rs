@@ -82,7 +82,7 @@ pub static TOKENS_REFUNDED: Sum = Sum::new();
 /// Writes to a key that did not exist: new buckets.
 pub static BUCKETS_CREATED: Counter = Counter::new();
 pub static ERRORS: Counter = Counter::new();
-/// TB.BTAKE: waits begun, and how each ended.
+/// TB.BTAKE and TB.ACQUIRE: waits begun, and how each ended.
 pub static WAITS_STARTED: Counter = Counter::new();
 pub static WAITS_SERVED: Counter = Counter::new();
 /// Timed out, or ended by CLIENT UNBLOCK: answered with a denial.
@@ -94,6 +94,8 @@ pub static WAITS_ABANDONED: Counter = Counter::new();
 pub static WAIT_MS: Sum = Sum::new();
 /// TB.BTAKE: clients whose wait has not ended, set by `btake.rs`.
 pub static WAITING: Gauge = Gauge::new();
+/// TB.ACQUIRE: the same, set by `lease_commands.rs`.
+pub static LEASE_WAITING: Gauge = Gauge::new();
 /// TB.ACQUIRE: leases granted (at once or after a wait), and denials
 /// (timed-out waits included).
 pub static LEASES_ACQUIRED: Counter = Counter::new();
@@ -132,7 +134,11 @@ pub extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
         }
         add_f64(ctx, c"tokens_granted".as_ptr(), TOKENS_GRANTED.get());
         add_f64(ctx, c"tokens_refunded".as_ptr(), TOKENS_REFUNDED.get());
-        add_u64(ctx, c"waiting".as_ptr(), WAITING.get());
+        add_u64(
+            ctx,
+            c"waiting".as_ptr(),
+            WAITING.get().saturating_add(LEASE_WAITING.get()),
+        );
         for (name, counter) in [
             (c"waits_started", &WAITS_STARTED),
             (c"waits_served", &WAITS_SERVED),

@@ -108,7 +108,6 @@ pub enum Unserved {
     /// This head's wait ends with `error` (tokens never do this; a lease
     /// may, when the key's ids run out); the next head is judged on the
     /// same state.
-    #[cfg_attr(not(test), allow(dead_code))]
     Failed(TbError),
 }
 
@@ -137,7 +136,8 @@ pub enum Timer<'a> {
 pub trait Server<K: Kind> {
     /// The state at `key` in `db` (tokens: `None` when missing, a full
     /// bucket); an error when the key holds something of another type.
-    fn read(&mut self, db: Db, key: &[u8]) -> Result<K::State, TbError>;
+    /// The key's state as seen at `now_ms`.
+    fn read(&mut self, db: Db, key: &[u8], now_ms: i64) -> Result<K::State, TbError>;
     /// Stores `state` as served, and propagates it; all or nothing.
     fn write(&mut self, db: Db, key: &[u8], state: &K::State, now_ms: i64) -> Result<(), TbError>;
     fn writable(&mut self, db: Db, key: &[u8]) -> Writable;
@@ -436,7 +436,7 @@ impl<K: Kind> Machine<K> {
                 return self.wake_soon(db, key, MIGRATING_RECHECK_MS, now_ms, server)
             }
         }
-        let mut state = match server.read(db, key) {
+        let mut state = match server.read(db, key, now_ms) {
             Ok(state) => state,
             Err(error) => {
                 // Not this kind's value any more: every waiter of the key
@@ -557,7 +557,7 @@ impl<K: Kind> Machine<K> {
             Phase::Waiting | Phase::TimedOut => {
                 let queued = self.queued(waiter.db, &waiter.key).unwrap_or(0.0);
                 server
-                    .read(waiter.db, &waiter.key)
+                    .read(waiter.db, &waiter.key, now_ms)
                     .and_then(|state| K::denied(&state, &waiter.request, queued, now_ms))
             }
         };

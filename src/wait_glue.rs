@@ -66,6 +66,7 @@ pub trait GlueKind: Kind {
         api: &Api,
         ctx: *mut RedisModuleCtx,
         key: *mut RedisModuleString,
+        now_ms: i64,
     ) -> Result<Self::State, TbError>;
 
     /// Stores and propagates `state` as served ([`wait::Server::write`]),
@@ -106,6 +107,7 @@ pub trait GlueKind: Kind {
 /// load and unload concern them all. A new kind is one more line here.
 fn every_kind(api: &Api, ctx: *mut RedisModuleCtx, event: Everyone<'_>) {
     to_kind::<crate::btake::Tokens>(api, ctx, event);
+    to_kind::<crate::lease_commands::Leases>(api, ctx, event);
 }
 
 /// The events every kind's machine gets.
@@ -283,9 +285,9 @@ impl<K> Glue<'_, K> {
 }
 
 impl<K: GlueKind> wait::Server<K> for Glue<'_, K> {
-    fn read(&mut self, db: Db, key: &[u8]) -> Result<K::State, TbError> {
+    fn read(&mut self, db: Db, key: &[u8], now_ms: i64) -> Result<K::State, TbError> {
         let name = self.key(db, key)?;
-        K::read(self.api, self.ctx, name.ptr())
+        K::read(self.api, self.ctx, name.ptr(), now_ms)
     }
 
     fn write(&mut self, db: Db, key: &[u8], state: &K::State, now_ms: i64) -> Result<(), TbError> {

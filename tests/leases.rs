@@ -571,3 +571,244 @@ fn leases_work_inside_multi_and_scripts() {
         .expect("MULTI");
     assert_eq!(parse_acquired(replies[0].clone()).acquired, 0);
 }
+
+// --- Waiting: TB.ACQUIRE with timeout_ms ------------------------------------------------
+
+use common::{RawClient, Resp};
+use std::time::{Duration, Instant};
+
+/// `INFO tb` field `tb_<field>` as an integer.
+fn tb_field(con: &mut redis::Connection, field: &str) -> i64 {
+    common::info_field(con, "tb", field)
+        .unwrap_or_else(|| panic!("INFO tb {field}"))
+        .parse::<f64>()
+        .unwrap_or_else(|e| panic!("{field}: {e}")) as i64
+}
+
+fn wait_for_waiting(con: &mut redis::Connection, count: i64) {
+    wait_until(
+        &format!("tb_waiting = {count}"),
+        Duration::from_secs(10),
+        || tb_field(con, "tb_waiting") == count,
+    );
+}
+
+/// TB.ACQUIRE key limit lease_ms timeout_ms on a fresh connection, its reply to come.
+fn waiter(server: &Server, key: &str, limit: &str, lease_ms: &str, timeout_ms: &str) -> RawClient {
+    let mut client = RawClient::connect(server);
+    client.send(&["TB.ACQUIRE", key, limit, lease_ms, timeout_ms]);
+    client
+}
+
+/// A waiter's reply as `(acquired, available, retry_after_ms, lease)`.
+fn waited(reply: Resp) -> Acquired {
+    let Resp::Items(items) = reply else {
+        panic!("TB.ACQUIRE replied {reply:?}");
+    };
+    let int = |index: usize| -> i64 {
+        items[index]
+            .as_deref()
+            .and_then(|text| text.parse().ok())
+            .unwrap_or_else(|| panic!("{items:?}"))
+    };
+    Acquired {
+        acquired: int(0),
+        available: int(1),
+        retry_after_ms: int(2),
+        lease: items[3].clone(),
+    }
+}
+
+#[test]
+fn waiters_get_leases_first_come_first_served_as_holders_release() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let mut held = id_of(&acquire(&mut con, "jobs", 1, 600_000));
+    let mut waiters: Vec<RawClient> = Vec::new();
+    for index in 0..20 {
+        waiters.push(waiter(&server, "jobs", "1", "600000", "0"));
+        wait_for_waiting(&mut con, index + 1);
+    }
+    // A caller without timeout_ms does not jump the queue, even at a free slot.
+    assert_eq!(release(&mut con, "jobs", &held), 1);
+    for index in 0..waiters.len() {
+        let reply = waited(waiters[index].reply());
+        assert_eq!(
+            (reply.acquired, reply.retry_after_ms),
+            (1, 0),
+            "waiter {index}"
+        );
+        if let Some(next) = waiters.get_mut(index + 1) {
+            assert_eq!(
+                next.reply_within(Duration::from_millis(20)),
+                None,
+                "{index} overtaken"
+            );
+            assert_eq!(
+                acquire(&mut con, "jobs", 1, 1000).acquired,
+                0,
+                "queue jumped"
+            );
+        }
+        held = reply.lease.expect("a lease");
+        assert_eq!(release(&mut con, "jobs", &held), 1);
+    }
+    assert_eq!(tb_field(&mut con, "tb_waits_served"), 20);
+    assert_eq!(tb_field(&mut con, "tb_waiting"), 0);
+}
+
+#[test]
+fn a_waiter_is_served_when_the_earliest_lease_ends_by_itself() {
+    let server = Server::start();
+    let mut con = server.conn();
+    acquire(&mut con, "jobs", 2, 60_000);
+    acquire(&mut con, "jobs", 2, 400);
+    let started = Instant::now();
+    let mut client = waiter(&server, "jobs", "2", "60000", "5000");
+    let reply = waited(client.reply());
+    let waited_for = started.elapsed();
+    assert_eq!(reply.acquired, 1, "{reply:?}");
+    assert!(
+        waited_for >= Duration::from_millis(350) && waited_for < Duration::from_millis(3000),
+        "served after {waited_for:?}, the short lease ended at 400 ms"
+    );
+    assert_eq!(
+        members(&mut con, "jobs").len(),
+        3,
+        "the ended lease was removed"
+    );
+}
+
+#[test]
+fn one_release_wakes_exactly_one_waiter_and_a_delete_wakes_up_to_the_limit() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let ids: Vec<String> = (0..3)
+        .map(|_| id_of(&acquire(&mut con, "jobs", 3, 600_000)))
+        .collect();
+    let mut waiters: Vec<RawClient> = Vec::new();
+    for index in 0..5 {
+        waiters.push(waiter(&server, "jobs", "3", "600000", "0"));
+        wait_for_waiting(&mut con, index + 1);
+    }
+    release(&mut con, "jobs", &ids[0]);
+    assert_eq!(waited(waiters[0].reply()).acquired, 1);
+    assert_eq!(waiters[1].reply_within(Duration::from_millis(50)), None);
+    // DEL frees every slot: the next three are served, the last waits on.
+    let _: () = redis::cmd("DEL").arg("jobs").query(&mut con).unwrap();
+    for (index, client) in waiters[1..4].iter_mut().enumerate() {
+        assert_eq!(waited(client.reply()).acquired, 1, "waiter {}", index + 1);
+    }
+    assert_eq!(waiters[4].reply_within(Duration::from_millis(50)), None);
+    let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
+    assert_eq!(
+        waited(waiters[4].reply()).acquired,
+        1,
+        "a flush wakes it too"
+    );
+}
+
+#[test]
+fn a_waiter_that_times_out_gets_a_denial_that_replicates_nothing() {
+    let (master, replica) = pair();
+    let mut con = master.conn();
+    acquire(&mut con, "jobs", 1, 600_000);
+    wait_for_replica(&master, &replica);
+    let before = repl_offset(&mut con);
+    let started = Instant::now();
+    let mut client = waiter(&master, "jobs", "1", "1000", "200");
+    let reply = waited(client.reply());
+    assert!(started.elapsed() >= Duration::from_millis(190));
+    assert_eq!(
+        (reply.acquired, reply.available, reply.lease.clone()),
+        (0, 0, None)
+    );
+    assert!(reply.retry_after_ms > 590_000, "{reply:?}");
+    assert_eq!(repl_offset(&mut con), before);
+    assert_eq!(tb_field(&mut con, "tb_leases_denied"), 1);
+}
+
+#[test]
+fn a_waiter_that_disconnects_takes_nothing_and_the_next_is_served() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let held = id_of(&acquire(&mut con, "jobs", 1, 600_000));
+    let gone = waiter(&server, "jobs", "1", "600000", "0");
+    wait_for_waiting(&mut con, 1);
+    let mut next = waiter(&server, "jobs", "1", "600000", "0");
+    wait_for_waiting(&mut con, 2);
+    drop(gone);
+    wait_for_waiting(&mut con, 1);
+    release(&mut con, "jobs", &held);
+    let reply = waited(next.reply());
+    assert_eq!(reply.acquired, 1);
+    assert_eq!(members(&mut con, "jobs").len(), 2, "seq and one lease");
+    assert_eq!(tb_field(&mut con, "tb_waits_abandoned"), 1);
+}
+
+#[test]
+fn a_key_overwritten_while_waiting_ends_the_wait_with_an_error() {
+    let server = Server::start();
+    let mut con = server.conn();
+    acquire(&mut con, "jobs", 1, 600_000);
+    let mut client = waiter(&server, "jobs", "1", "1000", "0");
+    wait_for_waiting(&mut con, 1);
+    let _: () = redis::cmd("SET")
+        .arg("jobs")
+        .arg("x")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(
+        client.reply(),
+        Resp::Error(
+            "ERR tb: the lease set was overwritten with a value that is not a lease set while waiting"
+                .into()
+        )
+    );
+}
+
+#[test]
+fn nothing_is_granted_while_writes_are_paused_and_waiters_are_served_after() {
+    let server = Server::start();
+    let mut con = server.conn();
+    acquire(&mut con, "jobs", 1, 300);
+    let mut client = waiter(&server, "jobs", "1", "60000", "0");
+    wait_for_waiting(&mut con, 1);
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1000)
+        .arg("WRITE")
+        .query(&mut con)
+        .unwrap();
+    // The lease ends at ~300 ms, inside the pause: nobody is served yet.
+    assert_eq!(client.reply_within(Duration::from_millis(700)), None);
+    let _: () = redis::cmd("CLIENT").arg("UNPAUSE").query(&mut con).unwrap();
+    assert_eq!(waited(client.reply()).acquired, 1);
+}
+
+#[test]
+fn leases_granted_to_waiters_reach_the_replica_exactly() {
+    let (master, replica) = pair();
+    let mut con = master.conn();
+    let held: Vec<String> = (0..2)
+        .map(|_| id_of(&acquire(&mut con, "jobs", 2, 600_000)))
+        .collect();
+    let mut waiters: Vec<RawClient> = Vec::new();
+    for index in 0..3 {
+        waiters.push(waiter(&master, "jobs", "2", "600000", "0"));
+        wait_for_waiting(&mut con, index + 1);
+    }
+    let _: () = redis::cmd("DEL").arg("jobs").query(&mut con).unwrap();
+    for client in &mut waiters[..2] {
+        assert_eq!(waited(client.reply()).acquired, 1);
+    }
+    release(&mut con, "jobs", &held[0]); // gone with the DEL: 0
+    wait_for_replica(&master, &replica);
+    let mut rcon = replica.conn();
+    assert_eq!(members(&mut rcon, "jobs"), members(&mut con, "jobs"));
+    assert_eq!(
+        pexpiretime(&mut rcon, "jobs"),
+        pexpiretime(&mut con, "jobs")
+    );
+    assert_eq!(members(&mut con, "jobs")[0], ("seq".to_string(), -2));
+}

@@ -63,7 +63,7 @@ struct Sim {
 }
 
 impl Server<Tokens> for Sim {
-    fn read(&mut self, db: Db, key: &[u8]) -> Result<Served, TbError> {
+    fn read(&mut self, db: Db, key: &[u8], _now_ms: i64) -> Result<Served, TbError> {
         let bucket = match self.keys.get(&(db, key.to_vec())) {
             None => None,
             Some(Value::Bucket(state)) => Some(*state),
@@ -1073,7 +1073,7 @@ struct SlotServer {
 }
 
 impl Server<Slots> for SlotServer {
-    fn read(&mut self, _: Db, _: &[u8]) -> Result<(i64, i64), TbError> {
+    fn read(&mut self, _: Db, _: &[u8], _: i64) -> Result<(i64, i64), TbError> {
         Ok((self.free, 0))
     }
 

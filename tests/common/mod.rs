@@ -893,6 +893,9 @@ pub fn start_timeout() -> Duration {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resp {
     Ints(Vec<i64>),
+    /// An array with bulk strings or nils in it, each element as text
+    /// (`None`: nil).
+    Items(Vec<Option<String>>),
     Error(String),
     /// Anything else, as its first line.
     Other(String),
@@ -1000,17 +1003,45 @@ fn parse_resp(bytes: &[u8]) -> Option<(Resp, usize)> {
         b'-' => Some((Resp::Error(line), first + 2)),
         b'*' => {
             let count: usize = line.parse().ok()?;
-            let mut ints = Vec::with_capacity(count);
+            // Integers, bulk strings and nils (TB.ACQUIRE's lease); as text.
+            let mut items: Vec<Option<String>> = Vec::with_capacity(count);
+            let mut all_ints = true;
             let mut at = first + 2;
             for _ in 0..count {
                 let end = line_end(at)?;
-                if bytes.get(at) != Some(&b':') {
-                    return Some((Resp::Other(line), end + 2));
+                let text = String::from_utf8_lossy(&bytes[at + 1..end]).into_owned();
+                match bytes.get(at) {
+                    Some(b':') => {
+                        items.push(Some(text));
+                        at = end + 2;
+                    }
+                    Some(b'$') if text == "-1" => {
+                        all_ints = false;
+                        items.push(None);
+                        at = end + 2;
+                    }
+                    Some(b'$') => {
+                        all_ints = false;
+                        let len: usize = text.parse().ok()?;
+                        let body = bytes.get(end + 2..end + 2 + len)?;
+                        items.push(Some(String::from_utf8_lossy(body).into_owned()));
+                        at = end + 2 + len + 2;
+                        if bytes.len() < at {
+                            return None;
+                        }
+                    }
+                    _ => return Some((Resp::Other(line), end + 2)),
                 }
-                ints.push(String::from_utf8_lossy(&bytes[at + 1..end]).parse().ok()?);
-                at = end + 2;
             }
-            Some((Resp::Ints(ints), at))
+            if all_ints {
+                let ints = items
+                    .iter()
+                    .map(|item| item.as_deref().and_then(|text| text.parse().ok()))
+                    .collect::<Option<Vec<i64>>>()?;
+                Some((Resp::Ints(ints), at))
+            } else {
+                Some((Resp::Items(items), at))
+            }
         }
         _ => Some((Resp::Other(line), first + 2)),
     }

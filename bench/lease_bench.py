@@ -1,0 +1,372 @@
+#!/usr/bin/env python3
+"""Lease race: TB.ACQUIRE + TB.RELEASE against the Lua sorted-set semaphore.
+
+Per server (Redis from PATH, every .cache/servers/valkey-*/valkey-server and
+TB_BENCH_SERVERS, as bench/handoff_bench.py finds them; --servers picks), one
+server is started with the module loaded (bench/bench.py's Server: loopback,
+free port, temp dir, no persistence), lua/tb.lua is loaded as a FUNCTION
+library and bench/lease_semaphore.lua with SCRIPT LOAD. Each row is one
+acquire+release pair, repeated:
+
+* TB.ACQUIRE key limit lease_ms, then TB.RELEASE key <the id it handed out>;
+* Lua semaphore (TIME): EVALSHA of lease_semaphore.lua (ZREMRANGEBYSCORE key
+  -inf now, ZCARD, ZADD, PEXPIRE, the clock from TIME), then a plain ZREM;
+* Lua semaphore (client now): the same, the caller's clock passed as ARGV[4];
+* tb.lua: FCALL tb_acquire, then FCALL tb_release (our own Lua twin).
+
+Two scenarios: random keys (a key drawn from 10,000 per pair, limit 100) and
+one hot key holding 50 long leases (limit 1,000). The client pipelines a batch
+of acquires, checks every one was granted, then pipelines their releases and
+checks every one released. Server time per pair = the usec that INFO
+commandstats gives the row's two top-level commands (CONFIG RESETSTAT before
+the row), / pairs: the "cost" bench/bench.py measures. Also recorded: the
+server's CPU (INFO cpu used_cpu_user + used_cpu_sys deltas) per pair, which
+includes reading and writing the sockets. Rows are interleaved per
+repetition; ratios are computed within a repetition, medians over them.
+Target: TB.ACQUIRE + TB.RELEASE <= 0.35x the cheaper Lua semaphore, per
+scenario; printed MET or MISSED (a miss is recorded, not fatal).
+
+Python 3.11 standard library; helpers imported from bench/bench.py. Results:
+bench/lease-results.md and bench/lease-results.json. Exit status 1 only on a
+correctness failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench  # noqa: E402  (bench/bench.py: Conn, Server, commandstats, summary, tables)
+from bench import ROOT, BENCH_DIR, ReplyError, Server, commandstats, md_table, summary, text_table  # noqa: E402
+from handoff_bench import discover_servers  # noqa: E402
+
+SEMAPHORE_PATH = BENCH_DIR / "lease_semaphore.lua"
+LIBRARY_PATH = ROOT / "lua" / "tb.lua"
+TARGET_RATIO = 0.35
+LEASE_MS = "30000"
+BATCH = 200
+BASE_PAIRS = 40_000
+
+
+class Scenario:
+    def __init__(self, name: str, keys: int, limit: int, held: int):
+        self.name, self.keys, self.limit, self.held = name, keys, limit, held
+
+    def key(self, rng: random.Random) -> str:
+        return "lease:hot" if self.keys == 1 else "lease:%06d" % rng.randrange(self.keys)
+
+
+SCENARIOS = [
+    Scenario("random keys (10,000), limit 100", 10_000, 100, 0),
+    Scenario("hot key, 50 held, limit 1,000", 1, 1000, 50),
+]
+
+
+class Impl:
+    """One way to acquire and release: the commands, how to read a grant, what
+    commandstats calls its two top-level commands."""
+
+    def __init__(self, name, stats, acquire, granted, release):
+        self.name, self.stats = name, stats
+        self.acquire, self.granted, self.release = acquire, granted, release
+
+
+def make_impls(sha: str) -> list[Impl]:
+    def lease_id(reply):
+        return reply[3] if isinstance(reply, list) and reply[0] == 1 else None
+
+    def holder(i):
+        return "h%015x" % i  # as long as a lease id, about
+
+    def semaphore(clock: bool):
+        def acquire(key, limit, i):
+            args = ["EVALSHA", sha, "1", key, str(limit), LEASE_MS, holder(i)]
+            if clock:
+                args.append(str(time.time_ns() // 1_000_000))
+            return args, holder(i)
+
+        return acquire
+
+    return [
+        Impl("TB.ACQUIRE + TB.RELEASE", ["tb.acquire", "tb.release"],
+             lambda key, limit, i: (["TB.ACQUIRE", key, str(limit), LEASE_MS], None),
+             lease_id, lambda key, lease: ["TB.RELEASE", key, lease]),
+        Impl("Lua semaphore (TIME) + ZREM", ["evalsha", "zrem"], semaphore(False),
+             lambda reply: reply == 1, lambda key, lease: ["ZREM", key, lease]),
+        Impl("Lua semaphore (client now) + ZREM", ["evalsha", "zrem"], semaphore(True),
+             lambda reply: reply == 1, lambda key, lease: ["ZREM", key, lease]),
+        Impl("tb.lua: FCALL tb_acquire + tb_release", ["fcall"],
+             lambda key, limit, i: (["FCALL", "tb_acquire", "1", key, str(limit), LEASE_MS], None),
+             lease_id, lambda key, lease: ["FCALL", "tb_release", "1", key, lease]),
+    ]  # fmt: skip
+
+
+def cpu_seconds(c) -> float:
+    info = c.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def run_row(c, impl: Impl, scenario: Scenario, pairs: int, seed: int) -> dict:
+    """`pairs` acquire+release pairs of `impl` in `scenario`; server usec and CPU per pair."""
+    rng = random.Random(seed)
+    c.call("FLUSHALL")
+    counter = 0
+    for _ in range(scenario.held):
+        counter += 1
+        args, lease = impl.acquire("lease:hot", scenario.limit, counter)
+        args = [x if x != LEASE_MS else "3600000" for x in args]
+        reply = c.call(*args)
+        if impl.granted(reply) is None or impl.granted(reply) is False:
+            raise RuntimeError(f"{impl.name}: a held lease was not granted: {reply!r}")
+    c.call("CONFIG", "RESETSTAT")
+    cpu0 = cpu_seconds(c)
+    t0 = time.monotonic()
+    done = 0
+    while done < pairs:
+        n = min(BATCH, pairs - done)
+        keys = [scenario.key(rng) for _ in range(n)]
+        acquires, leases = [], []
+        for key in keys:
+            counter += 1
+            args, lease = impl.acquire(key, scenario.limit, counter)
+            acquires.append(args)
+            leases.append(lease)
+        replies = c.pipeline(acquires)
+        releases = []
+        for key, reply, lease in zip(keys, replies, leases):
+            granted = impl.granted(reply)
+            if granted is None or granted is False:
+                raise RuntimeError(f"{impl.name}: acquire on {key} not granted: {reply!r}")
+            releases.append(impl.release(key, lease if lease is not None else granted))
+        replies = c.pipeline(releases)
+        if any(r != 1 for r in replies):
+            raise RuntimeError(f"{impl.name}: a release did not release: {replies[:5]!r}")
+        done += n
+    elapsed = time.monotonic() - t0
+    cpu = cpu_seconds(c) - cpu0
+    stats = commandstats(c)
+    usec = 0.0
+    per_command = {}
+    for name in impl.stats:
+        s = stats.get(name)
+        want = pairs * (2 if len(impl.stats) == 1 else 1)
+        if not s or s["calls"] < want:
+            raise RuntimeError(f"{impl.name}: commandstats {name} = {s} for {pairs} pairs")
+        if s.get("failed_calls", 0) or s.get("rejected_calls", 0):
+            raise RuntimeError(f"{impl.name}: failed calls: {name} {s}")
+        usec += s["usec"]
+        per_command[name] = s["usec"] / s["calls"]
+    left = c.call("ZCARD", "lease:hot") if scenario.keys == 1 else None
+    if left is not None and left - (1 if impl.name.startswith(("TB.", "tb.lua")) else 0) != scenario.held:
+        raise RuntimeError(f"{impl.name}: {left} members left on the hot key, {scenario.held} held")
+    return {"usec_per_pair": usec / pairs, "cpu_us_per_pair": cpu * 1e6 / pairs,
+            "pairs_per_s": pairs / elapsed, "pairs": pairs, "usec_per_call": per_command}  # fmt: skip
+
+
+def run_server(name: str, binary: str, module: Path, reps: int, scale: float, log) -> dict:
+    server = Server(binary, module, f"lease-{name}", [])
+    try:
+        with server.conn() as c:
+            info = c.info("server")
+            version = ("valkey " + info["valkey_version"]) if "valkey_version" in info else \
+                ("redis " + info.get("redis_version", "?"))  # fmt: skip
+            sha = c.call("SCRIPT", "LOAD", SEMAPHORE_PATH.read_text()).decode()
+            c.call("FUNCTION", "LOAD", "REPLACE", LIBRARY_PATH.read_text())
+            impls = make_impls(sha)
+            pairs = max(1000, int(BASE_PAIRS * scale))
+            per_rep = []
+            for rep in range(reps):
+                results = {}
+                for scenario in SCENARIOS:
+                    for impl in impls:
+                        r = run_row(c, impl, scenario, pairs, seed=rep)
+                        results[f"{scenario.name} | {impl.name}"] = r
+                        log(f"  {version} rep {rep + 1}: {scenario.name:<32} {impl.name:<38} "
+                            f"{r['usec_per_pair']:6.2f} us/pair  CPU {r['cpu_us_per_pair']:6.2f} us/pair")
+                per_rep.append(results)
+    finally:
+        server.stop()
+    run = {"name": name, "binary": binary, "version": version, "pairs": pairs, "per_rep": per_rep,
+           "loadavg": os.getloadavg(), "targets": []}  # fmt: skip
+    tb = "TB.ACQUIRE + TB.RELEASE"
+    luas = ["Lua semaphore (TIME) + ZREM", "Lua semaphore (client now) + ZREM"]
+    for scenario in SCENARIOS:
+        row = lambda rep, impl: rep[f"{scenario.name} | {impl}"]  # noqa: E731
+        for field in ("usec_per_pair", "cpu_us_per_pair"):
+            # Against the cheaper Lua variant of each repetition: the stricter test.
+            ratio = summary([row(rep, tb)[field] / min(row(rep, l)[field] for l in luas) for rep in per_rep])
+            run["targets"].append({"scenario": scenario.name, "measure": field, "ratio": ratio,
+                                   "met": ratio["median"] <= TARGET_RATIO})  # fmt: skip
+    return run
+
+
+MEASURES = {"usec_per_pair": "commandstats us/pair", "cpu_us_per_pair": "server CPU us/pair"}
+
+
+def result_rows(results):
+    head = ["server", "scenario", "pair", "commandstats us/pair", "range", "us/call by command",
+            "CPU us/pair", "range", "kpairs/s"]  # fmt: skip
+    rows = []
+    for run in results["runs"]:
+        for key in run["per_rep"][0]:
+            scenario, impl = key.split(" | ")
+            us = summary([rep[key]["usec_per_pair"] for rep in run["per_rep"]])
+            cpu = summary([rep[key]["cpu_us_per_pair"] for rep in run["per_rep"]])
+            kps = summary([rep[key]["pairs_per_s"] / 1000 for rep in run["per_rep"]])
+            by_command = ", ".join(
+                f"{name} {bench.fmt(bench.median([rep[key]['usec_per_call'][name] for rep in run['per_rep']]))}"
+                for name in run["per_rep"][0][key]["usec_per_call"])  # fmt: skip
+            rows.append([run["version"], scenario, impl, bench.fmt(us["median"]),
+                         f"{bench.fmt(us['min'])}-{bench.fmt(us['max'])}", by_command, bench.fmt(cpu["median"]),
+                         f"{bench.fmt(cpu['min'])}-{bench.fmt(cpu['max'])}", bench.fmt(kps["median"], 1)])  # fmt: skip
+    return head, rows
+
+
+def target_rows(results):
+    head = ["", "server", "scenario", "measure", "TB / cheaper Lua semaphore", "range", "limit"]
+    rows = []
+    for run in results["runs"]:
+        for t in run["targets"]:
+            r = t["ratio"]
+            primary = t["measure"] == "usec_per_pair"
+            verdict = ("MET" if t["met"] else "MISSED") if primary else ("(met)" if t["met"] else "(missed)")
+            rows.append([verdict, run["version"], t["scenario"], MEASURES[t["measure"]],
+                         f"{bench.fmt(r['median'], 3)}x", f"{bench.fmt(r['min'], 3)}-{bench.fmt(r['max'], 3)}",
+                         f"<= {TARGET_RATIO}x"])  # fmt: skip
+    return head, rows
+
+
+METHOD = f"""\
+Method. One server per binary, started by the script (loopback, free port, temp dir,
+`--save ''`, `appendonly no`, module loaded); `lua/tb.lua` loaded with FUNCTION LOAD and
+`bench/lease_semaphore.lua` with SCRIPT LOAD. A row is one acquire+release pair, run
+{BASE_PAIRS:,} times (x `--scale`): the client pipelines {BATCH} acquires, checks each was
+granted, then pipelines their {BATCH} releases and checks each replied 1. **TB.ACQUIRE +
+TB.RELEASE**: `TB.ACQUIRE key limit {LEASE_MS}`, `TB.RELEASE key <id>`. **Lua semaphore**:
+`EVALSHA <sha> 1 key limit {LEASE_MS} <holder> [now]` (ZREMRANGEBYSCORE key -inf now, ZCARD,
+ZADD key now+lease_ms holder, PEXPIRE key lease_ms; the clock from TIME, or the caller's
+as ARGV[4]), then `ZREM key <holder>`; the holder ids are 16 bytes, about as long as a lease
+id. **tb.lua**: `FCALL tb_acquire 1 key limit {LEASE_MS}`, `FCALL tb_release 1 key <id>`.
+Scenarios: a key drawn at random from 10,000 per pair (limit 100), and one hot key that
+holds 50 leases of an hour (limit 1,000) so every call works on a 50-51 member set.
+**Server time per pair**: the `usec` INFO commandstats gives the row's top-level commands
+(tb.acquire + tb.release; evalsha + zrem; fcall), CONFIG RESETSTAT before the row, / pairs:
+the cost `make bench` measures for TB.TAKE. **CPU per pair**: INFO cpu used_cpu_user +
+used_cpu_sys over the row, / pairs (includes the sockets' reads and writes, the same for
+every row). Rows interleave (every row once per repetition); ratios are taken within a
+repetition against the cheaper Lua semaphore variant of that repetition, medians (min-max)
+over the repetitions. Target: TB.ACQUIRE + TB.RELEASE <= {TARGET_RATIO}x the Lua semaphore's
+commandstats time, per scenario. The machine is a shared 2-core VM; the load average is
+recorded."""
+
+
+def write_outputs(results: dict, out: Path):
+    (out / "lease-results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    lines = [
+        "# Lease race: TB.ACQUIRE + TB.RELEASE against the Lua sorted-set semaphore",
+        "",
+        f"Generated by `{('python3 bench/lease_bench.py ' + results['argv']).strip()}` at "
+        f"{results['date']} (git {results['git']}), {results['machine']}, load average "
+        f"{', '.join(f'{x:.2f}' for x in results['loadavg_start'])} at the start, "
+        f"{results['seconds']:.0f} s, {results['reps']} repetitions.",
+        "",
+        METHOD,
+        "",
+        "## Targets",
+        "",
+        md_table(*target_rows(results)),
+        "",
+        "## Server time per acquire+release pair (medians, range = min-max)",
+        "",
+        md_table(*result_rows(results)),
+        "",
+        "## Servers",
+        "",
+    ]
+    lines += [f"- {run['version']}: `{run['binary']}`" for run in results["runs"]]
+    lines.append("")
+    if results["skipped"] or results["failures"]:
+        lines += ["## Skipped or failed", ""] + [f"- {s}" for s in results["skipped"] + results["failures"]] + [""]
+    (out / "lease-results.md").write_text("\n".join(lines))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=int(os.environ.get("BENCH_REPS", 3)))
+    ap.add_argument("--scale", type=float, default=float(os.environ.get("BENCH_SCALE", 1.0)),
+                    help="multiplies the pair count (0.1 for a quick smoke run)")  # fmt: skip
+    ap.add_argument("--servers", help="comma list: only these servers (redis, valkey-9.1, ...)")
+    ap.add_argument("--module", default=os.environ.get("TB_MODULE", str(ROOT / "target/release/libredis_tb.so")))
+    ap.add_argument("--out", default=str(BENCH_DIR), help="where lease-results.md/.json go")
+    args = ap.parse_args()
+    module = Path(args.module).resolve()
+    if not module.exists():
+        raise SystemExit(f"{module} not found: cargo build --release")
+
+    def log(msg):
+        print(msg, flush=True)
+
+    servers, skipped = discover_servers(args.servers.split(",") if args.servers else None)
+    for note in skipped:
+        log(note)
+    results = {
+        "argv": " ".join(sys.argv[1:]),
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "git": bench.git_rev(),
+        "module": str(module),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cpus, "
+        f"{platform.python_implementation()} {platform.python_version()}",
+        "loadavg_start": os.getloadavg(),
+        "reps": args.reps,
+        "scale": args.scale,
+        "lease_ms": LEASE_MS,
+        "batch": BATCH,
+        "target_ratio": TARGET_RATIO,
+        "skipped": skipped,
+        "failures": [],
+        "runs": [],
+    }
+    t0 = time.monotonic()
+    try:
+        for name, binary in servers:
+            log(f"== {name}: {binary}")
+            try:
+                run = run_server(name, binary, module, args.reps, args.scale, log)
+            except (RuntimeError, OSError, ReplyError) as e:
+                log(f"{name}: FAILURE: {e}")
+                results["failures"].append(f"{name}: {e}")
+                continue
+            results["runs"].append(run)
+            for t in run["targets"]:
+                if t["measure"] == "usec_per_pair":
+                    log(f"  => {t['scenario']}: {t['ratio']['median']:.3f}x "
+                        f"({'MET' if t['met'] else 'MISSED'}, target <= {TARGET_RATIO}x)")
+    finally:
+        bench.stop_all()
+    results["seconds"] = time.monotonic() - t0
+    results["loadavg_end"] = os.getloadavg()
+    print()
+    print(text_table(*target_rows(results)))
+    print()
+    print(text_table(*result_rows(results)))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_outputs(results, out)
+    print(f"\nwrote {out / 'lease-results.md'} and {out / 'lease-results.json'} in {results['seconds']:.0f} s")
+    if results["failures"]:
+        print("CORRECTNESS FAILURE (see above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

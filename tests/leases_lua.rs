@@ -1,0 +1,1670 @@
+//! The Lua twin of the leases (`acquire`, `release`, `renew` in `lua/tb.lua`) against the
+//! module's TB.ACQUIRE, TB.RELEASE and TB.RENEW (docs/leases.md): the same random call sequences
+//! on twin keys must give the same replies, the same sorted set (`ZRANGE key 0 -1 WITHSCORES`,
+//! byte for byte) and the same absolute expiry; bad input must give the same error text.
+//!
+//! As in tests/lua_fallback.rs, both read the server's clock, so each pair of calls runs in one
+//! transaction between two clock probes and is compared only when every clock in it shows the
+//! same millisecond:
+//!
+//! ```text
+//! MULTI; TIME; TB.TAKE probe1; ZRANGE A; ZRANGE B; PEXPIRETIME A; PEXPIRETIME B;
+//!        TB.<CMD> A ..; <twin> B ..; TB.TAKE probe2; TIME; HGET probe1 last_refill;
+//!        HGET probe2 last_refill; ZRANGE A; ZRANGE B; PEXPIRETIME A; PEXPIRETIME B; EXEC
+//! ```
+//!
+//! Then both calls saw the same `now`, and since the keys were equal before, the ids they hand
+//! out are equal too (`<ms>-<n>`, the same ms and the same count), so replies are compared
+//! whole. When the clocks disagree, B is re-synced from A (`DEL B; COPY A B`, which keeps the
+//! absolute expiry) and the step is tried again. Each compared step is also checked against the
+//! contract itself (the id, the deadline, the expiry rule, which expired leases go), so the two
+//! cannot agree on a mistake. The sequences are seeded (`TB_SEED` to replay one).
+
+mod common;
+
+use common::*;
+use redis::Value;
+
+/// The one Lua source: a FUNCTION library as it is, an EVAL script without its first line.
+const LIBRARY: &str = include_str!("../lua/tb.lua");
+
+fn script_text() -> &'static str {
+    LIBRARY.split_once('\n').map_or("", |(_, rest)| rest)
+}
+
+/// The default seed of the random sequences; `TB_SEED=<u64>` replays another.
+const DEFAULT_SEED: u64 = 0x1ea5_e5ee_d019_0001;
+
+/// 2^53: the largest limit, lease_ms, deadline and count.
+const MAX: i64 = 1 << 53;
+const MAX_TEXT: &str = "9007199254740992";
+
+const LIMIT_ERROR: &str = "ERR limit must be a positive integer, at most 9007199254740992 (2^53)";
+const LEASE_MS_ERROR: &str =
+    "ERR lease_ms must be a positive integer number of ms, at most 9007199254740992 (2^53)";
+const EXHAUSTED_ERROR: &str =
+    "ERR tb: this lease set has handed out 2^53 ids; delete it to start again";
+
+fn corrupt_lease_error(shown_key: &str) -> String {
+    format!("ERR corrupt lease set '{shown_key}': no seq member scored from -2^53 to 0")
+}
+
+fn arity_error(command: &str) -> String {
+    format!("ERR wrong number of arguments for '{command}' command")
+}
+
+/// Where the twin runs: an EVALSHA of `lua/tb.lua` as a script, or an FCALL of it loaded as a
+/// library.
+#[derive(Clone)]
+enum Fallback {
+    Script { sha: String },
+    Function,
+}
+
+impl Fallback {
+    fn script(con: &mut redis::Connection) -> Fallback {
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(script_text())
+            .query(con)
+            .expect("SCRIPT LOAD lua/tb.lua");
+        Fallback::Script { sha }
+    }
+
+    fn function(con: &mut redis::Connection) -> Fallback {
+        let name: String = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(LIBRARY)
+            .query(con)
+            .expect("FUNCTION LOAD lua/tb.lua");
+        assert_eq!(name, "tb");
+        Fallback::Function
+    }
+
+    /// The twin of TB.<COMMAND> (`command`: acquire, release or renew) on `keys`.
+    fn cmd_keys(&self, command: &str, keys: &[&[u8]], args: &[&[u8]]) -> redis::Cmd {
+        let mut cmd = match self {
+            Fallback::Script { sha } => {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(sha);
+                cmd
+            }
+            Fallback::Function => {
+                let mut cmd = redis::cmd("FCALL");
+                cmd.arg(format!("tb_{command}"));
+                cmd
+            }
+        };
+        cmd.arg(keys.len());
+        for key in keys {
+            cmd.arg(*key);
+        }
+        if let Fallback::Script { .. } = self {
+            cmd.arg(command);
+        }
+        for arg in args {
+            cmd.arg(*arg);
+        }
+        cmd
+    }
+
+    fn cmd(&self, command: &str, key: &[u8], args: &[&[u8]]) -> redis::Cmd {
+        self.cmd_keys(command, &[key], args)
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Fallback::Script { .. } => "EVALSHA lua/tb.lua",
+            Fallback::Function => "FCALL tb_*",
+        }
+    }
+}
+
+/// TB.<COMMAND> key args...
+fn module_cmd(command: &str, key: &[u8], args: &[&[u8]]) -> redis::Cmd {
+    let mut cmd = redis::cmd(&format!("TB.{}", command.to_uppercase()));
+    cmd.arg(key);
+    for arg in args {
+        cmd.arg(*arg);
+    }
+    cmd
+}
+
+/// A reply, or the exact error text.
+fn outcome(con: &mut redis::Connection, cmd: &redis::Cmd) -> Result<Value, String> {
+    cmd.query::<Value>(con).map_err(|e| error_text(&e))
+}
+
+fn seed() -> u64 {
+    std::env::var("TB_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(DEFAULT_SEED)
+}
+
+/// `ZRANGE key 0 -1 WITHSCORES` as sent: member, score, member, score ...
+type Members = Vec<Vec<u8>>;
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn show_members(members: &Members) -> String {
+    members
+        .chunks(2)
+        .map(|kv| format!("{}={}", text(&kv[0]), text(&kv[1])))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// (member, score) pairs; scores parsed as doubles (whole ms, exact).
+fn pairs(members: &Members) -> Vec<(String, f64)> {
+    members
+        .chunks(2)
+        .map(|kv| {
+            let score: f64 = text(&kv[1]).parse().expect("a score");
+            (text(&kv[0]), score)
+        })
+        .collect()
+}
+
+fn score_of(members: &Members, member: &str) -> Option<f64> {
+    pairs(members)
+        .into_iter()
+        .find(|(m, _)| m == member)
+        .map(|(_, s)| s)
+}
+
+/// Keys whose `last_refill` shows the module's clock before and after each pair.
+const PROBE_BEFORE: &str = "probe:before";
+const PROBE_AFTER: &str = "probe:after";
+
+/// What one transaction showed.
+struct Observed {
+    /// TIME before and after, and the module's clock before and after (the probes).
+    clocks_ms: [i64; 4],
+    before_a: Members,
+    before_b: Members,
+    expire_before_a: i64,
+    expire_before_b: i64,
+    module: Value,
+    twin: Value,
+    after_a: Members,
+    after_b: Members,
+    expire_a: i64,
+    expire_b: i64,
+}
+
+fn time_ms((secs, micros): (i64, i64)) -> i64 {
+    secs * 1000 + micros / 1000
+}
+
+/// Runs `module` (on key `a`) and `twin` (on key `b`) in one transaction between two clock
+/// probes, with both sets and expiries before and after.
+fn run_step(
+    con: &mut redis::Connection,
+    module: redis::Cmd,
+    twin: redis::Cmd,
+    a: &str,
+    b: &str,
+) -> Result<Observed, String> {
+    let probe: [&[u8]; 3] = [b"1e15", b"1", b"1"];
+    let probe_cmd = |key: &str| module_cmd("take", key.as_bytes(), &probe);
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    pipe.cmd("TIME")
+        .add_command(probe_cmd(PROBE_BEFORE))
+        .ignore();
+    for key in [a, b] {
+        pipe.cmd("ZRANGE").arg(key).arg(0).arg(-1).arg("WITHSCORES");
+    }
+    for key in [a, b] {
+        pipe.cmd("PEXPIRETIME").arg(key);
+    }
+    pipe.add_command(module)
+        .add_command(twin)
+        .add_command(probe_cmd(PROBE_AFTER))
+        .ignore()
+        .cmd("TIME")
+        .cmd("HGET")
+        .arg(PROBE_BEFORE)
+        .arg("last_refill")
+        .cmd("HGET")
+        .arg(PROBE_AFTER)
+        .arg("last_refill");
+    for key in [a, b] {
+        pipe.cmd("ZRANGE").arg(key).arg(0).arg(-1).arg("WITHSCORES");
+    }
+    for key in [a, b] {
+        pipe.cmd("PEXPIRETIME").arg(key);
+    }
+    let values: Vec<Value> = pipe.query(con).map_err(|e| error_text(&e))?;
+    let get = |i: usize| values[i].clone();
+    let from = |i: usize| -> Result<Members, String> {
+        redis::from_redis_value(&values[i]).map_err(|e| e.to_string())
+    };
+    let int = |i: usize| -> Result<i64, String> {
+        redis::from_redis_value(&values[i]).map_err(|e| e.to_string())
+    };
+    let time = |i: usize| -> Result<i64, String> {
+        redis::from_redis_value::<(i64, i64)>(&values[i])
+            .map(time_ms)
+            .map_err(|e| e.to_string())
+    };
+    Ok(Observed {
+        clocks_ms: [time(0)?, time(7)?, int(8)?, int(9)?],
+        before_a: from(1)?,
+        before_b: from(2)?,
+        expire_before_a: int(3)?,
+        expire_before_b: int(4)?,
+        module: get(5),
+        twin: get(6),
+        after_a: from(10)?,
+        after_b: from(11)?,
+        expire_a: int(12)?,
+        expire_b: int(13)?,
+    })
+}
+
+impl Observed {
+    /// Every clock showed the same ms, and no key was still there past its expiry (Redis 7.0
+    /// fixes the expiry clock when EXEC starts, a script takes its own when it starts, so such
+    /// a key may have been judged a ms apart by the two).
+    fn comparable(&self) -> bool {
+        let now = self.clocks_ms[0];
+        let stale = |expire: i64| (0..=now).contains(&expire);
+        self.clocks_ms.iter().all(|&ms| ms == now)
+            && ![
+                self.expire_before_a,
+                self.expire_before_b,
+                self.expire_a,
+                self.expire_b,
+            ]
+            .into_iter()
+            .any(stale)
+    }
+
+    fn context(&self) -> String {
+        format!(
+            "now {}:\n  before   A [{}] expire {}\n  module   {:?}\n  after    A [{}] expire {}\
+             \n  before   B [{}] expire {}\n  twin     {:?}\n  after    B [{}] expire {}",
+            self.clocks_ms[0],
+            show_members(&self.before_a),
+            self.expire_before_a,
+            self.module,
+            show_members(&self.after_a),
+            self.expire_a,
+            show_members(&self.before_b),
+            self.expire_before_b,
+            self.twin,
+            show_members(&self.after_b),
+            self.expire_b,
+        )
+    }
+
+    fn assert_twins(&self, what: &str) {
+        let context = || format!("{what}: {}", self.context());
+        assert_eq!(
+            self.before_a,
+            self.before_b,
+            "not twins before: {}",
+            context()
+        );
+        assert_eq!(self.module, self.twin, "replies differ: {}", context());
+        assert_eq!(self.after_a, self.after_b, "sets differ: {}", context());
+        assert_eq!(
+            self.expire_a,
+            self.expire_b,
+            "expiries differ: {}",
+            context()
+        );
+    }
+}
+
+/// B := A, expiry included, atomically.
+fn resync(con: &mut redis::Connection, a: &str, b: &str) {
+    let _: Value = redis::pipe()
+        .atomic()
+        .cmd("DEL")
+        .arg(b)
+        .cmd("COPY")
+        .arg(a)
+        .arg(b)
+        .query(con)
+        .expect("DEL + COPY");
+}
+
+/// How often one step is tried before it is given up as never compared.
+const STEP_ATTEMPTS: usize = 6;
+
+/// One call, as the module and as its twin.
+#[derive(Clone, Debug)]
+struct Call {
+    command: &'static str,
+    args: Vec<Vec<u8>>,
+}
+
+impl Call {
+    fn new(command: &'static str, args: &[&[u8]]) -> Call {
+        Call {
+            command,
+            args: args.iter().map(|a| a.to_vec()).collect(),
+        }
+    }
+
+    fn arg_refs(&self) -> Vec<&[u8]> {
+        self.args.iter().map(Vec::as_slice).collect()
+    }
+
+    fn module(&self, key: &str) -> redis::Cmd {
+        module_cmd(self.command, key.as_bytes(), &self.arg_refs())
+    }
+
+    fn twin(&self, fallback: &Fallback, key: &str) -> redis::Cmd {
+        fallback.cmd(self.command, key.as_bytes(), &self.arg_refs())
+    }
+
+    fn show(&self) -> String {
+        format!(
+            "TB.{} {}",
+            self.command.to_uppercase(),
+            show_args(&self.arg_refs())
+        )
+    }
+}
+
+/// Runs `call` on `a` (module) and `b` (`twin`, or the module when `twin` is None) until one
+/// run is comparable (re-syncing B from A after each that is not); `setup` makes both keys
+/// before each attempt, if given. None when no attempt was comparable.
+fn compared_step(
+    con: &mut redis::Connection,
+    twin: Option<&Fallback>,
+    call: &Call,
+    a: &str,
+    b: &str,
+    setup: Option<&dyn Fn(&mut redis::Connection)>,
+    resynced: &mut usize,
+) -> Option<Observed> {
+    for _ in 0..STEP_ATTEMPTS {
+        if let Some(setup) = setup {
+            setup(con);
+        }
+        let twin_cmd = match twin {
+            Some(fallback) => call.twin(fallback, b),
+            None => call.module(b),
+        };
+        let observed = run_step(con, call.module(a), twin_cmd, a, b)
+            .unwrap_or_else(|e| panic!("{}: the transaction failed: {e}", call.show()));
+        if observed.comparable() {
+            return Some(observed);
+        }
+        if setup.is_none() {
+            resync(con, a, b);
+        }
+        *resynced += 1;
+    }
+    None
+}
+
+/// The contract, checked on one compared call (B's side; A's is equal by then): the reply's
+/// shape, the id, the deadline, which expired leases went, `seq`, the expiry rule, and that
+/// a call that does not write leaves the key alone.
+fn check_contract(seen: &Observed, call: &Call, what: &str) -> Outcome {
+    let now = seen.clocks_ms[0];
+    let context = || format!("{what}: {}", seen.context());
+    let before = pairs(&seen.before_b);
+    let after = pairs(&seen.after_b);
+    let arg = |i: usize| text(&call.args[i]);
+    let int = |i: usize| -> i64 { arg(i).parse().expect("a valid integer argument") };
+    let seq_before = score_of(&seen.before_b, "seq").map_or(0, |s| -s as i64);
+    let live_before = before
+        .iter()
+        .filter(|(m, s)| m != "seq" && *s > now as f64)
+        .count() as i64;
+    let deadline = |lease_ms: i64| (now + lease_ms).min(MAX);
+    // What a write must leave: the expired leases from the earliest (at most 64, deadlines in
+    // (0, now]) removed, and then the call's own change.
+    let mut expired: Vec<(String, f64)> = before
+        .iter()
+        .filter(|(_, s)| *s > 0.0 && *s <= now as f64)
+        .cloned()
+        .collect();
+    expired.sort_by(|x, y| x.1.total_cmp(&y.1).then(x.0.cmp(&y.0)));
+    expired.truncate(64);
+    let pruned: Vec<(String, f64)> = before
+        .iter()
+        .filter(|p| !expired.contains(p))
+        .cloned()
+        .collect();
+    let expect_set = |mut expected: Vec<(String, f64)>| {
+        let mut got = after.clone();
+        expected.sort_by(|x, y| x.0.cmp(&y.0));
+        got.sort_by(|x, y| x.0.cmp(&y.0));
+        assert_eq!(got, expected, "the stored set: {}", context());
+    };
+    // The expiry after a write of `deadline`: grows only; a key without one gets the latest
+    // deadline it holds.
+    let expect_expiry = |written: i64, held_before: &[(String, f64)]| {
+        let expected = match seen.expire_before_b {
+            -2 => written,
+            -1 => held_before
+                .iter()
+                .map(|(_, s)| s.ceil() as i64)
+                .fold(written, i64::max),
+            at => at.max(written),
+        };
+        assert_eq!(seen.expire_b, expected, "the expiry: {}", context());
+    };
+    let unchanged = || {
+        assert_eq!(
+            seen.after_b,
+            seen.before_b,
+            "a call that writes nothing wrote: {}",
+            context()
+        );
+        assert_eq!(
+            seen.expire_b,
+            seen.expire_before_b,
+            "the expiry moved: {}",
+            context()
+        );
+    };
+    let removed_expired = !expired.is_empty();
+    match call.command {
+        "acquire" => {
+            let limit = int(0);
+            let reply: (i64, i64, i64, Option<String>) = redis::from_redis_value(&seen.twin)
+                .unwrap_or_else(|e| panic!("reply shape {e}: {}", context()));
+            if live_before < limit {
+                let n = seq_before + 1;
+                let id = format!("{now}-{n}");
+                assert_eq!(
+                    reply,
+                    (1, limit - live_before - 1, 0, Some(id.clone())),
+                    "{}",
+                    context()
+                );
+                let d = deadline(int(1));
+                let mut expected: Vec<(String, f64)> =
+                    pruned.into_iter().filter(|(m, _)| m != "seq").collect();
+                expected.push((id, d as f64));
+                expected.push(("seq".into(), -(n as f64)));
+                expect_set(expected);
+                expect_expiry(d, &before);
+                Outcome::Granted { removed_expired }
+            } else {
+                let earliest = before
+                    .iter()
+                    .filter(|(m, s)| m != "seq" && *s > now as f64)
+                    .map(|(_, s)| s.ceil() as i64)
+                    .min()
+                    .expect("a denial with a live lease");
+                assert_eq!(reply, (0, 0, earliest - now, None), "{}", context());
+                unchanged();
+                Outcome::Denied
+            }
+        }
+        "release" | "renew" => {
+            let lease = arg(0);
+            let reply: i64 = redis::from_redis_value(&seen.twin)
+                .unwrap_or_else(|e| panic!("reply shape {e}: {}", context()));
+            let held =
+                is_lease_id(&lease) && before.iter().any(|(m, s)| *m == lease && *s > now as f64);
+            assert_eq!(reply, held as i64, "{}", context());
+            if !held {
+                unchanged();
+                return Outcome::NotHeld;
+            }
+            if call.command == "release" {
+                expect_set(pruned.into_iter().filter(|(m, _)| *m != lease).collect());
+                assert_eq!(
+                    seen.expire_b,
+                    seen.expire_before_b,
+                    "release moved the expiry: {}",
+                    context()
+                );
+                Outcome::Released { removed_expired }
+            } else {
+                let d = deadline(int(1));
+                let mut expected: Vec<(String, f64)> =
+                    pruned.into_iter().filter(|(m, _)| *m != lease).collect();
+                expected.push((lease, d as f64));
+                expect_set(expected);
+                expect_expiry(d, &before);
+                Outcome::Renewed { removed_expired }
+            }
+        }
+        other => panic!("no such call {other}"),
+    }
+}
+
+/// `<digits>-<digits>`, at most 64 bytes: the only members a release or renewal looks up.
+fn is_lease_id(lease: &str) -> bool {
+    let digits = |part: &str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
+    lease.len() <= 64
+        && lease
+            .split_once('-')
+            .is_some_and(|(ms, n)| digits(ms) && digits(n))
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Outcome {
+    Granted { removed_expired: bool },
+    Denied,
+    Released { removed_expired: bool },
+    Renewed { removed_expired: bool },
+    NotHeld,
+}
+
+/// How a differential run went, for the final assertions.
+#[derive(Default, Debug)]
+struct Tally {
+    compared: usize,
+    resynced: usize,
+    granted: usize,
+    denied: usize,
+    released: usize,
+    renewed: usize,
+    not_held: usize,
+    removed_expired: usize,
+    fresh_keys: usize,
+    by_lua: usize,
+    by_module: usize,
+}
+
+/// limit: mostly small, so denials happen; sometimes spelled with leading zeros or huge.
+fn random_limit(rng: &mut Rng) -> String {
+    match rng.below(10) {
+        0 => rng.pick(&["001", "1", MAX_TEXT, "0003", "100"]).to_string(),
+        _ => (1 + rng.below(4)).to_string(),
+    }
+}
+
+/// lease_ms: mostly short, so leases end during the run; sometimes long or the largest.
+fn random_lease_ms(rng: &mut Rng) -> String {
+    match rng.below(10) {
+        0..=4 => (1 + rng.below(40)).to_string(),
+        5..=6 => (40 + rng.below(400)).to_string(),
+        7 => rng
+            .pick(&[
+                "1",
+                "2",
+                "0005",
+                "60000",
+                "3600000",
+                MAX_TEXT,
+                "9007199254740991",
+            ])
+            .to_string(),
+        _ => (1 + rng.below(5)).to_string(),
+    }
+}
+
+/// A lease argument: mostly one that is held now, else one handed out before (released or
+/// expired by now, or live), else something that is not an id.
+fn random_lease(rng: &mut Rng, live: &[String], history: &[String], now: i64) -> String {
+    let roll = rng.below(10);
+    if roll < 5 && !live.is_empty() {
+        return rng.pick(live).clone();
+    }
+    if roll < 8 && !history.is_empty() {
+        return rng.pick(history).clone();
+    }
+    let last_n = history
+        .last()
+        .and_then(|id| id.split_once('-'))
+        .map_or(0, |(_, n)| n.parse::<i64>().unwrap_or(0));
+    match rng.below(8) {
+        0 => "seq".to_string(),
+        1 => String::new(),
+        2 => "lease".to_string(),
+        3 => format!("{now}-{}", last_n + 1),
+        4 => format!("{}-{last_n}", now - 1),
+        5 => "1-1".to_string(),
+        6 => "x".repeat(70),
+        _ => format!("{now}-{last_n}\0"),
+    }
+}
+
+/// Who answers for key B: always the Lua twin, or at random the twin or the module, so that
+/// each takes over the other's keys mid-sequence.
+#[derive(Clone, Copy, PartialEq)]
+enum Driver {
+    Twin,
+    Mixed,
+}
+
+/// Runs `steps` random calls through the module (keys `<p>:a:*`) and `fallback` (keys
+/// `<p>:b:*`), and asserts that every pair seen in one ms agrees and keeps the contract.
+fn differential(
+    con: &mut redis::Connection,
+    fallback: &Fallback,
+    driver: Driver,
+    steps: usize,
+    seed: u64,
+) -> Tally {
+    let mut rng = Rng(seed);
+    let prefix = match (fallback, driver) {
+        (_, Driver::Mixed) => "m",
+        (Fallback::Script { .. }, _) => "s",
+        (Fallback::Function, _) => "f",
+    };
+    let keys: Vec<(String, String)> = (0..2)
+        .map(|i| (format!("{prefix}:a:{i}"), format!("{prefix}:b:{i}")))
+        .collect();
+    for (a, b) in &keys {
+        let _: i64 = redis::cmd("DEL").arg(a).arg(b).query(con).expect("DEL");
+    }
+    let mut history: Vec<Vec<String>> = vec![Vec::new(); keys.len()];
+    let mut tally = Tally::default();
+    for step in 0..steps {
+        let index = if rng.chance(85) { 0 } else { 1 };
+        let (a, b) = (&keys[index].0, &keys[index].1);
+        let now = server_time_ms(con);
+        let live: Vec<String> = {
+            let members: Members = redis::cmd("ZRANGE")
+                .arg(a)
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .query(con)
+                .expect("ZRANGE");
+            pairs(&members)
+                .into_iter()
+                .filter(|(m, s)| m != "seq" && *s > now as f64)
+                .map(|(m, _)| m)
+                .collect()
+        };
+        let call = match rng.below(100) {
+            0..=49 => Call::new(
+                "acquire",
+                &[
+                    random_limit(&mut rng).as_bytes(),
+                    random_lease_ms(&mut rng).as_bytes(),
+                ],
+            ),
+            50..=79 => Call::new(
+                "release",
+                &[random_lease(&mut rng, &live, &history[index], now).as_bytes()],
+            ),
+            _ => Call::new(
+                "renew",
+                &[
+                    random_lease(&mut rng, &live, &history[index], now).as_bytes(),
+                    random_lease_ms(&mut rng).as_bytes(),
+                ],
+            ),
+        };
+        let use_lua = driver == Driver::Twin || rng.chance(50);
+        let twin = use_lua.then_some(fallback);
+        let what = format!(
+            "seed {seed} step {step} ({} on {} vs {})",
+            call.show(),
+            if use_lua {
+                fallback.name()
+            } else {
+                "the module"
+            },
+            a
+        );
+        if let Some(seen) = compared_step(con, twin, &call, a, b, None, &mut tally.resynced) {
+            seen.assert_twins(&what);
+            let outcome = check_contract(&seen, &call, &what);
+            tally.compared += 1;
+            if use_lua {
+                tally.by_lua += 1;
+            } else {
+                tally.by_module += 1;
+            }
+            match outcome {
+                Outcome::Granted { removed_expired } => {
+                    tally.granted += 1;
+                    tally.removed_expired += removed_expired as usize;
+                    if seen.before_b.is_empty() {
+                        tally.fresh_keys += 1;
+                    }
+                }
+                Outcome::Denied => tally.denied += 1,
+                Outcome::Released { removed_expired } => {
+                    tally.released += 1;
+                    tally.removed_expired += removed_expired as usize;
+                }
+                Outcome::Renewed { removed_expired } => {
+                    tally.renewed += 1;
+                    tally.removed_expired += removed_expired as usize;
+                }
+                Outcome::NotHeld => tally.not_held += 1,
+            }
+            if let Value::Array(items) = &seen.module {
+                if let Some(Value::BulkString(id)) = items.get(3) {
+                    history[index].push(text(id));
+                }
+            }
+        }
+        // Let time pass now and then, so leases (and whole keys) end between calls.
+        if rng.chance(12) {
+            sleep_ms(40 + rng.below(120) as i64);
+        } else if rng.chance(30) {
+            sleep_ms(1 + rng.below(15) as i64);
+        }
+    }
+    println!("{} seed {seed}: {tally:?}", fallback.name());
+    tally
+}
+
+fn assert_well_covered(tally: &Tally, steps: usize) {
+    assert!(
+        tally.compared * 2 > steps,
+        "only {} of {steps} steps ran within one millisecond: {tally:?}",
+        tally.compared
+    );
+    for (count, what) in [
+        (tally.granted, "grant"),
+        (tally.denied, "denial"),
+        (tally.released, "release"),
+        (tally.renewed, "renewal"),
+        (tally.not_held, "call on a lease not held"),
+        (tally.removed_expired, "write that removed expired leases"),
+        (tally.fresh_keys, "grant on a new key"),
+    ] {
+        assert!(count > 0, "no {what} compared: {tally:?}");
+    }
+}
+
+const STEPS: usize = 400;
+
+#[test]
+fn the_script_matches_the_module_call_for_call() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let fallback = Fallback::script(&mut con);
+    let tally = differential(&mut con, &fallback, Driver::Twin, STEPS, seed());
+    assert_well_covered(&tally, STEPS);
+}
+
+#[test]
+fn the_function_library_matches_the_module_call_for_call() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let fallback = Fallback::function(&mut con);
+    let tally = differential(&mut con, &fallback, Driver::Twin, STEPS, seed() ^ 1);
+    assert_well_covered(&tally, STEPS);
+}
+
+/// One key written by the Lua twin and by the module in turn, against a key only the module
+/// writes: each continues the other's count, ids, deadlines and expiry.
+#[test]
+fn the_module_and_the_library_take_over_each_others_keys() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let fallback = Fallback::function(&mut con);
+    let tally = differential(&mut con, &fallback, Driver::Mixed, STEPS, seed() ^ 2);
+    assert_well_covered(&tally, STEPS);
+    assert!(tally.by_lua > 0 && tally.by_module > 0, "{tally:?}");
+
+    // And by hand: leases from one are released and renewed by the other, and the count goes on.
+    for (first, second) in [(Some(&fallback), None), (None, Some(&fallback))] {
+        let key: &[u8] = b"takeover";
+        let _: i64 = redis::cmd("DEL").arg(key).query(&mut con).unwrap();
+        let acquire = |con: &mut redis::Connection, by: Option<&Fallback>| -> String {
+            let args: [&[u8]; 2] = [b"10", b"60000"];
+            let cmd = match by {
+                Some(f) => f.cmd("acquire", key, &args),
+                None => module_cmd("acquire", key, &args),
+            };
+            let (acquired, _, _, id): (i64, i64, i64, String) = cmd.query(con).unwrap();
+            assert_eq!(acquired, 1);
+            id
+        };
+        let call = |con: &mut redis::Connection,
+                    by: Option<&Fallback>,
+                    command: &str,
+                    args: &[&[u8]]|
+         -> i64 {
+            let cmd = match by {
+                Some(f) => f.cmd(command, key, args),
+                None => module_cmd(command, key, args),
+            };
+            cmd.query(con).unwrap()
+        };
+        let one = acquire(&mut con, first);
+        let two = acquire(&mut con, first);
+        let three = acquire(&mut con, second);
+        for (id, n) in [(&one, 1), (&two, 2), (&three, 3)] {
+            assert!(id.ends_with(&format!("-{n}")), "{id}");
+        }
+        assert_eq!(call(&mut con, second, "release", &[one.as_bytes()]), 1);
+        assert_eq!(call(&mut con, second, "release", &[one.as_bytes()]), 0);
+        assert_eq!(call(&mut con, first, "release", &[one.as_bytes()]), 0);
+        assert_eq!(
+            call(&mut con, second, "renew", &[two.as_bytes(), b"120000"]),
+            1
+        );
+        assert_eq!(
+            call(&mut con, first, "renew", &[three.as_bytes(), b"1000"]),
+            1
+        );
+        assert_eq!(call(&mut con, first, "release", &[three.as_bytes()]), 1);
+        let four = acquire(&mut con, first);
+        assert!(four.ends_with("-4"), "{four}");
+        let members: Members = redis::cmd("ZRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .query(&mut con)
+            .unwrap();
+        let members: Vec<String> = members.iter().map(|m| text(m)).collect();
+        assert_eq!(members, vec!["seq".to_string(), four.clone(), two.clone()]);
+        let now = server_time_ms(&mut con);
+        assert_within(
+            "expiry",
+            pexpiretime(&mut con, "takeover") - now,
+            100_000,
+            120_000,
+        );
+    }
+}
+
+/// Hand-made starting states, each compared once (made again before every attempt): a count
+/// at 2^53 - 1 and at 2^53, deadlines capped at 2^53, a key without expiry, renewals that end
+/// sooner, more than 64 expired leases with tied deadlines, members that are not ids.
+#[test]
+fn the_twins_agree_on_hand_made_lease_sets() {
+    for make_fallback in [
+        Fallback::script as fn(&mut redis::Connection) -> Fallback,
+        Fallback::function,
+    ] {
+        let server = Server::start();
+        let mut con = server.conn();
+        let fallback = make_fallback(&mut con);
+        hand_made_cases(&mut con, &fallback);
+    }
+}
+
+fn hand_made_cases(con: &mut redis::Connection, fallback: &Fallback) {
+    let (a, b) = ("hm:a", "hm:b");
+    // Members as (member, score relative to `now` unless absolute), then the expiry.
+    #[derive(Clone)]
+    enum Score {
+        Ago(i64),
+        Ahead(i64),
+        AheadHalf(i64),
+        Abs(f64),
+    }
+    enum Expiry {
+        None,
+        Ahead(i64),
+        Latest,
+    }
+    let many_expired: Vec<(String, Score)> = (0..70)
+        .map(|i| (format!("1-{i}"), Score::Ago(1000 - (i / 3) as i64)))
+        .collect();
+    let mut many = many_expired;
+    many.push(("5-99".into(), Score::Ahead(60_000)));
+    many.push(("seq".into(), Score::Abs(-99.0)));
+    let live = |id: &str, ahead: i64| (id.to_string(), Score::Ahead(ahead));
+    // Shaped like an id, but longer than one may be.
+    let long_id = format!("1-{}", "1".repeat(63));
+    let long_id = [long_id.as_bytes()];
+    let seq = |count: f64| ("seq".to_string(), Score::Abs(-count));
+    let max = MAX as f64;
+    type Case = (Vec<(String, Score)>, Expiry, Call);
+    #[rustfmt::skip]
+    let cases: Vec<Case> = vec![
+        (vec![seq(max - 1.0)], Expiry::Latest, Call::new("acquire", &[b"1", b"1000"])),
+        (vec![seq(max)], Expiry::Latest, Call::new("acquire", &[b"5", b"1000"])),
+        (vec![seq(max), live("7-1", 5000)], Expiry::Latest, Call::new("release", &[b"7-1"])),
+        (vec![seq(max), live("7-1", 5000)], Expiry::Latest, Call::new("renew", &[b"7-1", b"10"])),
+        (vec![seq(max), live("7-1", 5000)], Expiry::Latest, Call::new("acquire", &[b"1", b"10"])),
+        (vec![seq(0.0)], Expiry::None, Call::new("acquire", &[b"1", MAX_TEXT.as_bytes()])),
+        (vec![], Expiry::None, Call::new("acquire", &[MAX_TEXT.as_bytes(), b"9007199254740991"])),
+        (vec![seq(3.0), live("7-3", 10_000), live("7-2", 50_000)], Expiry::None, Call::new("acquire", &[b"3", b"100"])),
+        (vec![seq(3.0), live("7-3", 10_000), live("7-2", 50_000)], Expiry::None, Call::new("renew", &[b"7-2", b"100"])),
+        (vec![seq(3.0), live("7-3", 10_000)], Expiry::Ahead(100_000), Call::new("renew", &[b"7-3", b"100"])),
+        (vec![seq(3.0), live("7-3", 10_000)], Expiry::Latest, Call::new("renew", &[b"7-3", b"20000"])),
+        (vec![seq(3.0), live("7-3", 10_000)], Expiry::Latest, Call::new("renew", &[b"7-3", MAX_TEXT.as_bytes()])),
+        (many.clone(), Expiry::Latest, Call::new("acquire", &[b"10", b"1000"])),
+        (many.clone(), Expiry::Latest, Call::new("release", &[b"5-99"])),
+        (many.clone(), Expiry::Latest, Call::new("renew", &[b"5-99", b"5"])),
+        (many.clone(), Expiry::Latest, Call::new("release", &[b"1-0"])),
+        (vec![seq(0.0), ("foo".into(), Score::Abs(5.0)), ("bar".into(), Score::Abs(-5.0)), ("zero".into(), Score::Abs(0.0))], Expiry::None, Call::new("acquire", &[b"1", b"10"])),
+        (vec![("seq".into(), Score::Abs(-0.0)), live("7-1", 1000)], Expiry::Latest, Call::new("release", &[b"seq"])),
+        (vec![seq(2.0), live("7-1", 1000), live("7-2", 2000)], Expiry::Latest, Call::new("acquire", &[b"1", b"10"])),
+        (vec![seq(2.0), live("7-1", 1000), live("7-2", 2000)], Expiry::Latest, Call::new("acquire", &[b"2", b"10"])),
+        (vec![seq(2.0), live("7-1", 1000), ("7-2".into(), Score::Ago(0))], Expiry::Latest, Call::new("acquire", &[b"2", b"10"])),
+        (vec![seq(2.0), live("7-1", 1000), ("7-2".into(), Score::Ago(0))], Expiry::Latest, Call::new("renew", &[b"7-2", b"10"])),
+        (vec![seq(2.0), live("7-1", 1), ("7-2".into(), Score::Ago(0))], Expiry::Latest, Call::new("release", &[b"7-1"])),
+        (vec![seq(1.0), live("foo", 5000)], Expiry::Latest, Call::new("release", &[b"foo"])),
+        (vec![seq(1.0), live("foo", 5000)], Expiry::Latest, Call::new("renew", &[b"foo", b"10"])),
+        (vec![seq(1.0), live("foo", 5000)], Expiry::Latest, Call::new("acquire", &[b"1", b"10"])),
+        (vec![seq(1.0), live(std::str::from_utf8(long_id[0]).unwrap(), 5000)], Expiry::Latest, Call::new("release", &long_id)),
+        (vec![seq(1.0), live("7-1", 5000), ("7-2".into(), Score::AheadHalf(0))], Expiry::Latest, Call::new("release", &[b"7-2"])),
+        (vec![seq(1.0), ("7-1".into(), Score::AheadHalf(1000))], Expiry::Latest, Call::new("acquire", &[b"1", b"10"])),
+        (vec![seq(1.0), ("7-1".into(), Score::AheadHalf(50_000))], Expiry::None, Call::new("acquire", &[b"2", b"10"])),
+        (vec![seq(1.0), ("7-1".into(), Score::AheadHalf(50_000))], Expiry::None, Call::new("renew", &[b"7-1", b"10"])),
+    ];
+    let mut resynced = 0;
+    let mut errors_compared = 0;
+    for (i, (members, expiry, call)) in cases.iter().enumerate() {
+        let what = format!("{} case {i}: {}", fallback.name(), call.show());
+        let setup = |con: &mut redis::Connection| {
+            let now = server_time_ms(con);
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            for key in [a, b] {
+                pipe.cmd("DEL").arg(key).ignore();
+                for (member, score) in members {
+                    let score = match score {
+                        Score::Ago(ms) => (now - ms) as f64,
+                        Score::Ahead(ms) => (now + ms) as f64,
+                        Score::AheadHalf(ms) => (now + ms) as f64 + 0.5,
+                        Score::Abs(s) => *s,
+                    };
+                    pipe.cmd("ZADD")
+                        .arg(key)
+                        .arg(format!("{score}"))
+                        .arg(member)
+                        .ignore();
+                }
+                match expiry {
+                    Expiry::None => {}
+                    Expiry::Ahead(ms) => {
+                        pipe.cmd("PEXPIREAT").arg(key).arg(now + ms).ignore();
+                    }
+                    Expiry::Latest => {
+                        let latest = members
+                            .iter()
+                            .filter_map(|(_, s)| match s {
+                                Score::Ahead(ms) => Some(now + ms),
+                                _ => None,
+                            })
+                            .max()
+                            .unwrap_or(now + 60_000);
+                        pipe.cmd("PEXPIREAT").arg(key).arg(latest).ignore();
+                    }
+                }
+            }
+            let _: () = pipe.query(con).expect("make the lease sets");
+        };
+        // Errors (the exhausted count) fail the transaction: compare them outside it.
+        setup(con);
+        let from_module = outcome(con, &call.module(a));
+        let from_twin = outcome(con, &call.twin(fallback, b));
+        if let Err(module_error) = &from_module {
+            assert_eq!(from_twin, from_module, "{what}");
+            assert_eq!(module_error, EXHAUSTED_ERROR, "{what}");
+            errors_compared += 1;
+            continue;
+        }
+        let seen = compared_step(con, Some(fallback), call, a, b, Some(&setup), &mut resynced)
+            .unwrap_or_else(|| panic!("{what}: never ran within one ms"));
+        seen.assert_twins(&what);
+        check_contract(&seen, call, &what);
+    }
+    assert_eq!(
+        errors_compared, 1,
+        "only a grant on a count of 2^53 fails: on a full set it is a denial"
+    );
+    println!(
+        "{}: {} cases, {resynced} retried",
+        fallback.name(),
+        cases.len()
+    );
+}
+
+/// Spellings of limit and lease_ms that both refuse.
+fn bad_integers() -> Vec<Vec<u8>> {
+    let mut cases: Vec<Vec<u8>> = [
+        "0",
+        "00",
+        "-1",
+        "+1",
+        "-0",
+        "1.0",
+        "1.",
+        ".5",
+        "1e3",
+        "1E3",
+        " 1",
+        "1 ",
+        "",
+        "0x10",
+        "abc",
+        "nan",
+        "inf",
+        "9007199254740993",
+        "09007199254740993",
+        "18446744073709551616",
+        "99999999999999999999",
+        "1_000",
+        "5\0",
+        "\u{663}",
+    ]
+    .iter()
+    .map(|s| s.as_bytes().to_vec())
+    .collect();
+    cases.push(format!("{}1", "0".repeat(64)).into_bytes());
+    cases.push(vec![0xff]);
+    cases
+}
+
+/// Spellings both accept.
+fn good_integers() -> Vec<Vec<u8>> {
+    let mut cases: Vec<Vec<u8>> = ["1", "01", "0001", "7", MAX_TEXT, "09007199254740992"]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect();
+    cases.push(format!("{}1", "0".repeat(63)).into_bytes());
+    cases
+}
+
+/// `module` and `twin` give the same error text, and the key is untouched.
+fn assert_same_error(
+    con: &mut redis::Connection,
+    key: &[u8],
+    module: &redis::Cmd,
+    twin: &redis::Cmd,
+    expected: &str,
+    what: &str,
+) {
+    let before = snapshot(con, key);
+    let from_module = outcome(con, module);
+    let from_twin = outcome(con, twin);
+    assert_eq!(from_module, Err(expected.to_string()), "{what}: the module");
+    assert_eq!(from_twin, Err(expected.to_string()), "{what}: the twin");
+    assert_eq!(snapshot(con, key), before, "{what}: key touched");
+}
+
+fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
+    let key: &[u8] = b"le:ok";
+    let _: Value = module_cmd("acquire", key, &[b"5", b"60000"])
+        .query(con)
+        .unwrap();
+    let _: () = redis::cmd("SET").arg("le:str").arg("1").query(con).unwrap();
+    let on = |con: &mut redis::Connection,
+              key: &[u8],
+              command: &str,
+              args: &[&[u8]],
+              expected: &str,
+              what: &str| {
+        assert_same_error(
+            con,
+            key,
+            &module_cmd(command, key, args),
+            &fallback.cmd(command, key, args),
+            expected,
+            &format!("{} {what}", fallback.name()),
+        );
+    };
+
+    // Bad numbers, in order, before the key is looked at (also on a key of another type).
+    for bad in bad_integers() {
+        let shown = format!("{:?}", text(&bad));
+        for k in [key, b"le:str", b"le:none"] {
+            on(
+                con,
+                k,
+                "acquire",
+                &[&bad, b"1000"],
+                LIMIT_ERROR,
+                &format!("limit {shown}"),
+            );
+            on(
+                con,
+                k,
+                "acquire",
+                &[b"1", &bad],
+                LEASE_MS_ERROR,
+                &format!("lease_ms {shown}"),
+            );
+            on(
+                con,
+                k,
+                "acquire",
+                &[&bad, &bad],
+                LIMIT_ERROR,
+                &format!("both {shown}"),
+            );
+            on(
+                con,
+                k,
+                "renew",
+                &[b"1-1", &bad],
+                LEASE_MS_ERROR,
+                &format!("renew lease_ms {shown}"),
+            );
+        }
+    }
+    // Good spellings pass the argument checks on both: the key's type is what is refused.
+    for good in good_integers() {
+        let shown = format!("{:?}", text(&good));
+        let wrongtype = WRONGTYPE_ERROR;
+        on(
+            con,
+            b"le:str",
+            "acquire",
+            &[&good, &good],
+            wrongtype,
+            &format!("good {shown}"),
+        );
+        on(
+            con,
+            b"le:str",
+            "renew",
+            &[b"x", &good],
+            wrongtype,
+            &format!("good {shown}"),
+        );
+    }
+
+    // Arity: the server checks the module's; the twin checks its own, in the same words.
+    #[rustfmt::skip]
+    let arity: [(&str, Vec<&str>); 6] = [
+        ("acquire", vec!["1"]),
+        ("acquire", vec!["1", "1", "1", "1"]),
+        ("release", vec![]),
+        ("release", vec!["a", "b"]),
+        ("renew", vec!["a"]),
+        ("renew", vec!["a", "1", "1"]),
+    ];
+    for (command, args) in &arity {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        let args = &args;
+        on(
+            con,
+            key,
+            command,
+            args,
+            &arity_error(&format!("tb.{command}")),
+            &format!("{} arguments", args.len()),
+        );
+    }
+    // The twin cannot wait: a timeout_ms is one argument too many for it.
+    let twin = fallback.cmd("acquire", key, &[b"1", b"1000", b"0"]);
+    assert_eq!(
+        outcome(con, &twin),
+        Err(arity_error("tb.acquire")),
+        "{}",
+        fallback.name()
+    );
+    // Two keys: an argument more than the command takes (TB.ACQUIRE takes a timeout_ms, so
+    // the module gets two more).
+    for (command, args) in [
+        ("acquire", vec![&b"1"[..], b"1000"]),
+        ("release", vec![&b"a"[..]]),
+        ("renew", vec![&b"a"[..], b"1"]),
+    ] {
+        let mut module = module_cmd(command, key, &[b"le:other"]);
+        for arg in &args {
+            module.arg(*arg);
+        }
+        if command == "acquire" {
+            module.arg("0");
+        }
+        assert_same_error(
+            con,
+            key,
+            &module,
+            &fallback.cmd_keys(command, &[key, b"le:other"], &args),
+            &arity_error(&format!("tb.{command}")),
+            &format!("{} two keys for {command}", fallback.name()),
+        );
+    }
+
+    // Other types, then sorted sets that are not lease sets, under keys that need escaping.
+    let foreign: [(&[u8], &[&[u8]]); 5] = [
+        (b"t:string", &[b"SET", b"t:string", b"1"]),
+        (b"t:hash", &[b"HSET", b"t:hash", b"tokens", b"1"]),
+        (b"t:list", &[b"RPUSH", b"t:list", b"1"]),
+        (b"t:set", &[b"SADD", b"t:set", b"1"]),
+        (b"t:stream", &[b"XADD", b"t:stream", b"*", b"f", b"v"]),
+    ];
+    let calls: [(&str, Vec<&[u8]>); 3] = [
+        ("acquire", vec![b"5", b"1000"]),
+        ("release", vec![b"1-1"]),
+        ("renew", vec![b"1-1", b"1000"]),
+    ];
+    for (foreign_key, create) in foreign {
+        raw(con, create).expect("create a foreign value");
+        for (command, args) in &calls {
+            on(
+                con,
+                foreign_key,
+                command,
+                args,
+                WRONGTYPE_ERROR,
+                &format!("{command} on {}", text(foreign_key)),
+            );
+        }
+    }
+    let long_key = [b"le:".to_vec(), vec![b'k'; 100]].concat();
+    let keys: Vec<(Vec<u8>, String)> = vec![
+        (b"le:corrupt".to_vec(), "le:corrupt".to_string()),
+        (
+            b"a\r\n\0'\\\x7f\xff".to_vec(),
+            "a\\x0d\\x0a\\x00\\'\\\\\\x7f\\xff".to_string(),
+        ),
+        (long_key, format!("le:{}...", "k".repeat(61))),
+    ];
+    let corrupt: [&[(&str, &str)]; 9] = [
+        &[("1", "1-1")],
+        &[("1", "seq")],
+        &[("0.5", "seq")],
+        &[("-0.5", "seq")],
+        &[("-9007199254740994", "seq")],
+        &[("-1e300", "seq")],
+        &[("-inf", "seq")],
+        &[("+inf", "seq")],
+        &[("5", "SEQ"), ("99999999999999", "1-1")],
+    ];
+    for (bad_key, shown) in &keys {
+        for members in corrupt {
+            let _: i64 = redis::cmd("DEL").arg(bad_key).query(con).unwrap();
+            let mut zadd = redis::cmd("ZADD");
+            zadd.arg(bad_key);
+            for (score, member) in members {
+                zadd.arg(*score).arg(*member);
+            }
+            let _: i64 = zadd.query(con).unwrap();
+            for (command, args) in &calls {
+                on(
+                    con,
+                    bad_key,
+                    command,
+                    args,
+                    &corrupt_lease_error(shown),
+                    &format!("{command} on {members:?}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_script_refuses_bad_input_in_the_module_words() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let fallback = Fallback::script(&mut con);
+    check_errors(&fallback, &mut con);
+}
+
+#[test]
+fn the_function_library_refuses_bad_input_in_the_module_words() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let fallback = Fallback::function(&mut con);
+    check_errors(&fallback, &mut con);
+}
+
+/// ACL applies to the commands a script calls: a restricted user of the leases needs FCALL
+/// and TYPE, ZSCORE, TIME, ZCOUNT, ZRANGEBYSCORE, ZRANGE, PEXPIRETIME, ZREM, ZADD, PEXPIREAT.
+#[test]
+fn a_restricted_user_needs_the_commands_the_lease_functions_call() {
+    let server = Server::start();
+    let mut admin = server.conn();
+    Fallback::function(&mut admin);
+    let rules = [
+        "on",
+        ">pw",
+        "~le:*",
+        "+fcall",
+        "+type",
+        "+zscore",
+        "+time",
+        "+zcount",
+        "+zrangebyscore",
+        "+zrange",
+        "+pexpiretime",
+        "+zrem",
+        "+zadd",
+        "+pexpireat",
+    ];
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("leaser")
+        .arg(&rules)
+        .query(&mut admin)
+        .expect("ACL SETUSER");
+    let mut con = server.conn();
+    let _: () = redis::cmd("AUTH")
+        .arg("leaser")
+        .arg("pw")
+        .query(&mut con)
+        .expect("AUTH");
+    let f = Fallback::Function;
+    let key: &[u8] = b"le:1";
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (acquired, _, _, id): (i64, i64, i64, String) = f
+            .cmd("acquire", key, &[b"2", b"60000"])
+            .query(&mut con)
+            .expect("acquire");
+        assert_eq!(acquired, 1);
+        ids.push(id);
+    }
+    let (acquired, available, retry, id): (i64, i64, i64, Option<String>) = f
+        .cmd("acquire", key, &[b"2", b"60000"])
+        .query(&mut con)
+        .expect("a denial");
+    assert_eq!((acquired, available, id), (0, 0, None));
+    assert!(retry > 0 && retry <= 60_000, "{retry}");
+    let renewed: i64 = f
+        .cmd("renew", key, &[ids[0].as_bytes(), b"90000"])
+        .query(&mut con)
+        .expect("renew");
+    let released: i64 = f
+        .cmd("release", key, &[ids[1].as_bytes()])
+        .query(&mut con)
+        .expect("release");
+    assert_eq!((renewed, released), (1, 1));
+    // Leases that ended are removed by the next write (ZRANGEBYSCORE, ZREM).
+    let (acquired, ..): (i64, i64, i64, Option<String>) = f
+        .cmd("acquire", key, &[b"5", b"1"])
+        .query(&mut con)
+        .expect("acquire");
+    assert_eq!(acquired, 1);
+    sleep_ms(5);
+    let (acquired, ..): (i64, i64, i64, Option<String>) = f
+        .cmd("acquire", key, &[b"5", b"1"])
+        .query(&mut con)
+        .expect("acquire");
+    assert_eq!(acquired, 1);
+    let err = outcome(&mut con, &f.cmd("acquire", b"other:1", &[b"1", b"1"]))
+        .expect_err("a key outside ~le:*");
+    assert!(err.starts_with("NOPERM"), "{err}");
+
+    // Without PEXPIRETIME (PTTL granted instead) the functions fail before they write: PTTL is
+    // only the stand-in where the command does not exist, never where it is forbidden.
+    let no_pexpiretime: Vec<&str> = rules
+        .iter()
+        .copied()
+        .filter(|rule| *rule != "+pexpiretime")
+        .chain(["+pttl"])
+        .collect();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("partial")
+        .arg(&no_pexpiretime)
+        .query(&mut admin)
+        .expect("ACL SETUSER");
+    let mut partial = server.conn();
+    let _: () = redis::cmd("AUTH")
+        .arg("partial")
+        .arg("pw")
+        .query(&mut partial)
+        .expect("AUTH");
+    let err = outcome(&mut partial, &f.cmd("acquire", b"le:2", &[b"1", b"1000"]))
+        .expect_err("no PEXPIRETIME");
+    println!("without +pexpiretime: {err}");
+    assert!(!exists(&mut admin, "le:2"));
+}
+
+/// Replicas and the AOF get the same commands from both (docs/leases.md, "Replication is by
+/// effects only"): a fixed sequence of grants, denials, releases and renewals, each compared
+/// in one ms, then the AOF's commands on each key, transaction by transaction, must be the same
+/// once B is renamed A; a call that writes nothing appends nothing.
+#[test]
+fn the_twins_append_the_same_commands() {
+    for make_fallback in [
+        Fallback::script as fn(&mut redis::Connection) -> Fallback,
+        Fallback::function,
+    ] {
+        let server = Server::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+        let mut con = server.conn();
+        let fallback = make_fallback(&mut con);
+        let (a, b) = ("aof:a", "aof:b");
+        let mut resynced = 0;
+        let mut attempts = 0;
+        // (index of the compared attempt among all attempts, whether the call writes)
+        let mut compared: Vec<(usize, bool, String)> = Vec::new();
+        let mut ids: Vec<String> = Vec::new();
+        let mut step = |con: &mut redis::Connection, call: Call, writes: Option<bool>| {
+            // An attempt that is not compared has written A all the same: each attempt starts
+            // from the state before the step (a RESTORE outside the probes' transactions).
+            let dump: Option<Vec<u8>> = redis::cmd("DUMP").arg(a).query(con).expect("DUMP");
+            let expire = pexpiretime(con, a);
+            let restore = |con: &mut redis::Connection| {
+                let mut pipe = redis::pipe();
+                pipe.atomic().cmd("DEL").arg(a).arg(b).ignore();
+                if let Some(dump) = &dump {
+                    for key in [a, b] {
+                        let restore = pipe.cmd("RESTORE").arg(key);
+                        if expire > 0 {
+                            restore.arg(expire).arg(dump.as_slice()).arg("ABSTTL");
+                        } else {
+                            restore.arg(0).arg(dump.as_slice());
+                        }
+                        restore.ignore();
+                    }
+                }
+                let _: () = pipe.query(con).expect("RESTORE");
+            };
+            let before = resynced;
+            let seen = compared_step(
+                con,
+                Some(&fallback),
+                &call,
+                a,
+                b,
+                Some(&restore),
+                &mut resynced,
+            )
+            .unwrap_or_else(|| panic!("{}: never ran within one ms", call.show()));
+            seen.assert_twins(&call.show());
+            attempts += resynced - before + 1;
+            let id = match &seen.module {
+                Value::Array(items) => match items.get(3) {
+                    Some(Value::BulkString(id)) => Some(text(id)),
+                    _ => None,
+                },
+                _ => None,
+            };
+            let wrote = seen.after_a != seen.before_a || seen.expire_a != seen.expire_before_a;
+            if let Some(writes) = writes {
+                assert_eq!(wrote, writes, "{}: {}", call.show(), seen.context());
+            }
+            compared.push((attempts - 1, wrote, call.show()));
+            id
+        };
+        for lease_ms in [&b"10000"[..], b"5", b"5"] {
+            let id = step(
+                &mut con,
+                Call::new("acquire", &[b"3", lease_ms]),
+                Some(true),
+            );
+            ids.push(id.expect("granted"));
+        }
+        sleep_ms(10);
+        let id = step(
+            &mut con,
+            Call::new("acquire", &[b"3", b"10000"]),
+            Some(true),
+        );
+        ids.push(id.expect("granted"));
+        step(
+            &mut con,
+            Call::new("acquire", &[b"2", b"10000"]),
+            Some(false),
+        );
+        step(
+            &mut con,
+            Call::new("release", &[ids[0].as_bytes()]),
+            Some(true),
+        );
+        step(
+            &mut con,
+            Call::new("release", &[ids[0].as_bytes()]),
+            Some(false),
+        );
+        step(
+            &mut con,
+            Call::new("release", &[ids[1].as_bytes()]),
+            Some(false),
+        );
+        step(
+            &mut con,
+            Call::new("renew", &[ids[3].as_bytes(), b"20000"]),
+            Some(true),
+        );
+        step(
+            &mut con,
+            Call::new("renew", &[ids[3].as_bytes(), b"1000"]),
+            Some(true),
+        );
+        step(
+            &mut con,
+            Call::new("renew", &[b"garbage", b"10"]),
+            Some(false),
+        );
+        step(
+            &mut con,
+            Call::new("release", &[ids[3].as_bytes()]),
+            Some(true),
+        );
+
+        // The transactions that hold the probes are the attempts, in order.
+        let commands = aof_commands(&server.dir);
+        let mut blocks: Vec<Vec<Vec<Vec<u8>>>> = Vec::new();
+        let mut current: Option<Vec<Vec<Vec<u8>>>> = None;
+        for command in commands {
+            match command[0].to_ascii_uppercase().as_slice() {
+                b"MULTI" => current = Some(Vec::new()),
+                b"EXEC" => {
+                    let block = current.take().expect("EXEC after MULTI");
+                    if block
+                        .iter()
+                        .any(|c| c.get(1).map(Vec::as_slice) == Some(PROBE_BEFORE.as_bytes()))
+                    {
+                        blocks.push(block);
+                    }
+                }
+                _ => {
+                    if let Some(block) = current.as_mut() {
+                        block.push(command);
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            blocks.len(),
+            attempts,
+            "one transaction per attempt in the AOF"
+        );
+        let on = |block: &[Vec<Vec<u8>>], key: &str| -> Vec<Vec<Vec<u8>>> {
+            block
+                .iter()
+                .filter(|c| c.get(1).map(Vec::as_slice) == Some(key.as_bytes()))
+                .map(|c| {
+                    let mut c = c.clone();
+                    c[1] = a.as_bytes().to_vec();
+                    c
+                })
+                .collect()
+        };
+        let show = |commands: &[Vec<Vec<u8>>]| -> String {
+            commands
+                .iter()
+                .map(|c| c.iter().map(|x| text(x)).collect::<Vec<_>>().join(" "))
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        for (index, wrote, what) in &compared {
+            let from_module = on(&blocks[*index], a);
+            let from_twin = on(&blocks[*index], b);
+            println!("{} {what}: {}", fallback.name(), show(&from_module));
+            assert_eq!(
+                show(&from_twin),
+                show(&from_module),
+                "{} {what}: the AOF differs",
+                fallback.name()
+            );
+            assert_eq!(
+                !from_module.is_empty(),
+                *wrote,
+                "{what}: appended {}",
+                show(&from_module)
+            );
+        }
+    }
+}
+
+/// Over `maxmemory` (noeviction), TB.ACQUIRE and `tb_acquire` are refused with the server's OOM
+/// error and write nothing, while TB.RELEASE, TB.RENEW, `tb_release` and `tb_renew` still
+/// work (a holder can give its lease back or keep it when memory is short).
+#[test]
+fn over_maxmemory_only_acquire_is_refused_by_both() {
+    const OOM_ERR: &str = "OOM command not allowed when used memory > 'maxmemory'.";
+    let server = Server::start_with(&["--maxmemory-policy", "noeviction"]);
+    let mut con = server.conn();
+    let fallback = Fallback::function(&mut con);
+    let mut ids = Vec::new();
+    for key in ["oom:a", "oom:b"] {
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let args: [&[u8]; 2] = [b"5", b"60000"];
+            let cmd = if key == "oom:a" {
+                module_cmd("acquire", key.as_bytes(), &args)
+            } else {
+                fallback.cmd("acquire", key.as_bytes(), &args)
+            };
+            let (acquired, _, _, id): (i64, i64, i64, String) = cmd.query(&mut con).unwrap();
+            assert_eq!(acquired, 1);
+            held.push(id);
+        }
+        ids.push(held);
+    }
+    let _: i64 = redis::cmd("SETRANGE")
+        .arg("ballast")
+        .arg(32 << 20)
+        .arg("x")
+        .query(&mut con)
+        .expect("SETRANGE ballast");
+    let used: i64 = info_field(&mut con, "memory", "used_memory")
+        .expect("used_memory")
+        .parse()
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(used - (16 << 20))
+        .query(&mut con)
+        .unwrap();
+    for (i, key) in ["oom:a", "oom:b"].into_iter().enumerate() {
+        let by = |command: &str, args: &[&[u8]]| {
+            if i == 0 {
+                module_cmd(command, key.as_bytes(), args)
+            } else {
+                fallback.cmd(command, key.as_bytes(), args)
+            }
+        };
+        let before = snapshot(&mut con, key.as_bytes());
+        let refused = outcome(&mut con, &by("acquire", &[b"5", b"60000"]));
+        assert_eq!(refused, Err(OOM_ERR.to_string()), "{key}");
+        assert_eq!(snapshot(&mut con, key.as_bytes()), before, "{key}: written");
+        let renewed = outcome(&mut con, &by("renew", &[ids[i][0].as_bytes(), b"90000"]));
+        assert_eq!(renewed, Ok(Value::Int(1)), "{key}");
+        let released = outcome(&mut con, &by("release", &[ids[i][1].as_bytes()]));
+        assert_eq!(released, Ok(Value::Int(1)), "{key}");
+    }
+    // The script form has no flags: the server refuses its first write of a command that is
+    // deny-oom (ZADD, so acquire and renew) and lets ZREM through (release).
+    let script = Fallback::script(&mut con);
+    let before = snapshot(&mut con, b"oom:b");
+    let renewed = outcome(
+        &mut con,
+        &script.cmd("renew", b"oom:b", &[ids[1][0].as_bytes(), b"90000"]),
+    );
+    let err = renewed.expect_err("EVALSHA renew over maxmemory");
+    assert!(err.starts_with(OOM_ERR), "{err}");
+    assert_eq!(
+        snapshot(&mut con, b"oom:b"),
+        before,
+        "a refused renewal wrote"
+    );
+    let released = outcome(
+        &mut con,
+        &script.cmd("release", b"oom:b", &[ids[1][0].as_bytes()]),
+    );
+    assert_eq!(released, Ok(Value::Int(1)));
+}
