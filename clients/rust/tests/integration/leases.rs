@@ -293,9 +293,6 @@ async fn async_lost_lease_is_observable() {
 #[test]
 fn sync_wait_acquire_is_woken_by_a_release() {
     for server in lease_servers() {
-        if !module_waits(&server) {
-            continue;
-        }
         let mut l = RateLimiter::from_client(server.client(), GENEROUS);
         let holder = l.acquire("w", 1, 30_000).unwrap();
         let id = held(&holder).to_string();
@@ -332,9 +329,6 @@ fn sync_wait_acquire_is_woken_by_a_release() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn async_wait_acquire_guard_is_woken_by_a_release() {
     for server in lease_servers() {
-        if !module_waits(&server) {
-            continue;
-        }
         let l = AsyncRateLimiter::from_client(server.client(), GENEROUS);
         let first = l
             .acquire_guard("aw", 1, 30_000)
@@ -408,39 +402,6 @@ async fn async_fail_open_with_the_server_down() {
     ));
 }
 
-/// The module on `server` waits in the server (TB.ACQUIRE with timeout_ms
-/// queues the caller). Until the module's waiting lands it answers at once,
-/// and the module half of the wait tests cannot run yet.
-pub fn module_waits(server: &Server) -> bool {
-    if !server.module {
-        return true;
-    }
-    let mut con = server.conn();
-    let key = "redis-tb-test:waits?";
-    let _: redis::Value = redis::cmd("TB.ACQUIRE")
-        .arg(key)
-        .arg(1)
-        .arg(60_000)
-        .query(&mut con)
-        .unwrap();
-    let started = Instant::now();
-    let _: redis::Value = redis::cmd("TB.ACQUIRE")
-        .arg(key)
-        .arg(1)
-        .arg(60_000)
-        .arg(100)
-        .query(&mut con)
-        .unwrap();
-    let waits = started.elapsed() >= Duration::from_millis(90);
-    let _: () = redis::cmd("DEL").arg(key).query(&mut con).unwrap();
-    if !waits {
-        eprintln!(
-            "SKIPPED: this module answers TB.ACQUIRE with timeout_ms at once (no waiting yet)"
-        );
-    }
-    waits
-}
-
 fn lease_key_on_node(node: usize) -> String {
     let (first, last) = [(0, 5460), (5461, 10922), (10923, 16383)][node];
     (0..)
@@ -452,9 +413,6 @@ fn lease_key_on_node(node: usize) -> String {
 #[test]
 fn cluster_wait_acquire_goes_to_the_slot_owner() {
     let cluster = Cluster::start(true);
-    if !module_waits(&cluster.nodes[0]) {
-        return;
-    }
     // Node 0 is only the seed of the blocking client: the key lives on node 1.
     let key = lease_key_on_node(1);
     let mut l = RateLimiter::new(cluster.client().get_connection().unwrap())
@@ -479,9 +437,6 @@ fn cluster_wait_acquire_goes_to_the_slot_owner() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_async_waiters_are_served_first_come_first_served_on_the_owner() {
     let cluster = Cluster::start(true);
-    if !module_waits(&cluster.nodes[0]) {
-        return;
-    }
     let con = cluster.client().get_async_connection().await.unwrap();
     let l = AsyncRateLimiter::new(con)
         .with_timeouts(GENEROUS)
