@@ -14,7 +14,12 @@
 # TB_BENCH_SERVERS (bench/handoff-results.md). Then the lease race
 # (bench/lease_bench.py): TB.ACQUIRE + TB.RELEASE against the Lua sorted-set
 # semaphore (EVALSHA + ZREM) and our own tb.lua, server time per pair, on the
-# same servers (bench/lease-results.md).
+# same servers (bench/lease-results.md). Last, the client libraries'
+# middleware (bench/middleware_bench.py): the limiter's cost per request against
+# a bare route and one plain GET, under uvicorn/Starlette, gunicorn/Flask,
+# Express, Fastify and axum (bench/middleware-results.md; the frameworks are
+# installed on first use under .cache/mw-bench; one that cannot be installed is
+# reported as skipped).
 #
 # Knobs (environment or flags passed through to bench/bench.py):
 #   BENCH_REPS=3     repetitions (medians and min-max spreads over these)
@@ -35,8 +40,11 @@
 #   TB_BENCH_SERVERS=/a/redis-server:/b/valkey-server
 #                    more servers for the hand-off race and the lease race
 #                    (missing ones skipped)
-# A full run takes about 10-13 minutes on 2 cores (the hand-off race well under
-# one of them, the lease race about a minute on three servers).
+#   BENCH_MIDDLEWARE=0  skip the middleware part; BENCH_MIDDLEWARE_ARGS=...
+#                    passes options to it (e.g. "--quick", "--only axum,Express")
+# A full run takes about 15-18 minutes on 2 cores (the hand-off race well under
+# one of them, the lease race about a minute on three servers, the middleware
+# about four more, plus its installs the first time).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -85,5 +93,9 @@ fi
 if [[ "${BENCH_LEASE:-1}" != 0 ]]; then
     # shellcheck disable=SC2086
     python3 bench/lease_bench.py ${BENCH_LEASE_ARGS:-} || status=1
+fi
+if [[ "${BENCH_MIDDLEWARE:-1}" != 0 ]]; then
+    # shellcheck disable=SC2086
+    python3 bench/middleware_bench.py ${BENCH_MIDDLEWARE_ARGS:-} || status=1
 fi
 exit "$status"

@@ -98,12 +98,14 @@ impl<'a> LeaseSet<'a> {
             .ok_or(TbError::CorruptLeaseSet { key_arg })?;
         read.seen.issued = issued;
         let now = now_ms as f64;
-        // One pass from the lowest score: `seq`, then the ended leases
-        // (kept for removal, up to the bound), then the earliest live one.
-        // Past the bound the rest are counted by the server instead, so a
+        // One pass from the lowest score: `seq` (and any other member
+        // scored <= 0, which is never a lease), then the ended leases (kept
+        // for removal, the 64 earliest), then the earliest live one. Past
+        // either bound the rest are counted by the server instead, so a
         // call's work stays bounded however many leases ended unnoticed.
-        let bound = MAX_EXPIRED_REMOVED.saturating_add(2);
-        let mut not_live = 0usize;
+        const MAX_NOT_POSITIVE: usize = 8;
+        let mut not_positive = 0usize;
+        let mut expired = 0usize;
         let mut earliest = None;
         let mut overflow = false;
         // SAFETY: the key is open and holds a sorted set; elements come back
@@ -120,13 +122,19 @@ impl<'a> LeaseSet<'a> {
                     earliest = Some(score);
                     break;
                 }
-                not_live = not_live.saturating_add(1);
-                if score > 0.0 && read.expired.len() < MAX_EXPIRED_REMOVED {
+                if score > 0.0 {
+                    expired = expired.saturating_add(1);
+                    if expired > MAX_EXPIRED_REMOVED {
+                        overflow = true;
+                        break;
+                    }
                     read.expired.push(element);
-                }
-                if not_live >= bound {
-                    overflow = true;
-                    break;
+                } else {
+                    not_positive = not_positive.saturating_add(1);
+                    if not_positive > MAX_NOT_POSITIVE {
+                        overflow = true;
+                        break;
+                    }
                 }
                 more = (zset.range_next)(self.key) != 0;
             }
@@ -134,12 +142,42 @@ impl<'a> LeaseSet<'a> {
         }
         let length = i64::try_from(unsafe { (zset.length)(self.key) }).unwrap_or(i64::MAX);
         read.seen.live = if overflow {
+            if expired <= MAX_EXPIRED_REMOVED {
+                // Stopped among the members scored <= 0: the ended leases
+                // are looked up on their own.
+                read.expired = self.earliest_ended(now);
+            }
             earliest = self.first_score_above(now);
             self.count_live(now_ms)?
         } else {
+            let not_live = not_positive.saturating_add(expired);
             length.saturating_sub(i64::try_from(not_live).unwrap_or(i64::MAX))
         };
         read.seen.earliest_deadline_ms = earliest.map(whole_ms);
+        read.seen.expire_at_ms = self.expire_at_ms(now_ms);
+        if read.seen.expire_at_ms.is_none() {
+            read.seen.latest_deadline_ms = self.last_score_above(0.0).map(whole_ms);
+        }
+        Ok(read)
+    }
+
+    /// What TB.RELEASE and TB.RENEW need, without counting the live leases:
+    /// the `seq` check, the ended leases a write removes (the 64 earliest),
+    /// and the expiry. `seen.live` and `seen.earliest_deadline_ms` stay
+    /// unset.
+    pub fn read_ended(&self, now_ms: i64, key_arg: usize) -> Result<Read<'a>, TbError> {
+        let mut read = Read {
+            seen: Seen::default(),
+            expired: Vec::new(),
+        };
+        if self.is_empty() {
+            return Ok(read);
+        }
+        read.seen.issued = self
+            .score(self.api.seq_member.0)
+            .and_then(lease::issued_from_score)
+            .ok_or(TbError::CorruptLeaseSet { key_arg })?;
+        read.expired = self.earliest_ended(now_ms as f64);
         read.seen.expire_at_ms = self.expire_at_ms(now_ms);
         if read.seen.expire_at_ms.is_none() {
             read.seen.latest_deadline_ms = self.last_score_above(0.0).map(whole_ms);
@@ -155,6 +193,29 @@ impl<'a> LeaseSet<'a> {
             && unsafe { (self.api.zset.score)(self.key, member, &mut score) }
                 == REDISMODULE_OK as c_int;
         found.then_some(score)
+    }
+
+    /// The ended leases with the earliest deadlines, scored in (0, now], at
+    /// most `MAX_EXPIRED_REMOVED`.
+    fn earliest_ended(&self, now: f64) -> Vec<ServerString<'a>> {
+        let zset = &self.api.zset;
+        let mut ended = Vec::new();
+        // SAFETY: as in `read`.
+        unsafe {
+            let mut more =
+                (zset.first_in_score_range)(self.key, 0.0, now, 1, 0) == REDISMODULE_OK as c_int;
+            while more
+                && (zset.range_end_reached)(self.key) == 0
+                && ended.len() < MAX_EXPIRED_REMOVED
+            {
+                let mut score = 0.0;
+                let element = (zset.range_current_element)(self.key, &mut score);
+                ended.push(ServerString::owned(self.api, self.ctx, element));
+                more = (zset.range_next)(self.key) != 0;
+            }
+            (zset.range_stop)(self.key);
+        }
+        ended
     }
 
     fn first_score_above(&self, floor: f64) -> Option<f64> {

@@ -812,3 +812,28 @@ fn leases_granted_to_waiters_reach_the_replica_exactly() {
     );
     assert_eq!(members(&mut con, "jobs")[0], ("seq".to_string(), -2));
 }
+
+#[test]
+fn members_scored_at_or_below_zero_never_hold_a_slot_nor_shorten_the_removal() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let mut zadd = redis::cmd("ZADD");
+    zadd.arg("jobs").arg(-70).arg("seq");
+    for (score, member) in [(-5, "a"), (0, "b"), (-2, "c"), (-3, "d")] {
+        zadd.arg(score).arg(member);
+    }
+    for index in 1..=70 {
+        zadd.arg(1_000 + index).arg(format!("1000-{index}"));
+    }
+    let _: () = zadd.query(&mut con).unwrap();
+    let grant = acquire(&mut con, "jobs", 1, 60_000);
+    assert_eq!((grant.acquired, grant.available), (1, 0), "{grant:?}");
+    let left = members(&mut con, "jobs");
+    let ended: Vec<&String> = left
+        .iter()
+        .filter(|(_, score)| (1..=2_000).contains(score))
+        .map(|(member, _)| member)
+        .collect();
+    assert_eq!(ended.len(), 6, "the 64 earliest were removed: {left:?}");
+    assert_eq!(count_of(&id_of(&grant)), 71);
+}

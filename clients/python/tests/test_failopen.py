@@ -89,6 +89,7 @@ def test_asgi_fails_open(own_server, caplog, how):
 def test_fail_closed_answers_503(own_server, caplog):
     tc = flask_client(own_server, fail_open=False)
     assert tc.get("/").status_code == 200
+    caplog.clear()  # the backend choice (a WARNING on this server without the module)
     own_server.pause()
     try:
         with caplog.at_level(logging.INFO, logger="redis_tb"):
@@ -123,3 +124,28 @@ def test_plain_api_raises_own_error_fast(own_server):
         asyncio.run(main())
     finally:
         own_server.resume()
+
+
+@pytest.mark.parametrize("backend", ["module", "function"])
+def test_a_take_that_timed_out_while_the_server_hung_is_still_charged_when_it_resumes(own_module_server, backend):
+    """Documented (README, docs/clients.md: a timed-out call may still be
+    charged; issue 18 item 16): the command was on the wire, so the server
+    runs it when it resumes, although the caller got LimiterUnavailable."""
+    limiter = RateLimiter(redis.Redis(port=own_module_server.port), backend=backend)
+    slow = 0.000001  # nothing refills during the test
+    assert limiter.take("charged:k", 5, slow).remaining == 4
+    own_module_server.pause()
+    try:
+        started = time.monotonic()
+        with pytest.raises(LimiterUnavailable):
+            limiter.take("charged:k", 5, slow)
+        assert time.monotonic() - started < 1.0
+    finally:
+        own_module_server.resume()
+    # peek answers what a take of 1 would: 3 left if the timed-out take was not
+    # charged, 2 once the server has run it.
+    deadline = time.monotonic() + 5
+    while limiter.peek("charged:k", 5, slow).remaining == 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert limiter.peek("charged:k", 5, slow).remaining == 2
+    limiter.close()

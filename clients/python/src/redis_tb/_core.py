@@ -170,9 +170,13 @@ def number_text(value: Number, what: str, *, positive: bool) -> str:
     of a float, the shortest round-tripping text), after checking it as the
     server would: finite, at most 2^53, and positive (capacity, rate) or
     non-negative (n). A bad value is refused here, before anything is sent."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    kind = type(value)
+    if kind is int or kind is float:  # the usual case, without the (slow) ABC checks below
+        x = value
+    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidArgument(f"{what} must be an int or a float, not {type(value).__name__}")
-    x = value if isinstance(value, numbers.Integral) else float(value)
+    else:
+        x = value if isinstance(value, numbers.Integral) else float(value)
     if not math.isfinite(x):
         raise InvalidArgument(f"{what} must be a finite number, not {x!r}")
     if positive and x <= 0:

@@ -95,6 +95,17 @@ class Backend:
             log.warning("redis-tb: the module went away; going on with the Lua backend %s (%s)", backend, why)
         elif before is not None and backend == "module":
             log.info("redis-tb: the module is back; moving to it from %s (%s)", before, why)
+        elif backend != "module" and self.requested == "auto":
+            # Not what "auto" hoped for: slower, and wait_take polls (not FIFO). A
+            # WARNING reaches stderr even where the app configured no logging
+            # (logging.lastResort); forcing the Lua backend makes it an INFO line.
+            log.warning(
+                "redis-tb backend: %s, the Lua fallback (%s); wait_take polls, not first come first "
+                "served (load the module, or pass backend=%r to choose Lua and log this at INFO)",
+                backend,
+                why,
+                backend,
+            )
         else:
             log.info("redis-tb backend: %s (%s)", backend, why)
         return backend
