@@ -362,15 +362,6 @@ impl GlueKind for Leases {
         send(api, ctx, &[], result.map(Reply::Lease));
     }
 
-    fn started() {
-        metrics::WAITS_STARTED.bump();
-    }
-
-    fn abandoned(waited_ms: i64) {
-        metrics::WAITS_ABANDONED.bump();
-        metrics::WAIT_MS.add(waited_ms as f64);
-    }
-
     fn waiting(count: usize) {
         metrics::LEASE_WAITING.set(u64::try_from(count).unwrap_or(u64::MAX));
     }
