@@ -225,15 +225,6 @@ impl GlueKind for Tokens {
         send(api, ctx, &[], result.map(Reply::Decision));
     }
 
-    fn started() {
-        metrics::WAITS_STARTED.bump();
-    }
-
-    fn abandoned(waited_ms: i64) {
-        metrics::WAITS_ABANDONED.bump();
-        metrics::WAIT_MS.add(waited_ms as f64);
-    }
-
     fn waiting(count: usize) {
         metrics::WAITING.set(u64::try_from(count).unwrap_or(u64::MAX));
     }

@@ -212,6 +212,23 @@ pub struct LeasesServed {
     grants: Vec<Grant>,
 }
 
+#[cfg(test)]
+impl LeasesServed {
+    /// A lease set as a server read it, nothing granted yet (the tests'
+    /// simulated server).
+    pub(crate) fn read_as(seen: Seen) -> LeasesServed {
+        LeasesServed {
+            seen,
+            grants: Vec::new(),
+        }
+    }
+
+    /// The leases granted so far, in order, which the write stores.
+    pub(crate) fn grants(&self) -> &[Grant] {
+        &self.grants
+    }
+}
+
 static MACHINE: MainThread<Leases> = MainThread::new();
 
 impl Kind for Leases {
@@ -343,15 +360,6 @@ impl GlueKind for Leases {
         }
         metrics::WAIT_MS.add(waited_ms as f64);
         send(api, ctx, &[], result.map(Reply::Lease));
-    }
-
-    fn started() {
-        metrics::WAITS_STARTED.bump();
-    }
-
-    fn abandoned(waited_ms: i64) {
-        metrics::WAITS_ABANDONED.bump();
-        metrics::WAIT_MS.add(waited_ms as f64);
     }
 
     fn waiting(count: usize) {

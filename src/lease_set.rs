@@ -218,33 +218,27 @@ impl<'a> LeaseSet<'a> {
         ended
     }
 
+    /// The lowest score above `floor`.
     fn first_score_above(&self, floor: f64) -> Option<f64> {
-        let zset = &self.api.zset;
-        // SAFETY: as in `read`.
-        unsafe {
-            if (zset.first_in_score_range)(self.key, floor, f64::INFINITY, 1, 0)
-                != REDISMODULE_OK as c_int
-            {
-                return None;
-            }
-            let mut score = 0.0;
-            let found = (zset.range_end_reached)(self.key) == 0;
-            if found {
-                let element = (zset.range_current_element)(self.key, &mut score);
-                drop(ServerString::owned(self.api, self.ctx, element));
-            }
-            (zset.range_stop)(self.key);
-            found.then_some(score)
-        }
+        self.edge_score(self.api.zset.first_in_score_range, floor)
     }
 
+    /// The highest score above `floor`.
     fn last_score_above(&self, floor: f64) -> Option<f64> {
+        self.edge_score(self.api.zset.last_in_score_range, floor)
+    }
+
+    /// The score where `start` (the first or last element in a score range)
+    /// puts the range (floor, +inf], if it holds anything.
+    fn edge_score(
+        &self,
+        start: unsafe extern "C" fn(*mut RedisModuleKey, f64, f64, c_int, c_int) -> c_int,
+        floor: f64,
+    ) -> Option<f64> {
         let zset = &self.api.zset;
         // SAFETY: as in `read`.
         unsafe {
-            if (zset.last_in_score_range)(self.key, floor, f64::INFINITY, 1, 0)
-                != REDISMODULE_OK as c_int
-            {
+            if start(self.key, floor, f64::INFINITY, 1, 0) != REDISMODULE_OK as c_int {
                 return None;
             }
             let mut score = 0.0;

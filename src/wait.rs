@@ -916,3 +916,6 @@ pub fn with_machine<K: Kind, R>(f: impl FnOnce(&mut Machine<K>) -> R) -> Option<
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod lease_tests;

@@ -47,6 +47,7 @@ use redis_module::raw::{
 
 use crate::api::{self, Api};
 use crate::error::TbError;
+use crate::metrics;
 use crate::store::ServerString;
 use crate::wait::{
     self, Action, Arrival, Db, Event, Kind, Machine, Timer, TimerId, WaiterId, Writable,
@@ -93,11 +94,16 @@ pub trait GlueKind: Kind {
         waited_ms: i64,
     );
 
-    /// Counts a wait that started.
-    fn started();
+    /// Counts a wait that started (every kind alike).
+    fn started() {
+        metrics::WAITS_STARTED.bump();
+    }
 
-    /// Counts a waiter that left without a reply.
-    fn abandoned(waited_ms: i64);
+    /// Counts a waiter that left without a reply (every kind alike).
+    fn abandoned(waited_ms: i64) {
+        metrics::WAITS_ABANDONED.bump();
+        metrics::WAIT_MS.add(waited_ms as f64);
+    }
 
     /// This kind's clients waiting now, after every event.
     fn waiting(count: usize);

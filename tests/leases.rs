@@ -837,3 +837,47 @@ fn members_scored_at_or_below_zero_never_hold_a_slot_nor_shorten_the_removal() {
     assert_eq!(ended.len(), 6, "the 64 earliest were removed: {left:?}");
     assert_eq!(count_of(&id_of(&grant)), 71);
 }
+
+#[test]
+fn a_master_turning_replica_ends_every_lease_wait_with_an_error_and_grants_nothing() {
+    let other = Server::start();
+    let server = Server::start();
+    let mut con = server.conn();
+    acquire(&mut con, "jobs", 1, 600_000);
+    let before = members(&mut con, "jobs");
+    let mut client = waiter(&server, "jobs", "1", "1000", "0");
+    wait_for_waiting(&mut con, 1);
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(other.port)
+        .query(&mut con)
+        .expect("REPLICAOF");
+    match client.reply() {
+        Resp::Error(text) => assert!(text.starts_with("UNBLOCKED"), "{text}"),
+        reply => panic!("expected -UNBLOCKED, got {reply:?}"),
+    }
+    wait_for_waiting(&mut con, 0);
+    assert_eq!(tb_field(&mut con, "tb_waits_abandoned"), 1);
+    assert_eq!(before.len(), 2);
+}
+
+#[test]
+fn tb_max_waiters_caps_the_lease_waiters_of_a_key() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("tb.max-waiters")
+        .arg(2)
+        .query(&mut con)
+        .unwrap();
+    acquire(&mut con, "jobs", 1, 600_000);
+    let _first = waiter(&server, "jobs", "1", "1000", "0");
+    let _second = waiter(&server, "jobs", "1", "1000", "0");
+    wait_for_waiting(&mut con, 2);
+    let mut third = waiter(&server, "jobs", "1", "1000", "0");
+    assert_eq!(
+        third.reply(),
+        Resp::Error("ERR tb: too many clients wait on this key (see tb.max-waiters)".into())
+    );
+}

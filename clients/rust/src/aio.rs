@@ -4,10 +4,11 @@
 //! this crate makes (a `ConnectionManager` made at the first call, so that
 //! a limiter can be created while the server is down).
 
-use crate::backend::{emit, emit_line, Backend, Call, Logger, Op, Timeouts};
-use crate::core::{self, BackendState, Exchange, FailureClass, Learned, Step};
+use crate::backend::{emit, emit_line, Backend, Blocking, Call, Logger, Op, Request, Timeouts};
+use crate::core::{self, Awaited, BackendState, Exchange, FailureClass, Learned, Step};
 use crate::decision::{Decision, Limit};
 use crate::error::{Error, Result};
+use crate::lease::{self, AcquireCall, FlagCall, LeaseDecision, Permit, Renewal};
 use crate::sync::{btake_margin, Options};
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
@@ -281,6 +282,16 @@ where
         self
     }
 
+    /// `true`: when the limiter is unavailable, [`acquire_guard`](Self::acquire_guard)
+    /// and [`wait_acquire_guard`](Self::wait_acquire_guard) answer
+    /// [`Permit::FailedOpen`] (go ahead without a lease) instead of
+    /// [`Error::Unavailable`]. Default `false` (fail closed). The plain
+    /// `acquire` always returns the error.
+    pub fn with_lease_fail_open(mut self, fail_open: bool) -> Self {
+        self.opts_mut().lease_fail_open = fail_open;
+        self
+    }
+
     /// The backend in use, once chosen.
     pub fn backend(&self) -> Option<Backend> {
         self.state.backend.lock().ok().and_then(|s| s.backend())
@@ -307,7 +318,7 @@ where
         }
     }
 
-    async fn run(&self, call: &Call) -> Result<Decision> {
+    async fn run<R: Request>(&self, call: &R) -> Result<R::Output> {
         let (forced, plan) = match self.state.backend.lock() {
             Ok(state) => (state.forced, state.plan(Instant::now(), self.opts.recheck)),
             Err(_) => return Err(Error::Other("limiter state poisoned".into())),
@@ -399,13 +410,24 @@ where
         timeout_ms: u64,
     ) -> Result<Decision> {
         let call = self.single(Op::Take, key, capacity.into(), rate.into(), n.into())?;
+        let probe = Call::single(Op::Peek, key, 1.0, 1.0, 0.0, "default")?;
+        self.wait(&call, &probe, timeout_ms).await
+    }
+
+    /// A wait for `call`: its blocking form on a dedicated connection with
+    /// the module and a blocking client, else polling (`probe` chooses the
+    /// backend first).
+    pub(crate) async fn wait<R>(&self, call: &R, probe: &Call, timeout_ms: u64) -> Result<R::Output>
+    where
+        R: Blocking,
+        R::Output: Awaited,
+    {
         if self.backend().is_none() {
-            self.run(&Call::single(Op::Peek, key, 1.0, 1.0, 0.0, "default")?)
-                .await?;
+            self.run(probe).await?;
         }
         if self.backend() == Some(Backend::Module) {
             if let Some(client) = &self.blocking {
-                match self.btake(client, &call, timeout_ms).await {
+                match self.btake(client, call, timeout_ms).await {
                     Err(Error::Reply(r))
                         if core::classify_reply(&r) == FailureClass::ServerChanged =>
                     {
@@ -422,15 +444,15 @@ where
                 );
             }
         }
-        self.poll(&call, timeout_ms).await
+        self.poll(call, timeout_ms).await
     }
 
-    async fn btake(
+    async fn btake<R: Blocking>(
         &self,
         client: &redis::Client,
-        call: &Call,
+        call: &R,
         timeout_ms: u64,
-    ) -> Result<Decision> {
+    ) -> Result<R::Output> {
         let timeouts = self.opts.timeouts;
         let pool = &self.state.waits;
         let slot = core::key_slot(call.first_key());
@@ -458,14 +480,14 @@ where
                 let mut pipe = redis::pipe();
                 pipe.cmd("ASKING")
                     .ignore()
-                    .add_command(call.btake(timeout_ms));
+                    .add_command(call.blocking(timeout_ms));
                 let query = async move {
                     let mut replies = pipe.query_async::<Vec<Value>>(&mut sender).await?;
                     Ok(replies.pop().unwrap_or(Value::Nil))
                 };
                 self.blocking_query(timeout_ms, query).await
             } else {
-                let cmd = call.btake(timeout_ms);
+                let cmd = call.blocking(timeout_ms);
                 let query = async move { cmd.query_async::<Value>(&mut sender).await };
                 self.blocking_query(timeout_ms, query).await
             };
@@ -500,20 +522,20 @@ where
     /// `None`: follow the redirect; otherwise the wait's outcome. The
     /// connection goes back to the pool unless it cannot be trusted.
     #[allow(clippy::too_many_arguments)]
-    fn after_wait(
+    fn after_wait<R: Request>(
         &self,
         reply: std::result::Result<Value, Option<redis::RedisError>>,
-        call: &Call,
+        call: &R,
         pool: &WaitPool,
         addr: &mut Option<String>,
         asking: &mut bool,
         slot: u16,
         con: MultiplexedConnection,
-    ) -> Option<Result<Decision>> {
+    ) -> Option<Result<R::Output>> {
         match reply {
             Ok(value) => {
                 pool.checkin(addr.clone(), con);
-                Some(call.decision(&value))
+                Some(call.parse(&value))
             }
             Err(None) => Some(Err(core::timed_out(Instant::now(), Duration::ZERO))),
             Err(Some(e)) => {
@@ -536,7 +558,11 @@ where
         }
     }
 
-    async fn poll(&self, call: &Call, timeout_ms: u64) -> Result<Decision> {
+    async fn poll<R>(&self, call: &R, timeout_ms: u64) -> Result<R::Output>
+    where
+        R: Request,
+        R::Output: Awaited,
+    {
         let deadline = match timeout_ms {
             0 => None,
             ms => Instant::now().checked_add(Duration::from_millis(ms)),
@@ -548,6 +574,246 @@ where
                 Some(wait) => tokio::time::sleep(wait).await,
             }
         }
+    }
+}
+
+/// Concurrency leases (docs/leases.md).
+impl<C> AsyncRateLimiter<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Takes a lease on the lease set at `key` if fewer than `limit` are
+    /// live; it ends by itself `lease_ms` after it was granted (server
+    /// clock) unless released or renewed.
+    pub async fn acquire(&self, key: &str, limit: u64, lease_ms: u64) -> Result<LeaseDecision> {
+        let call = AcquireCall::new(key, limit, lease_ms, &self.opts.policy_name)?;
+        self.run(&call).await
+    }
+
+    /// Releases `lease`: `true` if it was live, `false` if it was not
+    /// (released already, expired, never handed out). Safe to repeat.
+    pub async fn release(&self, key: &str, lease: &str) -> Result<bool> {
+        self.run(&FlagCall::release(key, lease)?).await
+    }
+
+    /// Makes the live `lease` end `lease_ms` from now: `true`, or `false`
+    /// if it is not held (an expired lease cannot come back).
+    pub async fn renew(&self, key: &str, lease: &str, lease_ms: u64) -> Result<bool> {
+        self.run(&FlagCall::renew(key, lease, lease_ms)?).await
+    }
+
+    /// Takes a lease, waiting up to `timeout_ms` (0: no limit); on timeout
+    /// the last denial. With the module and a blocking client:
+    /// `TB.ACQUIRE key limit lease_ms timeout_ms` on a dedicated connection
+    /// to the slot owner, first come, first served. **Otherwise this polls**
+    /// (every `min(retry_after_ms, 100 ms)`): NOT first come, first served.
+    pub async fn wait_acquire(
+        &self,
+        key: &str,
+        limit: u64,
+        lease_ms: u64,
+        timeout_ms: u64,
+    ) -> Result<LeaseDecision> {
+        let call = AcquireCall::new(key, limit, lease_ms, &self.opts.policy_name)?;
+        let probe = Call::single(Op::Peek, "redis-tb:connect", 1.0, 1.0, 0.0, "default")?;
+        self.wait(&call, &probe, timeout_ms).await
+    }
+
+    /// [`acquire`](Self::acquire) as an [`AsyncLeaseGuard`] that renews the
+    /// lease in a task while held: [`Permit::Held`], [`Permit::Denied`], or,
+    /// when unavailable and [`with_lease_fail_open(true)`](Self::with_lease_fail_open),
+    /// [`Permit::FailedOpen`].
+    pub async fn acquire_guard(
+        &self,
+        key: &str,
+        limit: u64,
+        lease_ms: u64,
+    ) -> Result<Permit<AsyncLeaseGuard>> {
+        let started = Instant::now();
+        let outcome = self.acquire(key, limit, lease_ms).await;
+        self.guard(outcome, started)
+    }
+
+    /// [`wait_acquire`](Self::wait_acquire) as an [`AsyncLeaseGuard`].
+    pub async fn wait_acquire_guard(
+        &self,
+        key: &str,
+        limit: u64,
+        lease_ms: u64,
+        timeout_ms: u64,
+    ) -> Result<Permit<AsyncLeaseGuard>> {
+        let outcome = self.wait_acquire(key, limit, lease_ms, timeout_ms).await;
+        // Granted during the wait, at most a round trip before its reply.
+        self.guard(outcome, Instant::now())
+    }
+
+    fn guard(
+        &self,
+        outcome: Result<LeaseDecision>,
+        started: Instant,
+    ) -> Result<Permit<AsyncLeaseGuard>> {
+        self.guard_with(outcome, started, self.opts.lease_fail_open)
+    }
+
+    /// The guard of an acquire sent at `started`, failing open as `fail_open` says.
+    pub(crate) fn guard_with(
+        &self,
+        outcome: Result<LeaseDecision>,
+        started: Instant,
+        fail_open: bool,
+    ) -> Result<Permit<AsyncLeaseGuard>> {
+        lease::permit(outcome, fail_open, |decision, id| {
+            AsyncLeaseGuard::start(self.clone(), decision, id, started)
+        })
+    }
+}
+
+type BoxFuture<T> = std::pin::Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// A held lease, renewed every `lease_ms / 3` by a tokio task while the
+/// guard lives.
+///
+/// - [`release`](Self::release)`.await` releases it and returns the answer:
+///   the way to end a lease promptly and know it.
+/// - Dropping the guard (an early return, a panic, a cancelled future)
+///   stops the renewals and releases the lease in a spawned task: best
+///   effort, since `Drop` cannot wait. The release runs shortly after on
+///   the runtime, and not at all if the runtime is shutting down or the
+///   server cannot be reached; the lease then ends by itself at its
+///   deadline, at most `lease_ms` later.
+/// - A renewal that finds the lease gone (or that cannot reach the server
+///   for `lease_ms`) marks it lost: [`is_lost`](Self::is_lost), the
+///   [`lost`](Self::lost) future (for `tokio::select!`), or a
+///   [`watch`](Self::watch) receiver. A lost lease is not renewed again.
+pub struct AsyncLeaseGuard {
+    decision: LeaseDecision,
+    id: String,
+    lost: tokio::sync::watch::Receiver<Option<String>>,
+    renewer: tokio::task::JoinHandle<()>,
+    release: Option<BoxFuture<Result<bool>>>,
+}
+
+impl AsyncLeaseGuard {
+    fn start<C>(
+        limiter: AsyncRateLimiter<C>,
+        decision: LeaseDecision,
+        id: String,
+        started: Instant,
+    ) -> AsyncLeaseGuard
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        let (tx, lost) = tokio::sync::watch::channel(None);
+        let (key, lease_ms) = (decision.key.clone(), decision.lease_ms);
+        let renewer = {
+            let (limiter, key, id) = (limiter.clone(), key.clone(), id.clone());
+            tokio::spawn(async move {
+                let every = lease::renew_every(lease_ms);
+                let mut confirmed = started;
+                loop {
+                    tokio::time::sleep(every).await;
+                    let sent = Instant::now();
+                    let outcome = limiter.renew(&key, &id, lease_ms).await;
+                    match lease::after_renew(&outcome, sent - confirmed, lease_ms) {
+                        Renewal::Held => confirmed = sent,
+                        Renewal::Retry => {}
+                        Renewal::Lost(why) => {
+                            emit(
+                                &limiter.opts.logger,
+                                log::Level::Warn,
+                                &format!("redis-tb: lease {id} on {key} lost: {why}"),
+                            );
+                            let _ = tx.send(Some(why));
+                            return;
+                        }
+                    }
+                }
+            })
+        };
+        let release: BoxFuture<Result<bool>> = {
+            let id = id.clone();
+            Box::pin(async move { limiter.release(&key, &id).await })
+        };
+        AsyncLeaseGuard {
+            decision,
+            id,
+            lost,
+            renewer,
+            release: Some(release),
+        }
+    }
+
+    /// The lease's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The acquire's answer.
+    pub fn decision(&self) -> &LeaseDecision {
+        &self.decision
+    }
+
+    /// True once a renewal found the lease gone: the slot may be someone
+    /// else's now.
+    pub fn is_lost(&self) -> bool {
+        self.lost.borrow().is_some()
+    }
+
+    /// Why the lease was lost, if it was.
+    pub fn lost_reason(&self) -> Option<String> {
+        self.lost.borrow().clone()
+    }
+
+    /// Resolves when the lease is lost, with the reason (never, while it is
+    /// held); for `tokio::select!` against the work.
+    pub async fn lost(&self) -> String {
+        let mut rx = self.lost.clone();
+        loop {
+            if let Some(why) = rx.borrow_and_update().clone() {
+                return why;
+            }
+            if rx.changed().await.is_err() {
+                // The renewal task ended without a loss (released): never.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// A receiver that turns `Some(reason)` when the lease is lost.
+    pub fn watch(&self) -> tokio::sync::watch::Receiver<Option<String>> {
+        self.lost.clone()
+    }
+
+    /// Stops the renewals and releases the lease: `true` if it was still live.
+    pub async fn release(mut self) -> Result<bool> {
+        self.renewer.abort();
+        match self.release.take() {
+            Some(release) => release.await,
+            None => Ok(false),
+        }
+    }
+}
+
+impl Drop for AsyncLeaseGuard {
+    fn drop(&mut self) {
+        self.renewer.abort();
+        if let Some(release) = self.release.take() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let _ = release.await;
+                });
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for AsyncLeaseGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncLeaseGuard")
+            .field("key", &self.decision.key)
+            .field("id", &self.id)
+            .field("lost", &*self.lost.borrow())
+            .finish()
     }
 }
 

@@ -189,45 +189,30 @@ impl Call {
     /// The command for `backend` (the script: EVALSHA, or with `eval` the
     /// full text, which also caches it on that node).
     pub fn command(&self, resolved: &Resolved, eval: bool) -> Cmd {
-        let mut cmd;
-        match resolved.backend {
-            Backend::Module => {
-                cmd = redis::cmd(self.op.module_command());
-                for b in &self.buckets {
-                    cmd.arg(&b.key).arg(&b.args[..]);
-                }
-                return cmd;
+        if resolved.backend == Backend::Module {
+            let mut cmd = redis::cmd(self.op.module_command());
+            for b in &self.buckets {
+                cmd.arg(&b.key).arg(&b.args[..]);
             }
-            Backend::Function => {
-                cmd = redis::cmd(self.op.fcall());
-                cmd.arg(self.op.function());
-            }
-            Backend::Script => {
-                if eval || resolved.sha.is_none() {
-                    cmd = redis::cmd("EVAL");
-                    cmd.arg(lua_script());
-                } else {
-                    cmd = redis::cmd("EVALSHA");
-                    cmd.arg(resolved.sha.as_deref().unwrap_or_default());
-                }
-            }
+            return cmd;
         }
-        cmd.arg(self.buckets.len());
-        for b in &self.buckets {
-            cmd.arg(&b.key);
-        }
-        if resolved.backend == Backend::Script {
-            cmd.arg(self.op.script_word());
-        }
-        for b in &self.buckets {
-            cmd.arg(&b.args[..]);
-        }
-        cmd
+        let keys: Vec<&str> = self.buckets.iter().map(|b| b.key.as_str()).collect();
+        let args: Vec<&str> = self
+            .buckets
+            .iter()
+            .flat_map(|b| b.args.iter().map(String::as_str))
+            .collect();
+        let lua = LuaName {
+            fcall: self.op.fcall(),
+            function: self.op.function(),
+            word: self.op.script_word(),
+        };
+        lua_command(resolved, eval, lua, &keys, &args)
     }
 
     /// The first bucket's key (the only one outside `take_all`): where an
     /// async wait goes first (the sync one follows MOVED every time).
-    #[cfg(feature = "tokio")]
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub fn first_key(&self) -> &str {
         self.buckets.first().map(|b| b.key.as_str()).unwrap_or("")
     }
@@ -260,6 +245,89 @@ fn bucket(key: &str, capacity: f64, rate: f64, n: f64) -> Result<Bucket> {
             number("n", n)?,
         ],
     })
+}
+
+/// What a Lua backend calls for one command: `FCALL <function>` or the
+/// script with `<word>` first in ARGV.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LuaName {
+    pub fcall: &'static str,
+    pub function: &'static str,
+    pub word: &'static str,
+}
+
+/// The Lua backends' form of a command: `FCALL[_RO] <function> N keys.. args..`,
+/// `EVALSHA <sha> N keys.. <word> args..` or, with `eval` (or no SHA), `EVAL`
+/// with the whole text.
+pub(crate) fn lua_command(
+    resolved: &Resolved,
+    eval: bool,
+    name: LuaName,
+    keys: &[&str],
+    args: &[&str],
+) -> Cmd {
+    let mut cmd;
+    match resolved.backend {
+        Backend::Script if eval || resolved.sha.is_none() => {
+            cmd = redis::cmd("EVAL");
+            cmd.arg(lua_script());
+        }
+        Backend::Script => {
+            cmd = redis::cmd("EVALSHA");
+            cmd.arg(resolved.sha.as_deref().unwrap_or_default());
+        }
+        _ => {
+            cmd = redis::cmd(name.fcall);
+            cmd.arg(name.function);
+        }
+    }
+    cmd.arg(keys.len()).arg(keys);
+    if resolved.backend == Backend::Script {
+        cmd.arg(name.word);
+    }
+    cmd.arg(args);
+    cmd
+}
+
+/// One kind of limiter call as the sans-IO core sees it: the command for
+/// each backend, the blocking form for a wait, and how to read the reply.
+/// [`Exchange`](crate::core::Exchange) drives any of them through
+/// detection, one retry and the failure rule.
+pub(crate) trait Request {
+    /// What the call answers.
+    type Output;
+    /// The command on `resolved` (the script: EVALSHA, or EVAL with `eval`).
+    fn command(&self, resolved: &Resolved, eval: bool) -> Cmd;
+    /// The key whose slot owner serves the call (the async wait's pool).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    fn first_key(&self) -> &str;
+    /// The reply, read.
+    fn parse(&self, value: &Value) -> Result<Self::Output>;
+}
+
+/// A call that can wait in the server (TB.BTAKE, TB.ACQUIRE with a timeout).
+pub(crate) trait Blocking: Request {
+    /// The module's blocking form, waiting up to `timeout_ms` (0: no limit).
+    fn blocking(&self, timeout_ms: u64) -> Cmd;
+}
+
+impl Request for Call {
+    type Output = Decision;
+    fn command(&self, resolved: &Resolved, eval: bool) -> Cmd {
+        Call::command(self, resolved, eval)
+    }
+    fn first_key(&self) -> &str {
+        Call::first_key(self)
+    }
+    fn parse(&self, value: &Value) -> Result<Decision> {
+        self.decision(value)
+    }
+}
+
+impl Blocking for Call {
+    fn blocking(&self, timeout_ms: u64) -> Cmd {
+        self.btake(timeout_ms)
+    }
 }
 
 /// `COMMAND INFO tb.take` has an entry: the module is loaded.

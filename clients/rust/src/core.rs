@@ -3,8 +3,8 @@
 //! The sync and async drivers only send what [`Exchange`] asks for and hand
 //! back what the server answered.
 
-use crate::backend::{self, Backend, Call, Resolved};
-use crate::decision::{Decision, Policy};
+use crate::backend::{self, Backend, Request, Resolved};
+use crate::decision::Policy;
 use crate::error::{Error, Result};
 use redis::{Cmd, RedisError, Value};
 use std::time::{Duration, Instant};
@@ -291,17 +291,17 @@ enum Phase {
 }
 
 /// What the driver does next.
-pub(crate) enum Step {
+pub(crate) enum Step<T> {
     /// Send this command and give the reply to [`Exchange::on_reply`].
     Send(Cmd),
     /// The call's outcome.
-    Done(Result<Decision>),
+    Done(Result<T>),
 }
 
 /// One limiter call, from the backend choice to the decision: detection,
 /// one retry after a server change, and the failure rule.
-pub(crate) struct Exchange<'a> {
-    call: &'a Call,
+pub(crate) struct Exchange<'a, R: Request> {
+    call: &'a R,
     forced: Option<Backend>,
     phase: Phase,
     retried: bool,
@@ -309,8 +309,12 @@ pub(crate) struct Exchange<'a> {
     pub learned: Vec<Learned>,
 }
 
-impl<'a> Exchange<'a> {
-    pub fn start(call: &'a Call, forced: Option<Backend>, plan: Plan) -> (Exchange<'a>, Step) {
+impl<'a, R: Request> Exchange<'a, R> {
+    pub fn start(
+        call: &'a R,
+        forced: Option<Backend>,
+        plan: Plan,
+    ) -> (Exchange<'a, R>, Step<R::Output>) {
         let mut ex = Exchange {
             call,
             forced,
@@ -331,12 +335,12 @@ impl<'a> Exchange<'a> {
         (ex, step)
     }
 
-    fn go(&mut self, phase: Phase, cmd: Cmd) -> Step {
+    fn go(&mut self, phase: Phase, cmd: Cmd) -> Step<R::Output> {
         self.phase = phase;
         Step::Send(cmd)
     }
 
-    fn detect(&mut self) -> Step {
+    fn detect(&mut self) -> Step<R::Output> {
         match self.forced {
             Some(Backend::Module) => self.learn(
                 Resolved::new(Backend::Module, None),
@@ -361,7 +365,7 @@ impl<'a> Exchange<'a> {
 
     /// No module: the Lua backend already in use (a recheck), or the
     /// function library.
-    fn without_module(&mut self, recheck: Option<Resolved>) -> Step {
+    fn without_module(&mut self, recheck: Option<Resolved>) -> Step<R::Output> {
         match recheck {
             Some(resolved) => {
                 self.learned.push(Learned::Checked);
@@ -376,17 +380,17 @@ impl<'a> Exchange<'a> {
         }
     }
 
-    fn learn(&mut self, resolved: Resolved, why: String) -> Step {
+    fn learn(&mut self, resolved: Resolved, why: String) -> Step<R::Output> {
         self.learned.push(Learned::Backend(resolved.clone(), why));
         self.send_call(resolved)
     }
 
-    fn send_call(&mut self, resolved: Resolved) -> Step {
+    fn send_call(&mut self, resolved: Resolved) -> Step<R::Output> {
         let cmd = self.call.command(&resolved, false);
         self.go(Phase::Call(resolved), cmd)
     }
 
-    pub fn on_reply(&mut self, reply: std::result::Result<Value, RedisError>) -> Step {
+    pub fn on_reply(&mut self, reply: std::result::Result<Value, RedisError>) -> Step<R::Output> {
         let phase = self.phase.clone();
         let error = match reply {
             Ok(value) => return self.on_value(phase, &value),
@@ -429,7 +433,7 @@ impl<'a> Exchange<'a> {
         }
     }
 
-    fn on_value(&mut self, phase: Phase, value: &Value) -> Step {
+    fn on_value(&mut self, phase: Phase, value: &Value) -> Step<R::Output> {
         match phase {
             Phase::CommandInfo { recheck } => {
                 if backend::command_info_has_entry(value) {
@@ -452,26 +456,41 @@ impl<'a> Exchange<'a> {
                 let sha = backend::sha_of(value);
                 self.learn(Resolved::new(Backend::Script, sha), why)
             }
-            Phase::Call(_) => Step::Done(self.call.decision(value)),
+            Phase::Call(_) => Step::Done(self.call.parse(value)),
         }
     }
 }
 
-/// Logged once by a limiter whose `wait_take` polls although the module is there.
+/// Logged once by a limiter whose `wait_take` or `wait_acquire` polls
+/// although the module is there.
 pub(crate) const POLLING_NOTE: &str =
-    "redis-tb: wait_take polls (not FIFO): no client for a dedicated TB.BTAKE connection";
+    "redis-tb: wait_take and wait_acquire: polls (not FIFO): no client for a dedicated blocking connection";
 
-/// How long a polling `wait_take` sleeps after `decision`, or `None` when
-/// it is done (allowed, never possible, or out of time).
+/// The answer of a call that a wait repeats: done, or worth another try in
+/// so many ms.
+pub(crate) trait Awaited {
+    /// `None`: done (granted, or it can never be). `Some(ms)`: try again in `ms`.
+    fn retry_in(&self) -> Option<Duration>;
+}
+
+impl Awaited for crate::decision::Decision {
+    fn retry_in(&self) -> Option<Duration> {
+        if self.allowed || self.retry_after_ms < 0 {
+            return None;
+        }
+        Some(Duration::from_millis(self.retry_after_ms.unsigned_abs()))
+    }
+}
+
+/// How long a polling wait sleeps after `answer`, or `None` when it is done
+/// (granted, never possible, or out of time): `min(retry, time left)`, at
+/// least 1 ms.
 pub(crate) fn poll_wait(
-    decision: &Decision,
+    answer: &impl Awaited,
     deadline: Option<Instant>,
     now: Instant,
 ) -> Option<Duration> {
-    if decision.allowed || decision.retry_after_ms < 0 {
-        return None;
-    }
-    let wait = Duration::from_millis(decision.retry_after_ms.unsigned_abs().max(1));
+    let wait = answer.retry_in()?.max(Duration::from_millis(1));
     match deadline {
         None => Some(wait),
         Some(deadline) => {

@@ -3,7 +3,9 @@
 //! (TB.TAKE ...) or not (the Lua fallback `lua/tb.lua`, as a FUNCTION library
 //! or an EVALSHA script), draft-11 `RateLimit` headers, and (feature
 //! `tower`) a tower/axum middleware; errors follow the one failure rule of
-//! docs/clients.md. See README.md.
+//! docs/clients.md. Concurrency limits (docs/leases.md): `acquire`,
+//! `release`, `renew`, `wait_acquire`, drop guards ([`LeaseGuard`], and
+//! `AsyncLeaseGuard` with renewal), and `ConcurrencyLimitLayer`. See README.md.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), redis_tb_client::Error> {
@@ -40,6 +42,7 @@ mod backend;
 mod core;
 mod decision;
 mod error;
+mod lease;
 #[cfg(feature = "tower")]
 mod middleware;
 mod sync;
@@ -48,16 +51,18 @@ pub use crate::core::{
     bucket_key, check_policy, classify_reply, escape_id, key_slot, FailureClass,
 };
 #[cfg(feature = "tokio")]
-pub use aio::{AsyncRateLimiter, LazyConnectionManager};
+pub use aio::{AsyncLeaseGuard, AsyncRateLimiter, LazyConnectionManager};
 pub use backend::{lua_script, Backend, Logger, Timeouts, LUA_LIBRARY};
 pub use decision::{Decision, Limit, Policy};
 pub use error::{Error, Result};
+pub use lease::{LeaseDecision, Permit};
 #[cfg(feature = "tower")]
 pub use middleware::{
-    client_ip, connect_info_ip, problem_body, CostFn, ErrorHandler, KeyFn, RateLimitLayer,
+    client_ip, connect_info_ip, lease_problem_body, problem_body, ConcurrencyLimitLayer,
+    ConcurrencyLimitService, CostFn, ErrorHandler, KeyFn, LeaseBody, RateLimitLayer,
     RateLimitService, QUOTA_EXCEEDED,
 };
-pub use sync::{ManagedConnection, RateLimiter};
+pub use sync::{LeaseGuard, ManagedConnection, RateLimiter};
 
 /// The `redis` crate this one is built on, for connections of the matching version.
 pub use redis;

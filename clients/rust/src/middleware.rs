@@ -1,11 +1,12 @@
 //! A `tower::Layer` (feature `tower`) that rate-limits HTTP requests: usable
 //! with axum (`Router::layer`), hyper and any tower stack over `http` 1.
 
-use crate::aio::AsyncRateLimiter;
+use crate::aio::{AsyncLeaseGuard, AsyncRateLimiter};
 use crate::backend::{emit, Logger};
 use crate::core::{bucket_key, check_policy};
 use crate::decision::{sf_string, Decision, Limit, Policy};
 use crate::error::{Error, Result};
+use crate::lease::{LeaseDecision, Permit};
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
@@ -64,6 +65,46 @@ where
 struct Outage {
     failing: AtomicBool,
     failed_calls: AtomicU64,
+}
+
+impl Outage {
+    /// A call reached the limiter: one info line if an outage ends.
+    fn recovered(&self, logger: &Option<Logger>) {
+        if self.failing.swap(false, Ordering::SeqCst) {
+            emit(
+                logger,
+                log::Level::Info,
+                "redis-tb: rate limiter available again",
+            );
+        }
+    }
+
+    /// A call found the limiter unavailable: counted, and one warning when
+    /// an outage starts.
+    fn failed(&self, logger: &Option<Logger>, fail_open: bool, e: &Error) {
+        self.failed_calls.fetch_add(1, Ordering::SeqCst);
+        if !self.failing.swap(true, Ordering::SeqCst) {
+            let action = if fail_open {
+                "letting requests through"
+            } else {
+                "answering 503"
+            };
+            emit(
+                logger,
+                log::Level::Warn,
+                &format!("redis-tb: rate limiter unavailable, {action}: {e}"),
+            );
+        }
+    }
+}
+
+/// A bug, not an outage: logged at error level, every time.
+fn log_bug(logger: &Option<Logger>, e: &Error) {
+    emit(
+        logger,
+        log::Level::Error,
+        &format!("redis-tb: rate limiter error (a bug, not an outage): {e}"),
+    );
 }
 
 #[derive(Clone)]
@@ -275,13 +316,7 @@ where
         };
         match result {
             Ok(decision) => {
-                if self.outage.failing.swap(false, Ordering::SeqCst) {
-                    emit(
-                        &self.logger,
-                        log::Level::Info,
-                        "redis-tb: rate limiter available again",
-                    );
-                }
+                self.outage.recovered(&self.logger);
                 if decision.allowed {
                     Verdict::Pass(Some(decision))
                 } else {
@@ -289,33 +324,13 @@ where
                 }
             }
             Err(e) if e.is_unavailable() => {
-                self.unavailable(&e);
+                self.outage.failed(&self.logger, self.fail_open, &e);
                 Verdict::Unavailable
             }
             Err(e) => {
-                emit(
-                    &self.logger,
-                    log::Level::Error,
-                    &format!("redis-tb: rate limiter error (a bug, not an outage): {e}"),
-                );
+                log_bug(&self.logger, &e);
                 Verdict::Bug(e)
             }
-        }
-    }
-
-    fn unavailable(&self, e: &Error) {
-        self.outage.failed_calls.fetch_add(1, Ordering::SeqCst);
-        if !self.outage.failing.swap(true, Ordering::SeqCst) {
-            let action = if self.fail_open {
-                "letting requests through"
-            } else {
-                "answering 503"
-            };
-            emit(
-                &self.logger,
-                log::Level::Warn,
-                &format!("redis-tb: rate limiter unavailable, {action}: {e}"),
-            );
         }
     }
 }
@@ -364,6 +379,26 @@ fn internal_error(_: &Error) -> Response<String> {
     )
 }
 
+/// Adds `headers` to the response's own: `RateLimit-Policy` and `RateLimit`
+/// are lists, so an inner layer's items stay (a rate limit and an in-flight
+/// limit on one response).
+fn append_headers<B>(response: &mut Response<B>, headers: http::HeaderMap) {
+    let mut name = None;
+    for (key, value) in headers {
+        name = key.or(name);
+        if let Some(name) = &name {
+            response.headers_mut().append(name.clone(), value);
+        }
+    }
+}
+
+fn unavailable_response<B: From<String>>() -> Response<B> {
+    problem_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{\"title\": \"Service Unavailable\", \"status\": 503, \"detail\": \"The rate limiter is unavailable.\"}".to_string(),
+    )
+}
+
 fn problem_response<B: From<String>>(status: StatusCode, body: String) -> Response<B> {
     let mut response = Response::new(B::from(body));
     *response.status_mut() = status;
@@ -407,21 +442,367 @@ where
                 Verdict::Pass(decision) => {
                     let mut response = inner.call(request).await?;
                     if let Some(decision) = decision {
-                        response.headers_mut().extend(decision.header_map());
+                        append_headers(&mut response, decision.header_map());
                     }
                     Ok(response)
                 }
                 Verdict::Deny(decision) => {
-                    let mut response = problem_response(StatusCode::TOO_MANY_REQUESTS, problem_body(&decision));
+                    let mut response =
+                        problem_response(StatusCode::TOO_MANY_REQUESTS, problem_body(&decision));
                     response.headers_mut().extend(decision.header_map());
                     Ok(response)
                 }
                 Verdict::Unavailable if shared.fail_open => inner.call(request).await,
                 Verdict::Bug(e) => Ok((shared.on_error)(&e).map(ResBody::from)),
-                Verdict::Unavailable => Ok(problem_response(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "{\"title\": \"Service Unavailable\", \"status\": 503, \"detail\": \"The rate limiter is unavailable.\"}".to_string(),
-                )),
+                Verdict::Unavailable => Ok(unavailable_response()),
+            }
+        })
+    }
+}
+
+/// The in-flight limit: at most `limit` requests of one caller at once
+/// (TB.ACQUIRE / TB.RELEASE, docs/leases.md).
+///
+/// Each request takes a lease on `<prefix>{<escaped id>}:<name>` (the same
+/// keys as [`RateLimitLayer`]: see [`bucket_key`]) when it starts, and gives
+/// it back when its response body has been sent in full, or when the
+/// request's future or body is dropped (the client went away, the handler
+/// panicked, a timeout layer gave up): the release then runs in a spawned
+/// task. While the request runs the lease is renewed every `lease_ms / 3`,
+/// so `lease_ms` bounds how long a crashed process holds a slot, not how
+/// long a request may take.
+///
+/// A request that finds `limit` in flight gets 429 (or [`deny_status`](Self::deny_status),
+/// e.g. 503) with `application/problem+json`, `RateLimit-Policy:
+/// "<name>";q=<limit>;qu="concurrent-requests"`, `RateLimit: "<name>";r=0`
+/// and `Retry-After` (the seconds, rounded up, until the earliest lease ends
+/// by itself: a release usually frees a slot sooner). Allowed responses get
+/// the two `RateLimit` headers, appended to any the inner service set.
+/// Failures follow the one failure rule as in [`RateLimitLayer`]: fail open
+/// (the request goes through without a lease; the default) or closed (503),
+/// and never open on a bug (500, or [`on_error`](Self::on_error)).
+///
+/// The response body is wrapped in a [`LeaseBody`], which is what lets the
+/// lease last exactly as long as the body.
+pub struct ConcurrencyLimitLayer<C> {
+    shared: Arc<InFlight<C>>,
+}
+
+#[derive(Clone)]
+struct InFlight<C> {
+    limiter: AsyncRateLimiter<C>,
+    name: String,
+    limit: u64,
+    lease_ms: u64,
+    key_fn: KeyFn,
+    prefix: String,
+    fail_open: bool,
+    deny_status: StatusCode,
+    logger: Option<Logger>,
+    on_error: ErrorHandler,
+    outage: Arc<Outage>,
+}
+
+impl<C> Clone for ConcurrencyLimitLayer<C> {
+    fn clone(&self) -> Self {
+        ConcurrencyLimitLayer {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<C> ConcurrencyLimitLayer<C>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// At most `limit` requests in flight per caller, policy `name` (its
+    /// key and headers), each lease lasting `lease_ms` unless renewed.
+    /// [`Error::InvalidArgument`] for a name that is not printable ASCII,
+    /// a `limit` or `lease_ms` of 0 or above 2^53.
+    pub fn new(
+        limiter: AsyncRateLimiter<C>,
+        name: impl Into<String>,
+        limit: u64,
+        lease_ms: u64,
+    ) -> Result<Self> {
+        let name = name.into();
+        crate::core::check_name(&name)?;
+        crate::lease::check_limit(limit)?;
+        crate::lease::check_lease_ms(lease_ms)?;
+        let logger = limiter.logger().clone();
+        Ok(ConcurrencyLimitLayer {
+            shared: Arc::new(InFlight {
+                limiter,
+                name,
+                limit,
+                lease_ms,
+                key_fn: Arc::new(default_key),
+                prefix: "ratelimit:".into(),
+                fail_open: true,
+                deny_status: StatusCode::TOO_MANY_REQUESTS,
+                logger,
+                on_error: Arc::new(internal_error),
+                outage: Arc::new(Outage::default()),
+            }),
+        })
+    }
+
+    fn edit(mut self, f: impl FnOnce(&mut InFlight<C>)) -> Self {
+        f(Arc::make_mut(&mut self.shared));
+        self
+    }
+
+    /// Calls the limiter could not make because it was unavailable, so far.
+    pub fn unavailable_count(&self) -> u64 {
+        self.shared.outage.failed_calls.load(Ordering::SeqCst)
+    }
+
+    /// The caller's identity (default: client IP); `None` is not limited.
+    pub fn key_fn(self, f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
+        self.edit(|s| s.key_fn = Arc::new(f))
+    }
+
+    /// The key prefix (default `"ratelimit:"`).
+    pub fn prefix(self, prefix: impl Into<String>) -> Self {
+        let prefix = prefix.into();
+        self.edit(|s| s.prefix = prefix)
+    }
+
+    /// `false`: answer 503 when the limiter is unavailable, instead of
+    /// letting the request through without a lease.
+    pub fn fail_open(self, fail_open: bool) -> Self {
+        self.edit(|s| s.fail_open = fail_open)
+    }
+
+    /// The status of a denial: 429 (default) or, e.g., 503.
+    pub fn deny_status(self, status: StatusCode) -> Self {
+        self.edit(|s| s.deny_status = status)
+    }
+
+    /// Where the outage lines go (default: the limiter's logger, else `log`).
+    pub fn logger(self, logger: Logger) -> Self {
+        self.edit(|s| s.logger = Some(logger))
+    }
+
+    /// The response to an error that is a bug (default: 500, problem+json).
+    pub fn on_error(
+        self,
+        handler: impl Fn(&Error) -> Response<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.edit(|s| s.on_error = Arc::new(handler))
+    }
+}
+
+impl<S, C> Layer<S> for ConcurrencyLimitLayer<C> {
+    type Service = ConcurrencyLimitService<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ConcurrencyLimitService {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// The service [`ConcurrencyLimitLayer`] wraps around the inner one.
+pub struct ConcurrencyLimitService<S, C> {
+    inner: S,
+    shared: Arc<InFlight<C>>,
+}
+
+impl<S: Clone, C> Clone for ConcurrencyLimitService<S, C> {
+    fn clone(&self) -> Self {
+        ConcurrencyLimitService {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+enum Admission {
+    /// Through: with the lease and its decision, or without (no id, failed open).
+    Pass(Option<(AsyncLeaseGuard, LeaseDecision)>),
+    Deny(LeaseDecision),
+    Unavailable,
+    Bug(Error),
+}
+
+impl<C> InFlight<C>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn admit(&self, parts: &Parts) -> Admission {
+        let Some(id) = (self.key_fn)(parts) else {
+            return Admission::Pass(None);
+        };
+        let key = bucket_key(&self.prefix, &id, &self.name);
+        let started = std::time::Instant::now();
+        let outcome = self
+            .limiter
+            .acquire(&key, self.limit, self.lease_ms)
+            .await
+            .map(|mut d| {
+                d.policy = self.name.clone();
+                d
+            });
+        match self.limiter.guard_with(outcome, started, false) {
+            Ok(permit) => {
+                self.outage.recovered(&self.logger);
+                match permit {
+                    Permit::Held(guard) => {
+                        let decision = guard.decision().clone();
+                        Admission::Pass(Some((guard, decision)))
+                    }
+                    Permit::Denied(decision) => Admission::Deny(decision),
+                    Permit::FailedOpen(e) => Admission::Bug(e),
+                }
+            }
+            Err(e) if e.is_unavailable() => {
+                self.outage.failed(&self.logger, self.fail_open, &e);
+                Admission::Unavailable
+            }
+            Err(e) => {
+                log_bug(&self.logger, &e);
+                Admission::Bug(e)
+            }
+        }
+    }
+}
+
+/// The problem document of an in-flight denial (RFC 9457, quota-exceeded),
+/// with `status` (429 unless configured).
+pub fn lease_problem_body(decision: &LeaseDecision, status: StatusCode) -> String {
+    let name = sf_string(&decision.policy);
+    let detail = format!(
+        "Concurrency limit of policy {name} reached ({} in flight); retry in {} s.",
+        decision.limit,
+        decision.retry_after_secs().unwrap_or(0)
+    );
+    format!(
+        "{{\"type\": {}, \"title\": {}, \"status\": {}, \"detail\": {}, \"violated-policies\": [{}]}}",
+        json_string(QUOTA_EXCEEDED),
+        json_string(status.canonical_reason().unwrap_or("Too Many Requests")),
+        status.as_u16(),
+        json_string(&detail),
+        json_string(&decision.policy)
+    )
+}
+
+/// A response body that holds the request's lease until the body has been
+/// sent in full (or is dropped), then releases it.
+pub struct LeaseBody<B> {
+    inner: Pin<Box<B>>,
+    guard: Option<AsyncLeaseGuard>,
+}
+
+impl<B> LeaseBody<B> {
+    fn new(inner: B, guard: Option<AsyncLeaseGuard>) -> LeaseBody<B> {
+        LeaseBody {
+            inner: Box::pin(inner),
+            guard,
+        }
+    }
+
+    /// The lease this body holds, until the body is done.
+    pub fn lease(&self) -> Option<&AsyncLeaseGuard> {
+        self.guard.as_ref()
+    }
+}
+
+impl<B: From<String>> From<String> for LeaseBody<B> {
+    fn from(s: String) -> Self {
+        LeaseBody::new(B::from(s), None)
+    }
+}
+
+impl<B> std::fmt::Debug for LeaseBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseBody")
+            .field("lease", &self.guard)
+            .finish()
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for LeaseBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<std::result::Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        let polled = this.inner.as_mut().poll_frame(cx);
+        let done = matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_))))
+            || this.inner.is_end_stream();
+        if done {
+            // Dropping the guard releases the lease (in a spawned task).
+            this.guard = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<S, C, B, ResBody> Service<Request<B>> for ConcurrencyLimitService<S, C>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    B: Send + 'static,
+    ResBody: From<String> + Send + 'static,
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    type Response = Response<LeaseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = BoxFuture<std::result::Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::result::Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = self.shared.clone();
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let admission = shared.admit(&parts).await;
+            let request = Request::from_parts(parts, body);
+            match admission {
+                Admission::Pass(held) => {
+                    // Held across the inner call: a dropped future drops it.
+                    let (guard, headers) = match held {
+                        Some((guard, decision)) => (Some(guard), Some(decision.header_map())),
+                        None => (None, None),
+                    };
+                    let response = inner.call(request).await?;
+                    let mut response = response.map(|b| LeaseBody::new(b, guard));
+                    if let Some(headers) = headers {
+                        append_headers(&mut response, headers);
+                    }
+                    Ok(response)
+                }
+                Admission::Deny(decision) => {
+                    let mut response = problem_response(
+                        shared.deny_status,
+                        lease_problem_body(&decision, shared.deny_status),
+                    );
+                    response.headers_mut().extend(decision.header_map());
+                    Ok(response)
+                }
+                Admission::Unavailable if shared.fail_open => {
+                    Ok(inner.call(request).await?.map(|b| LeaseBody::new(b, None)))
+                }
+                Admission::Unavailable => Ok(unavailable_response()),
+                Admission::Bug(e) => Ok((shared.on_error)(&e).map(LeaseBody::from)),
             }
         })
     }

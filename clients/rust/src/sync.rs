@@ -2,10 +2,13 @@
 //! `redis::Connection`, a `redis::cluster::ClusterConnection`, or the
 //! [`ManagedConnection`] this crate makes with short timeouts).
 
-use crate::backend::{emit, emit_line, Backend, Call, Logger, Op, Timeouts};
-use crate::core::{is_connection_problem, BackendState, Exchange, Learned, Step, MODULE_RECHECK};
+use crate::backend::{emit, emit_line, Backend, Blocking, Call, Logger, Op, Request, Timeouts};
+use crate::core::{
+    is_connection_problem, Awaited, BackendState, Exchange, Learned, Step, MODULE_RECHECK,
+};
 use crate::decision::{Decision, Limit};
 use crate::error::{Error, Result};
+use crate::lease::{self, AcquireCall, FlagCall, LeaseDecision, Permit, Renewal};
 use redis::{ConnectionLike, IntoConnectionInfo, RedisResult, Value};
 use std::io;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -18,6 +21,8 @@ pub(crate) struct Options {
     pub timeouts: Timeouts,
     pub policy_name: String,
     pub recheck: Duration,
+    /// Lease guards: an unavailable limiter gives `Permit::FailedOpen`.
+    pub lease_fail_open: bool,
 }
 
 impl Default for Options {
@@ -27,6 +32,7 @@ impl Default for Options {
             timeouts: Timeouts::default(),
             policy_name: "default".into(),
             recheck: MODULE_RECHECK,
+            lease_fail_open: false,
         }
     }
 }
@@ -250,11 +256,22 @@ impl<C: ConnectionLike> RateLimiter<C> {
         self
     }
 
-    /// A client for the dedicated connections `wait_take` uses for TB.BTAKE
-    /// (a blocking command must not share a connection, and needs a read
-    /// timeout above its own). Without one, `wait_take` polls.
+    /// A client for the dedicated connections `wait_take` and `wait_acquire`
+    /// use for TB.BTAKE and TB.ACQUIRE with a timeout (a blocking command
+    /// must not share a connection, and needs a read timeout above its own).
+    /// Without one, they poll.
     pub fn with_blocking_client(mut self, client: redis::Client) -> Self {
         self.blocking = Some(client);
+        self
+    }
+
+    /// `true`: when the limiter is unavailable, [`acquire_guard`](Self::acquire_guard)
+    /// and [`wait_acquire_guard`](Self::wait_acquire_guard) answer
+    /// [`Permit::FailedOpen`] (go ahead without a lease) instead of
+    /// [`Error::Unavailable`]. Default `false` (fail closed). The plain
+    /// `acquire` always returns the error.
+    pub fn with_lease_fail_open(mut self, fail_open: bool) -> Self {
+        self.opts.lease_fail_open = fail_open;
         self
     }
 
@@ -283,7 +300,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
             .ok_or_else(|| Error::Other("no backend chosen".into()))
     }
 
-    fn run(&mut self, call: &Call) -> Result<Decision> {
+    fn run<R: Request>(&mut self, call: &R) -> Result<R::Output> {
         let plan = self.state.plan(Instant::now(), self.opts.recheck);
         let (mut exchange, mut step) = Exchange::start(call, self.state.forced, plan);
         let outcome = loop {
@@ -364,12 +381,24 @@ impl<C: ConnectionLike> RateLimiter<C> {
         timeout_ms: u64,
     ) -> Result<Decision> {
         let call = self.single(Op::Take, key, capacity.into(), rate.into(), n.into())?;
+        let probe = Call::single(Op::Peek, key, 1.0, 1.0, 0.0, "default")?;
+        self.wait(&call, &probe, timeout_ms)
+    }
+
+    /// A wait for `call`: its blocking form on a dedicated connection with
+    /// the module and a blocking client, else polling (`probe` chooses the
+    /// backend first).
+    fn wait<R>(&mut self, call: &R, probe: &Call, timeout_ms: u64) -> Result<R::Output>
+    where
+        R: Blocking,
+        R::Output: Awaited,
+    {
         if self.backend().is_none() {
-            self.run(&Call::single(Op::Peek, key, 1.0, 1.0, 0.0, "default")?)?;
+            self.run(probe)?;
         }
         if self.backend() == Some(Backend::Module) {
             if let Some(client) = self.blocking.clone() {
-                match self.btake(client, &call, timeout_ms) {
+                match self.btake(client, call, timeout_ms) {
                     Err(Error::Reply(r))
                         if crate::core::classify_reply(&r)
                             == crate::core::FailureClass::ServerChanged =>
@@ -388,13 +417,18 @@ impl<C: ConnectionLike> RateLimiter<C> {
                 );
             }
         }
-        self.poll(&call, timeout_ms)
+        self.poll(call, timeout_ms)
     }
 
     /// TB.BTAKE on the node that owns the key's slot, found by following
     /// `MOVED`/`ASK` from `client`'s node; the wait's connection is kept for
     /// the next wait on that node.
-    fn btake(&mut self, client: redis::Client, call: &Call, timeout_ms: u64) -> Result<Decision> {
+    fn btake<R: Blocking>(
+        &mut self,
+        client: redis::Client,
+        call: &R,
+        timeout_ms: u64,
+    ) -> Result<R::Output> {
         let read = match timeout_ms {
             0 => None,
             ms => Some(Duration::from_millis(ms) + btake_margin(&self.opts.timeouts)),
@@ -418,11 +452,11 @@ impl<C: ConnectionLike> RateLimiter<C> {
                 redis::pipe()
                     .cmd("ASKING")
                     .ignore()
-                    .add_command(call.btake(timeout_ms))
+                    .add_command(call.blocking(timeout_ms))
                     .query::<Vec<Value>>(&mut con)
                     .map(|mut v| v.pop().unwrap_or(Value::Nil))
             } else {
-                call.btake(timeout_ms).query::<Value>(&mut con)
+                call.blocking(timeout_ms).query::<Value>(&mut con)
             };
             let redirect = match &reply {
                 Err(e) => crate::core::reply_text(e).and_then(|r| crate::core::redirect(&r)),
@@ -434,7 +468,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
                     asking = ask;
                     addr = Some(to);
                 }
-                (reply, None) => return call.decision(&reply?),
+                (reply, None) => return call.parse(&reply?),
             }
         }
         Err(Error::Other(format!(
@@ -443,7 +477,11 @@ impl<C: ConnectionLike> RateLimiter<C> {
         )))
     }
 
-    fn poll(&mut self, call: &Call, timeout_ms: u64) -> Result<Decision> {
+    fn poll<R>(&mut self, call: &R, timeout_ms: u64) -> Result<R::Output>
+    where
+        R: Request,
+        R::Output: Awaited,
+    {
         let deadline = match timeout_ms {
             0 => None,
             ms => Instant::now().checked_add(Duration::from_millis(ms)),
@@ -455,6 +493,209 @@ impl<C: ConnectionLike> RateLimiter<C> {
                 Some(wait) => std::thread::sleep(wait),
             }
         }
+    }
+}
+
+/// Concurrency leases (docs/leases.md).
+impl<C: ConnectionLike> RateLimiter<C> {
+    /// Takes a lease on the lease set at `key` if fewer than `limit` are
+    /// live; it ends by itself `lease_ms` after it was granted (server
+    /// clock) unless released or renewed. The denial says when the earliest
+    /// live lease ends by itself.
+    pub fn acquire(&mut self, key: &str, limit: u64, lease_ms: u64) -> Result<LeaseDecision> {
+        let call = AcquireCall::new(key, limit, lease_ms, &self.opts.policy_name)?;
+        self.run(&call)
+    }
+
+    /// Releases `lease`: `true` if it was live, `false` if it was not
+    /// (released already, expired, never handed out). Safe to repeat.
+    pub fn release(&mut self, key: &str, lease: &str) -> Result<bool> {
+        self.run(&FlagCall::release(key, lease)?)
+    }
+
+    /// Makes the live `lease` end `lease_ms` from now: `true`, or `false`
+    /// if it is not held (an expired lease cannot come back).
+    pub fn renew(&mut self, key: &str, lease: &str, lease_ms: u64) -> Result<bool> {
+        self.run(&FlagCall::renew(key, lease, lease_ms)?)
+    }
+
+    /// Takes a lease, waiting up to `timeout_ms` (0: no limit) for one; on
+    /// timeout the last denial.
+    ///
+    /// Module backend with a blocking client: `TB.ACQUIRE key limit lease_ms
+    /// timeout_ms` on a dedicated connection (on the node that owns the
+    /// key's slot), served first come, first served by the server.
+    ///
+    /// **Otherwise this polls**: acquire, sleep `min(retry_after_ms, 100 ms,
+    /// time left)`, again. Polling waiters are NOT served in arrival order,
+    /// and a caller that never waits can take a freed slot first.
+    pub fn wait_acquire(
+        &mut self,
+        key: &str,
+        limit: u64,
+        lease_ms: u64,
+        timeout_ms: u64,
+    ) -> Result<LeaseDecision> {
+        let call = AcquireCall::new(key, limit, lease_ms, &self.opts.policy_name)?;
+        let probe = Call::single(Op::Peek, "redis-tb:connect", 1.0, 1.0, 0.0, "default")?;
+        self.wait(&call, &probe, timeout_ms)
+    }
+
+    /// [`acquire`](Self::acquire) as a guard that releases the lease when
+    /// dropped (also on an early return or a panic): [`Permit::Held`],
+    /// [`Permit::Denied`], or, when the limiter is unavailable and
+    /// [`with_lease_fail_open(true)`](Self::with_lease_fail_open),
+    /// [`Permit::FailedOpen`].
+    pub fn acquire_guard(
+        &mut self,
+        key: &str,
+        limit: u64,
+        lease_ms: u64,
+    ) -> Result<Permit<LeaseGuard<'_, C>>> {
+        let started = Instant::now();
+        let outcome = self.acquire(key, limit, lease_ms);
+        self.guard(outcome, started)
+    }
+
+    /// [`wait_acquire`](Self::wait_acquire) as a guard, as [`acquire_guard`](Self::acquire_guard).
+    pub fn wait_acquire_guard(
+        &mut self,
+        key: &str,
+        limit: u64,
+        lease_ms: u64,
+        timeout_ms: u64,
+    ) -> Result<Permit<LeaseGuard<'_, C>>> {
+        let outcome = self.wait_acquire(key, limit, lease_ms, timeout_ms);
+        // Granted during the wait, at most a round trip before its reply.
+        self.guard(outcome, Instant::now())
+    }
+
+    fn guard(
+        &mut self,
+        outcome: Result<LeaseDecision>,
+        started: Instant,
+    ) -> Result<Permit<LeaseGuard<'_, C>>> {
+        let fail_open = self.opts.lease_fail_open;
+        lease::permit(outcome, fail_open, move |decision, id| LeaseGuard {
+            limiter: self,
+            decision,
+            id,
+            confirmed: started,
+            lost: None,
+            released: false,
+        })
+    }
+}
+
+/// A held lease that is released when the guard is dropped: at the end of
+/// its scope, on an early return, while a panic unwinds. The release on
+/// drop is best effort (its error is dropped too; the lease then ends by
+/// itself at its deadline); [`release`](Self::release) returns it.
+///
+/// The guard borrows the limiter; use [`limiter`](Self::limiter) for other
+/// calls meanwhile. The blocking limiter has no background thread: renew
+/// in the work's own loop with [`keep_alive`](Self::keep_alive) (renews once
+/// a third of `lease_ms` has passed) or [`renew`](Self::renew).
+pub struct LeaseGuard<'a, C: ConnectionLike> {
+    limiter: &'a mut RateLimiter<C>,
+    decision: LeaseDecision,
+    id: String,
+    /// When the lease was last known to run `lease_ms` more (the acquire
+    /// or the renewal was sent no earlier).
+    confirmed: Instant,
+    lost: Option<String>,
+    released: bool,
+}
+
+impl<C: ConnectionLike> LeaseGuard<'_, C> {
+    /// The lease's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The acquire's answer.
+    pub fn decision(&self) -> &LeaseDecision {
+        &self.decision
+    }
+
+    /// The limiter, for other calls while the lease is held.
+    pub fn limiter(&mut self) -> &mut RateLimiter<C> {
+        self.limiter
+    }
+
+    /// True once a renewal found the lease gone (or could not reach the
+    /// server for `lease_ms`): the slot may be someone else's now.
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_some()
+    }
+
+    /// Why the lease was lost, if it was.
+    pub fn lost_reason(&self) -> Option<&str> {
+        self.lost.as_deref()
+    }
+
+    /// Renews the lease for another `lease_ms` now: `Ok(true)` renewed,
+    /// `Ok(false)` lost (see [`is_lost`](Self::is_lost)); an unavailable
+    /// server is `Err(Unavailable)` until `lease_ms` has passed since the
+    /// last renewal, then the lease counts as lost.
+    pub fn renew(&mut self) -> Result<bool> {
+        if self.lost.is_some() {
+            return Ok(false);
+        }
+        let sent = Instant::now();
+        let outcome = self
+            .limiter
+            .renew(&self.decision.key, &self.id, self.decision.lease_ms);
+        match lease::after_renew(&outcome, sent - self.confirmed, self.decision.lease_ms) {
+            Renewal::Held => self.confirmed = sent,
+            Renewal::Retry => {}
+            Renewal::Lost(why) => {
+                self.lost = Some(why);
+                return match outcome {
+                    Ok(_) => Ok(false),
+                    Err(e) if e.is_unavailable() => Ok(false),
+                    Err(e) => Err(e),
+                };
+            }
+        }
+        outcome
+    }
+
+    /// Renews if a third of `lease_ms` has passed since the last renewal;
+    /// `Ok(true)` while the lease is held.
+    pub fn keep_alive(&mut self) -> Result<bool> {
+        if self.lost.is_some() {
+            return Ok(false);
+        }
+        if self.confirmed.elapsed() < lease::renew_every(self.decision.lease_ms) {
+            return Ok(true);
+        }
+        self.renew()
+    }
+
+    /// Releases the lease now: `true` if it was still live.
+    pub fn release(mut self) -> Result<bool> {
+        self.released = true;
+        let (key, id) = (self.decision.key.clone(), self.id.clone());
+        self.limiter.release(&key, &id)
+    }
+}
+
+impl<C: ConnectionLike> Drop for LeaseGuard<'_, C> {
+    fn drop(&mut self) {
+        if !self.released {
+            let _ = self.limiter.release(&self.decision.key, &self.id);
+        }
+    }
+}
+
+impl<C: ConnectionLike> std::fmt::Debug for LeaseGuard<'_, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseGuard")
+            .field("key", &self.decision.key)
+            .field("id", &self.id)
+            .field("lost", &self.lost)
+            .finish()
     }
 }
 

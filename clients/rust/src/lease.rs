@@ -1,0 +1,547 @@
+//! Concurrency leases (docs/leases.md): TB.ACQUIRE / TB.RELEASE / TB.RENEW
+//! and their Lua twins, as sans-IO pieces. The calls, their replies and
+//! headers, the choice between a guard, a denial and failing open, and
+//! when a renewal loop gives a lease up are all decided here once. The sync
+//! and async limiters only do the I/O.
+
+use crate::backend::{lua_command, Backend, Blocking, LuaName, Request, Resolved};
+use crate::core::{check_key, check_name, Awaited, MAX_EXACT};
+use crate::decision::{sf_string, SF_INT_MAX};
+use crate::error::{Error, Result};
+use http::{HeaderMap, HeaderName, HeaderValue};
+use redis::{Cmd, Value};
+use std::time::Duration;
+
+/// The largest `limit` and `lease_ms` the server takes: 2^53.
+const MAX_LEASE_ARG: u64 = MAX_EXACT as u64;
+
+/// The longest a polling `wait_acquire` sleeps between two tries, whatever
+/// `retry_after_ms` says: a release frees a slot long before the earliest
+/// lease would end by itself, and a poll cannot hear it.
+pub(crate) const LEASE_POLL_MAX: Duration = Duration::from_millis(100);
+
+/// The answer of an acquire: a lease, or why not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseDecision {
+    /// A lease was granted (`lease` holds its id).
+    pub acquired: bool,
+    /// Free slots left after the call: `limit - live - waiting`, never below 0.
+    pub available: u64,
+    /// 0 when acquired; when denied, ms until the earliest live lease ends
+    /// by itself (a release can free a slot sooner; 0 when the call was
+    /// denied only because others wait ahead of it).
+    pub retry_after_ms: u64,
+    /// The lease's id when acquired (`<ms>-<n>`): what release and renew take.
+    pub lease: Option<String>,
+    /// The lease set's key.
+    pub key: String,
+    /// The policy name in the headers (the limiter's, `"default"` unless set).
+    pub policy: String,
+    /// The limit the call was judged with.
+    pub limit: u64,
+    /// How long the lease lasts unless released or renewed.
+    pub lease_ms: u64,
+}
+
+impl LeaseDecision {
+    /// `ceil(retry_after_ms / 1000)` on a denial: the `Retry-After` seconds.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        (!self.acquired).then(|| self.retry_after_ms.div_ceil(1000))
+    }
+
+    /// The response headers of an in-flight limit, in this order:
+    /// `RateLimit-Policy: "<name>";q=<limit>;qu="concurrent-requests"`,
+    /// `RateLimit: "<name>";r=<available>`, and `Retry-After` on a denial.
+    pub fn headers(&self) -> Vec<(&'static str, String)> {
+        let name = sf_string(&self.policy);
+        let mut headers = vec![
+            (
+                "RateLimit-Policy",
+                format!(
+                    "{name};q={};qu=\"concurrent-requests\"",
+                    self.limit.min(SF_INT_MAX)
+                ),
+            ),
+            (
+                "RateLimit",
+                format!("{name};r={}", self.available.min(SF_INT_MAX)),
+            ),
+        ];
+        if let Some(secs) = self.retry_after_secs() {
+            headers.push(("Retry-After", secs.min(SF_INT_MAX).to_string()));
+        }
+        headers
+    }
+
+    /// [`headers`](Self::headers) as an [`http::HeaderMap`].
+    pub fn header_map(&self) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in self.headers() {
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                let name = match name {
+                    "RateLimit-Policy" => "ratelimit-policy",
+                    "RateLimit" => "ratelimit",
+                    _ => "retry-after",
+                };
+                map.insert(HeaderName::from_static(name), value);
+            }
+        }
+        map
+    }
+}
+
+impl Awaited for LeaseDecision {
+    fn retry_in(&self) -> Option<Duration> {
+        (!self.acquired).then(|| Duration::from_millis(self.retry_after_ms).min(LEASE_POLL_MAX))
+    }
+}
+
+/// The outcome of asking for a lease guard, with failing open made explicit.
+#[must_use = "a Permit::Held releases its lease when dropped"]
+#[derive(Debug)]
+pub enum Permit<G> {
+    /// A lease is held: do the work, then release it (or drop the guard).
+    Held(G),
+    /// No slot was free (or none freed in time): the denial.
+    Denied(LeaseDecision),
+    /// The limiter was unavailable and the limiter fails open for leases
+    /// (`with_lease_fail_open(true)`): go ahead WITHOUT a lease. Nothing is
+    /// held, nothing is counted, nothing needs releasing. The error says why.
+    FailedOpen(Error),
+}
+
+impl<G> Permit<G> {
+    /// True unless denied: held, or failed open.
+    pub fn may_proceed(&self) -> bool {
+        !matches!(self, Permit::Denied(_))
+    }
+
+    /// The guard, when a lease is held.
+    pub fn held(self) -> Option<G> {
+        match self {
+            Permit::Held(guard) => Some(guard),
+            _ => None,
+        }
+    }
+}
+
+/// Held, denied, failed open, or the error: the one place where an acquire's
+/// outcome meets the fail-open setting.
+pub(crate) fn permit<G>(
+    outcome: Result<LeaseDecision>,
+    fail_open: bool,
+    guard: impl FnOnce(LeaseDecision, String) -> G,
+) -> Result<Permit<G>> {
+    match outcome {
+        Ok(d) => match d.lease.clone() {
+            Some(id) if d.acquired => Ok(Permit::Held(guard(d, id))),
+            _ => Ok(Permit::Denied(d)),
+        },
+        Err(e) if fail_open && e.is_unavailable() => Ok(Permit::FailedOpen(e)),
+        Err(e) => Err(e),
+    }
+}
+
+/// What a renewal loop does after one TB.RENEW.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    /// Renewed: the lease runs `lease_ms` from now.
+    Held,
+    /// The server could not be reached: try again at the next tick.
+    Retry,
+    /// The lease is gone (or cannot be trusted to be held): the reason.
+    Lost(String),
+}
+
+/// After a renewal that answered `outcome`, `since_confirmed` after the
+/// last moment the lease was known to run `lease_ms` more.
+pub(crate) fn after_renew(
+    outcome: &Result<bool>,
+    since_confirmed: Duration,
+    lease_ms: u64,
+) -> Renewal {
+    match outcome {
+        Ok(true) => Renewal::Held,
+        Ok(false) => Renewal::Lost("the server no longer holds the lease (it expired)".into()),
+        Err(e) if e.is_unavailable() && since_confirmed < Duration::from_millis(lease_ms) => {
+            Renewal::Retry
+        }
+        Err(e) if e.is_unavailable() => Renewal::Lost(format!(
+            "no renewal reached the server within lease_ms ({lease_ms} ms): {e}"
+        )),
+        Err(e) => Renewal::Lost(format!("the renewal failed: {e}")),
+    }
+}
+
+/// How often a guard renews its lease: every `lease_ms / 3` (at least 1 ms),
+/// so that two renewals in a row can fail before it ends.
+pub(crate) fn renew_every(lease_ms: u64) -> Duration {
+    Duration::from_millis((lease_ms / 3).max(1))
+}
+
+pub(crate) fn check_limit(limit: u64) -> Result<()> {
+    if (1..=MAX_LEASE_ARG).contains(&limit) {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "limit must be a positive integer at most 2^53, got {limit}"
+        )))
+    }
+}
+
+pub(crate) fn check_lease_ms(lease_ms: u64) -> Result<()> {
+    if (1..=MAX_LEASE_ARG).contains(&lease_ms) {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "lease_ms must be a positive integer number of ms at most 2^53, got {lease_ms}"
+        )))
+    }
+}
+
+/// TB.ACQUIRE key limit lease_ms (checked), and its Lua twin.
+#[derive(Debug, Clone)]
+pub(crate) struct AcquireCall {
+    key: String,
+    limit: u64,
+    lease_ms: u64,
+    policy: String,
+}
+
+impl AcquireCall {
+    pub fn new(key: &str, limit: u64, lease_ms: u64, policy: &str) -> Result<AcquireCall> {
+        check_name(policy)?;
+        check_key(key)?;
+        check_limit(limit)?;
+        check_lease_ms(lease_ms)?;
+        Ok(AcquireCall {
+            key: key.into(),
+            limit,
+            lease_ms,
+            policy: policy.into(),
+        })
+    }
+}
+
+const ACQUIRE: LuaName = LuaName {
+    fcall: "FCALL",
+    function: "tb_acquire",
+    word: "acquire",
+};
+const RELEASE: LuaName = LuaName {
+    fcall: "FCALL",
+    function: "tb_release",
+    word: "release",
+};
+const RENEW: LuaName = LuaName {
+    fcall: "FCALL",
+    function: "tb_renew",
+    word: "renew",
+};
+
+fn command(
+    resolved: &Resolved,
+    eval: bool,
+    module: &str,
+    lua: LuaName,
+    key: &str,
+    args: &[&str],
+) -> Cmd {
+    if resolved.backend == Backend::Module {
+        let mut cmd = redis::cmd(module);
+        cmd.arg(key).arg(args);
+        return cmd;
+    }
+    lua_command(resolved, eval, lua, &[key], args)
+}
+
+fn bad_reply(value: &Value) -> Error {
+    Error::Other(format!("unexpected reply: {value:?}"))
+}
+
+fn int(value: &Value) -> Option<i64> {
+    match value {
+        Value::Int(i) => Some(*i),
+        _ => None,
+    }
+}
+
+impl Request for AcquireCall {
+    type Output = LeaseDecision;
+
+    fn command(&self, resolved: &Resolved, eval: bool) -> Cmd {
+        let (limit, lease_ms) = (self.limit.to_string(), self.lease_ms.to_string());
+        command(
+            resolved,
+            eval,
+            "TB.ACQUIRE",
+            ACQUIRE,
+            &self.key,
+            &[&limit, &lease_ms],
+        )
+    }
+
+    fn first_key(&self) -> &str {
+        &self.key
+    }
+
+    /// `[acquired, available, retry_after_ms, lease]`.
+    fn parse(&self, value: &Value) -> Result<LeaseDecision> {
+        let Value::Array(items) = value else {
+            return Err(bad_reply(value));
+        };
+        let [acquired, available, retry, lease] = items.as_slice() else {
+            return Err(bad_reply(value));
+        };
+        let count = |v: &Value| int(v).and_then(|i| u64::try_from(i).ok());
+        let (Some(acquired), Some(available), Some(retry_after_ms)) =
+            (int(acquired), count(available), count(retry))
+        else {
+            return Err(bad_reply(value));
+        };
+        let lease = match lease {
+            Value::Nil => None,
+            Value::BulkString(b) => {
+                Some(String::from_utf8(b.clone()).map_err(|_| bad_reply(value))?)
+            }
+            Value::SimpleString(s) => Some(s.clone()),
+            _ => return Err(bad_reply(value)),
+        };
+        let acquired = acquired == 1;
+        if acquired != lease.is_some() {
+            return Err(bad_reply(value));
+        }
+        Ok(LeaseDecision {
+            acquired,
+            available,
+            retry_after_ms,
+            lease,
+            key: self.key.clone(),
+            policy: self.policy.clone(),
+            limit: self.limit,
+            lease_ms: self.lease_ms,
+        })
+    }
+}
+
+impl Blocking for AcquireCall {
+    /// `TB.ACQUIRE key limit lease_ms timeout_ms`.
+    fn blocking(&self, timeout_ms: u64) -> Cmd {
+        let mut cmd = redis::cmd("TB.ACQUIRE");
+        cmd.arg(&self.key)
+            .arg(self.limit)
+            .arg(self.lease_ms)
+            .arg(timeout_ms);
+        cmd
+    }
+}
+
+/// TB.RELEASE key lease, or TB.RENEW key lease lease_ms: `1` or `0`.
+#[derive(Debug, Clone)]
+pub(crate) struct FlagCall {
+    key: String,
+    lease: String,
+    /// `Some` for a renewal.
+    lease_ms: Option<u64>,
+}
+
+impl FlagCall {
+    pub fn release(key: &str, lease: &str) -> Result<FlagCall> {
+        check_key(key)?;
+        Ok(FlagCall {
+            key: key.into(),
+            lease: lease.into(),
+            lease_ms: None,
+        })
+    }
+
+    pub fn renew(key: &str, lease: &str, lease_ms: u64) -> Result<FlagCall> {
+        check_key(key)?;
+        check_lease_ms(lease_ms)?;
+        Ok(FlagCall {
+            key: key.into(),
+            lease: lease.into(),
+            lease_ms: Some(lease_ms),
+        })
+    }
+}
+
+impl Request for FlagCall {
+    type Output = bool;
+
+    fn command(&self, resolved: &Resolved, eval: bool) -> Cmd {
+        match self.lease_ms {
+            None => command(
+                resolved,
+                eval,
+                "TB.RELEASE",
+                RELEASE,
+                &self.key,
+                &[&self.lease],
+            ),
+            Some(ms) => {
+                let ms = ms.to_string();
+                command(
+                    resolved,
+                    eval,
+                    "TB.RENEW",
+                    RENEW,
+                    &self.key,
+                    &[&self.lease, &ms],
+                )
+            }
+        }
+    }
+
+    fn first_key(&self) -> &str {
+        &self.key
+    }
+
+    fn parse(&self, value: &Value) -> Result<bool> {
+        match int(value) {
+            Some(0) => Ok(false),
+            Some(1) => Ok(true),
+            _ => Err(bad_reply(value)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(cmd: &Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => "<cursor>".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn commands_per_backend() {
+        let module = Resolved::new(Backend::Module, None);
+        let function = Resolved::new(Backend::Function, None);
+        let script = Resolved::new(Backend::Script, Some("abc".into()));
+        let a = AcquireCall::new("k", 2, 30000, "default").unwrap();
+        assert_eq!(
+            args(&a.command(&module, false)),
+            ["TB.ACQUIRE", "k", "2", "30000"]
+        );
+        assert_eq!(
+            args(&a.command(&function, false)),
+            ["FCALL", "tb_acquire", "1", "k", "2", "30000"]
+        );
+        assert_eq!(
+            args(&a.command(&script, false)),
+            ["EVALSHA", "abc", "1", "k", "acquire", "2", "30000"]
+        );
+        assert_eq!(args(&a.blocking(0)), ["TB.ACQUIRE", "k", "2", "30000", "0"]);
+        let r = FlagCall::release("k", "1-1").unwrap();
+        assert_eq!(args(&r.command(&module, false)), ["TB.RELEASE", "k", "1-1"]);
+        assert_eq!(
+            args(&r.command(&script, false)),
+            ["EVALSHA", "abc", "1", "k", "release", "1-1"]
+        );
+        let n = FlagCall::renew("k", "1-1", 500).unwrap();
+        assert_eq!(
+            args(&n.command(&function, false)),
+            ["FCALL", "tb_renew", "1", "k", "1-1", "500"]
+        );
+    }
+
+    #[test]
+    fn arguments_are_checked_before_sending() {
+        assert!(AcquireCall::new("k", 0, 1, "default").is_err());
+        assert!(AcquireCall::new("k", 1, 0, "default").is_err());
+        assert!(AcquireCall::new("k", MAX_LEASE_ARG + 1, 1, "default").is_err());
+        assert!(AcquireCall::new("", 1, 1, "default").is_err());
+        assert!(AcquireCall::new("k", MAX_LEASE_ARG, MAX_LEASE_ARG, "default").is_ok());
+        assert!(FlagCall::renew("k", "x", 0).is_err());
+    }
+
+    #[test]
+    fn replies_parse_and_odd_shapes_are_errors() {
+        let a = AcquireCall::new("k", 2, 1000, "jobs").unwrap();
+        let granted = Value::Array(vec![
+            Value::Int(1),
+            Value::Int(1),
+            Value::Int(0),
+            Value::BulkString(b"17-1".to_vec()),
+        ]);
+        let d = a.parse(&granted).unwrap();
+        assert_eq!(
+            (d.acquired, d.available, d.lease.as_deref()),
+            (true, 1, Some("17-1"))
+        );
+        let denied = Value::Array(vec![
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(1500),
+            Value::Nil,
+        ]);
+        let d = a.parse(&denied).unwrap();
+        assert_eq!(
+            (d.acquired, d.retry_after_ms, d.lease.clone()),
+            (false, 1500, None)
+        );
+        assert_eq!(d.retry_after_secs(), Some(2));
+        let h = d.headers();
+        assert_eq!(h[0].1, "\"jobs\";q=2;qu=\"concurrent-requests\"");
+        assert_eq!(h[1].1, "\"jobs\";r=0");
+        assert_eq!(h[2], ("Retry-After", "2".into()));
+        let odd = Value::Array(vec![
+            Value::Int(1),
+            Value::Int(0),
+            Value::Int(0),
+            Value::Nil,
+        ]);
+        assert!(a.parse(&odd).is_err());
+        assert!(a.parse(&Value::Int(1)).is_err());
+        let f = FlagCall::release("k", "x").unwrap();
+        assert!(f.parse(&Value::Int(1)).unwrap());
+        assert!(!f.parse(&Value::Int(0)).unwrap());
+        assert!(f.parse(&Value::Int(2)).is_err());
+    }
+
+    #[test]
+    fn renewal_gives_up_only_when_the_lease_must_have_ended() {
+        let unavailable = Err(Error::Unavailable("down".into()));
+        assert_eq!(after_renew(&Ok(true), Duration::ZERO, 100), Renewal::Held);
+        assert!(matches!(
+            after_renew(&Ok(false), Duration::ZERO, 100),
+            Renewal::Lost(_)
+        ));
+        assert_eq!(
+            after_renew(&unavailable, Duration::from_millis(99), 100),
+            Renewal::Retry
+        );
+        assert!(matches!(
+            after_renew(&unavailable, Duration::from_millis(100), 100),
+            Renewal::Lost(_)
+        ));
+        let bug = Err(Error::Reply("WRONGTYPE x".into()));
+        assert!(matches!(
+            after_renew(&bug, Duration::ZERO, 100),
+            Renewal::Lost(_)
+        ));
+        assert_eq!(renew_every(30000), Duration::from_millis(10000));
+        assert_eq!(renew_every(2), Duration::from_millis(1));
+    }
+
+    #[test]
+    fn fail_open_is_a_variant_not_a_fake_lease() {
+        let down = || Err(Error::Unavailable("down".into()));
+        assert!(matches!(
+            permit(down(), true, |_, _| ()),
+            Ok(Permit::FailedOpen(_))
+        ));
+        assert!(matches!(
+            permit(down(), false, |_, _| ()),
+            Err(Error::Unavailable(_))
+        ));
+        let bug = Err(Error::Reply("WRONGTYPE".into()));
+        assert!(permit(bug, true, |_, _| ()).is_err());
+    }
+}

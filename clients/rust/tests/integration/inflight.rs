@@ -1,0 +1,271 @@
+//! ConcurrencyLimitLayer in axum, through real HTTP requests: the lease is
+//! held while a request runs (renewed past lease_ms), released when the
+//! body is done or the future dropped; 429 or 503 with the headers; fail
+//! open and closed with the server down; hostile ids keep one hash tag.
+
+use crate::api::GENEROUS;
+use crate::common::*;
+use crate::leases::lease_servers;
+use crate::web::{get, get_with};
+use axum::routing::get as route_get;
+use axum::Router;
+use redis_tb_client::{
+    AsyncRateLimiter, ConcurrencyLimitLayer, Error, RateLimitLayer, Timeouts, QUOTA_EXCEEDED,
+};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use tower::ServiceExt;
+
+async fn serve_in_flight<C>(layer: ConcurrencyLimitLayer<C>) -> SocketAddr
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let app = Router::new()
+        .route("/", route_get(|| async { "hello" }))
+        .route(
+            "/slow",
+            route_get(|| async {
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+                "slow"
+            }),
+        )
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    addr
+}
+
+fn live(server: &Server, key: &str) -> i64 {
+    let n: i64 = redis::cmd("ZCARD")
+        .arg(key)
+        .query(&mut server.conn())
+        .unwrap();
+    // The seq member is not a lease.
+    (n - 1).max(0)
+}
+
+async fn until_live(server: &Server, key: &str, want: i64) {
+    let started = Instant::now();
+    while live(server, key) != want {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{key}: {} live, want {want}",
+            live(server, key)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+const USER: [(&str, &str); 1] = [("x-user", "alice")];
+const KEY: &str = "ratelimit:{alice}:inflight";
+
+fn layer_for(
+    server: &Server,
+    lease_ms: u64,
+) -> ConcurrencyLimitLayer<redis_tb_client::LazyConnectionManager> {
+    let limiter = AsyncRateLimiter::from_client(server.client(), GENEROUS);
+    ConcurrencyLimitLayer::new(limiter, "inflight", 1, lease_ms)
+        .unwrap()
+        .key_fn(|p| {
+            p.headers
+                .get("x-user")
+                .and_then(|v| v.to_str().ok())
+                .map(String::from)
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_limit_denies_with_429_and_headers_then_frees_the_slot() {
+    for server in lease_servers() {
+        let addr = serve_in_flight(layer_for(&server, 30_000)).await;
+        let slow = tokio::spawn(async move { get_with(addr, "/slow", &USER).await });
+        until_live(&server, KEY, 1).await;
+
+        let denied = get_with(addr, "/", &USER).await;
+        assert_eq!(denied.status, 429);
+        assert_eq!(
+            denied.header("content-type"),
+            Some("application/problem+json")
+        );
+        assert_eq!(
+            denied.header("ratelimit-policy"),
+            Some("\"inflight\";q=1;qu=\"concurrent-requests\"")
+        );
+        assert_eq!(denied.header("ratelimit"), Some("\"inflight\";r=0"));
+        // 30 s lease, a few ms old: rounded up to 30.
+        assert_eq!(denied.header("retry-after"), Some("30"));
+        let body: serde_json::Value = serde_json::from_str(&denied.body).unwrap();
+        assert_eq!(body["type"], QUOTA_EXCEEDED);
+        assert_eq!(body["status"], 429);
+        assert_eq!(body["title"], "Too Many Requests");
+        assert_eq!(body["violated-policies"][0], "inflight");
+
+        // Another caller has its own slots; a request without id is not limited.
+        assert_eq!(get_with(addr, "/", &[("x-user", "bob")]).await.status, 200);
+        assert_eq!(get(addr, "/").await.status, 200);
+
+        let done = slow.await.unwrap();
+        assert_eq!((done.status, done.body.as_str()), (200, "slow"));
+        assert_eq!(
+            done.header("ratelimit-policy"),
+            Some("\"inflight\";q=1;qu=\"concurrent-requests\"")
+        );
+        assert_eq!(done.header("ratelimit"), Some("\"inflight\";r=0"));
+        // Released once its body was sent.
+        until_live(&server, KEY, 0).await;
+        let again = get_with(addr, "/", &USER).await;
+        assert_eq!(again.status, 200);
+        assert_eq!(again.header("ratelimit"), Some("\"inflight\";r=0"));
+        until_live(&server, KEY, 0).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_status_503_and_renewal_past_lease_ms() {
+    for server in lease_servers() {
+        // lease_ms 300 < the 1000 ms request: renewed while it runs.
+        let layer = layer_for(&server, 300).deny_status(http::StatusCode::SERVICE_UNAVAILABLE);
+        let addr = serve_in_flight(layer).await;
+        let slow = tokio::spawn(async move { get_with(addr, "/slow", &USER).await });
+        until_live(&server, KEY, 1).await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let denied = get_with(addr, "/", &USER).await;
+        assert_eq!(
+            denied.status, 503,
+            "still held past lease_ms: {}",
+            denied.body
+        );
+        assert_eq!(
+            denied.header("ratelimit-policy"),
+            Some("\"inflight\";q=1;qu=\"concurrent-requests\"")
+        );
+        assert_eq!(denied.header("retry-after"), Some("1"));
+        let body: serde_json::Value = serde_json::from_str(&denied.body).unwrap();
+        assert_eq!(body["status"], 503);
+        assert_eq!(slow.await.unwrap().status, 200);
+        until_live(&server, KEY, 0).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_request_future_releases_its_lease() {
+    let server = Server::with_module();
+    let app = Router::new()
+        .route(
+            "/",
+            route_get(|| async {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                "never"
+            }),
+        )
+        .layer(layer_for(&server, 30_000));
+    let request = || {
+        http::Request::builder()
+            .uri("/")
+            .header("x-user", "alice")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    let call = app.clone().oneshot(request());
+    assert!(tokio::time::timeout(Duration::from_millis(300), call)
+        .await
+        .is_err());
+    until_live(&server, KEY, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_ids_keep_one_hash_tag() {
+    let server = Server::with_module();
+    let addr = serve_in_flight(layer_for(&server, 30_000)).await;
+    let slow = tokio::spawn(async move { get_with(addr, "/slow", &[("x-user", "}x{")]).await });
+    until_live(&server, "ratelimit:{%7Dx%7B}:inflight", 1).await;
+    assert_eq!(slow.await.unwrap().status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fails_open_or_closed_with_the_server_down() {
+    let server = Server::not_started(true);
+    let lines = Lines::default();
+    let limiter = AsyncRateLimiter::from_client(server.client(), Timeouts::default());
+    let open = ConcurrencyLimitLayer::new(limiter.clone(), "inflight", 1, 1000)
+        .unwrap()
+        .logger(lines.logger());
+    let addr = serve_in_flight(open.clone()).await;
+    for _ in 0..3 {
+        let started = Instant::now();
+        let r = get(addr, "/").await;
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert_eq!((r.status, r.body.as_str()), (200, "hello"));
+        assert!(!r.has_rate_limit_headers(), "{:?}", r.headers);
+    }
+    assert_eq!(open.unavailable_count(), 3);
+    let warnings = lines
+        .all()
+        .into_iter()
+        .filter(|(l, m)| *l == log::Level::Warn && m.contains("unavailable"))
+        .count();
+    assert_eq!(warnings, 1, "{:?}", lines.all());
+
+    let closed = ConcurrencyLimitLayer::new(limiter, "inflight", 1, 1000)
+        .unwrap()
+        .fail_open(false);
+    let addr = serve_in_flight(closed).await;
+    assert_eq!(get(addr, "/").await.status, 503);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bug_is_never_let_through_and_layers_compose() {
+    let server = Server::with_module();
+    // The key holds a string: WRONGTYPE is a bug, answered 500.
+    let _: () = redis::cmd("SET")
+        .arg(KEY)
+        .arg("x")
+        .query(&mut server.conn())
+        .unwrap();
+    let addr = serve_in_flight(layer_for(&server, 30_000)).await;
+    assert_eq!(get_with(addr, "/", &USER).await.status, 500);
+
+    // A rate limit outside an in-flight limit: both policies' headers.
+    let limiter = AsyncRateLimiter::from_client(server.client(), GENEROUS);
+    let app = Router::new()
+        .route("/", route_get(|| async { "hello" }))
+        .layer(ConcurrencyLimitLayer::new(limiter.clone(), "inflight", 5, 30_000).unwrap())
+        .layer(RateLimitLayer::new(limiter, 10, SLOW).unwrap());
+    let request = http::Request::builder()
+        .uri("/")
+        .extension(SocketAddr::from(([127, 0, 0, 9], 1)))
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = app.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let policies: Vec<_> = response
+        .headers()
+        .get_all("ratelimit-policy")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        policies,
+        [
+            "\"inflight\";q=5;qu=\"concurrent-requests\"",
+            "\"default\";q=10;w=10000"
+        ]
+    );
+    assert!(matches!(
+        ConcurrencyLimitLayer::new(
+            AsyncRateLimiter::from_client(server.client(), GENEROUS),
+            "x",
+            0,
+            1
+        ),
+        Err(Error::InvalidArgument(_))
+    ));
+}
