@@ -855,6 +855,8 @@ class LeaseGuard {
     this._controller = new AbortController();
     this._timer = null;
     this._renewing = null;
+    // The lease's deadline as last known to be moved (performance.now() ms).
+    this._heldUntil = performance.now() + leaseMs;
     if (decision.lease !== null && renewEveryMs > 0) {
       this._schedule();
     }
@@ -899,9 +901,9 @@ class LeaseGuard {
       if (this._released) {
         return;
       }
-      if (err instanceof LimiterUnavailable) {
-        // The lease may still be live: go on trying; once the server is back, a lease that
-        // ended meanwhile answers 0 (lost).
+      if (err instanceof LimiterUnavailable && performance.now() < this._heldUntil) {
+        // The lease may still be live: go on trying until its deadline; past it, it has
+        // ended by itself (lost, below).
         if (!this._warned) {
           this._warned = true;
           this.limiter.log('warn', `redis-tb: cannot renew lease ${this.lease} (will retry): ${err.message}`);
@@ -910,7 +912,8 @@ class LeaseGuard {
         return;
       }
       this.error = err;
-      this.limiter.log('error', `redis-tb: renewing lease ${this.lease} failed; counting it lost: ${err.message}`);
+      this.limiter.log(err instanceof LimiterUnavailable ? 'warn' : 'error',
+        `redis-tb: renewing lease ${this.lease} failed; counting it lost: ${err.message}`);
       this._lose();
       return;
     }
@@ -919,6 +922,7 @@ class LeaseGuard {
     }
     if (ok) {
       this.renewals += 1;
+      this._heldUntil = performance.now() + this.leaseMs;
       this._warned = false;
       this._schedule();
     } else {

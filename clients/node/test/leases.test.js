@@ -239,6 +239,22 @@ test('fail open with the server stopped: a Lease without an id, or LimiterUnavai
   assert.ok(lines.every(([level]) => level !== 'error'));
 });
 
+test('a guard that cannot renew for leaseMs (server hung) counts its lease lost', async () => {
+  const server = await startServer();
+  const { limiter } = await limiterOn(server.url, { timeoutMs: 100 });
+  const guard = await limiter.lease(fresh('hung'), 1, 400);
+  server.pause();
+  try {
+    await sleep(1000);
+    assert.ok(guard.lost && guard.error instanceof LimiterUnavailable);
+    assert.throws(() => guard.check(), LeaseLost);
+  } finally {
+    server.resume();
+  }
+  await guard[Symbol.asyncDispose]();
+  await server.stop();
+});
+
 test('a guard whose server went away ends without throwing (the lease ends by itself)', async () => {
   const server = await startServer();
   const { limiter, lines } = await limiterOn(server.url, { timeoutMs: 200 });

@@ -237,6 +237,22 @@ def test_fail_open_with_the_server_stopped(own_server):
     client.close()
 
 
+def test_guard_that_cannot_renew_for_lease_ms_is_lost(own_server):
+    client = redis.Redis(port=own_server.port)
+    lim = RateLimiter(client, timeout=0.1)
+    with lim.lease("l:{hung}", 1, 400) as guard:
+        own_server.pause()
+        try:
+            time.sleep(1.0)
+            assert guard.lost and isinstance(guard.error, LimiterUnavailable)
+            with pytest.raises(LeaseLost):
+                guard.check()
+        finally:
+            own_server.resume()
+    lim.close()
+    client.close()
+
+
 def test_guard_exit_when_the_server_went_away(own_server):
     client = redis.Redis(port=own_server.port)
     lim = RateLimiter(client)

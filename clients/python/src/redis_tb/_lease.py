@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import Optional
 
 from . import _core
@@ -44,6 +45,7 @@ class _GuardBase:
         self._lost = False
         self._released = False
         self._warned = False
+        self._held_until = 0.0  # monotonic: the lease's deadline as last known to be moved
 
     @property
     def lease(self) -> Optional[str]:
@@ -71,18 +73,20 @@ class _GuardBase:
         if not d.acquired:
             raise LeaseDenied(d)
         self.decision = d
+        self._held_until = time.monotonic() + int(self.lease_ms) / 1000
 
     def _renewed(self, ok=None, error=None) -> bool:
         """Record one renewal; True while renewing should go on."""
         if error is None and ok:
             self.renewals += 1
+            self._held_until = time.monotonic() + int(self.lease_ms) / 1000
             if self._warned:
                 self._warned = False
                 log.info("redis-tb: renewing lease %s on %r works again", self.lease, self.key)
             return True
-        if isinstance(error, LimiterUnavailable):
-            # The lease may still be live: keep trying; once the server is
-            # back, a lease that ended meanwhile answers 0 (lost).
+        if isinstance(error, LimiterUnavailable) and time.monotonic() < self._held_until:
+            # The lease may still be live: keep trying until its deadline;
+            # past it, the lease has ended by itself (lost, below).
             if not self._warned:
                 self._warned = True
                 log.warning("redis-tb: cannot renew lease %s on %r (will retry): %s", self.lease, self.key, error)
@@ -91,6 +95,9 @@ class _GuardBase:
         self._lost = True
         if error is None:
             log.warning("redis-tb: lease %s on %r is no longer held (renewal answered 0)", self.lease, self.key)
+        elif isinstance(error, LimiterUnavailable):
+            log.warning("redis-tb: lease %s on %r could not be renewed for lease_ms; counting it lost: %s",
+                        self.lease, self.key, error)
         else:
             log.error("redis-tb: renewing lease %s on %r failed; counting it lost: %s", self.lease, self.key, error)
         return False
