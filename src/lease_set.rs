@@ -25,6 +25,9 @@ use crate::metrics;
 use crate::number::format_integer;
 use crate::store::{Access, ServerString};
 
+/// The bookkeeping member's name (`Api::seq_member` as bytes).
+const SEQ: &[u8] = b"seq";
+
 /// An open lease-set key; closed when dropped.
 pub struct LeaseSet<'a> {
     api: &'a Api,
@@ -92,12 +95,10 @@ impl<'a> LeaseSet<'a> {
             return Ok(read);
         }
         let zset = &self.api.zset;
-        let issued = self
-            .score(self.api.seq_member.0)
-            .and_then(lease::issued_from_score)
-            .ok_or(TbError::CorruptLeaseSet { key_arg })?;
-        read.seen.issued = issued;
         let now = now_ms as f64;
+        // `seq` is found on the way (it is scored <= 0, so it comes first):
+        // a lookup by name would scan a small set's listpack once more.
+        let mut seq_score = None;
         // One pass from the lowest score: `seq` (and any other member
         // scored <= 0, which is never a lease), then the ended leases (kept
         // for removal, the 64 earliest), then the earliest live one. Past
@@ -130,6 +131,9 @@ impl<'a> LeaseSet<'a> {
                     }
                     read.expired.push(element);
                 } else {
+                    if element.bytes() == SEQ {
+                        seq_score = Some(score);
+                    }
                     not_positive = not_positive.saturating_add(1);
                     if not_positive > MAX_NOT_POSITIVE {
                         overflow = true;
@@ -140,6 +144,10 @@ impl<'a> LeaseSet<'a> {
             }
             (zset.range_stop)(self.key);
         }
+        read.seen.issued = seq_score
+            .or_else(|| self.score(self.api.seq_member.0))
+            .and_then(lease::issued_from_score)
+            .ok_or(TbError::CorruptLeaseSet { key_arg })?;
         let length = i64::try_from(unsafe { (zset.length)(self.key) }).unwrap_or(i64::MAX);
         read.seen.live = if overflow {
             if expired <= MAX_EXPIRED_REMOVED {
@@ -174,7 +182,7 @@ impl<'a> LeaseSet<'a> {
             return Ok(read);
         }
         read.seen.issued = self
-            .score(self.api.seq_member.0)
+            .seq_score()
             .and_then(lease::issued_from_score)
             .ok_or(TbError::CorruptLeaseSet { key_arg })?;
         read.expired = self.earliest_ended(now_ms as f64);
@@ -183,6 +191,30 @@ impl<'a> LeaseSet<'a> {
             read.seen.latest_deadline_ms = self.last_score_above(0.0).map(whole_ms);
         }
         Ok(read)
+    }
+
+    /// The score of `seq`: the set's first element, where it normally is
+    /// (scored <= 0), else looked up by name.
+    fn seq_score(&self) -> Option<f64> {
+        let zset = &self.api.zset;
+        // SAFETY: as in `read`.
+        let first = unsafe {
+            let mut first = None;
+            if (zset.first_in_score_range)(self.key, f64::NEG_INFINITY, 0.0, 0, 0)
+                == REDISMODULE_OK as c_int
+                && (zset.range_end_reached)(self.key) == 0
+            {
+                let mut score = 0.0;
+                let element = (zset.range_current_element)(self.key, &mut score);
+                let element = ServerString::owned(self.api, self.ctx, element);
+                if element.bytes() == SEQ {
+                    first = Some(score);
+                }
+            }
+            (zset.range_stop)(self.key);
+            first
+        };
+        first.or_else(|| self.score(self.api.seq_member.0))
     }
 
     /// The score of `member`, if it is in the set.
