@@ -1,10 +1,10 @@
 //! TB.BTAKE key capacity rate n timeout_ms: wait in the server, first come
 //! first served, until the bucket holds n.
 //!
-//! The command itself, and [`Tokens`], the kind of wait it is: what a
-//! waiter asks for (a limit and n), how a wake-up serves it on the bucket
-//! (`wait::Kind`), and how the bucket is read and written, the reply sent
-//! and the waits counted (`wait_glue::GlueKind`). The waiting itself is the
+//! The command itself, and the server side of `kinds::Tokens`, the kind of
+//! wait it is (whose pure rules, what a waiter asks for and how a wake-up
+//! serves it, are in `kinds.rs`): how the bucket is read and written, the
+//! reply sent and the waits counted (`wait_glue::GlueKind`). The waiting itself is the
 //! state machine in `wait.rs`; blocking the client and every server
 //! callback are in `wait_glue.rs`, shared with TB.ACQUIRE.
 
@@ -15,12 +15,12 @@ use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
 use crate::api::Api;
 use crate::args::{parse_request, parse_timeout, Request};
-use crate::bucket::{self, Outcome, State};
+use crate::bucket::Outcome;
 use crate::commands::{count_decision, run, send, shadow, Reply, Single};
 use crate::error::TbError;
+use crate::kinds::{Served, Tokens};
 use crate::metrics;
 use crate::store::{store, Access, BucketKey};
-use crate::wait::{self, Kind, MainThread, Unserved};
 use crate::wait_glue::{self, GlueKind};
 
 /// TB.BTAKE key capacity rate n timeout_ms
@@ -80,91 +80,7 @@ pub extern "C" fn tb_btake(
     run(ctx, argv, argc, btake)
 }
 
-// --- The kind: tokens -------------------------------------------------------
-
-/// TB.BTAKE's kind of wait: `n` tokens of a bucket.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Tokens;
-
-/// The bucket as a wake-up serves it: as read (`None`: missing, a full
-/// bucket), then as left by the heads served so far, with the expiry the
-/// write sets.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Served {
-    pub bucket: Option<State>,
-    pub expire_at_ms: i64,
-}
-
-/// What a served TB.BTAKE replies besides `allowed`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct TokenGrant {
-    pub remaining: i64,
-    pub reset_after_ms: i64,
-}
-
-/// TB.BTAKE's machine.
-pub type TokenMachine = wait::Machine<Tokens>;
-
-static MACHINE: MainThread<Tokens> = MainThread::new();
-
-impl Kind for Tokens {
-    type Request = Request;
-    type State = Served;
-    type Grant = TokenGrant;
-    type Reply = Outcome;
-
-    fn machine() -> &'static MainThread<Tokens> {
-        &MACHINE
-    }
-
-    fn weight(request: &Request) -> f64 {
-        request.n
-    }
-
-    fn serve(
-        state: &mut Served,
-        request: &Request,
-        now_ms: i64,
-    ) -> Result<(TokenGrant, bool), Unserved> {
-        let outcome = bucket::take(state.bucket, &request.limit, request.n, now_ms);
-        if !outcome.allowed {
-            return Err(Unserved::Later(outcome.retry_after_ms));
-        }
-        let wrote = match outcome.write {
-            Some(after) => {
-                state.bucket = Some(after);
-                state.expire_at_ms = bucket::expire_at_ms(now_ms, outcome.reset_after_ms);
-                true
-            }
-            None => false,
-        };
-        let grant = TokenGrant {
-            remaining: outcome.remaining,
-            reset_after_ms: outcome.reset_after_ms,
-        };
-        Ok((grant, wrote))
-    }
-
-    fn granted(grant: TokenGrant) -> Outcome {
-        Outcome {
-            allowed: true,
-            remaining: grant.remaining,
-            retry_after_ms: 0,
-            reset_after_ms: grant.reset_after_ms,
-            write: None,
-        }
-    }
-
-    fn denied(
-        state: &Served,
-        request: &Request,
-        queued: f64,
-        now_ms: i64,
-    ) -> Result<Outcome, TbError> {
-        let denial = bucket::take_behind(state.bucket, &request.limit, request.n, queued, now_ms);
-        Ok(denial)
-    }
-}
+// --- The kind: tokens, on the server --------------------------------------
 
 impl GlueKind for Tokens {
     fn read(

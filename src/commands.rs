@@ -12,9 +12,9 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
 use crate::api::{self, Api};
 use crate::args::{self, parse_request};
-use crate::btake::TokenMachine;
 use crate::bucket::{self, Charge, Outcome};
 use crate::error::{corrupt_bucket_message, corrupt_lease_set_message, TbError};
+use crate::kinds::{LeaseReply, TokenMachine};
 use crate::metrics;
 use crate::store::{store, Access, BucketKey, Corrupt};
 use crate::wait;
@@ -33,7 +33,7 @@ pub enum Reply {
         index: usize,
     },
     /// TB.ACQUIRE: `[acquired, available, retry_after_ms, lease]`.
-    Lease(crate::lease_commands::LeaseReply),
+    Lease(LeaseReply),
     /// TB.RELEASE, TB.RENEW: 1 or 0.
     Flag(bool),
     Blocked,
@@ -424,11 +424,7 @@ unsafe fn reply_outcome(
 ///
 /// # Safety
 /// `ctx` must be a context with a client.
-unsafe fn reply_lease(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    lease: &crate::lease_commands::LeaseReply,
-) {
+unsafe fn reply_lease(api: &Api, ctx: *mut RedisModuleCtx, lease: &LeaseReply) {
     (api.reply_with_array)(ctx, 4);
     (api.reply_with_long_long)(ctx, i64::from(lease.id.is_some()));
     (api.reply_with_long_long)(ctx, lease.available);

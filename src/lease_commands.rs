@@ -5,8 +5,9 @@
 //!
 //! A TB.ACQUIRE with `timeout_ms` that cannot have a lease at once waits in
 //! the same state machine as TB.BTAKE (`wait.rs`, glue in `wait_glue.rs`),
-//! as the kind [`Leases`]: first come first served per key, served at the
-//! wake-ups a release, a lease's end, a DEL or a flush brings.
+//! as the kind `kinds::Leases` (its server side, `GlueKind`, is here): first
+//! come first served per key, served at the wake-ups a release, a lease's
+//! end, a DEL or a flush brings.
 
 use std::os::raw::c_int;
 
@@ -16,20 +17,13 @@ use crate::api::Api;
 use crate::args::{parse_lease_ms, parse_limit, parse_timeout};
 use crate::commands::{now, run, send, Reply, KEY_ARG};
 use crate::error::TbError;
-use crate::lease::{self, Acquire, Grant, LeaseLimit, Seen};
+use crate::kinds::{LeaseReply, Leases, LeasesServed};
+use crate::lease::{self, Acquire, LeaseLimit};
 use crate::lease_set::LeaseSet;
 use crate::metrics;
 use crate::store::Access;
-use crate::wait::{self, Kind, MainThread, Unserved};
+use crate::wait;
 use crate::wait_glue::{self, GlueKind};
-
-/// What TB.ACQUIRE answers: `[acquired, available, retry_after_ms, lease]`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LeaseReply {
-    pub id: Option<lease::LeaseId>,
-    pub available: i64,
-    pub retry_after_ms: i64,
-}
 
 /// TB.ACQUIRE key limit lease_ms [timeout_ms]
 fn acquire(
@@ -199,103 +193,7 @@ pub extern "C" fn tb_renew(
     run(ctx, argv, argc, renew)
 }
 
-// --- The kind: leases -------------------------------------------------------
-
-/// TB.ACQUIRE's kind of wait: one lease of a lease set.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Leases;
-
-/// The lease set as a wake-up serves it: as read, then with the leases
-/// granted so far, which the write stores in one ZADD.
-pub struct LeasesServed {
-    seen: Seen,
-    grants: Vec<Grant>,
-}
-
-#[cfg(test)]
-impl LeasesServed {
-    /// A lease set as a server read it, nothing granted yet (the tests'
-    /// simulated server).
-    pub(crate) fn read_as(seen: Seen) -> LeasesServed {
-        LeasesServed {
-            seen,
-            grants: Vec::new(),
-        }
-    }
-
-    /// The leases granted so far, in order, which the write stores.
-    pub(crate) fn grants(&self) -> &[Grant] {
-        &self.grants
-    }
-}
-
-static MACHINE: MainThread<Leases> = MainThread::new();
-
-impl Kind for Leases {
-    type Request = LeaseLimit;
-    type State = LeasesServed;
-    type Grant = Grant;
-    type Reply = LeaseReply;
-
-    fn machine() -> &'static MainThread<Leases> {
-        &MACHINE
-    }
-
-    fn weight(_request: &LeaseLimit) -> f64 {
-        1.0
-    }
-
-    fn serve(
-        state: &mut LeasesServed,
-        request: &LeaseLimit,
-        now_ms: i64,
-    ) -> Result<(Grant, bool), Unserved> {
-        match lease::acquire(&state.seen, request, 0, now_ms) {
-            Ok(Acquire::Granted(grant)) => {
-                state.seen = lease::after_grant(&state.seen, &grant);
-                state.grants.push(grant);
-                Ok((grant, true))
-            }
-            // A slot frees up when the earliest live lease ends (or sooner,
-            // at a release, which wakes the queue by itself).
-            Ok(Acquire::Denied { retry_after_ms, .. }) => {
-                Err(Unserved::Later(retry_after_ms.max(1)))
-            }
-            Err(error) => Err(Unserved::Failed(error)),
-        }
-    }
-
-    fn granted(grant: Grant) -> LeaseReply {
-        LeaseReply {
-            id: Some(grant.id),
-            available: grant.available,
-            retry_after_ms: 0,
-        }
-    }
-
-    fn denied(
-        state: &LeasesServed,
-        request: &LeaseLimit,
-        queued: f64,
-        now_ms: i64,
-    ) -> Result<LeaseReply, TbError> {
-        // `queued` counts whole waiters (weight 1 each).
-        let waiting = queued.max(0.0).min(i64::MAX as f64) as i64;
-        let (available, retry_after_ms) = match lease::denial(&state.seen, request, waiting, now_ms)
-        {
-            Acquire::Denied {
-                available,
-                retry_after_ms,
-            } => (available, retry_after_ms),
-            Acquire::Granted(_) => (0, 0),
-        };
-        Ok(LeaseReply {
-            id: None,
-            available,
-            retry_after_ms,
-        })
-    }
-}
+// --- The kind: leases, on the server --------------------------------------
 
 impl GlueKind for Leases {
     fn read(

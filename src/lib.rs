@@ -13,12 +13,13 @@
 //! - `wait.rs`: waiting in the server (TB.BTAKE, TB.ACQUIRE), a pure state
 //!   machine generic over what is waited for; `wait_glue.rs`: the glue that
 //!   blocks clients and feeds each kind's machine the server's callbacks;
-//!   `btake.rs`: TB.BTAKE and its kind of wait, tokens;
+//!   `kinds.rs`: the two kinds of wait, tokens and leases, pure;
+//!   `btake.rs`: TB.BTAKE and its tokens kind's server side;
 //! - `store.rs`: reading and writing a bucket's hash, propagation, and
 //!   all-or-nothing writes of several buckets;
 //! - `lease.rs`: the rules of concurrency leases, pure; `lease_set.rs`:
 //!   their sorted set in the keyspace; `lease_commands.rs`: TB.ACQUIRE,
-//!   TB.RELEASE and TB.RENEW;
+//!   TB.RELEASE and TB.RENEW, and the leases kind's server side;
 //! - `command_info.rs`: command registration and COMMAND DOCS;
 //! - `api.rs`: the server functions, resolved once; `metrics.rs`: INFO tb;
 //! - `load.rs`: loading (OnLoad, load arguments, configs, module options,
@@ -44,6 +45,7 @@ mod command_info;
 mod commands;
 mod error;
 mod fault;
+mod kinds;
 pub mod lease;
 mod lease_commands;
 mod lease_set;

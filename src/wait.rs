@@ -3,7 +3,7 @@
 //!
 //! Pure and the same on every server: no Redis types, no clock of its own.
 //! Generic over what is waited for, a [`Kind`]: TB.BTAKE waits for tokens
-//! (`btake::Tokens`), TB.ACQUIRE for a lease. A kind says what a waiter
+//! (`kinds::Tokens`), TB.ACQUIRE for a lease (`kinds::Leases`). A kind says what a waiter
 //! asks for, what the key holds, how one head is served on it and what a
 //! waiter is told; the queues, timers, phases, deadlines, pauses, flushes
 //! and unload below are written once for every kind, and each kind has a

@@ -112,8 +112,8 @@ pub trait GlueKind: Kind {
 /// Every kind's machine gets `event`: keyspace events, flushes, SWAPDB,
 /// load and unload concern them all. A new kind is one more line here.
 fn every_kind(api: &Api, ctx: *mut RedisModuleCtx, event: Everyone<'_>) {
-    to_kind::<crate::btake::Tokens>(api, ctx, event);
-    to_kind::<crate::lease_commands::Leases>(api, ctx, event);
+    to_kind::<crate::kinds::Tokens>(api, ctx, event);
+    to_kind::<crate::kinds::Leases>(api, ctx, event);
 }
 
 /// The events every kind's machine gets.

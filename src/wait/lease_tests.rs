@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use proptest::prelude::*;
 
 use super::*;
+use crate::kinds::{LeaseReply, Leases, LeasesServed};
 use crate::lease::{self, Acquire, Grant, LeaseId, LeaseLimit, Seen};
-use crate::lease_commands::{LeaseReply, Leases, LeasesServed};
 
 type Machine = super::Machine<Leases>;
 type Event<'a> = super::Event<'a, Leases>;

@@ -9,8 +9,8 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::args::Request;
-use crate::btake::{Served, Tokens};
 use crate::bucket::{self, Limit, Outcome, State};
+use crate::kinds::{Served, Tokens};
 
 // TB.BTAKE's machine: the kind these tests wait for.
 type Machine = super::Machine<Tokens>;
