@@ -8,7 +8,7 @@ use crate::backend::{emit, emit_line, Backend, Blocking, Call, Logger, Op, Reque
 use crate::core::{self, Awaited, BackendState, Exchange, FailureClass, Learned, Step};
 use crate::decision::{Decision, Limit};
 use crate::error::{Error, Result};
-use crate::lease::{self, AcquireCall, FlagCall, LeaseDecision, Permit, Renewal};
+use crate::lease::{self, AcquireCall, FlagCall, LeaseDecision, LeaseId, Permit, Renewal};
 use crate::sync::{btake_margin, Options};
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
@@ -282,13 +282,26 @@ where
         self
     }
 
-    /// `true`: when the limiter is unavailable, [`acquire_guard`](Self::acquire_guard)
-    /// and [`wait_acquire_guard`](Self::wait_acquire_guard) answer
-    /// [`Permit::FailedOpen`] (go ahead without a lease) instead of
-    /// [`Error::Unavailable`]. Default `false` (fail closed). The plain
-    /// `acquire` always returns the error.
+    /// `true`: when the limiter is unavailable, [`acquire`](Self::acquire)
+    /// and [`wait_acquire`](Self::wait_acquire) answer a [`LeaseDecision`]
+    /// with `acquired` true, `lease` `None` and `failed_open` true, and
+    /// [`acquire_guard`](Self::acquire_guard) and
+    /// [`wait_acquire_guard`](Self::wait_acquire_guard) answer
+    /// [`Permit::FailedOpen`]: go ahead WITHOUT a lease (nothing is held,
+    /// counted or released). Default `false` (fail closed):
+    /// [`Error::Unavailable`], like every call. The
+    /// [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) has its own
+    /// `fail_open` setting and ignores this one.
     pub fn with_lease_fail_open(mut self, fail_open: bool) -> Self {
         self.opts_mut().lease_fail_open = fail_open;
+        self
+    }
+
+    /// The longest sleep between two tries of a polling
+    /// [`wait_acquire`](Self::wait_acquire) (`poll_ms`, default 100 ms, at
+    /// least 1 ms): it sleeps `min(retry_after_ms, poll)`.
+    pub fn with_lease_poll(mut self, poll: Duration) -> Self {
+        self.opts_mut().lease_poll = poll.max(Duration::from_millis(1));
         self
     }
 
@@ -560,7 +573,7 @@ where
 
     async fn poll<R>(&self, call: &R, timeout_ms: u64) -> Result<R::Output>
     where
-        R: Request,
+        R: Blocking,
         R::Output: Awaited,
     {
         let deadline = match timeout_ms {
@@ -571,7 +584,9 @@ where
             let decision = self.run(call).await?;
             match core::poll_wait(&decision, deadline, Instant::now()) {
                 None => return Ok(decision),
-                Some(wait) => tokio::time::sleep(wait).await,
+                Some(wait) => {
+                    tokio::time::sleep(call.poll_cap().map_or(wait, |cap| wait.min(cap))).await
+                }
             }
         }
     }
@@ -584,29 +599,78 @@ where
 {
     /// Takes a lease on the lease set at `key` if fewer than `limit` are
     /// live; it ends by itself `lease_ms` after it was granted (server
-    /// clock) unless released or renewed.
+    /// clock) unless released or renewed. An unavailable limiter is
+    /// [`Error::Unavailable`], or, with
+    /// [`with_lease_fail_open(true)`](Self::with_lease_fail_open), a
+    /// failed-open decision (`acquired`, no `lease`, `failed_open`).
     pub async fn acquire(&self, key: &str, limit: u64, lease_ms: u64) -> Result<LeaseDecision> {
-        let call = AcquireCall::new(key, limit, lease_ms, &self.opts.policy_name)?;
+        let call = self.acquire_call(key, limit, lease_ms)?;
+        let outcome = self.run(&call).await;
+        self.fail_open(&call, outcome)
+    }
+
+    /// The acquire without this limiter's lease fail-open (the guards and
+    /// the middleware decide that themselves).
+    pub(crate) async fn acquire_strict(
+        &self,
+        key: &str,
+        limit: u64,
+        lease_ms: u64,
+    ) -> Result<LeaseDecision> {
+        let call = self.acquire_call(key, limit, lease_ms)?;
         self.run(&call).await
     }
 
-    /// Releases `lease`: `true` if it was live, `false` if it was not
-    /// (released already, expired, never handed out). Safe to repeat.
-    pub async fn release(&self, key: &str, lease: &str) -> Result<bool> {
-        self.run(&FlagCall::release(key, lease)?).await
+    fn acquire_call(&self, key: &str, limit: u64, lease_ms: u64) -> Result<AcquireCall> {
+        Ok(
+            AcquireCall::new(key, limit, lease_ms, &self.opts.policy_name)?
+                .poll(self.opts.lease_poll),
+        )
+    }
+
+    fn fail_open(
+        &self,
+        call: &AcquireCall,
+        outcome: Result<LeaseDecision>,
+    ) -> Result<LeaseDecision> {
+        match outcome {
+            Err(e) if self.opts.lease_fail_open && e.is_unavailable() => {
+                Ok(LeaseDecision::failed_open(call))
+            }
+            other => other,
+        }
+    }
+
+    /// Releases `lease` (an id, a [`LeaseDecision`], or an `Option` of
+    /// one): `true` if it was live, `false` if it was not (released
+    /// already, expired, never handed out). Safe to repeat. No id (`None`:
+    /// a denial's or a failed-open decision's) answers `false` without a call.
+    pub async fn release(&self, key: &str, lease: impl LeaseId) -> Result<bool> {
+        let call = FlagCall::release(key, lease.lease_id().unwrap_or("-"))?;
+        match lease.lease_id() {
+            Some(_) => self.run(&call).await,
+            None => Ok(false),
+        }
     }
 
     /// Makes the live `lease` end `lease_ms` from now: `true`, or `false`
-    /// if it is not held (an expired lease cannot come back).
-    pub async fn renew(&self, key: &str, lease: &str, lease_ms: u64) -> Result<bool> {
-        self.run(&FlagCall::renew(key, lease, lease_ms)?).await
+    /// if it is not held (an expired lease cannot come back). No id answers
+    /// `false` without a call.
+    pub async fn renew(&self, key: &str, lease: impl LeaseId, lease_ms: u64) -> Result<bool> {
+        let call = FlagCall::renew(key, lease.lease_id().unwrap_or("-"), lease_ms)?;
+        match lease.lease_id() {
+            Some(_) => self.run(&call).await,
+            None => Ok(false),
+        }
     }
 
     /// Takes a lease, waiting up to `timeout_ms` (0: no limit); on timeout
     /// the last denial. With the module and a blocking client:
     /// `TB.ACQUIRE key limit lease_ms timeout_ms` on a dedicated connection
     /// to the slot owner, first come, first served. **Otherwise this polls**
-    /// (every `min(retry_after_ms, 100 ms)`): NOT first come, first served.
+    /// (every `min(retry_after_ms, poll_ms)`, `poll_ms` from
+    /// [`with_lease_poll`](Self::with_lease_poll), default 100 ms): NOT
+    /// first come, first served. Fails open as [`acquire`](Self::acquire) does.
     pub async fn wait_acquire(
         &self,
         key: &str,
@@ -614,9 +678,18 @@ where
         lease_ms: u64,
         timeout_ms: u64,
     ) -> Result<LeaseDecision> {
-        let call = AcquireCall::new(key, limit, lease_ms, &self.opts.policy_name)?;
+        let call = self.acquire_call(key, limit, lease_ms)?;
+        let outcome = self.wait_acquire_call(&call, timeout_ms).await;
+        self.fail_open(&call, outcome)
+    }
+
+    async fn wait_acquire_call(
+        &self,
+        call: &AcquireCall,
+        timeout_ms: u64,
+    ) -> Result<LeaseDecision> {
         let probe = Call::single(Op::Peek, "redis-tb:connect", 1.0, 1.0, 0.0, "default")?;
-        self.wait(&call, &probe, timeout_ms).await
+        self.wait(call, &probe, timeout_ms).await
     }
 
     /// [`acquire`](Self::acquire) as an [`AsyncLeaseGuard`] that renews the
@@ -630,7 +703,7 @@ where
         lease_ms: u64,
     ) -> Result<Permit<AsyncLeaseGuard>> {
         let started = Instant::now();
-        let outcome = self.acquire(key, limit, lease_ms).await;
+        let outcome = self.acquire_strict(key, limit, lease_ms).await;
         self.guard(outcome, started)
     }
 
@@ -642,7 +715,8 @@ where
         lease_ms: u64,
         timeout_ms: u64,
     ) -> Result<Permit<AsyncLeaseGuard>> {
-        let outcome = self.wait_acquire(key, limit, lease_ms, timeout_ms).await;
+        let call = self.acquire_call(key, limit, lease_ms)?;
+        let outcome = self.wait_acquire_call(&call, timeout_ms).await;
         // Granted during the wait, at most a round trip before its reply.
         self.guard(outcome, Instant::now())
     }
@@ -732,7 +806,19 @@ impl AsyncLeaseGuard {
         };
         let release: BoxFuture<Result<bool>> = {
             let id = id.clone();
-            Box::pin(async move { limiter.release(&key, &id).await })
+            Box::pin(async move {
+                let outcome = limiter.release(&key, &id).await;
+                if let Err(e) = &outcome {
+                    emit(
+                        &limiter.opts.logger,
+                        log::Level::Warn,
+                        &format!(
+                            "redis-tb: releasing lease {id} on {key} failed ({e}); it ends by itself at its deadline"
+                        ),
+                    );
+                }
+                outcome
+            })
         };
         AsyncLeaseGuard {
             decision,

@@ -309,6 +309,11 @@ pub(crate) trait Request {
 pub(crate) trait Blocking: Request {
     /// The module's blocking form, waiting up to `timeout_ms` (0: no limit).
     fn blocking(&self, timeout_ms: u64) -> Cmd;
+    /// The longest sleep between two tries when the wait polls (`None`:
+    /// the answer's own wait).
+    fn poll_cap(&self) -> Option<Duration> {
+        None
+    }
 }
 
 impl Request for Call {

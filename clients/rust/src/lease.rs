@@ -15,15 +15,17 @@ use std::time::Duration;
 /// The largest `limit` and `lease_ms` the server takes: 2^53.
 const MAX_LEASE_ARG: u64 = MAX_EXACT as u64;
 
-/// The longest a polling `wait_acquire` sleeps between two tries, whatever
-/// `retry_after_ms` says: a release frees a slot long before the earliest
-/// lease would end by itself, and a poll cannot hear it.
-pub(crate) const LEASE_POLL_MAX: Duration = Duration::from_millis(100);
+/// The default `poll_ms` of a polling `wait_acquire`: it sleeps
+/// `min(retry_after_ms, poll_ms)` between two tries, since a release frees
+/// a slot long before the earliest lease would end by itself, and a poll
+/// cannot hear it. Set with `with_lease_poll`.
+pub const LEASE_POLL_DEFAULT: Duration = Duration::from_millis(100);
 
 /// The answer of an acquire: a lease, or why not.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseDecision {
-    /// A lease was granted (`lease` holds its id).
+    /// A lease was granted (`lease` holds its id), or, with `failed_open`,
+    /// the limiter was unavailable and the call may proceed without one.
     pub acquired: bool,
     /// Free slots left after the call: `limit - live - waiting`, never below 0.
     pub available: u64,
@@ -31,8 +33,14 @@ pub struct LeaseDecision {
     /// by itself (a release can free a slot sooner; 0 when the call was
     /// denied only because others wait ahead of it).
     pub retry_after_ms: u64,
-    /// The lease's id when acquired (`<ms>-<n>`): what release and renew take.
+    /// The lease's id when acquired (`<ms>-<n>`): what release and renew
+    /// take. `None` when denied, and when failed open (nothing to release).
     pub lease: Option<String>,
+    /// `true` only when the limiter was unavailable and it fails open for
+    /// leases (`with_lease_fail_open(true)`): `acquired` is `true` but no
+    /// lease is held, so nothing limits this caller and there is nothing to
+    /// release or renew (and no headers).
+    pub failed_open: bool,
     /// The lease set's key.
     pub key: String,
     /// The policy name in the headers (the limiter's, `"default"` unless set).
@@ -44,29 +52,46 @@ pub struct LeaseDecision {
 }
 
 impl LeaseDecision {
-    /// `ceil(retry_after_ms / 1000)` on a denial: the `Retry-After` seconds.
-    pub fn retry_after_secs(&self) -> Option<u64> {
-        (!self.acquired).then(|| self.retry_after_ms.div_ceil(1000))
+    /// What an acquire that fails open answers when the limiter is
+    /// unavailable: acquired, no id, `failed_open`.
+    pub(crate) fn failed_open(call: &AcquireCall) -> LeaseDecision {
+        LeaseDecision {
+            acquired: true,
+            available: 0,
+            retry_after_ms: 0,
+            lease: None,
+            failed_open: true,
+            key: call.key.clone(),
+            policy: call.policy.clone(),
+            limit: call.limit,
+            lease_ms: call.lease_ms,
+        }
     }
 
-    /// The response headers of an in-flight limit, in this order:
-    /// `RateLimit-Policy: "<name>";q=<limit>;qu="concurrent-requests"`,
-    /// `RateLimit: "<name>";r=<available>`, and `Retry-After` on a denial.
+    /// The `Retry-After` seconds of a denial: `ceil(retry_after_ms / 1000)`,
+    /// at least 1 (a denial with `retry_after_ms` 0, turned away only
+    /// because others wait, still gets 1).
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        (!self.acquired).then(|| self.retry_after_ms.div_ceil(1000).max(1))
+    }
+
+    /// The response headers of an in-flight limit (docs/clients.md#leases),
+    /// in this order: `RateLimit-Policy:
+    /// "<name>";q=<limit>;qu="concurrent-requests"`, and on a denial
+    /// `Retry-After` ([`retry_after_secs`](Self::retry_after_secs)). None
+    /// for a failed-open decision.
     pub fn headers(&self) -> Vec<(&'static str, String)> {
+        if self.failed_open {
+            return Vec::new();
+        }
         let name = sf_string(&self.policy);
-        let mut headers = vec![
-            (
-                "RateLimit-Policy",
-                format!(
-                    "{name};q={};qu=\"concurrent-requests\"",
-                    self.limit.min(SF_INT_MAX)
-                ),
+        let mut headers = vec![(
+            "RateLimit-Policy",
+            format!(
+                "{name};q={};qu=\"concurrent-requests\"",
+                self.limit.min(SF_INT_MAX)
             ),
-            (
-                "RateLimit",
-                format!("{name};r={}", self.available.min(SF_INT_MAX)),
-            ),
-        ];
+        )];
         if let Some(secs) = self.retry_after_secs() {
             headers.push(("Retry-After", secs.min(SF_INT_MAX).to_string()));
         }
@@ -80,7 +105,6 @@ impl LeaseDecision {
             if let Ok(value) = HeaderValue::from_str(&value) {
                 let name = match name {
                     "RateLimit-Policy" => "ratelimit-policy",
-                    "RateLimit" => "ratelimit",
                     _ => "retry-after",
                 };
                 map.insert(HeaderName::from_static(name), value);
@@ -91,8 +115,48 @@ impl LeaseDecision {
 }
 
 impl Awaited for LeaseDecision {
+    /// `retry_after_ms`; the wait caps it at its `poll_ms`.
     fn retry_in(&self) -> Option<Duration> {
-        (!self.acquired).then(|| Duration::from_millis(self.retry_after_ms).min(LEASE_POLL_MAX))
+        (!self.acquired).then(|| Duration::from_millis(self.retry_after_ms))
+    }
+}
+
+/// What [`release`](crate::RateLimiter::release) and
+/// [`renew`](crate::RateLimiter::renew) take: a lease id (`&str`,
+/// `String`), a [`LeaseDecision`], or an `Option` of one. `None` (a
+/// denial's or a failed-open decision's id) answers `false` without a call.
+pub trait LeaseId {
+    /// The id, if there is one.
+    fn lease_id(&self) -> Option<&str>;
+}
+
+impl LeaseId for str {
+    fn lease_id(&self) -> Option<&str> {
+        Some(self)
+    }
+}
+
+impl LeaseId for String {
+    fn lease_id(&self) -> Option<&str> {
+        Some(self)
+    }
+}
+
+impl LeaseId for LeaseDecision {
+    fn lease_id(&self) -> Option<&str> {
+        self.lease.as_deref()
+    }
+}
+
+impl<T: LeaseId> LeaseId for Option<T> {
+    fn lease_id(&self) -> Option<&str> {
+        self.as_ref().and_then(|l| l.lease_id())
+    }
+}
+
+impl<T: LeaseId + ?Sized> LeaseId for &T {
+    fn lease_id(&self) -> Option<&str> {
+        (**self).lease_id()
     }
 }
 
@@ -206,6 +270,8 @@ pub(crate) struct AcquireCall {
     limit: u64,
     lease_ms: u64,
     policy: String,
+    /// The longest sleep between two tries of a polling wait.
+    poll: Duration,
 }
 
 impl AcquireCall {
@@ -219,7 +285,14 @@ impl AcquireCall {
             limit,
             lease_ms,
             policy: policy.into(),
+            poll: LEASE_POLL_DEFAULT,
         })
+    }
+
+    /// Polls at least every `poll` (at least 1 ms).
+    pub fn poll(mut self, poll: Duration) -> AcquireCall {
+        self.poll = poll.max(Duration::from_millis(1));
+        self
     }
 }
 
@@ -316,6 +389,7 @@ impl Request for AcquireCall {
             available,
             retry_after_ms,
             lease,
+            failed_open: false,
             key: self.key.clone(),
             policy: self.policy.clone(),
             limit: self.limit,
@@ -333,6 +407,10 @@ impl Blocking for AcquireCall {
             .arg(self.lease_ms)
             .arg(timeout_ms);
         cmd
+    }
+
+    fn poll_cap(&self) -> Option<Duration> {
+        Some(self.poll)
     }
 }
 
@@ -487,10 +565,15 @@ mod tests {
             (false, 1500, None)
         );
         assert_eq!(d.retry_after_secs(), Some(2));
+        let queued = LeaseDecision {
+            retry_after_ms: 0,
+            ..d.clone()
+        };
+        assert_eq!(queued.retry_after_secs(), Some(1), "at least 1");
         let h = d.headers();
         assert_eq!(h[0].1, "\"jobs\";q=2;qu=\"concurrent-requests\"");
-        assert_eq!(h[1].1, "\"jobs\";r=0");
-        assert_eq!(h[2], ("Retry-After", "2".into()));
+        assert_eq!(h[1], ("Retry-After", "2".into()));
+        assert_eq!(h.len(), 2);
         let odd = Value::Array(vec![
             Value::Int(1),
             Value::Int(0),
@@ -528,6 +611,17 @@ mod tests {
         ));
         assert_eq!(renew_every(30000), Duration::from_millis(10000));
         assert_eq!(renew_every(2), Duration::from_millis(1));
+    }
+
+    #[test]
+    fn a_failed_open_decision_has_no_id_and_no_headers() {
+        let a = AcquireCall::new("k", 2, 1000, "jobs").unwrap();
+        let d = LeaseDecision::failed_open(&a);
+        assert!(d.acquired && d.failed_open && d.lease.is_none());
+        assert!(d.headers().is_empty());
+        assert_eq!(d.lease_id(), None);
+        assert_eq!(Some("1-1").lease_id(), Some("1-1"));
+        assert_eq!(None::<String>.lease_id(), None);
     }
 
     #[test]

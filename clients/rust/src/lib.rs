@@ -55,12 +55,12 @@ pub use aio::{AsyncLeaseGuard, AsyncRateLimiter, LazyConnectionManager};
 pub use backend::{lua_script, Backend, Logger, Timeouts, LUA_LIBRARY};
 pub use decision::{Decision, Limit, Policy};
 pub use error::{Error, Result};
-pub use lease::{LeaseDecision, Permit};
+pub use lease::{LeaseDecision, LeaseId, Permit, LEASE_POLL_DEFAULT};
 #[cfg(feature = "tower")]
 pub use middleware::{
     client_ip, connect_info_ip, lease_problem_body, problem_body, ConcurrencyLimitLayer,
     ConcurrencyLimitService, CostFn, ErrorHandler, KeyFn, LeaseBody, RateLimitLayer,
-    RateLimitService, QUOTA_EXCEEDED,
+    RateLimitService, INFLIGHT, QUOTA_EXCEEDED,
 };
 pub use sync::{LeaseGuard, ManagedConnection, RateLimiter};
 

@@ -255,6 +255,54 @@ where
     }
 }
 
+/// The default policy name of a [`ConcurrencyLimitLayer`], and so the last
+/// part of its lease set keys: `<prefix>{<escaped id>}:inflight`.
+pub const INFLIGHT: &str = "inflight";
+
+impl<C> RateLimitLayer<C>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// An in-flight limit beside this layer, named [`INFLIGHT`]: see
+    /// [`concurrency_named`](Self::concurrency_named).
+    pub fn concurrency(&self, limit: u64, lease_ms: u64) -> Result<ConcurrencyLimitLayer<C>> {
+        self.concurrency_named(INFLIGHT, limit, lease_ms)
+    }
+
+    /// An in-flight limit (at most `limit` requests of one caller at once)
+    /// to stack beside this layer: its lease set is
+    /// `<prefix>{<escaped id>}:<name>`, with this layer's limiter, caller id
+    /// ([`key_fn`](Self::key_fn)), prefix, `fail_open`, logger and
+    /// `on_error` as they are now (configure this layer first), so it shares
+    /// the caller's cluster slot. [`Error::InvalidArgument`] when `name` is
+    /// one of this layer's policy names (a bucket is a hash, a lease set a
+    /// sorted set: the same key cannot be both), or as
+    /// [`ConcurrencyLimitLayer::named`].
+    pub fn concurrency_named(
+        &self,
+        name: impl Into<String>,
+        limit: u64,
+        lease_ms: u64,
+    ) -> Result<ConcurrencyLimitLayer<C>> {
+        let name = name.into();
+        if self.shared.policies.iter().any(|p| p.name == name) {
+            return Err(Error::InvalidArgument(format!(
+                "the in-flight limit's name {name:?} is a rate policy's name: its lease set \
+                 would be that policy's bucket"
+            )));
+        }
+        let s = &self.shared;
+        let layer = ConcurrencyLimitLayer::named(s.limiter.clone(), name, limit, lease_ms)?;
+        Ok(layer.edit(|c| {
+            c.key_fn = s.key_fn.clone();
+            c.prefix = s.prefix.clone();
+            c.fail_open = s.fail_open;
+            c.logger = s.logger.clone();
+            c.on_error = s.on_error.clone();
+        }))
+    }
+}
+
 impl<S, C> Layer<S> for RateLimitLayer<C> {
     type Service = RateLimitService<S, C>;
 
@@ -474,10 +522,11 @@ where
 ///
 /// A request that finds `limit` in flight gets 429 (or [`deny_status`](Self::deny_status),
 /// e.g. 503) with `application/problem+json`, `RateLimit-Policy:
-/// "<name>";q=<limit>;qu="concurrent-requests"`, `RateLimit: "<name>";r=0`
-/// and `Retry-After` (the seconds, rounded up, until the earliest lease ends
-/// by itself: a release usually frees a slot sooner). Allowed responses get
-/// the two `RateLimit` headers, appended to any the inner service set.
+/// "<name>";q=<limit>;qu="concurrent-requests"` and `Retry-After`
+/// (`ceil(retry_after_ms / 1000)`, at least 1: the seconds until the
+/// earliest lease ends by itself, though a release usually frees a slot
+/// sooner). Allowed responses get `RateLimit-Policy`, appended to any
+/// headers the inner service set.
 /// Failures follow the one failure rule as in [`RateLimitLayer`]: fail open
 /// (the request goes through without a lease; the default) or closed (503),
 /// and never open on a bug (500, or [`on_error`](Self::on_error)).
@@ -515,11 +564,21 @@ impl<C> ConcurrencyLimitLayer<C>
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// At most `limit` requests in flight per caller, policy `name` (its
-    /// key and headers), each lease lasting `lease_ms` unless renewed.
-    /// [`Error::InvalidArgument`] for a name that is not printable ASCII,
-    /// a `limit` or `lease_ms` of 0 or above 2^53.
-    pub fn new(
+    /// At most `limit` requests in flight per caller, policy name
+    /// [`INFLIGHT`] (its key `<prefix>{<escaped id>}:inflight` and its
+    /// headers), each lease lasting `lease_ms` unless renewed.
+    /// [`Error::InvalidArgument`] for a `limit` or `lease_ms` of 0 or above
+    /// 2^53. Beside a [`RateLimitLayer`], make it with
+    /// [`RateLimitLayer::concurrency`] instead: that one shares the rate
+    /// layer's caller id, prefix and failure settings, and refuses a name
+    /// that is one of its policies'.
+    pub fn new(limiter: AsyncRateLimiter<C>, limit: u64, lease_ms: u64) -> Result<Self> {
+        Self::named(limiter, INFLIGHT, limit, lease_ms)
+    }
+
+    /// [`new`](Self::new) with the policy `name` instead of `"inflight"`.
+    /// [`Error::InvalidArgument`] also for a name that is not printable ASCII.
+    pub fn named(
         limiter: AsyncRateLimiter<C>,
         name: impl Into<String>,
         limit: u64,
@@ -639,7 +698,7 @@ where
         let started = std::time::Instant::now();
         let outcome = self
             .limiter
-            .acquire(&key, self.limit, self.lease_ms)
+            .acquire_strict(&key, self.limit, self.lease_ms)
             .await
             .map(|mut d| {
                 d.policy = self.name.clone();

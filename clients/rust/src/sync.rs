@@ -8,7 +8,7 @@ use crate::core::{
 };
 use crate::decision::{Decision, Limit};
 use crate::error::{Error, Result};
-use crate::lease::{self, AcquireCall, FlagCall, LeaseDecision, Permit, Renewal};
+use crate::lease::{self, AcquireCall, FlagCall, LeaseDecision, LeaseId, Permit, Renewal};
 use redis::{ConnectionLike, IntoConnectionInfo, RedisResult, Value};
 use std::io;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -21,8 +21,11 @@ pub(crate) struct Options {
     pub timeouts: Timeouts,
     pub policy_name: String,
     pub recheck: Duration,
-    /// Lease guards: an unavailable limiter gives `Permit::FailedOpen`.
+    /// Leases: an unavailable limiter gives a failed-open `LeaseDecision`
+    /// (plain calls) or `Permit::FailedOpen` (guards).
     pub lease_fail_open: bool,
+    /// The longest sleep of a polling `wait_acquire` (`poll_ms`).
+    pub lease_poll: Duration,
 }
 
 impl Default for Options {
@@ -33,6 +36,7 @@ impl Default for Options {
             policy_name: "default".into(),
             recheck: MODULE_RECHECK,
             lease_fail_open: false,
+            lease_poll: lease::LEASE_POLL_DEFAULT,
         }
     }
 }
@@ -265,13 +269,24 @@ impl<C: ConnectionLike> RateLimiter<C> {
         self
     }
 
-    /// `true`: when the limiter is unavailable, [`acquire_guard`](Self::acquire_guard)
-    /// and [`wait_acquire_guard`](Self::wait_acquire_guard) answer
-    /// [`Permit::FailedOpen`] (go ahead without a lease) instead of
-    /// [`Error::Unavailable`]. Default `false` (fail closed). The plain
-    /// `acquire` always returns the error.
+    /// `true`: when the limiter is unavailable, [`acquire`](Self::acquire)
+    /// and [`wait_acquire`](Self::wait_acquire) answer a [`LeaseDecision`]
+    /// with `acquired` true, `lease` `None` and `failed_open` true, and
+    /// [`acquire_guard`](Self::acquire_guard) and
+    /// [`wait_acquire_guard`](Self::wait_acquire_guard) answer
+    /// [`Permit::FailedOpen`]: go ahead WITHOUT a lease (nothing is held,
+    /// counted or released). Default `false` (fail closed):
+    /// [`Error::Unavailable`], like every call.
     pub fn with_lease_fail_open(mut self, fail_open: bool) -> Self {
         self.opts.lease_fail_open = fail_open;
+        self
+    }
+
+    /// The longest sleep between two tries of a polling
+    /// [`wait_acquire`](Self::wait_acquire) (`poll_ms`, default 100 ms, at
+    /// least 1 ms): it sleeps `min(retry_after_ms, poll)`.
+    pub fn with_lease_poll(mut self, poll: Duration) -> Self {
+        self.opts.lease_poll = poll.max(Duration::from_millis(1));
         self
     }
 
@@ -479,7 +494,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
 
     fn poll<R>(&mut self, call: &R, timeout_ms: u64) -> Result<R::Output>
     where
-        R: Request,
+        R: Blocking,
         R::Output: Awaited,
     {
         let deadline = match timeout_ms {
@@ -490,7 +505,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
             let decision = self.run(call)?;
             match crate::core::poll_wait(&decision, deadline, Instant::now()) {
                 None => return Ok(decision),
-                Some(wait) => std::thread::sleep(wait),
+                Some(wait) => std::thread::sleep(call.poll_cap().map_or(wait, |cap| wait.min(cap))),
             }
         }
     }
@@ -501,22 +516,57 @@ impl<C: ConnectionLike> RateLimiter<C> {
     /// Takes a lease on the lease set at `key` if fewer than `limit` are
     /// live; it ends by itself `lease_ms` after it was granted (server
     /// clock) unless released or renewed. The denial says when the earliest
-    /// live lease ends by itself.
+    /// live lease ends by itself. An unavailable limiter is
+    /// [`Error::Unavailable`], or, with
+    /// [`with_lease_fail_open(true)`](Self::with_lease_fail_open), a
+    /// failed-open decision (`acquired`, no `lease`, `failed_open`).
     pub fn acquire(&mut self, key: &str, limit: u64, lease_ms: u64) -> Result<LeaseDecision> {
-        let call = AcquireCall::new(key, limit, lease_ms, &self.opts.policy_name)?;
-        self.run(&call)
+        let call = self.acquire_call(key, limit, lease_ms)?;
+        let outcome = self.run(&call);
+        self.fail_open(&call, outcome)
     }
 
-    /// Releases `lease`: `true` if it was live, `false` if it was not
-    /// (released already, expired, never handed out). Safe to repeat.
-    pub fn release(&mut self, key: &str, lease: &str) -> Result<bool> {
-        self.run(&FlagCall::release(key, lease)?)
+    fn acquire_call(&self, key: &str, limit: u64, lease_ms: u64) -> Result<AcquireCall> {
+        Ok(
+            AcquireCall::new(key, limit, lease_ms, &self.opts.policy_name)?
+                .poll(self.opts.lease_poll),
+        )
+    }
+
+    fn fail_open(
+        &self,
+        call: &AcquireCall,
+        outcome: Result<LeaseDecision>,
+    ) -> Result<LeaseDecision> {
+        match outcome {
+            Err(e) if self.opts.lease_fail_open && e.is_unavailable() => {
+                Ok(LeaseDecision::failed_open(call))
+            }
+            other => other,
+        }
+    }
+
+    /// Releases `lease` (an id, a [`LeaseDecision`], or an `Option` of
+    /// one): `true` if it was live, `false` if it was not (released
+    /// already, expired, never handed out). Safe to repeat. No id (`None`:
+    /// a denial's or a failed-open decision's) answers `false` without a call.
+    pub fn release(&mut self, key: &str, lease: impl LeaseId) -> Result<bool> {
+        let call = FlagCall::release(key, lease.lease_id().unwrap_or("-"))?;
+        match lease.lease_id() {
+            Some(_) => self.run(&call),
+            None => Ok(false),
+        }
     }
 
     /// Makes the live `lease` end `lease_ms` from now: `true`, or `false`
-    /// if it is not held (an expired lease cannot come back).
-    pub fn renew(&mut self, key: &str, lease: &str, lease_ms: u64) -> Result<bool> {
-        self.run(&FlagCall::renew(key, lease, lease_ms)?)
+    /// if it is not held (an expired lease cannot come back). No id answers
+    /// `false` without a call.
+    pub fn renew(&mut self, key: &str, lease: impl LeaseId, lease_ms: u64) -> Result<bool> {
+        let call = FlagCall::renew(key, lease.lease_id().unwrap_or("-"), lease_ms)?;
+        match lease.lease_id() {
+            Some(_) => self.run(&call),
+            None => Ok(false),
+        }
     }
 
     /// Takes a lease, waiting up to `timeout_ms` (0: no limit) for one; on
@@ -526,9 +576,11 @@ impl<C: ConnectionLike> RateLimiter<C> {
     /// timeout_ms` on a dedicated connection (on the node that owns the
     /// key's slot), served first come, first served by the server.
     ///
-    /// **Otherwise this polls**: acquire, sleep `min(retry_after_ms, 100 ms,
-    /// time left)`, again. Polling waiters are NOT served in arrival order,
-    /// and a caller that never waits can take a freed slot first.
+    /// **Otherwise this polls**: acquire, sleep `min(retry_after_ms,
+    /// poll_ms, time left)` (`poll_ms`: [`with_lease_poll`](Self::with_lease_poll),
+    /// default 100 ms), again. Polling waiters are NOT served in arrival
+    /// order, and a caller that never waits can take a freed slot first.
+    /// Fails open as [`acquire`](Self::acquire) does.
     pub fn wait_acquire(
         &mut self,
         key: &str,
@@ -536,9 +588,14 @@ impl<C: ConnectionLike> RateLimiter<C> {
         lease_ms: u64,
         timeout_ms: u64,
     ) -> Result<LeaseDecision> {
-        let call = AcquireCall::new(key, limit, lease_ms, &self.opts.policy_name)?;
+        let call = self.acquire_call(key, limit, lease_ms)?;
+        let outcome = self.wait_acquire_call(&call, timeout_ms);
+        self.fail_open(&call, outcome)
+    }
+
+    fn wait_acquire_call(&mut self, call: &AcquireCall, timeout_ms: u64) -> Result<LeaseDecision> {
         let probe = Call::single(Op::Peek, "redis-tb:connect", 1.0, 1.0, 0.0, "default")?;
-        self.wait(&call, &probe, timeout_ms)
+        self.wait(call, &probe, timeout_ms)
     }
 
     /// [`acquire`](Self::acquire) as a guard that releases the lease when
@@ -553,7 +610,8 @@ impl<C: ConnectionLike> RateLimiter<C> {
         lease_ms: u64,
     ) -> Result<Permit<LeaseGuard<'_, C>>> {
         let started = Instant::now();
-        let outcome = self.acquire(key, limit, lease_ms);
+        let call = self.acquire_call(key, limit, lease_ms)?;
+        let outcome = self.run(&call);
         self.guard(outcome, started)
     }
 
@@ -565,7 +623,8 @@ impl<C: ConnectionLike> RateLimiter<C> {
         lease_ms: u64,
         timeout_ms: u64,
     ) -> Result<Permit<LeaseGuard<'_, C>>> {
-        let outcome = self.wait_acquire(key, limit, lease_ms, timeout_ms);
+        let call = self.acquire_call(key, limit, lease_ms)?;
+        let outcome = self.wait_acquire_call(&call, timeout_ms);
         // Granted during the wait, at most a round trip before its reply.
         self.guard(outcome, Instant::now())
     }
@@ -684,7 +743,16 @@ impl<C: ConnectionLike> LeaseGuard<'_, C> {
 impl<C: ConnectionLike> Drop for LeaseGuard<'_, C> {
     fn drop(&mut self) {
         if !self.released {
-            let _ = self.limiter.release(&self.decision.key, &self.id);
+            if let Err(e) = self.limiter.release(&self.decision.key, &self.id) {
+                emit(
+                    &self.limiter.opts.logger,
+                    log::Level::Warn,
+                    &format!(
+                        "redis-tb: releasing lease {} on {} failed ({e}); it ends by itself at its deadline",
+                        self.id, self.decision.key
+                    ),
+                );
+            }
         }
     }
 }

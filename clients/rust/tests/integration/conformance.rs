@@ -5,13 +5,26 @@
 //! Translations for Rust: `timeout_ms` is a `u64` of ms; a call's `policy`
 //! is the limiter's `with_policy_name` (take, peek, refund, wait_take) or
 //! the `Limit`'s name (take_all); error classes are `Error` variants.
+//!
+//! The lease cases, clients/conformance/leases.json, run the same way
+//! (acquire, wait_acquire, release, renew; `save`, `"$name"`, `result`,
+//! `id_count`), with these translations: `limit`, `lease_ms` and
+//! `timeout_ms` are `u64`, so a number that is not one (1.5, -5, -1) cannot
+//! be passed at all: the type refuses it before anything is sent, which is
+//! what such a case's `invalid_argument` asks (the runner checks that the
+//! case expects exactly that); `policy` is the limiter's `with_policy_name`;
+//! the `Lease` is a `LeaseDecision`; in a cluster the limiters get a
+//! blocking client, so `wait_acquire` on the module is TB.ACQUIRE with a
+//! timeout on the slot owner (following `MOVED`).
 
 use crate::api::GENEROUS;
 use crate::common::*;
 use redis_tb_client::{
-    bucket_key, classify_reply, AsyncRateLimiter, Decision, Error, FailureClass, Limit, RateLimiter,
+    bucket_key, classify_reply, AsyncRateLimiter, Decision, Error, FailureClass, LeaseDecision,
+    Limit, RateLimiter,
 };
 use serde_json::Value as Json;
+use std::collections::HashMap;
 
 fn cases() -> Vec<Json> {
     let path = repo_root().join("clients/conformance/cases.json");
@@ -193,24 +206,30 @@ fn matches_number(expected: &Json, actual: f64) -> bool {
     }
 }
 
+/// A call that must fail with the case's error class and message start.
+fn check_error<T: std::fmt::Debug>(call: &Json, outcome: Result<T, Error>, at: &str) {
+    let class = call["error"].as_str().unwrap();
+    let e = match outcome {
+        Err(e) => e,
+        Ok(answer) => panic!("{at}: expected {class}, got {answer:?}"),
+    };
+    let (actual, message) = match &e {
+        Error::InvalidArgument(m) => ("invalid_argument", m.clone()),
+        Error::Unavailable(m) => ("unavailable", m.clone()),
+        Error::Reply(m) => ("reply", m.clone()),
+        Error::Other(m) => ("other", m.clone()),
+    };
+    assert_eq!(actual, class, "{at}: {e}");
+    let start = call["message"].as_str().unwrap_or("");
+    assert!(
+        message.starts_with(start),
+        "{at}: {message:?} starts with {start:?}"
+    );
+}
+
 fn check(call: &Json, outcome: Result<Decision, Error>, at: &str) {
-    if let Some(class) = call["error"].as_str() {
-        let e = outcome
-            .err()
-            .unwrap_or_else(|| panic!("{at}: expected {class}"));
-        let (actual, message) = match &e {
-            Error::InvalidArgument(m) => ("invalid_argument", m.clone()),
-            Error::Unavailable(m) => ("unavailable", m.clone()),
-            Error::Reply(m) => ("reply", m.clone()),
-            Error::Other(m) => ("other", m.clone()),
-        };
-        assert_eq!(actual, class, "{at}: {e}");
-        let start = call["message"].as_str().unwrap_or("");
-        assert!(
-            message.starts_with(start),
-            "{at}: {message:?} starts with {start:?}"
-        );
-        return;
+    if call["error"].is_string() {
+        return check_error(call, outcome, at);
     }
     let d = outcome.unwrap_or_else(|e| panic!("{at}: {e}"));
     for (field, expected) in call["decision"].as_object().into_iter().flatten() {
@@ -352,6 +371,253 @@ fn run_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) -> usize
         }
     }
     ran
+}
+
+fn lease_cases() -> Vec<Json> {
+    let path = repo_root().join("clients/conformance/leases.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let doc: Json = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        doc["version"], 1,
+        "a version of leases.json this runner knows"
+    );
+    doc["cases"].as_array().unwrap().clone()
+}
+
+/// One lease call the runner can make on either driver.
+enum LeaseCall {
+    Acquire(String, u64, u64),
+    WaitAcquire(String, u64, u64, u64),
+    Release(String, String),
+    Renew(String, String, u64),
+}
+
+/// What a lease call answers.
+#[derive(Debug)]
+enum LeaseAnswer {
+    Lease(LeaseDecision),
+    Flag(bool),
+}
+
+/// A `u64` argument, or `Err` with the number a `u64` cannot hold.
+fn whole(call: &Json, field: &str) -> Result<u64, String> {
+    let v = &call[field];
+    assert!(v.is_number(), "{field} in {call}");
+    v.as_u64().ok_or_else(|| format!("{field} = {v}"))
+}
+
+/// The call, or `Err` when one of its numbers is not a `u64` (the type refuses it).
+fn lease_call(call: &Json, saved: &HashMap<String, String>) -> Result<LeaseCall, String> {
+    let key = text(call, "key");
+    let lease = || {
+        let lease = text(call, "lease");
+        match lease.strip_prefix('$') {
+            Some(name) => saved
+                .get(name)
+                .unwrap_or_else(|| panic!("no saved lease {name:?} for {call}"))
+                .clone(),
+            None => lease,
+        }
+    };
+    Ok(match call["op"].as_str().unwrap() {
+        "acquire" => LeaseCall::Acquire(key, whole(call, "limit")?, whole(call, "lease_ms")?),
+        "wait_acquire" => LeaseCall::WaitAcquire(
+            key,
+            whole(call, "limit")?,
+            whole(call, "lease_ms")?,
+            whole(call, "timeout_ms")?,
+        ),
+        "release" => LeaseCall::Release(key, lease()),
+        "renew" => LeaseCall::Renew(key, lease(), whole(call, "lease_ms")?),
+        other => panic!("the runner does not know the op {other} in {call}"),
+    })
+}
+
+fn sync_lease<C: redis::ConnectionLike>(
+    l: &mut RateLimiter<C>,
+    call: &LeaseCall,
+) -> Result<LeaseAnswer, Error> {
+    Ok(match call {
+        LeaseCall::Acquire(k, n, ms) => LeaseAnswer::Lease(l.acquire(k, *n, *ms)?),
+        LeaseCall::WaitAcquire(k, n, ms, t) => LeaseAnswer::Lease(l.wait_acquire(k, *n, *ms, *t)?),
+        LeaseCall::Release(k, id) => LeaseAnswer::Flag(l.release(k, id)?),
+        LeaseCall::Renew(k, id, ms) => LeaseAnswer::Flag(l.renew(k, id, *ms)?),
+    })
+}
+
+async fn async_lease<C>(l: &AsyncRateLimiter<C>, call: &LeaseCall) -> Result<LeaseAnswer, Error>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    Ok(match call {
+        LeaseCall::Acquire(k, n, ms) => LeaseAnswer::Lease(l.acquire(k, *n, *ms).await?),
+        LeaseCall::WaitAcquire(k, n, ms, t) => {
+            LeaseAnswer::Lease(l.wait_acquire(k, *n, *ms, *t).await?)
+        }
+        LeaseCall::Release(k, id) => LeaseAnswer::Flag(l.release(k, id).await?),
+        LeaseCall::Renew(k, id, ms) => LeaseAnswer::Flag(l.renew(k, id, *ms).await?),
+    })
+}
+
+/// `<ms>-<n>`: the shape of a lease id.
+fn lease_id_count(id: &str) -> Option<u64> {
+    let (ms, n) = id.split_once('-')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(ms) && digits(n)).then(|| n.parse().ok()).flatten()
+}
+
+fn check_lease(
+    call: &Json,
+    outcome: Result<LeaseAnswer, Error>,
+    saved: &mut HashMap<String, String>,
+    at: &str,
+) {
+    if call["error"].is_string() {
+        return check_error(call, outcome.map(|_| ()), at);
+    }
+    let answer = outcome.unwrap_or_else(|e| panic!("{at}: {e}"));
+    if let Some(result) = call.get("result") {
+        assert!(
+            matches!(answer, LeaseAnswer::Flag(f) if Some(f) == result.as_bool()),
+            "{at}: should answer {result}: {answer:?}"
+        );
+    }
+    let LeaseAnswer::Lease(d) = answer else {
+        assert!(
+            call.get("decision").is_none() && call.get("save").is_none(),
+            "{at}: a release or renew has no decision"
+        );
+        return;
+    };
+    if let Some(name) = call["save"].as_str() {
+        let id = d
+            .lease
+            .clone()
+            .unwrap_or_else(|| panic!("{at}: no id to save: {d:?}"));
+        saved.insert(name.to_string(), id);
+    }
+    if let Some(count) = call.get("id_count") {
+        let id = d
+            .lease
+            .as_deref()
+            .unwrap_or_else(|| panic!("{at}: no id: {d:?}"));
+        assert_eq!(lease_id_count(id), count.as_u64(), "{at}: id_count of {id}");
+    }
+    for (field, expected) in call["decision"].as_object().into_iter().flatten() {
+        let ok = match field.as_str() {
+            "acquired" => expected.as_bool() == Some(d.acquired),
+            "available" => matches_number(expected, d.available as f64),
+            "retry_after_ms" => matches_number(expected, d.retry_after_ms as f64),
+            "lease" => match (expected, d.lease.as_deref()) {
+                (Json::Null, None) => true,
+                (Json::String(shape), Some(id)) if shape == "<id>" => lease_id_count(id).is_some(),
+                (Json::String(want), Some(id)) => want == id,
+                _ => false,
+            },
+            "failed_open" => expected.as_bool() == Some(d.failed_open),
+            "policy" => expected.as_str() == Some(d.policy.as_str()),
+            "limit" => matches_number(expected, d.limit as f64),
+            "lease_ms" => matches_number(expected, d.lease_ms as f64),
+            other => panic!("{at}: the runner does not know the field {other}"),
+        };
+        assert!(ok, "{at}: {field} should be {expected}: {d:?}");
+    }
+    if let Some(expected) = call["headers"].as_object() {
+        // All of them, exactly: the shared lease headers, and no others.
+        let actual: serde_json::Map<String, Json> = d
+            .headers()
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), Json::String(v)))
+            .collect();
+        assert_eq!(&actual, expected, "{at}: headers");
+    }
+}
+
+fn run_lease_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) -> usize {
+    let env = Env::start(backend, topology);
+    let mut ran = 0;
+    for driver in ["sync", "async"] {
+        for case in lease_cases() {
+            if !lists(&case, "backends", backend) || !lists(&case, "topologies", topology) {
+                continue;
+            }
+            env.prepare(&case);
+            let name = case["name"].as_str().unwrap();
+            let mut saved = HashMap::new();
+            for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
+                let at = format!("{backend}/{topology}/{driver}: lease case {name:?} call {i}");
+                let lease = match lease_call(call, &saved) {
+                    Ok(lease) => lease,
+                    Err(number) => {
+                        // Not a u64: the type refuses it before anything is sent.
+                        assert_eq!(
+                            call["error"], "invalid_argument",
+                            "{at}: {number} cannot be passed in Rust, so the case must refuse it"
+                        );
+                        continue;
+                    }
+                };
+                let policy = call["policy"].as_str().unwrap_or("default");
+                let outcome = if driver == "sync" {
+                    match &env {
+                        Env::Standalone(s) => sync_lease(
+                            &mut RateLimiter::from_client(s.client(), GENEROUS)
+                                .with_policy_name(policy),
+                            &lease,
+                        ),
+                        Env::Cluster(c) => sync_lease(
+                            &mut RateLimiter::new(c.client().get_connection().unwrap())
+                                .with_blocking_client(c.nodes[0].client())
+                                .with_timeouts(GENEROUS)
+                                .with_policy_name(policy),
+                            &lease,
+                        ),
+                    }
+                } else {
+                    rt.block_on(async {
+                        match &env {
+                            Env::Standalone(s) => {
+                                let l = AsyncRateLimiter::from_client(s.client(), GENEROUS)
+                                    .with_policy_name(policy);
+                                async_lease(&l, &lease).await
+                            }
+                            Env::Cluster(c) => {
+                                let con = c.client().get_async_connection().await.unwrap();
+                                let l = AsyncRateLimiter::new(con)
+                                    .with_blocking_client(c.nodes[0].client())
+                                    .with_timeouts(GENEROUS)
+                                    .with_policy_name(policy);
+                                async_lease(&l, &lease).await
+                            }
+                        }
+                    })
+                };
+                check_lease(call, outcome, &mut saved, &at);
+            }
+            ran += 1;
+        }
+    }
+    ran
+}
+
+#[test]
+fn lease_cases_on_the_module_standalone() {
+    assert!(run_lease_env("module", "standalone", &runtime()) > 0);
+}
+
+#[test]
+fn lease_cases_on_lua_standalone() {
+    assert!(run_lease_env("lua", "standalone", &runtime()) > 0);
+}
+
+#[test]
+fn lease_cases_on_the_module_in_a_cluster() {
+    assert!(run_lease_env("module", "cluster", &runtime()) > 0);
+}
+
+#[test]
+fn lease_cases_on_lua_in_a_cluster() {
+    assert!(run_lease_env("lua", "cluster", &runtime()) > 0);
 }
 
 fn runtime() -> tokio::runtime::Runtime {

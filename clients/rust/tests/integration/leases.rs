@@ -380,6 +380,24 @@ fn fail_open_and_closed_with_the_server_down() {
         .wait_acquire_guard("f", 1, 1000, 100)
         .unwrap()
         .may_proceed());
+    // The plain calls, asked to fail open: acquired, no id, failed_open.
+    for d in [
+        open.acquire("f", 1, 1000).unwrap(),
+        open.wait_acquire("f", 1, 1000, 100).unwrap(),
+    ] {
+        assert!(d.acquired && d.failed_open && d.lease.is_none(), "{d:?}");
+        assert_eq!((d.limit, d.lease_ms, d.key.as_str()), (1, 1000, "f"));
+        assert!(d.headers().is_empty(), "{d:?}");
+        // Nothing to give back: false, and no call (the server is down).
+        assert!(!open.release("f", &d).unwrap());
+        assert!(!open.release("f", &d.lease).unwrap());
+        assert!(!open.renew("f", &d, 1000).unwrap());
+        assert!(!closed.release("f", None::<&str>).unwrap());
+    }
+    assert!(matches!(
+        closed.wait_acquire("f", 1, 1000, 100),
+        Err(Error::Unavailable(_))
+    ));
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "a refused connection fails at once: {:?}",
@@ -395,11 +413,23 @@ async fn async_fail_open_with_the_server_down() {
         closed.acquire_guard("f", 1, 1000).await,
         Err(Error::Unavailable(_))
     ));
+    assert!(matches!(
+        closed.acquire("f", 1, 1000).await,
+        Err(Error::Unavailable(_))
+    ));
     let open = closed.clone().with_lease_fail_open(true);
     assert!(matches!(
         open.acquire_guard("f", 1, 1000).await.unwrap(),
         Permit::FailedOpen(_)
     ));
+    for d in [
+        open.acquire("f", 1, 1000).await.unwrap(),
+        open.wait_acquire("f", 1, 1000, 100).await.unwrap(),
+    ] {
+        assert!(d.acquired && d.failed_open && d.lease.is_none(), "{d:?}");
+        assert!(!open.release("f", &d).await.unwrap());
+        assert!(!closed.renew("f", &d.lease, 1000).await.unwrap());
+    }
 }
 
 fn lease_key_on_node(node: usize) -> String {
@@ -555,4 +585,32 @@ async fn a_guard_that_cannot_renew_for_lease_ms_is_lost() {
     let why = outcome.expect("lost while the server hung");
     assert!(why.contains("within lease_ms"), "{why}");
     assert!(guard.is_lost());
+}
+
+#[test]
+fn the_poll_of_wait_acquire_is_the_limiters_poll_ms() {
+    // Lua: wait_acquire polls every min(retry_after_ms, poll_ms). With a
+    // 600 ms poll, a release 100 ms in is heard at the second try, ~600 ms.
+    let server = Server::without_module();
+    let mut l = RateLimiter::new(server.conn()).with_lease_poll(Duration::from_millis(600));
+    let holder = l.acquire("pp", 1, 30_000).unwrap();
+    let (client, id) = (server.client(), held(&holder).to_string());
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        let mut r = RateLimiter::from_client(client, GENEROUS);
+        r.release("pp", &id).unwrap()
+    });
+    let started = Instant::now();
+    let d = l.wait_acquire("pp", 1, 30_000, 10_000).unwrap();
+    let took = started.elapsed();
+    assert!(releaser.join().unwrap());
+    assert!(d.acquired, "{d:?}");
+    assert!(
+        took >= Duration::from_millis(550) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    // The time left still caps the sleep: the denial comes at the timeout.
+    let started = Instant::now();
+    assert!(!l.wait_acquire("pp", 1, 30_000, 200).unwrap().acquired);
+    assert!(started.elapsed() < Duration::from_millis(550));
 }
