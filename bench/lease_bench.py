@@ -73,11 +73,42 @@ SCENARIOS = [
 
 class Impl:
     """One way to acquire and release: the commands, how to read a grant, what
-    commandstats calls its two top-level commands."""
+    commandstats calls its top-level commands (`optional` ones may not run)."""
 
-    def __init__(self, name, stats, acquire, granted, release):
-        self.name, self.stats = name, stats
+    def __init__(self, name, stats, acquire, granted, release, optional=(), reset=None):
+        self.name, self.stats, self.optional = name, stats, list(optional)
         self.acquire, self.granted, self.release = acquire, granted, release
+        self.reset = reset or (lambda: None)
+
+
+FLOOR = "Floor: the same writes as plain commands"
+
+
+def floor_impl() -> Impl:
+    """The writes TB.ACQUIRE + TB.RELEASE make, and replicate, sent as plain
+    commands: `ZADD key <deadline> <id> <-n> seq`, `PEXPIREAT key <deadline>`
+    when the key's expiry grows, `ZREM key <id>`. No reads, no checks, no
+    module: what the data work alone costs the server, so what is left of the
+    target for everything else shows."""
+    issued, expiry = {}, {}
+
+    def acquire(key, limit, i, lease_ms=LEASE_MS):
+        now = time.time_ns() // 1_000_000
+        deadline = now + int(lease_ms)
+        issued[key] = issued.get(key, 0) + 1
+        lease = f"{now}-{issued[key]}"
+        commands = [["ZADD", key, str(deadline), lease, str(-issued[key]), "seq"]]
+        if deadline > expiry.get(key, 0):
+            expiry[key] = deadline
+            commands.append(["PEXPIREAT", key, str(deadline)])
+        return commands, lease
+
+    def reset():
+        issued.clear()
+        expiry.clear()
+
+    return Impl(FLOOR, ["zadd", "zrem"], acquire, lambda reply: reply in (1, 2),  # seq is new or moved
+                lambda key, lease: ["ZREM", key, lease], optional=["pexpireat"], reset=reset)  # fmt: skip
 
 
 def make_impls(sha: str) -> list[Impl]:
@@ -88,25 +119,26 @@ def make_impls(sha: str) -> list[Impl]:
         return "h%015x" % i  # as long as a lease id, about
 
     def semaphore(clock: bool):
-        def acquire(key, limit, i):
-            args = ["EVALSHA", sha, "1", key, str(limit), LEASE_MS, holder(i)]
+        def acquire(key, limit, i, lease_ms=LEASE_MS):
+            args = ["EVALSHA", sha, "1", key, str(limit), lease_ms, holder(i)]
             if clock:
                 args.append(str(time.time_ns() // 1_000_000))
-            return args, holder(i)
+            return [args], holder(i)
 
         return acquire
 
     return [
         Impl("TB.ACQUIRE + TB.RELEASE", ["tb.acquire", "tb.release"],
-             lambda key, limit, i: (["TB.ACQUIRE", key, str(limit), LEASE_MS], None),
+             lambda key, limit, i, lease_ms=LEASE_MS: ([["TB.ACQUIRE", key, str(limit), lease_ms]], None),
              lease_id, lambda key, lease: ["TB.RELEASE", key, lease]),
         Impl("Lua semaphore (TIME) + ZREM", ["evalsha", "zrem"], semaphore(False),
              lambda reply: reply == 1, lambda key, lease: ["ZREM", key, lease]),
         Impl("Lua semaphore (client now) + ZREM", ["evalsha", "zrem"], semaphore(True),
              lambda reply: reply == 1, lambda key, lease: ["ZREM", key, lease]),
         Impl("tb.lua: FCALL tb_acquire + tb_release", ["fcall"],
-             lambda key, limit, i: (["FCALL", "tb_acquire", "1", key, str(limit), LEASE_MS], None),
+             lambda key, limit, i, lease_ms=LEASE_MS: ([["FCALL", "tb_acquire", "1", key, str(limit), lease_ms]], None),
              lease_id, lambda key, lease: ["FCALL", "tb_release", "1", key, lease]),
+        floor_impl(),
     ]  # fmt: skip
 
 
@@ -119,12 +151,12 @@ def run_row(c, impl: Impl, scenario: Scenario, pairs: int, seed: int) -> dict:
     """`pairs` acquire+release pairs of `impl` in `scenario`; server usec and CPU per pair."""
     rng = random.Random(seed)
     c.call("FLUSHALL")
+    impl.reset()
     counter = 0
     for _ in range(scenario.held):
         counter += 1
-        args, lease = impl.acquire("lease:hot", scenario.limit, counter)
-        args = [x if x != LEASE_MS else "3600000" for x in args]
-        reply = c.call(*args)
+        commands, lease = impl.acquire("lease:hot", scenario.limit, counter, "3600000")
+        reply = c.pipeline(commands)[0]
         if impl.granted(reply) is None or impl.granted(reply) is False:
             raise RuntimeError(f"{impl.name}: a held lease was not granted: {reply!r}")
     c.call("CONFIG", "RESETSTAT")
@@ -134,13 +166,15 @@ def run_row(c, impl: Impl, scenario: Scenario, pairs: int, seed: int) -> dict:
     while done < pairs:
         n = min(BATCH, pairs - done)
         keys = [scenario.key(rng) for _ in range(n)]
-        acquires, leases = [], []
+        acquires, leases, firsts = [], [], []
         for key in keys:
             counter += 1
-            args, lease = impl.acquire(key, scenario.limit, counter)
-            acquires.append(args)
+            commands, lease = impl.acquire(key, scenario.limit, counter)
+            firsts.append(len(acquires))
+            acquires.extend(commands)
             leases.append(lease)
         replies = c.pipeline(acquires)
+        replies = [replies[i] for i in firsts]  # each pair's grant is its first reply
         releases = []
         for key, reply, lease in zip(keys, replies, leases):
             granted = impl.granted(reply)
@@ -156,17 +190,19 @@ def run_row(c, impl: Impl, scenario: Scenario, pairs: int, seed: int) -> dict:
     stats = commandstats(c)
     usec = 0.0
     per_command = {}
-    for name in impl.stats:
+    for name in impl.stats + impl.optional:
         s = stats.get(name)
         want = pairs * (2 if len(impl.stats) == 1 else 1)
-        if not s or s["calls"] < want:
+        if name in impl.optional and not s:
+            continue
+        if not s or (name not in impl.optional and s["calls"] < want):
             raise RuntimeError(f"{impl.name}: commandstats {name} = {s} for {pairs} pairs")
         if s.get("failed_calls", 0) or s.get("rejected_calls", 0):
             raise RuntimeError(f"{impl.name}: failed calls: {name} {s}")
         usec += s["usec"]
         per_command[name] = s["usec"] / s["calls"]
     left = c.call("ZCARD", "lease:hot") if scenario.keys == 1 else None
-    if left is not None and left - (1 if impl.name.startswith(("TB.", "tb.lua")) else 0) != scenario.held:
+    if left is not None and left - (1 if impl.name.startswith(("TB.", "tb.lua", "Floor")) else 0) != scenario.held:
         raise RuntimeError(f"{impl.name}: {left} members left on the hot key, {scenario.held} held")
     return {"usec_per_pair": usec / pairs, "cpu_us_per_pair": cpu * 1e6 / pairs,
             "pairs_per_s": pairs / elapsed, "pairs": pairs, "usec_per_call": per_command}  # fmt: skip
@@ -196,7 +232,7 @@ def run_server(name: str, binary: str, module: Path, reps: int, scale: float, lo
     finally:
         server.stop()
     run = {"name": name, "binary": binary, "version": version, "pairs": pairs, "per_rep": per_rep,
-           "loadavg": os.getloadavg(), "targets": []}  # fmt: skip
+           "loadavg": os.getloadavg(), "targets": [], "floors": []}  # fmt: skip
     tb = "TB.ACQUIRE + TB.RELEASE"
     luas = ["Lua semaphore (TIME) + ZREM", "Lua semaphore (client now) + ZREM"]
     for scenario in SCENARIOS:
@@ -206,6 +242,15 @@ def run_server(name: str, binary: str, module: Path, reps: int, scale: float, lo
             ratio = summary([row(rep, tb)[field] / min(row(rep, l)[field] for l in luas) for rep in per_rep])
             run["targets"].append({"scenario": scenario.name, "measure": field, "ratio": ratio,
                                    "met": ratio["median"] <= TARGET_RATIO})  # fmt: skip
+        field = "usec_per_pair"
+        cheaper_lua = [min(row(rep, l)[field] for l in luas) for rep in per_rep]
+        run["floors"].append({
+            "scenario": scenario.name,
+            "floor_us": summary([row(rep, FLOOR)[field] for rep in per_rep]),
+            "floor_ratio": summary([row(rep, FLOOR)[field] / lua for rep, lua in zip(per_rep, cheaper_lua)]),
+            "tb_over_floor_us": summary([row(rep, tb)[field] - row(rep, FLOOR)[field] for rep in per_rep]),
+            "room_us": summary([TARGET_RATIO * lua - row(rep, FLOOR)[field] for rep, lua in zip(per_rep, cheaper_lua)]),
+        })  # fmt: skip
     return run
 
 
@@ -243,6 +288,28 @@ def target_rows(results):
                          f"{bench.fmt(r['median'], 3)}x", f"{bench.fmt(r['min'], 3)}-{bench.fmt(r['max'], 3)}",
                          f"<= {TARGET_RATIO}x"])  # fmt: skip
     return head, rows
+
+
+def floor_rows(results):
+    head = ["server", "scenario", "floor us/pair", "floor / cheaper Lua semaphore",
+            "TB.ACQUIRE + TB.RELEASE over the floor, us/pair", f"left at {TARGET_RATIO}x for all the rest, us/pair"]  # fmt: skip
+    rows = []
+    for run in results["runs"]:
+        for f in run.get("floors", []):
+            rows.append([run["version"], f["scenario"], bench.fmt(f["floor_us"]["median"]),
+                         f"{bench.fmt(f['floor_ratio']['median'], 3)}x", bench.fmt(f["tb_over_floor_us"]["median"]),
+                         bench.fmt(f["room_us"]["median"])])  # fmt: skip
+    return head, rows
+
+
+FLOOR_TEXT = f"""\
+**The floor** is the row "{FLOOR}": per pair, the writes TB.ACQUIRE and TB.RELEASE make
+and replicate, sent as plain commands with no reads or checks (`ZADD key <deadline> <id>
+<-n> seq`, `PEXPIREAT key <deadline>` when the key's expiry grows, `ZREM key <id>`;
+commandstats zadd + pexpireat + zrem / pairs). It is what the stored layout costs the server
+by itself. "Left at {TARGET_RATIO}x" is the target's time less the floor: what a module may spend on
+everything else (parsing, reading the set and the expiry, the id, building the replicated
+commands, the reply) and still meet the target."""
 
 
 METHOD = f"""\
@@ -284,6 +351,12 @@ def write_outputs(results: dict, out: Path):
         "## Targets",
         "",
         md_table(*target_rows(results)),
+        "",
+        "## The floor: the stored writes alone",
+        "",
+        FLOOR_TEXT,
+        "",
+        md_table(*floor_rows(results)),
         "",
         "## Server time per acquire+release pair (medians, range = min-max)",
         "",
@@ -356,6 +429,8 @@ def main() -> int:
     results["loadavg_end"] = os.getloadavg()
     print()
     print(text_table(*target_rows(results)))
+    print()
+    print(text_table(*floor_rows(results)))
     print()
     print(text_table(*result_rows(results)))
     out = Path(args.out)

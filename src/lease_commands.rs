@@ -119,10 +119,21 @@ fn release(
     let set = unsafe { LeaseSet::open(api, ctx, *key, Access::Write) }?;
     let now_ms = now(api);
     let read = set.read_ended(now_ms, KEY_ARG)?;
-    if live_deadline(api, &set, lease, now_ms).is_none() {
+    // SAFETY: an argv string.
+    let id = unsafe { api.bytes(lease) };
+    let live = if !lease::is_lease_id(id) {
+        false
+    } else if read.all_ended_seen {
+        // Every ended member is in `read.expired`: the lease is live if it
+        // is anywhere else, which the removal itself tells, so the set is
+        // searched once, not twice.
+        !read.expired.iter().any(|ended| ended.bytes() == id)
+    } else {
+        live_deadline(api, &set, lease, now_ms).is_some()
+    };
+    if !live || !set.release(&read, *lease)? {
         return Ok(Reply::Flag(false));
     }
-    set.release(&read, *lease)?;
     metrics::LEASES_RELEASED.bump();
     Ok(Reply::Flag(true))
 }
@@ -141,7 +152,7 @@ fn renew(
     // SAFETY: the command's context and key.
     let set = unsafe { LeaseSet::open(api, ctx, *key, Access::Write) }?;
     let now_ms = now(api);
-    let read = set.read_ended(now_ms, KEY_ARG)?;
+    let read = set.read(now_ms, KEY_ARG)?;
     let current = live_deadline(api, &set, lease, now_ms);
     let Some((deadline_ms, expire_at_ms)) = lease::renew(&read.seen, current, lease_ms, now_ms)
     else {

@@ -36,10 +36,22 @@ pub struct LeaseSet<'a> {
     key: *mut RedisModuleKey,
 }
 
+/// How much of the set a read counts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Count {
+    /// The live leases and the earliest deadline too.
+    Live,
+    /// Only `seq` and the ended leases.
+    EndedOnly,
+}
+
 /// What a call read: the figures, and the ended leases a write removes.
 pub struct Read<'a> {
     pub seen: Seen,
     pub expired: Vec<ServerString<'a>>,
+    /// Whether `expired` holds every member scored <= now but `seq`: then
+    /// any other member is a live lease, with no lookup.
+    pub all_ended_seen: bool,
 }
 
 impl<'a> LeaseSet<'a> {
@@ -84,12 +96,38 @@ impl<'a> LeaseSet<'a> {
             || unsafe { (self.api.key_type)(self.key) } as isize == REDISMODULE_KEYTYPE_EMPTY
     }
 
-    /// The set as seen at `now_ms`: `CorruptLeaseSet` (naming argument
+    /// The set as seen at `now_ms`, with its expiry: what TB.ACQUIRE, TB.RENEW
+    /// and a wake-up decide on. `CorruptLeaseSet` (naming argument
     /// `key_arg`) if it has no usable `seq` member.
     pub fn read(&self, now_ms: i64, key_arg: usize) -> Result<Read<'a>, TbError> {
+        let mut read = self.scan(now_ms, key_arg, Count::Live)?;
+        if self.is_empty() {
+            return Ok(read);
+        }
+        read.seen.expire_at_ms = self.expire_at_ms(now_ms);
+        if read.seen.expire_at_ms.is_none() {
+            read.seen.latest_deadline_ms = self.last_score_above(0.0).map(whole_ms);
+        }
+        Ok(read)
+    }
+
+    /// What TB.RELEASE needs: the `seq` check and the ended leases a write
+    /// removes; the live count, the earliest deadline and the expiry stay
+    /// unset (a release never moves the expiry).
+    pub fn read_ended(&self, now_ms: i64, key_arg: usize) -> Result<Read<'a>, TbError> {
+        self.scan(now_ms, key_arg, Count::EndedOnly)
+    }
+
+    /// One pass from the lowest score: `seq` (and any other member scored
+    /// <= 0, which is never a lease), then the ended leases (kept for
+    /// removal, the 64 earliest), then the earliest live one. Past either
+    /// bound the rest are looked up or counted by the server instead, so a
+    /// call's work stays bounded however many leases ended unnoticed.
+    fn scan(&self, now_ms: i64, key_arg: usize, count: Count) -> Result<Read<'a>, TbError> {
         let mut read = Read {
             seen: Seen::default(),
             expired: Vec::new(),
+            all_ended_seen: false,
         };
         if self.is_empty() {
             return Ok(read);
@@ -99,11 +137,6 @@ impl<'a> LeaseSet<'a> {
         // `seq` is found on the way (it is scored <= 0, so it comes first):
         // a lookup by name would scan a small set's listpack once more.
         let mut seq_score = None;
-        // One pass from the lowest score: `seq` (and any other member
-        // scored <= 0, which is never a lease), then the ended leases (kept
-        // for removal, the 64 earliest), then the earliest live one. Past
-        // either bound the rest are counted by the server instead, so a
-        // call's work stays bounded however many leases ended unnoticed.
         const MAX_NOT_POSITIVE: usize = 8;
         let mut not_positive = 0usize;
         let mut expired = 0usize;
@@ -148,73 +181,25 @@ impl<'a> LeaseSet<'a> {
             .or_else(|| self.score(self.api.seq_member.0))
             .and_then(lease::issued_from_score)
             .ok_or(TbError::CorruptLeaseSet { key_arg })?;
-        let length = i64::try_from(unsafe { (zset.length)(self.key) }).unwrap_or(i64::MAX);
+        read.all_ended_seen = !overflow && not_positive == 1 && seq_score.is_some();
+        if overflow && expired <= MAX_EXPIRED_REMOVED {
+            // Stopped among the members scored <= 0: the ended leases are
+            // looked up on their own.
+            read.expired = self.earliest_ended(now);
+        }
+        if count == Count::EndedOnly {
+            return Ok(read);
+        }
         read.seen.live = if overflow {
-            if expired <= MAX_EXPIRED_REMOVED {
-                // Stopped among the members scored <= 0: the ended leases
-                // are looked up on their own.
-                read.expired = self.earliest_ended(now);
-            }
             earliest = self.first_score_above(now);
             self.count_live(now_ms)?
         } else {
+            let length = i64::try_from(unsafe { (zset.length)(self.key) }).unwrap_or(i64::MAX);
             let not_live = not_positive.saturating_add(expired);
             length.saturating_sub(i64::try_from(not_live).unwrap_or(i64::MAX))
         };
         read.seen.earliest_deadline_ms = earliest.map(whole_ms);
-        read.seen.expire_at_ms = self.expire_at_ms(now_ms);
-        if read.seen.expire_at_ms.is_none() {
-            read.seen.latest_deadline_ms = self.last_score_above(0.0).map(whole_ms);
-        }
         Ok(read)
-    }
-
-    /// What TB.RELEASE and TB.RENEW need, without counting the live leases:
-    /// the `seq` check, the ended leases a write removes (the 64 earliest),
-    /// and the expiry. `seen.live` and `seen.earliest_deadline_ms` stay
-    /// unset.
-    pub fn read_ended(&self, now_ms: i64, key_arg: usize) -> Result<Read<'a>, TbError> {
-        let mut read = Read {
-            seen: Seen::default(),
-            expired: Vec::new(),
-        };
-        if self.is_empty() {
-            return Ok(read);
-        }
-        read.seen.issued = self
-            .seq_score()
-            .and_then(lease::issued_from_score)
-            .ok_or(TbError::CorruptLeaseSet { key_arg })?;
-        read.expired = self.earliest_ended(now_ms as f64);
-        read.seen.expire_at_ms = self.expire_at_ms(now_ms);
-        if read.seen.expire_at_ms.is_none() {
-            read.seen.latest_deadline_ms = self.last_score_above(0.0).map(whole_ms);
-        }
-        Ok(read)
-    }
-
-    /// The score of `seq`: the set's first element, where it normally is
-    /// (scored <= 0), else looked up by name.
-    fn seq_score(&self) -> Option<f64> {
-        let zset = &self.api.zset;
-        // SAFETY: as in `read`.
-        let first = unsafe {
-            let mut first = None;
-            if (zset.first_in_score_range)(self.key, f64::NEG_INFINITY, 0.0, 0, 0)
-                == REDISMODULE_OK as c_int
-                && (zset.range_end_reached)(self.key) == 0
-            {
-                let mut score = 0.0;
-                let element = (zset.range_current_element)(self.key, &mut score);
-                let element = ServerString::owned(self.api, self.ctx, element);
-                if element.bytes() == SEQ {
-                    first = Some(score);
-                }
-            }
-            (zset.range_stop)(self.key);
-            first
-        };
-        first.or_else(|| self.score(self.api.seq_member.0))
     }
 
     /// The score of `member`, if it is in the set.
@@ -396,18 +381,23 @@ impl<'a> LeaseSet<'a> {
         Ok(())
     }
 
-    /// Removes the live lease `lease` (checked by the caller) and `expired`.
-    pub fn release(&self, read: &Read<'a>, lease: *mut RedisModuleString) -> Result<(), TbError> {
+    /// Removes `lease` and, if it was there, `expired`; whether it was
+    /// there. The caller knows `lease` is live if present: it checked the
+    /// deadline, or `read` saw every ended member.
+    pub fn release(&self, read: &Read<'a>, lease: *mut RedisModuleString) -> Result<bool, TbError> {
         let mut deleted: c_int = 0;
         // SAFETY: the key is open for writing and holds a sorted set.
         let status = unsafe { (self.api.zset.rem)(self.key, lease, &mut deleted) };
-        if status != REDISMODULE_OK as c_int || deleted == 0 {
+        if status != REDISMODULE_OK as c_int {
             return Err(TbError::WriteFailed);
+        }
+        if deleted == 0 {
+            return Ok(false);
         }
         self.remove(&read.expired);
         self.propagate_removal(&read.expired, Some(lease));
         self.signal();
-        Ok(())
+        Ok(true)
     }
 
     /// Moves the live lease `lease` to `deadline_ms`, with `expired` removed.
