@@ -25,13 +25,6 @@ mod common;
 use common::*;
 use redis::Value;
 
-/// The one Lua source: a FUNCTION library as it is, an EVAL script without its first line.
-const LIBRARY: &str = include_str!("../lua/tb.lua");
-
-fn script_text() -> &'static str {
-    LIBRARY.split_once('\n').map_or("", |(_, rest)| rest)
-}
-
 /// The default seed of the random sequences; `TB_SEED=<u64>` replays another.
 const DEFAULT_SEED: u64 = 0x1ea5_e5ee_d019_0001;
 
@@ -51,74 +44,6 @@ fn corrupt_lease_error(shown_key: &str) -> String {
 
 fn arity_error(command: &str) -> String {
     format!("ERR wrong number of arguments for '{command}' command")
-}
-
-/// Where the twin runs: an EVALSHA of `lua/tb.lua` as a script, or an FCALL of it loaded as a
-/// library.
-#[derive(Clone)]
-enum Fallback {
-    Script { sha: String },
-    Function,
-}
-
-impl Fallback {
-    fn script(con: &mut redis::Connection) -> Fallback {
-        let sha: String = redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(script_text())
-            .query(con)
-            .expect("SCRIPT LOAD lua/tb.lua");
-        Fallback::Script { sha }
-    }
-
-    fn function(con: &mut redis::Connection) -> Fallback {
-        let name: String = redis::cmd("FUNCTION")
-            .arg("LOAD")
-            .arg("REPLACE")
-            .arg(LIBRARY)
-            .query(con)
-            .expect("FUNCTION LOAD lua/tb.lua");
-        assert_eq!(name, "tb");
-        Fallback::Function
-    }
-
-    /// The twin of TB.<COMMAND> (`command`: acquire, release or renew) on `keys`.
-    fn cmd_keys(&self, command: &str, keys: &[&[u8]], args: &[&[u8]]) -> redis::Cmd {
-        let mut cmd = match self {
-            Fallback::Script { sha } => {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(sha);
-                cmd
-            }
-            Fallback::Function => {
-                let mut cmd = redis::cmd("FCALL");
-                cmd.arg(format!("tb_{command}"));
-                cmd
-            }
-        };
-        cmd.arg(keys.len());
-        for key in keys {
-            cmd.arg(*key);
-        }
-        if let Fallback::Script { .. } = self {
-            cmd.arg(command);
-        }
-        for arg in args {
-            cmd.arg(*arg);
-        }
-        cmd
-    }
-
-    fn cmd(&self, command: &str, key: &[u8], args: &[&[u8]]) -> redis::Cmd {
-        self.cmd_keys(command, &[key], args)
-    }
-
-    fn name(&self) -> &'static str {
-        match self {
-            Fallback::Script { .. } => "EVALSHA lua/tb.lua",
-            Fallback::Function => "FCALL tb_*",
-        }
-    }
 }
 
 /// TB.<COMMAND> key args...
@@ -1206,7 +1131,7 @@ fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
             con,
             key,
             &module,
-            &fallback.cmd_keys(command, &[key, b"le:other"], &args),
+            &fallback.cmd_for(command, &[key, b"le:other"], &args),
             &arity_error(&format!("tb.{command}")),
             &format!("{} two keys for {command}", fallback.name()),
         );

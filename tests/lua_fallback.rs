@@ -25,88 +25,11 @@ mod common;
 use common::*;
 use redis::Value;
 
-/// The one Lua source: loaded as it is by FUNCTION LOAD, and without its first line (the
-/// `#!lua name=tb` shebang) as an EVAL script.
-const LIBRARY: &str = include_str!("../lua/tb.lua");
-
-fn script_text() -> &'static str {
-    LIBRARY.split_once('\n').map_or("", |(_, rest)| rest)
-}
-
 /// The default seed of the random sequences; `TB_SEED=<u64>` replays another.
 const DEFAULT_SEED: u64 = 0x7b5e_ed00_2024_0006;
 
 /// The largest capacity and n either accepts: 2^53.
 const MAX_TOKENS: &str = "9007199254740992";
-
-/// Where the fallback runs: an EVALSHA of `lua/tb.lua` as a script, or an FCALL of it loaded
-/// as a library.
-#[derive(Clone)]
-enum Fallback {
-    Script { sha: String },
-    Function,
-}
-
-impl Fallback {
-    fn script(con: &mut redis::Connection) -> Fallback {
-        let sha: String = redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(script_text())
-            .query(con)
-            .expect("SCRIPT LOAD lua/tb.lua");
-        Fallback::Script { sha }
-    }
-
-    fn function(con: &mut redis::Connection) -> Fallback {
-        let name: String = redis::cmd("FUNCTION")
-            .arg("LOAD")
-            .arg("REPLACE")
-            .arg(LIBRARY)
-            .query(con)
-            .expect("FUNCTION LOAD lua/tb.lua");
-        assert_eq!(name, "tb");
-        Fallback::Function
-    }
-
-    /// TB.TAKE's twin for `keys` and `args` (one key and capacity, rate, n).
-    fn cmd(&self, keys: &[&[u8]], args: &[&[u8]]) -> redis::Cmd {
-        self.cmd_for("take", keys, args)
-    }
-
-    /// The twin of TB.<COMMAND> (`command`: take, peek, refund or takeall).
-    fn cmd_for(&self, command: &str, keys: &[&[u8]], args: &[&[u8]]) -> redis::Cmd {
-        let mut cmd = match self {
-            Fallback::Script { sha } => {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(sha);
-                cmd
-            }
-            Fallback::Function => {
-                let mut cmd = redis::cmd("FCALL");
-                cmd.arg(format!("tb_{command}"));
-                cmd
-            }
-        };
-        cmd.arg(keys.len());
-        for key in keys {
-            cmd.arg(*key);
-        }
-        if let Fallback::Script { .. } = self {
-            cmd.arg(command);
-        }
-        for arg in args {
-            cmd.arg(*arg);
-        }
-        cmd
-    }
-
-    fn name(&self) -> &'static str {
-        match self {
-            Fallback::Script { .. } => "EVALSHA lua/tb.lua",
-            Fallback::Function => "FCALL tb_take",
-        }
-    }
-}
 
 fn module_cmd(key: &[u8], args: &[&[u8]]) -> redis::Cmd {
     let mut cmd = redis::cmd("TB.TAKE");
@@ -668,10 +591,10 @@ fn the_script_matches_the_module_at_the_extremes() {
 
 #[test]
 fn one_file_is_both_the_library_and_the_script() {
-    assert!(LIBRARY.starts_with("#!lua name=tb\n"));
-    assert!(!script_text().starts_with("#!"));
+    assert!(TB_LUA.starts_with("#!lua name=tb\n"));
+    assert!(!tb_lua_script().starts_with("#!"));
     for name in ["tb_take", "tb_peek", "tb_refund", "tb_takeall"] {
-        assert!(LIBRARY.contains(&format!("'{name}'")), "{name} registered");
+        assert!(TB_LUA.contains(&format!("'{name}'")), "{name} registered");
     }
 }
 
@@ -832,7 +755,7 @@ fn the_script_writes_tokens_as_the_module_does() {
             }
             let args: [&[u8]; 3] = [capacity.as_bytes(), b"1", paid.as_bytes()];
             pipe.add_command(module_cmd(a.as_bytes(), &args)).ignore();
-            pipe.add_command(fallback.cmd(&[b.as_bytes()], &args))
+            pipe.add_command(fallback.cmd("take", b.as_bytes(), &args))
                 .ignore();
             pipe.cmd("HGET").arg(&a).arg("tokens");
             pipe.cmd("HGET").arg(&b).arg("tokens");
@@ -875,7 +798,9 @@ fn the_script_refuses_capacity_and_n_above_2_pow_53_as_the_module_does() {
     ] {
         let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
         let module = module_cmd(b"big:a", &args).query::<Value>(&mut con);
-        let script = fallback.cmd(&[b"big:b"], &args).query::<Value>(&mut con);
+        let script = fallback
+            .cmd("take", b"big:b", &args)
+            .query::<Value>(&mut con);
         for got in [module, script] {
             let e = got.expect_err("refused");
             assert_eq!(error_text(&e), error, "{}", show_args(&args));
@@ -883,7 +808,10 @@ fn the_script_refuses_capacity_and_n_above_2_pow_53_as_the_module_does() {
     }
     let args: [&[u8]; 3] = [MAX_TOKENS.as_bytes(), b"1", b"1"];
     let module: Vec<i64> = module_cmd(b"max:a", &args).query(&mut con).unwrap();
-    let script: Vec<i64> = fallback.cmd(&[b"max:b"], &args).query(&mut con).unwrap();
+    let script: Vec<i64> = fallback
+        .cmd("take", b"max:b", &args)
+        .query(&mut con)
+        .unwrap();
     // At 2^53 an f64 counts whole tokens only: half a token's refill rounds the count up to
     // full, so the bucket is full again after 500 ms, not 1000 (README: precision).
     assert_eq!(module, vec![1, 9_007_199_254_740_991, 0, 500]);
@@ -897,7 +825,7 @@ fn a_denied_or_empty_script_call_writes_nothing() {
     let fallback = Fallback::script(&mut con);
     let key = "rl:deny";
     let drain: Vec<i64> = fallback
-        .cmd(&[key.as_bytes()], &[b"2", b"0.001", b"2"])
+        .cmd("take", key.as_bytes(), &[b"2", b"0.001", b"2"])
         .query(&mut con)
         .unwrap();
     assert_eq!(drain[..3], [1, 0, 0]);
@@ -905,7 +833,7 @@ fn a_denied_or_empty_script_call_writes_nothing() {
     watch(&mut con, key);
     for n in [&b"1"[..], b"0", b"3"] {
         let reply: Vec<i64> = fallback
-            .cmd(&[key.as_bytes()], &[b"2", b"0.001", n])
+            .cmd("take", key.as_bytes(), &[b"2", b"0.001", n])
             .query(&mut con)
             .unwrap();
         let expected_allowed = i64::from(n == b"0");
@@ -965,7 +893,7 @@ fn assert_same_take_error(
     what: &str,
 ) {
     let module = module_cmd(key, args);
-    let script = fallback.cmd(&[key], args);
+    let script = fallback.cmd("take", key, args);
     assert_same_error(con, fallback, key, &module, &script, what);
 }
 
@@ -1028,7 +956,7 @@ fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
         fallback,
         key,
         &two_keys,
-        &fallback.cmd(&[key, b"other"], &args),
+        &fallback.cmd_for("take", &[key, b"other"], &args),
         "two keys",
     );
 
@@ -1169,7 +1097,7 @@ fn zero_n_spellings_are_accepted_by_both() {
     for n in ["0", "0.0", ".0", "0e5", "1e-400"] {
         let args: [&[u8]; 3] = [b"5", b"1", n.as_bytes()];
         let module: Vec<i64> = module_cmd(b"z:a", &args).query(&mut con).unwrap();
-        let script: Vec<i64> = fallback.cmd(&[b"z:b"], &args).query(&mut con).unwrap();
+        let script: Vec<i64> = fallback.cmd("take", b"z:b", &args).query(&mut con).unwrap();
         assert_eq!(module, vec![1, 5, 0, 0], "n = {n}");
         assert_eq!(script, module, "n = {n}");
     }
@@ -1208,20 +1136,26 @@ fn a_restricted_user_needs_the_commands_the_fallback_calls() {
 
     let mut limiter = login("limiter");
     let reply: Vec<i64> = Fallback::Function
-        .cmd(&[b"rl:1"], &args)
+        .cmd("take", b"rl:1", &args)
         .query(&mut limiter)
         .expect("FCALL as limiter");
     assert_eq!(reply[..3], [1, 4, 0]);
-    let err = outcome(&mut limiter, &Fallback::Function.cmd(&[b"other:1"], &args))
-        .expect_err("a key outside ~rl:*");
+    let err = outcome(
+        &mut limiter,
+        &Fallback::Function.cmd("take", b"other:1", &args),
+    )
+    .expect_err("a key outside ~rl:*");
     assert!(err.starts_with("NOPERM"), "{err}");
     assert!(!exists(&mut admin, "other:1"));
 
     // Without PEXPIREAT the script fails at its expiry, after its HSET: a script is not rolled
     // back, so the bucket is left without a TTL. Grant all five.
     let mut partial = login("partial");
-    let err = outcome(&mut partial, &Fallback::Function.cmd(&[b"rl:2"], &args))
-        .expect_err("no PEXPIREAT");
+    let err = outcome(
+        &mut partial,
+        &Fallback::Function.cmd("take", b"rl:2", &args),
+    )
+    .expect_err("no PEXPIREAT");
     println!("without +pexpireat: {err}");
     assert_eq!(pexpiretime(&mut admin, "rl:2"), -1);
 }

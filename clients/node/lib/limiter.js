@@ -598,7 +598,8 @@ class RateLimiter {
   // Module backend: TB.ACQUIRE with timeout_ms, first come first served in the server (a
   // release wakes the head of the queue), on a pooled connection of its own to the node
   // that owns the key, exactly as waitTake. Function/script backends: POLLING, NOT FIFO:
-  // acquire, sleep min(retryAfterMs, pollMs (default 100), time left), retry.
+  // acquire, sleep min(retryAfterMs, pollMs (default 100), time left) but at least 1 ms,
+  // retry.
   async waitAcquire(key, limit, leaseMs, options = {}) {
     if (options.timeoutMs === undefined) {
       throw new InvalidArgument('waitAcquire needs options.timeoutMs, a finite number of ms >= 0 (0: no limit)');
@@ -637,7 +638,10 @@ class RateLimiter {
       if (left <= 0) {
         return decision;
       }
-      await sleep(Math.max(1, Math.min(decision.retryAfterMs || pollMs, pollMs, left)));
+      // At least 1 ms, as in the Python and Rust clients: a denial with retryAfterMs 0 (the
+      // module's answer to a caller turned away only because others wait) is tried again
+      // after 1 ms, not after a whole pollMs.
+      await sleep(Math.max(1, Math.min(decision.retryAfterMs, pollMs, left)));
     }
   }
 

@@ -196,6 +196,31 @@ for (const backend of BACKENDS) {
       assert.ok(got.acquired && performance.now() - started < 1000);
     });
 
+    if (backend.name !== 'module') {
+      test('a polling waitAcquire sleeps min(retryAfterMs, pollMs), at least 1 ms', async () => {
+        const key = fresh('p');
+        await limiter.acquire(key, 1, 300);
+        const started = performance.now();
+        const got = await limiter.waitAcquire(key, 1, 60_000, { timeoutMs: 5000, pollMs: 60_000 });
+        const took = performance.now() - started;
+        assert.ok(got.acquired && took > 250 && took < 2500, `${took}`); // retryAfterMs, not pollMs
+        // Lua never denies with retryAfterMs 0 (a live lease ends after now), so the denials
+        // are given 0 here: each is tried again after 1 ms, not after pollMs (then: 2 tries).
+        const acquire = limiter.acquire;
+        let tries = 0;
+        limiter.acquire = async (...args) => {
+          tries += 1;
+          return Object.assign(await acquire.apply(limiter, args), { retryAfterMs: 0 });
+        };
+        try {
+          const d = await limiter.waitAcquire(key, 1, 60_000, { timeoutMs: 300, pollMs: 60_000 });
+          assert.ok(!d.acquired && tries >= 10, `${tries} tries`);
+        } finally {
+          delete limiter.acquire;
+        }
+      });
+    }
+
     if (backend.name === 'module') {
       test('waitAcquire is first come first served with the module', async () => {
         const key = fresh('fifo');
