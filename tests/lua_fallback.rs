@@ -1,4 +1,4 @@
-//! The Lua fallback (`lua/tb_take.lua`, and `lua/tb_library.lua` for FUNCTION LOAD) against the
+//! The Lua fallback (`lua/tb.lua`, by EVALSHA and as a FUNCTION LOAD library) against the
 //! module: the same random call sequences on twin keys must give the same replies, the same hash
 //! bytes and the same absolute expiry; bad input must give the same error text.
 //!
