@@ -44,6 +44,7 @@ run: build ## Start redis-server in the foreground with the module (PORT=6379)
 lint: deps ## rustfmt check and clippy with warnings as errors
 	cd $(ROOT) && cargo fmt --all -- --check
 	cd $(ROOT) && cargo clippy --all-targets -- -D warnings
+	cd $(ROOT) && cargo clippy --all-targets --features bench-floor -- -D warnings
 
 # `cargo test` does not rebuild the crate's cdylib, so build it first or the
 # integration tests would load a stale module. The tests themselves are built

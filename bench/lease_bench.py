@@ -82,36 +82,67 @@ class Impl:
 
 
 FLOOR = "Floor: the same writes as plain commands"
+MODULE_FLOOR = "Floor: the same writes by a module command"
+FLOOR_BUILD = ROOT / "target" / "bench-floor" / "release" / "libredis_tb.so"
+
+
+class FloorState:
+    """What the floors' client keeps instead of reading the set: each key's
+    count of ids and expiry, so it can send the values TB.ACQUIRE computes."""
+
+    def __init__(self):
+        self.issued, self.expiry = {}, {}
+
+    def next(self, key, lease_ms):
+        """(lease id, deadline, n, the new expiry or None) for an acquire now."""
+        now = time.time_ns() // 1_000_000
+        deadline = now + int(lease_ms)
+        n = self.issued[key] = self.issued.get(key, 0) + 1
+        grows = deadline > self.expiry.get(key, 0)
+        if grows:
+            self.expiry[key] = deadline
+        return f"{now}-{n}", now, deadline, n, (deadline if grows else None)
+
+    def reset(self):
+        self.issued.clear()
+        self.expiry.clear()
 
 
 def floor_impl() -> Impl:
     """The writes TB.ACQUIRE + TB.RELEASE make, and replicate, sent as plain
     commands: `ZADD key <deadline> <id> <-n> seq`, `PEXPIREAT key <deadline>`
     when the key's expiry grows, `ZREM key <id>`. No reads, no checks, no
-    module: what the data work alone costs the server, so what is left of the
-    target for everything else shows."""
-    issued, expiry = {}, {}
+    module: what the data work alone costs the server."""
+    state = FloorState()
 
     def acquire(key, limit, i, lease_ms=LEASE_MS):
-        now = time.time_ns() // 1_000_000
-        deadline = now + int(lease_ms)
-        issued[key] = issued.get(key, 0) + 1
-        lease = f"{now}-{issued[key]}"
-        commands = [["ZADD", key, str(deadline), lease, str(-issued[key]), "seq"]]
-        if deadline > expiry.get(key, 0):
-            expiry[key] = deadline
-            commands.append(["PEXPIREAT", key, str(deadline)])
+        lease, _, deadline, n, expire_at = state.next(key, lease_ms)
+        commands = [["ZADD", key, str(deadline), lease, str(-n), "seq"]]
+        if expire_at is not None:
+            commands.append(["PEXPIREAT", key, str(expire_at)])
         return commands, lease
 
-    def reset():
-        issued.clear()
-        expiry.clear()
-
     return Impl(FLOOR, ["zadd", "zrem"], acquire, lambda reply: reply in (1, 2),  # seq is new or moved
-                lambda key, lease: ["ZREM", key, lease], optional=["pexpireat"], reset=reset)  # fmt: skip
+                lambda key, lease: ["ZREM", key, lease], optional=["pexpireat"], reset=state.reset)  # fmt: skip
 
 
-def make_impls(sha: str) -> list[Impl]:
+def module_floor_impl() -> Impl:
+    """The same writes by the bench-only commands of the `bench-floor` build
+    (src/floor.rs): TB.ACQUIRE's own write, replication and reply code, with
+    the values from the client, so no read and no check. The least a module
+    command can spend on an acquire and a release with this layout."""
+    state = FloorState()
+
+    def acquire(key, limit, i, lease_ms=LEASE_MS):
+        lease, now, deadline, n, expire_at = state.next(key, lease_ms)
+        return [["TB.FLOOR.ACQUIRE", key, str(deadline), str(now), str(n), str(expire_at or 0)]], lease
+
+    return Impl(MODULE_FLOOR, ["tb.floor.acquire", "tb.floor.release"], acquire,
+                lambda reply: isinstance(reply, list) and reply[0] == 1,
+                lambda key, lease: ["TB.FLOOR.RELEASE", key, lease], reset=state.reset)  # fmt: skip
+
+
+def make_impls(sha: str, module_floor: bool) -> list[Impl]:
     def lease_id(reply):
         return reply[3] if isinstance(reply, list) and reply[0] == 1 else None
 
@@ -139,7 +170,7 @@ def make_impls(sha: str) -> list[Impl]:
              lambda key, limit, i, lease_ms=LEASE_MS: ([["FCALL", "tb_acquire", "1", key, str(limit), lease_ms]], None),
              lease_id, lambda key, lease: ["FCALL", "tb_release", "1", key, lease]),
         floor_impl(),
-    ]  # fmt: skip
+    ] + ([module_floor_impl()] if module_floor else [])  # fmt: skip
 
 
 def cpu_seconds(c) -> float:
@@ -217,7 +248,9 @@ def run_server(name: str, binary: str, module: Path, reps: int, scale: float, lo
                 ("redis " + info.get("redis_version", "?"))  # fmt: skip
             sha = c.call("SCRIPT", "LOAD", SEMAPHORE_PATH.read_text()).decode()
             c.call("FUNCTION", "LOAD", "REPLACE", LIBRARY_PATH.read_text())
-            impls = make_impls(sha)
+            # The bench-floor build has TB.FLOOR.*; any other build gets no such row.
+            module_floor = bool(c.call("COMMAND", "INFO", "tb.floor.acquire")[0])
+            impls = make_impls(sha, module_floor)
             pairs = max(1000, int(BASE_PAIRS * scale))
             per_rep = []
             for rep in range(reps):
@@ -244,13 +277,17 @@ def run_server(name: str, binary: str, module: Path, reps: int, scale: float, lo
                                    "met": ratio["median"] <= TARGET_RATIO})  # fmt: skip
         field = "usec_per_pair"
         cheaper_lua = [min(row(rep, l)[field] for l in luas) for rep in per_rep]
-        run["floors"].append({
-            "scenario": scenario.name,
-            "floor_us": summary([row(rep, FLOOR)[field] for rep in per_rep]),
-            "floor_ratio": summary([row(rep, FLOOR)[field] / lua for rep, lua in zip(per_rep, cheaper_lua)]),
-            "tb_over_floor_us": summary([row(rep, tb)[field] - row(rep, FLOOR)[field] for rep in per_rep]),
-            "room_us": summary([TARGET_RATIO * lua - row(rep, FLOOR)[field] for rep, lua in zip(per_rep, cheaper_lua)]),
-        })  # fmt: skip
+        for floor in (FLOOR, MODULE_FLOOR):
+            if f"{scenario.name} | {floor}" not in per_rep[0]:
+                continue
+            run["floors"].append({
+                "scenario": scenario.name,
+                "floor": floor,
+                "floor_us": summary([row(rep, floor)[field] for rep in per_rep]),
+                "floor_ratio": summary([row(rep, floor)[field] / lua for rep, lua in zip(per_rep, cheaper_lua)]),
+                "tb_over_floor_us": summary([row(rep, tb)[field] - row(rep, floor)[field] for rep in per_rep]),
+                "room_us": summary([TARGET_RATIO * lua - row(rep, floor)[field] for rep, lua in zip(per_rep, cheaper_lua)]),
+            })  # fmt: skip
     return run
 
 
@@ -291,25 +328,31 @@ def target_rows(results):
 
 
 def floor_rows(results):
-    head = ["server", "scenario", "floor us/pair", "floor / cheaper Lua semaphore",
-            "TB.ACQUIRE + TB.RELEASE over the floor, us/pair", f"left at {TARGET_RATIO}x for all the rest, us/pair"]  # fmt: skip
+    head = ["server", "scenario", "floor", "us/pair", "/ cheaper Lua semaphore",
+            "TB.ACQUIRE + TB.RELEASE over it, us/pair", f"left at {TARGET_RATIO}x for the rest, us/pair"]  # fmt: skip
     rows = []
     for run in results["runs"]:
         for f in run.get("floors", []):
-            rows.append([run["version"], f["scenario"], bench.fmt(f["floor_us"]["median"]),
+            what = "plain commands" if f["floor"] == FLOOR else "module command"
+            rows.append([run["version"], f["scenario"], what, bench.fmt(f["floor_us"]["median"]),
                          f"{bench.fmt(f['floor_ratio']['median'], 3)}x", bench.fmt(f["tb_over_floor_us"]["median"]),
                          bench.fmt(f["room_us"]["median"])])  # fmt: skip
     return head, rows
 
 
 FLOOR_TEXT = f"""\
-**The floor** is the row "{FLOOR}": per pair, the writes TB.ACQUIRE and TB.RELEASE make
-and replicate, sent as plain commands with no reads or checks (`ZADD key <deadline> <id>
-<-n> seq`, `PEXPIREAT key <deadline>` when the key's expiry grows, `ZREM key <id>`;
-commandstats zadd + pexpireat + zrem / pairs). It is what the stored layout costs the server
-by itself. "Left at {TARGET_RATIO}x" is the target's time less the floor: what a module may spend on
-everything else (parsing, reading the set and the expiry, the id, building the replicated
-commands, the reply) and still meet the target."""
+Two floors, both given the values TB.ACQUIRE would compute (the client keeps each key's id
+count and expiry), so they read and check nothing. **Plain commands** ("{FLOOR}"): the writes
+TB.ACQUIRE and TB.RELEASE make and replicate, sent as `ZADD key <deadline> <id> <-n> seq`,
+`PEXPIREAT key <deadline>` when the key's expiry grows, and `ZREM key <id>` (commandstats
+zadd + pexpireat + zrem / pairs): what the stored layout costs the server by itself; the
+server propagates a plain command without rebuilding it. **Module command** ("{MODULE_FLOOR}"):
+`TB.FLOOR.ACQUIRE key <deadline> <ms> <n> <expire_at>` and `TB.FLOOR.RELEASE key <id>` of the
+bench-only `bench-floor` build (src/floor.rs; `make bench` builds it into target/bench-floor and
+this script loads it): TB.ACQUIRE's own write, `RM_Replicate` and reply code: the least a
+module command can spend per pair with this layout and effects replication. "Left at
+{TARGET_RATIO}x" is the target's time less a floor: what is left for reading the set and the expiry,
+deciding and making the id."""
 
 
 METHOD = f"""\
@@ -378,7 +421,13 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=float(os.environ.get("BENCH_SCALE", 1.0)),
                     help="multiplies the pair count (0.1 for a quick smoke run)")  # fmt: skip
     ap.add_argument("--servers", help="comma list: only these servers (redis, valkey-9.1, ...)")
-    ap.add_argument("--module", default=os.environ.get("TB_MODULE", str(ROOT / "target/release/libredis_tb.so")))
+    # The bench-floor build only if it is newer than every source file: a
+    # stale one would time old code (scripts/bench.sh rebuilds it first).
+    newest_source = max(path.stat().st_mtime for path in (ROOT / "src").rglob("*.rs"))
+    fresh = FLOOR_BUILD.exists() and FLOOR_BUILD.stat().st_mtime >= newest_source
+    default_module = FLOOR_BUILD if fresh else ROOT / "target/release/libredis_tb.so"
+    ap.add_argument("--module", default=os.environ.get("TB_LEASE_MODULE", str(default_module)),
+                    help="module to load (default: the bench-floor build if built, which adds TB.FLOOR.*)")  # fmt: skip
     ap.add_argument("--out", default=str(BENCH_DIR), help="where lease-results.md/.json go")
     args = ap.parse_args()
     module = Path(args.module).resolve()

@@ -36,7 +36,9 @@
 #   BENCH_HANDOFF=0  skip the hand-off race; BENCH_HANDOFF_ARGS=... passes
 #                    options to it (e.g. "--waiters 10000 --rounds 5")
 #   BENCH_LEASE=0    skip the lease race; BENCH_LEASE_ARGS=... passes options
-#                    to it (e.g. "--servers redis --scale 0.2")
+#                    to it (e.g. "--servers redis --scale 0.2"); it loads the
+#                    bench-floor build (target/bench-floor, built here) unless
+#                    TB_LEASE_MODULE names another .so
 #   TB_BENCH_SERVERS=/a/redis-server:/b/valkey-server
 #                    more servers for the hand-off race and the lease race
 #                    (missing ones skipped)
@@ -60,6 +62,11 @@ done
 # Always go through cargo: it rebuilds only when a source changed.
 if [[ -z "${TB_MODULE:-}" ]]; then
     cargo build --release --quiet
+fi
+# The lease race loads the bench-only build with TB.FLOOR.* (src/floor.rs),
+# kept in its own target directory so it never replaces the module users run.
+if [[ "${BENCH_LEASE:-1}" != 0 && -z "${TB_LEASE_MODULE:-}" ]]; then
+    cargo build --release --quiet --features bench-floor --target-dir target/bench-floor
 fi
 
 # The peer, redis-cell 0.2.2 from crates.io, built outside the project tree.

@@ -54,6 +54,18 @@ pub struct Read<'a> {
     pub all_ended_seen: bool,
 }
 
+impl Read<'_> {
+    /// A read of nothing: no ended leases to remove (TB.FLOOR.*).
+    #[cfg(feature = "bench-floor")]
+    pub fn nothing() -> Self {
+        Read {
+            seen: Seen::default(),
+            expired: Vec::new(),
+            all_ended_seen: false,
+        }
+    }
+}
+
 impl<'a> LeaseSet<'a> {
     /// Opens `name` and checks that it is empty or a sorted set, so
     /// WRONGTYPE is answered before anything is touched.

@@ -45,6 +45,8 @@ mod command_info;
 mod commands;
 mod error;
 mod fault;
+#[cfg(feature = "bench-floor")]
+mod floor;
 mod kinds;
 pub mod lease;
 mod lease_commands;

@@ -312,6 +312,9 @@ fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
         // SAFETY: OnLoad context.
         unsafe { command_info::register(ctx, spec, module_category) }?;
     }
+    #[cfg(feature = "bench-floor")]
+    // SAFETY: OnLoad context.
+    unsafe { crate::floor::register(ctx) }?;
     if api.set_abs_expire.is_none() {
         api.log(
             ctx,

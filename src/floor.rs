@@ -1,0 +1,105 @@
+//! Bench-only (feature `bench-floor`, never in the module users run): the
+//! least a module command can do for an acquire and a release with the
+//! lease-set layout and effects replication. bench/lease_bench.py races them
+//! beside TB.ACQUIRE and TB.RELEASE to show how much of the target's time
+//! is left once the unavoidable part is paid.
+//!
+//! - `TB.FLOOR.ACQUIRE key deadline_ms granted_ms n expire_at_ms`: stores the
+//!   lease `<granted_ms>-<n>` at `deadline_ms` and `seq` at `-n`, and, unless
+//!   `expire_at_ms` is 0, the expiry; replies as TB.ACQUIRE does.
+//! - `TB.FLOOR.RELEASE key lease`: removes `lease`; replies 1 or 0.
+//!
+//! Both write and replicate through `lease_set.rs`, the real commands' own
+//! code, but read nothing and check nothing: the caller computed the values
+//! (the bench keeps each key's count and expiry).
+
+use std::os::raw::c_int;
+
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
+
+use crate::api::Api;
+use crate::args::{parse_lease_ms, parse_timeout};
+use crate::commands::{run, Reply};
+use crate::error::TbError;
+use crate::kinds::LeaseReply;
+use crate::lease::{Grant, LeaseId};
+use crate::lease_set::{LeaseSet, Read};
+use crate::store::Access;
+
+fn acquire(
+    api: &Api,
+    ctx: *mut RedisModuleCtx,
+    args: &[*mut RedisModuleString],
+) -> Result<Reply, TbError> {
+    let [_, key, deadline_ms, granted_ms, n, expire_at_ms] = args else {
+        return Err(TbError::WrongArity);
+    };
+    // SAFETY (all `bytes` calls): argv strings live for the whole command.
+    let whole = |arg: &*mut RedisModuleString| parse_lease_ms(unsafe { api.bytes(arg) });
+    let expire_at_ms = parse_timeout(unsafe { api.bytes(expire_at_ms) })?;
+    let grant = Grant {
+        id: LeaseId {
+            granted_ms: whole(granted_ms)?,
+            n: whole(n)?,
+        },
+        deadline_ms: whole(deadline_ms)?,
+        available: 0,
+        expire_at_ms: (expire_at_ms > 0).then_some(expire_at_ms),
+    };
+    // SAFETY: the command's context and key.
+    let set = unsafe { LeaseSet::open(api, ctx, *key, Access::Write) }?;
+    set.grant(&Read::nothing(), &[grant])?;
+    Ok(Reply::Lease(LeaseReply {
+        id: Some(grant.id),
+        available: 0,
+        retry_after_ms: 0,
+    }))
+}
+
+fn release(
+    api: &Api,
+    ctx: *mut RedisModuleCtx,
+    args: &[*mut RedisModuleString],
+) -> Result<Reply, TbError> {
+    let [_, key, lease] = args else {
+        return Err(TbError::WrongArity);
+    };
+    // SAFETY: the command's context and key.
+    let set = unsafe { LeaseSet::open(api, ctx, *key, Access::Write) }?;
+    Ok(Reply::Flag(set.release(&Read::nothing(), *lease)?))
+}
+
+extern "C" fn tb_floor_acquire(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    run(ctx, argv, argc, acquire)
+}
+
+extern "C" fn tb_floor_release(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    run(ctx, argv, argc, release)
+}
+
+/// Registers the two commands (first key 1, no docs: bench-only).
+///
+/// # Safety
+/// Must be called from `RedisModule_OnLoad` with its context.
+pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<(), String> {
+    let create = raw::RedisModule_CreateCommand.ok_or("RM_CreateCommand missing")?;
+    let commands: [(&std::ffi::CStr, raw::RedisModuleCmdFunc); 2] = [
+        (c"tb.floor.acquire", Some(tb_floor_acquire)),
+        (c"tb.floor.release", Some(tb_floor_release)),
+    ];
+    for (name, handler) in commands {
+        let status = create(ctx, name.as_ptr(), handler, c"write fast".as_ptr(), 1, 1, 1);
+        if status != raw::REDISMODULE_OK as c_int {
+            return Err(format!("cannot create {}", name.to_string_lossy()));
+        }
+    }
+    Ok(())
+}
