@@ -240,7 +240,8 @@ def run_row(c, impl: Impl, scenario: Scenario, pairs: int, seed: int) -> dict:
 
 
 def run_server(name: str, binary: str, module: Path, reps: int, scale: float, log) -> dict:
-    server = Server(binary, module, f"lease-{name}", [])
+    # `name` may be a path (TB_BENCH_SERVERS); the temp dir's prefix may not.
+    server = Server(binary, module, "lease-" + "".join(ch if ch.isalnum() or ch in ".-" else "_" for ch in name), [])
     try:
         with server.conn() as c:
             info = c.info("server")
