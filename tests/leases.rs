@@ -152,6 +152,52 @@ fn release_frees_the_slot_once_and_a_second_release_is_a_harmless_zero() {
     );
 }
 
+/// TB.RELEASE looks a lease up only when its read of the ended leases was
+/// not complete; every shape of set must give the same answers.
+#[test]
+fn only_a_live_lease_is_released_whatever_else_the_set_holds() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let far = 4_000_000_000_000i64; // a deadline in the year 2096
+    let shapes: [(&str, Vec<(i64, String)>); 3] = [
+        ("plain", vec![]),
+        (
+            "with other members scored <= 0",
+            vec![(-5, "a".into()), (0, "b".into())],
+        ),
+        (
+            "with more than 64 ended leases",
+            (1..=70).map(|n| (1_000 + n, format!("1000-{n}"))).collect(),
+        ),
+    ];
+    for (shape, extra) in shapes {
+        let key = format!("jobs:{shape}");
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(&key).arg(-90).arg("seq");
+        zadd.arg(500).arg("500-80").arg(far).arg("600-81");
+        for (score, member) in &extra {
+            zadd.arg(*score).arg(member);
+        }
+        let _: () = zadd.query(&mut con).unwrap();
+        let before = members(&mut con, &key);
+        // Ended (the earliest of all, and past the first 64 when there are
+        // more), unknown, and not shaped like an id: 0, and nothing written.
+        for lease in ["500-80", "1000-70", "7-7", "b"] {
+            assert_eq!(release(&mut con, &key, lease), 0, "{shape}: {lease}");
+        }
+        assert_eq!(members(&mut con, &key), before, "{shape}");
+        assert_eq!(
+            release(&mut con, &key, "600-81"),
+            1,
+            "{shape}: the live one"
+        );
+        assert!(
+            !members(&mut con, &key).iter().any(|(id, _)| id == "600-81"),
+            "{shape}"
+        );
+    }
+}
+
 #[test]
 fn no_argument_can_release_or_renew_the_seq_member() {
     let server = Server::start();
