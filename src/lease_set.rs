@@ -15,7 +15,6 @@ use std::os::raw::{c_int, c_longlong};
 use redis_module::raw::{
     RedisModuleCtx, RedisModuleKey, RedisModuleString, REDISMODULE_KEYTYPE_EMPTY,
     REDISMODULE_KEYTYPE_ZSET, REDISMODULE_NOTIFY_GENERIC, REDISMODULE_NOTIFY_ZSET, REDISMODULE_OK,
-    REDISMODULE_READ, REDISMODULE_WRITE,
 };
 
 use crate::api::Api;
@@ -23,7 +22,7 @@ use crate::error::TbError;
 use crate::lease::{self, Grant, Seen, MAX_EXPIRED_REMOVED};
 use crate::metrics;
 use crate::number::format_integer;
-use crate::store::{Access, ServerString};
+use crate::store::{open_key, Access, ServerString};
 
 /// The bookkeeping member's name (`Api::seq_member` as bytes).
 const SEQ: &[u8] = b"seq";
@@ -67,8 +66,7 @@ impl Read<'_> {
 }
 
 impl<'a> LeaseSet<'a> {
-    /// Opens `name` and checks that it is empty or a sorted set, so
-    /// WRONGTYPE is answered before anything is touched.
+    /// Opens `name`, empty or a sorted set (see [`open_key`]).
     ///
     /// # Safety
     /// `ctx` and `name` must be live for as long as the set is open.
@@ -78,24 +76,12 @@ impl<'a> LeaseSet<'a> {
         name: *mut RedisModuleString,
         access: Access,
     ) -> Result<Self, TbError> {
-        let mode = match access {
-            Access::Read => REDISMODULE_READ,
-            Access::Write => REDISMODULE_READ | REDISMODULE_WRITE,
-        };
-        let key = (api.open_key)(ctx, name, mode as c_int);
-        let set = LeaseSet {
+        Ok(LeaseSet {
             api,
             ctx,
             name,
-            key,
-        };
-        if set.is_empty() {
-            return Ok(set);
-        }
-        match (api.key_type)(key) as isize {
-            REDISMODULE_KEYTYPE_ZSET => Ok(set),
-            _ => Err(TbError::WrongType),
-        }
+            key: open_key(api, ctx, name, access, REDISMODULE_KEYTYPE_ZSET)?,
+        })
     }
 
     pub fn exists(&self) -> bool {
@@ -338,14 +324,9 @@ impl<'a> LeaseSet<'a> {
             self.add(grant.deadline_ms as f64, id.ptr())?;
         }
         self.add(-(issued as f64), self.api.seq_member.0)?;
-        self.remove(&read.expired);
-        if let Some(at) = expire_at_ms {
-            self.set_expiry(at)?;
-        }
-        self.propagate_removal(&read.expired, None);
         // SAFETY: a live context; the strings live until after the call
         // (RM_Replicate copies what it keeps).
-        unsafe {
+        self.after_zadd(read, expire_at_ms, || unsafe {
             if let ([grant], [id]) = (grants, ids.as_slice()) {
                 (self.api.replicate)(
                     self.ctx,
@@ -379,18 +360,8 @@ impl<'a> LeaseSet<'a> {
                     argv.len(),
                 );
             }
-            (self.api.notify)(
-                self.ctx,
-                REDISMODULE_NOTIFY_ZSET as c_int,
-                c"zadd".as_ptr(),
-                self.name,
-            );
-        }
-        if let Some(at) = expire_at_ms {
-            self.propagate_expiry(at);
-        }
-        self.signal();
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Removes `lease` and, if it was there, `expired`; whether it was
@@ -421,13 +392,8 @@ impl<'a> LeaseSet<'a> {
         expire_at_ms: Option<i64>,
     ) -> Result<(), TbError> {
         self.add(deadline_ms as f64, lease)?;
-        self.remove(&read.expired);
-        if let Some(at) = expire_at_ms {
-            self.set_expiry(at)?;
-        }
-        self.propagate_removal(&read.expired, None);
         // SAFETY: a live context and strings.
-        unsafe {
+        self.after_zadd(read, expire_at_ms, || unsafe {
             (self.api.replicate)(
                 self.ctx,
                 c"ZADD".as_ptr(),
@@ -436,6 +402,28 @@ impl<'a> LeaseSet<'a> {
                 deadline_ms as c_longlong,
                 lease,
             );
+            Ok(())
+        })
+    }
+
+    /// What follows the ZADDs of a grant or a renewal: the ended leases out,
+    /// the expiry moved, then replicas and the AOF told in the order they
+    /// must replay (ZREM, the `zadd` that `replicate_zadd` sends, PEXPIREAT),
+    /// and listeners and WATCH last.
+    fn after_zadd(
+        &self,
+        read: &Read<'a>,
+        expire_at_ms: Option<i64>,
+        replicate_zadd: impl FnOnce() -> Result<(), TbError>,
+    ) -> Result<(), TbError> {
+        self.remove(&read.expired);
+        if let Some(at) = expire_at_ms {
+            self.set_expiry(at)?;
+        }
+        self.propagate_removal(&read.expired, None);
+        replicate_zadd()?;
+        // SAFETY: a live context and key name.
+        unsafe {
             (self.api.notify)(
                 self.ctx,
                 REDISMODULE_NOTIFY_ZSET as c_int,

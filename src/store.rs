@@ -70,9 +70,39 @@ pub enum Expiry {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WriteFailed;
 
+/// Opens `name` and checks that it is missing or of the type `wanted` (a
+/// `REDISMODULE_KEYTYPE_*`), so WRONGTYPE is answered before anything is
+/// touched; on that error the key is closed again. The key is null when a
+/// read-only open finds nothing: simply an empty bucket or lease set.
+///
+/// # Safety
+/// `ctx` and `name` must be a live context and key name.
+pub unsafe fn open_key(
+    api: &Api,
+    ctx: *mut RedisModuleCtx,
+    name: *mut RedisModuleString,
+    access: Access,
+    wanted: isize,
+) -> Result<*mut RedisModuleKey, TbError> {
+    let mode = match access {
+        Access::Read => REDISMODULE_READ,
+        Access::Write => REDISMODULE_READ | REDISMODULE_WRITE,
+    };
+    let key = (api.open_key)(ctx, name, mode as c_int);
+    if key.is_null() {
+        return Ok(key);
+    }
+    match (api.key_type)(key) as isize {
+        kind if kind == REDISMODULE_KEYTYPE_EMPTY || kind == wanted => Ok(key),
+        _ => {
+            (api.close_key)(key);
+            Err(TbError::WrongType)
+        }
+    }
+}
+
 impl<'a> BucketKey<'a> {
-    /// Opens `name` and checks that it is empty or a hash, so a WRONGTYPE
-    /// error is given before anything is touched.
+    /// Opens `name`, empty or a hash (see [`open_key`]).
     ///
     /// # Safety
     /// `ctx` and `name` must be the command's live context and argument.
@@ -82,28 +112,14 @@ impl<'a> BucketKey<'a> {
         name: *mut RedisModuleString,
         access: Access,
     ) -> Result<Self, TbError> {
-        let mode = match access {
-            Access::Read => REDISMODULE_READ,
-            Access::Write => REDISMODULE_READ | REDISMODULE_WRITE,
-        };
-        let key = (api.open_key)(ctx, name, mode as c_int);
-        let bucket = BucketKey {
+        Ok(BucketKey {
             api,
             ctx,
             name,
-            key,
+            key: open_key(api, ctx, name, access, REDISMODULE_KEYTYPE_HASH)?,
             prior: None,
             was_missing: false,
-        };
-        // A read-only open of a missing key gives NULL, which is simply an
-        // empty bucket.
-        if key.is_null() {
-            return Ok(bucket);
-        }
-        match (api.key_type)(key) as isize {
-            REDISMODULE_KEYTYPE_EMPTY | REDISMODULE_KEYTYPE_HASH => Ok(bucket),
-            _ => Err(TbError::WrongType),
-        }
+        })
     }
 
     /// The stored state, `None` for a missing key (a full bucket), or
