@@ -670,6 +670,21 @@ local function live_deadline(key, lease, now)
   return nil
 end
 
+-- For TB.RELEASE and TB.RENEW: `now` if `lease` is live at `key`; nil if the
+-- set is missing or the lease not held; nil and an error reply if `key` is not
+-- a lease set.
+local function held_now(key, lease)
+  local count, err = read_leases(key)
+  if err then
+    return nil, err
+  end
+  local now = server_now()
+  if count == nil or live_deadline(key, lease, now) == nil then
+    return nil
+  end
+  return now
+end
+
 -- TB.ACQUIRE key limit lease_ms (no timeout_ms: a script cannot wait).
 local function tb_acquire(keys, args)
   if #keys ~= 1 or #args ~= 2 then
@@ -716,12 +731,10 @@ local function tb_release(keys, args)
     return arity_error('tb.release')
   end
   local key = keys[1]
-  local count, err = read_leases(key)
+  local now, err = held_now(key, args[1])
   if err then
     return err
-  end
-  local now = server_now()
-  if count == nil or live_deadline(key, args[1], now) == nil then
+  elseif now == nil then
     return 0
   end
   write_leases(key, now, nil, nil, args[1])
@@ -738,12 +751,10 @@ local function tb_renew(keys, args)
     return redis.error_reply(ERR_LEASE_MS)
   end
   local key = keys[1]
-  local count, err = read_leases(key)
+  local now, err = held_now(key, args[1])
   if err then
     return err
-  end
-  local now = server_now()
-  if count == nil or live_deadline(key, args[1], now) == nil then
+  elseif now == nil then
     return 0
   end
   local deadline = deadline_of(now, lease_ms)
