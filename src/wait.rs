@@ -915,6 +915,9 @@ pub fn with_machine<K: Kind, R>(f: impl FnOnce(&mut Machine<K>) -> R) -> Option<
 }
 
 #[cfg(test)]
+mod sim_timers;
+
+#[cfg(test)]
 mod tests;
 
 #[cfg(test)]

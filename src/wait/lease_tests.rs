@@ -5,10 +5,11 @@
 //! key, nobody granted after its deadline, no id handed out twice, and each
 //! wait ends exactly once.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use proptest::prelude::*;
 
+use super::sim_timers::{Key, Order, TimerFor, Timers};
 use super::*;
 use crate::kinds::{LeaseReply, Leases, LeasesServed};
 use crate::lease::{self, Acquire, Grant, LeaseId, LeaseLimit, Seen};
@@ -16,16 +17,6 @@ use crate::lease::{self, Acquire, Grant, LeaseId, LeaseLimit, Seen};
 type Machine = super::Machine<Leases>;
 type Event<'a> = super::Event<'a, Leases>;
 type Action = super::Action<Leases>;
-
-/// When the server runs a blocked client's callback after an unblock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Order {
-    /// Inside `RM_UnblockClient` (Redis 7.0 and 7.2, Valkey).
-    Sync,
-    /// Before the event loop sleeps, after the timers due in this pass
-    /// (Redis 7.4+).
-    Deferred,
-}
 
 /// What limits the acquires of a run use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,8 +40,6 @@ const TIMEOUTS: [Option<i64>; 7] = [
     Some(150),
     Some(600),
 ];
-
-type Key = (Db, Vec<u8>);
 
 /// The model of one lease set: what the sorted set holds.
 #[derive(Clone, Debug, Default)]
@@ -105,22 +94,13 @@ impl Set {
     }
 }
 
-#[derive(Clone, Debug, PartialEq)]
-enum TimerFor {
-    Wake(Key, u64),
-    Deadline(WaiterId),
-}
-
 /// The server: its lease sets, clock, timers and pause.
 #[derive(Default)]
 struct Sim {
     now_ms: i64,
     sets: HashMap<Key, Set>,
     paused: bool,
-    timers: BTreeMap<TimerId, (i64, TimerFor)>,
-    last_timer: TimerId,
-    /// Timers due in the same ms fire newest first when set.
-    newest_first: bool,
+    timers: Timers,
     /// The machine's writes during the event being handled: the key, the
     /// live leases before, the grants stored.
     written: Vec<(Key, i64, Vec<Grant>)>,
@@ -221,38 +201,12 @@ impl Server<Leases> for Sim {
     }
 
     fn arm(&mut self, timer: Timer<'_>, delay_ms: i64) -> TimerId {
-        self.last_timer += 1;
-        let what = match timer {
-            Timer::Wake { db, key, token } => {
-                let key = (db, key.to_vec());
-                let twice = self
-                    .timers
-                    .values()
-                    .any(|(_, what)| matches!(what, TimerFor::Wake(k, _) if *k == key));
-                if twice {
-                    self.violations
-                        .push(format!("a second wake-up for {key:?}"));
-                }
-                TimerFor::Wake(key, token)
-            }
-            Timer::Deadline(id) => TimerFor::Deadline(id),
-        };
-        if !(0..=MAX_TIMER_MS).contains(&delay_ms) {
-            self.violations.push(format!("timer of {delay_ms} ms"));
-        }
         self.timers
-            .insert(self.last_timer, (self.now_ms + delay_ms, what));
-        self.last_timer
+            .arm(timer, self.now_ms, delay_ms, &mut self.violations)
     }
 
     fn cancel(&mut self, timer: TimerId, wake: bool) {
-        match self.timers.remove(&timer) {
-            Some((_, TimerFor::Wake(..))) if wake => {}
-            Some((_, TimerFor::Deadline(_))) if !wake => {}
-            other => self
-                .violations
-                .push(format!("cancel of {timer} (wake {wake}): {other:?}")),
-        }
+        self.timers.cancel(timer, wake, &mut self.violations);
     }
 }
 
@@ -585,24 +539,7 @@ impl Run {
     /// callbacks (before the event loop sleeps), until nothing is due.
     fn settle(&mut self) {
         for _ in 0..10_000 {
-            let due = self
-                .sim
-                .timers
-                .iter()
-                .filter(|(_, (at, _))| *at <= self.sim.now_ms)
-                .min_by_key(|(id, (at, _))| {
-                    let id = if self.sim.newest_first {
-                        u64::MAX - **id
-                    } else {
-                        **id
-                    };
-                    (*at, id)
-                })
-                .map(|(id, _)| *id);
-            if let Some(timer) = due {
-                let Some((_, what)) = self.sim.timers.remove(&timer) else {
-                    continue;
-                };
+            if let Some(what) = self.sim.timers.take_due(self.sim.now_ms) {
                 let now_ms = self.sim.now_ms;
                 match what {
                     TimerFor::Wake((db, key), token) => self.dispatch(Event::Wake {
@@ -749,15 +686,16 @@ impl Run {
                 }
             }
             Op::Advance(ms) => {
-                self.sim.newest_first = ms % 2 == 1;
+                self.sim.timers.newest_first = ms % 2 == 1;
                 // In steps, so every timer fires and every key expires at
                 // its own instant.
                 let target = now_ms + i64::from(ms);
                 while self.sim.now_ms < target {
                     let now = self.sim.now_ms;
-                    let timers = self.sim.timers.values().map(|(at, _)| *at);
+                    let timer = self.sim.timers.next_after(now);
                     let expiries = self.sim.sets.values().filter_map(|s| s.expire_at_ms);
-                    let next = timers
+                    let next = timer
+                        .into_iter()
                         .chain(expiries.map(|at| at + 1))
                         .filter(|at| *at > now)
                         .min()
@@ -904,22 +842,11 @@ impl Run {
                 }
             }
         }
-        let wakes = self
-            .sim
-            .timers
-            .values()
-            .filter(|(_, what)| matches!(what, TimerFor::Wake(..)))
-            .count();
+        let (wakes, deadlines) = self.sim.timers.counts();
         let keys = self.queues.values().filter(|q| !q.is_empty()).count();
         if wakes != keys {
             wrong.push(format!("{wakes} wake-ups for {keys} keys with waiters"));
         }
-        let deadlines = self
-            .sim
-            .timers
-            .values()
-            .filter(|(_, what)| matches!(what, TimerFor::Deadline(_)))
-            .count();
         let timed = self
             .queues
             .values()

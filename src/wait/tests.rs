@@ -3,10 +3,11 @@
 //! callback inside `RM_UnblockClient` (Redis 7.0, 7.2, Valkey) or just
 //! before the event loop sleeps (Redis 7.4+).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use proptest::prelude::*;
 
+use super::sim_timers::{Key, Order, TimerFor, Timers};
 use super::*;
 use crate::args::Request;
 use crate::bucket::{self, Limit, Outcome, State};
@@ -18,16 +19,6 @@ type Event<'a> = super::Event<'a, Tokens>;
 type Action = super::Action<Tokens>;
 type Arrival<'a> = super::Arrival<'a, Tokens>;
 
-/// When the server runs a blocked client's callback after an unblock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Order {
-    /// Inside `RM_UnblockClient` (Redis 7.0 and 7.2, Valkey).
-    Sync,
-    /// Before the event loop sleeps, after the timers due in this pass
-    /// (Redis 7.4+).
-    Deferred,
-}
-
 const START_MS: i64 = 1_000_000;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -37,14 +28,6 @@ enum Value {
     Other,
 }
 
-type Key = (Db, Vec<u8>);
-
-#[derive(Clone, Debug, PartialEq)]
-enum TimerFor {
-    Wake(Key, u64),
-    Deadline(WaiterId),
-}
-
 /// The server: its keyspace, clock, timers and pause, and what it saw.
 #[derive(Default)]
 struct Sim {
@@ -52,11 +35,7 @@ struct Sim {
     keys: HashMap<Key, Value>,
     paused: bool,
     fail_writes: bool,
-    timers: BTreeMap<TimerId, (i64, TimerFor)>,
-    last_timer: TimerId,
-    /// Timers due in the same ms fire in either order on a real server
-    /// (they are due in µs): newest first when set.
-    newest_first: bool,
+    timers: Timers,
     /// Writes done during the event being handled.
     written: Vec<(Key, State, i64)>,
     violations: Vec<String>,
@@ -107,39 +86,12 @@ impl Server<Tokens> for Sim {
     }
 
     fn arm(&mut self, timer: Timer<'_>, delay_ms: i64) -> TimerId {
-        self.last_timer += 1;
-        let what = match timer {
-            Timer::Wake { db, key, token } => {
-                let key = (db, key.to_vec());
-                let wakes = self
-                    .timers
-                    .values()
-                    .filter(|(_, what)| matches!(what, TimerFor::Wake(k, _) if *k == key))
-                    .count();
-                if wakes > 0 {
-                    self.violations
-                        .push(format!("a second wake-up for {key:?}"));
-                }
-                TimerFor::Wake(key, token)
-            }
-            Timer::Deadline(id) => TimerFor::Deadline(id),
-        };
-        if !(0..=MAX_TIMER_MS).contains(&delay_ms) {
-            self.violations.push(format!("timer of {delay_ms} ms"));
-        }
         self.timers
-            .insert(self.last_timer, (self.now_ms + delay_ms, what));
-        self.last_timer
+            .arm(timer, self.now_ms, delay_ms, &mut self.violations)
     }
 
     fn cancel(&mut self, timer: TimerId, wake: bool) {
-        match self.timers.remove(&timer) {
-            Some((_, TimerFor::Wake(..))) if wake => {}
-            Some((_, TimerFor::Deadline(_))) if !wake => {}
-            other => self
-                .violations
-                .push(format!("cancel of {timer} (wake {wake}): {other:?}")),
-        }
+        self.timers.cancel(timer, wake, &mut self.violations);
     }
 }
 
@@ -401,26 +353,7 @@ impl Run {
     /// callbacks (before the event loop sleeps), until nothing is due.
     fn settle(&mut self) {
         for _ in 0..10_000 {
-            let due = self
-                .sim
-                .timers
-                .iter()
-                .filter(|(_, (at, _))| *at <= self.sim.now_ms)
-                .min_by_key(|(id, (at, _))| {
-                    (
-                        *at,
-                        if self.sim.newest_first {
-                            u64::MAX - **id
-                        } else {
-                            **id
-                        },
-                    )
-                })
-                .map(|(id, _)| *id);
-            if let Some(timer) = due {
-                let Some((_, what)) = self.sim.timers.remove(&timer) else {
-                    continue;
-                };
+            if let Some(what) = self.sim.timers.take_due(self.sim.now_ms) {
                 self.fire(what);
                 continue;
             }
@@ -605,17 +538,14 @@ impl Run {
                 );
             }
             Op::Advance(ms) => {
-                self.sim.newest_first = ms % 2 == 1;
+                self.sim.timers.newest_first = ms % 2 == 1;
                 // In steps, so every timer fires at its own instant.
                 let target = now_ms + i64::from(ms);
                 while self.sim.now_ms < target {
                     let next = self
                         .sim
                         .timers
-                        .values()
-                        .map(|(at, _)| *at)
-                        .filter(|at| *at > self.sim.now_ms)
-                        .min()
+                        .next_after(self.sim.now_ms)
                         .unwrap_or(target)
                         .min(target);
                     self.sim.now_ms = next;
@@ -729,22 +659,11 @@ impl Run {
             }
         }
         self.sim.violations.extend(wrong);
-        let wakes = self
-            .sim
-            .timers
-            .values()
-            .filter(|(_, what)| matches!(what, TimerFor::Wake(..)))
-            .count();
+        let (wakes, deadlines) = self.sim.timers.counts();
         let keys = self.model.queues.values().filter(|q| !q.is_empty()).count();
         if wakes != keys {
             self.fail(format!("{wakes} wake-ups for {keys} keys with waiters"));
         }
-        let deadlines = self
-            .sim
-            .timers
-            .values()
-            .filter(|(_, what)| matches!(what, TimerFor::Deadline(_)))
-            .count();
         let timed: usize = self
             .model
             .queues
@@ -932,6 +851,7 @@ impl Bare {
         let due: Vec<(TimerId, WaiterId)> = self
             .sim
             .timers
+            .armed
             .iter()
             .filter_map(|(timer, (at, what))| match what {
                 TimerFor::Deadline(id) if *at <= self.sim.now_ms => Some((*timer, *id)),
@@ -939,7 +859,7 @@ impl Bare {
             })
             .collect();
         for (timer, id) in due {
-            self.sim.timers.remove(&timer);
+            self.sim.timers.armed.remove(&timer);
             let now_ms = self.sim.now_ms;
             self.on(Event::Deadline { id, now_ms });
         }
