@@ -792,6 +792,57 @@ fn a_waiter_that_disconnects_takes_nothing_and_the_next_is_served() {
     assert_eq!(tb_field(&mut con, "tb_waits_abandoned"), 1);
 }
 
+/// Waiters stay on their database number, as BLPOP's do: after SWAPDB they
+/// wait on the swapped-in data. A lease set there with a free slot serves
+/// the first at once; the set swapped away is left as it was.
+#[test]
+fn swapdb_serves_a_waiter_from_the_lease_set_it_swaps_in() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let held = id_of(&acquire(&mut con, "jobs", 2, 600_000));
+    acquire(&mut con, "jobs", 2, 600_000);
+    let _: () = redis::cmd("SELECT").arg(1).query(&mut con).unwrap();
+    acquire(&mut con, "jobs", 2, 600_000);
+    let _: () = redis::cmd("SELECT").arg(0).query(&mut con).unwrap();
+    let full = members(&mut con, "jobs");
+    let mut first = waiter(&server, "jobs", "2", "600000", "0");
+    wait_for_waiting(&mut con, 1);
+    let mut second = waiter(&server, "jobs", "2", "600000", "0");
+    wait_for_waiting(&mut con, 2);
+    let _: () = redis::cmd("SWAPDB").arg(0).arg(1).query(&mut con).unwrap();
+    let served = waited(first.reply());
+    assert_eq!((served.acquired, served.available), (1, 0), "{served:?}");
+    assert_eq!(
+        count_of(&id_of(&served)),
+        2,
+        "the swapped-in set's count goes on"
+    );
+    assert_eq!(
+        second.reply_within(Duration::from_millis(100)),
+        None,
+        "the limit of 2 is reached: the second waits"
+    );
+    let _: () = redis::cmd("SELECT").arg(1).query(&mut con).unwrap();
+    assert_eq!(
+        members(&mut con, "jobs"),
+        full,
+        "the set swapped away is untouched"
+    );
+    assert_eq!(release(&mut con, "jobs", &held), 1);
+    let _: () = redis::cmd("SELECT").arg(0).query(&mut con).unwrap();
+    assert_eq!(
+        tb_field(&mut con, "tb_waiting"),
+        1,
+        "a release in db 1 wakes nobody"
+    );
+    assert_eq!(release(&mut con, "jobs", &id_of(&served)), 1);
+    assert_eq!(
+        waited(second.reply()).acquired,
+        1,
+        "served by a release in its db"
+    );
+}
+
 #[test]
 fn a_key_overwritten_while_waiting_ends_the_wait_with_an_error() {
     let server = Server::start();
