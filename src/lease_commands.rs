@@ -152,7 +152,7 @@ fn renew(
     // SAFETY: the command's context and key.
     let set = unsafe { LeaseSet::open(api, ctx, *key, Access::Write) }?;
     let now_ms = now(api);
-    let read = set.read(now_ms, KEY_ARG)?;
+    let read = set.read_for_renewal(now_ms, KEY_ARG)?;
     let current = live_deadline(api, &set, lease, now_ms);
     let Some((deadline_ms, expire_at_ms)) = lease::renew(&read.seen, current, lease_ms, now_ms)
     else {

@@ -98,15 +98,26 @@ impl<'a> LeaseSet<'a> {
     /// and a wake-up decide on. `CorruptLeaseSet` (naming argument
     /// `key_arg`) if it has no usable `seq` member.
     pub fn read(&self, now_ms: i64, key_arg: usize) -> Result<Read<'a>, TbError> {
-        let mut read = self.scan(now_ms, key_arg, Count::Live)?;
+        let read = self.scan(now_ms, key_arg, Count::Live)?;
+        Ok(self.with_expiry(read, now_ms))
+    }
+
+    /// What TB.RENEW needs: as [`read_ended`](Self::read_ended), with the
+    /// expiry (a renewal may move it), without counting the live leases.
+    pub fn read_for_renewal(&self, now_ms: i64, key_arg: usize) -> Result<Read<'a>, TbError> {
+        let read = self.scan(now_ms, key_arg, Count::EndedOnly)?;
+        Ok(self.with_expiry(read, now_ms))
+    }
+
+    fn with_expiry(&self, mut read: Read<'a>, now_ms: i64) -> Read<'a> {
         if self.is_empty() {
-            return Ok(read);
+            return read;
         }
         read.seen.expire_at_ms = self.expire_at_ms(now_ms);
         if read.seen.expire_at_ms.is_none() {
             read.seen.latest_deadline_ms = self.last_score_above(0.0).map(whole_ms);
         }
-        Ok(read)
+        read
     }
 
     /// What TB.RELEASE needs: the `seq` check and the ended leases a write
@@ -284,6 +295,12 @@ impl<'a> LeaseSet<'a> {
                 c"+inf".as_ptr(),
             );
             if reply.is_null() {
+                self.api.log(
+                    self.ctx,
+                    c"warning",
+                    "tb: ZCOUNT through RM_Call failed (renamed or disabled?): \
+                     a lease set with more than 64 ended leases cannot be counted",
+                );
                 return Err(TbError::Internal);
             }
             let count = (self.api.call_reply_integer)(reply);

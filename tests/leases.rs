@@ -198,6 +198,33 @@ fn only_a_live_lease_is_released_whatever_else_the_set_holds() {
     }
 }
 
+/// Only TB.ACQUIRE counts the live leases (past 64 ended ones, with ZCOUNT):
+/// a release or a renewal works on a set of any shape, even where ZCOUNT is
+/// renamed away.
+#[test]
+fn release_and_renew_need_no_count_of_the_live_leases() {
+    let server = Server::start_with(&["--rename-command", "ZCOUNT", ""]);
+    let mut con = server.conn();
+    let far = 4_000_000_000_000i64;
+    let mut zadd = redis::cmd("ZADD");
+    zadd.arg("jobs").arg(-90).arg("seq");
+    for n in 1..=70 {
+        zadd.arg(1_000 + n).arg(format!("1000-{n}"));
+    }
+    zadd.arg(far).arg("600-80").arg(far).arg("600-81");
+    let _: () = zadd.query(&mut con).unwrap();
+    let before = members(&mut con, "jobs");
+    let error = expect_error(&mut con, &[b"TB.ACQUIRE", b"jobs", b"5", b"1000"]);
+    assert!(error.contains("internal error"), "{error}");
+    assert!(
+        server.log().contains("ZCOUNT through RM_Call failed"),
+        "the reason is logged"
+    );
+    assert_eq!(members(&mut con, "jobs"), before, "and nothing written");
+    assert_eq!(renew(&mut con, "jobs", "600-80", 100_000), 1);
+    assert_eq!(release(&mut con, "jobs", "600-81"), 1);
+}
+
 #[test]
 fn no_argument_can_release_or_renew_the_seq_member() {
     let server = Server::start();
