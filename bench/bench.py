@@ -35,18 +35,18 @@ import platform
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH_DIR = ROOT / "bench"
+# The client, the servers and the tables every bench script shares.
+from harness import ROOT, BENCH_DIR, Conn, ReplyError, Server, commandstats, md_table, stop_all, text_table
+from harness import git_rev as harness_git_rev
+
 LUA_PATH = BENCH_DIR / "reference_token_bucket.lua"
 
 # redis-benchmark expands __rand_int__ to a 12-digit, zero-padded number below
@@ -96,185 +96,6 @@ def cl_allowed(reply) -> bool:
 
 
 # --------------------------------------------------------------------------
-# A minimal RESP2 client
-
-
-class ReplyError(Exception):
-    pass
-
-
-def encode(args) -> bytes:
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        if not isinstance(arg, bytes):
-            arg = str(arg).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
-    return b"".join(out)
-
-
-class Conn:
-    def __init__(self, port: int, timeout: float = 120.0):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.buf = bytearray()
-        self.pos = 0
-
-    def close(self):
-        self.sock.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def _fill(self):
-        chunk = self.sock.recv(1 << 20)
-        if not chunk:
-            raise ConnectionError("server closed the connection")
-        if self.pos > (1 << 20):
-            del self.buf[: self.pos]
-            self.pos = 0
-        self.buf += chunk
-
-    def _line(self) -> bytes:
-        while True:
-            end = self.buf.find(b"\r\n", self.pos)
-            if end >= 0:
-                line = bytes(self.buf[self.pos : end])
-                self.pos = end + 2
-                return line
-            self._fill()
-
-    def _exact(self, n: int) -> bytes:
-        while len(self.buf) - self.pos < n + 2:
-            self._fill()
-        data = bytes(self.buf[self.pos : self.pos + n])
-        self.pos += n + 2
-        return data
-
-    def read(self):
-        line = self._line()
-        kind, rest = line[:1], line[1:]
-        if kind == b"+":
-            return rest.decode()
-        if kind == b"-":
-            return ReplyError(rest.decode())
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            n = int(rest)
-            return None if n < 0 else self._exact(n)
-        if kind == b"*":
-            n = int(rest)
-            return None if n < 0 else [self.read() for _ in range(n)]
-        raise ConnectionError(f"bad reply line {line!r}")
-
-    def call(self, *args):
-        self.sock.sendall(encode(args))
-        reply = self.read()
-        if isinstance(reply, ReplyError):
-            raise reply
-        return reply
-
-    def pipeline(self, commands, chunk: int = 2000, check: bool = True) -> list:
-        replies = []
-        for i in range(0, len(commands), chunk):
-            part = commands[i : i + chunk]
-            self.sock.sendall(b"".join(encode(c) for c in part))
-            replies.extend(self.read() for _ in part)
-        if check:
-            errors = [r for r in replies if isinstance(r, ReplyError)]
-            if errors:
-                raise errors[0]
-        return replies
-
-    def info(self, section: str) -> dict:
-        text = self.call("INFO", section).decode()
-        out = {}
-        for line in text.splitlines():
-            if ":" in line and not line.startswith("#"):
-                k, v = line.split(":", 1)
-                out[k] = v
-        return out
-
-
-# --------------------------------------------------------------------------
-# Servers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A redis-server with the module, on a free loopback port, in a temp dir."""
-
-    live: list["Server"] = []
-
-    def __init__(self, binary: str, module: Path, name: str, extra: list[str], peer: Path | None = None):
-        self.name = name
-        modules = ["--loadmodule", str(module)]
-        if peer is not None:
-            modules += ["--loadmodule", str(peer)]
-        self.dir = Path(tempfile.mkdtemp(prefix=f"tb-bench-{name}-"))
-        last = ""
-        for _ in range(5):
-            self.port = free_port()
-            argv = [
-                binary, "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", str(self.dir), "--logfile", str(self.dir / "server.log"),
-                "--daemonize", "no", "--save", "", "--appendonly", "no",
-                "--loglevel", "warning", *modules,
-                *extra,
-            ]  # fmt: skip
-            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            Server.live.append(self)
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                try:
-                    with Conn(self.port, timeout=2) as c:
-                        if c.call("PING") == "PONG":
-                            return
-                except (OSError, ReplyError):
-                    time.sleep(0.05)
-            last = self.log_tail()
-            self.stop()
-        raise RuntimeError(f"{name}: server did not start:\n{last}")
-
-    def log_tail(self) -> str:
-        try:
-            return "\n".join((self.dir / "server.log").read_text().splitlines()[-20:])
-        except OSError:
-            return ""
-
-    def conn(self) -> Conn:
-        return Conn(self.port)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            try:
-                with Conn(self.port, timeout=5) as c:
-                    c.sock.sendall(encode(("SHUTDOWN", "NOSAVE")))
-            except OSError:
-                pass
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self in Server.live:
-            Server.live.remove(self)
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def stop_all():
-    for server in list(Server.live):
-        server.stop()
-
-
-# --------------------------------------------------------------------------
 # Helpers
 
 
@@ -293,14 +114,6 @@ def summary(xs) -> dict:
     med = statistics.median(xs)
     spread = (max(xs) - min(xs)) / med * 100 if med else 0.0
     return {"median": med, "min": min(xs), "max": max(xs), "spread_pct": spread, "values": xs}
-
-
-def commandstats(c: Conn) -> dict:
-    out = {}
-    for k, v in c.info("commandstats").items():
-        if k.startswith("cmdstat_"):
-            out[k[len("cmdstat_") :]] = {kv.split("=")[0]: float(kv.split("=")[1]) for kv in v.split(",")}
-    return out
 
 
 def wait_aof_rewrite(c: Conn):
@@ -846,6 +659,8 @@ PEER_HEAD = ["config", "keys", "path", "TB.TAKE us", "CL.THROTTLE us", "us ratio
 
 
 def fmt(x, digits=2):
+    # Plain fixed point, not harness.fmt's grouped figures: the form
+    # results.md and lease-results.md have always had.
     return "-" if x is None else f"{x:.{digits}f}"
 
 
@@ -867,18 +682,6 @@ def row_table(configs: dict, rows: list[Row]) -> list[list[str]]:
 
 ROW_HEAD = ["config", "command", "keys", "path", "n", "us/call", "range", "spread",
             "kops/s", "range", "spread", "allowed"]  # fmt: skip
-
-
-def text_table(head, rows) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
-
-
-def md_table(head, rows) -> str:
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    out += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows]
-    return "\n".join(out)
 
 
 def target_rows(targets) -> list[list[str]]:
@@ -1062,12 +865,8 @@ def peer_text(meta: dict) -> str:
 
 
 def git_rev() -> str:
-    try:
-        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "src"], capture_output=True, text=True).stdout.strip()
-        return rev + ("+dirty-src" if dirty else "")
-    except OSError:
-        return "?"
+    # A changed or new file under src/ changes the module these figures are of.
+    return harness_git_rev("src", mark="+dirty-src", untracked=True)
 
 
 def main() -> int:
@@ -1114,7 +913,7 @@ def main() -> int:
 
     if peer is not None:
         try:
-            probe = Server(args.server, module, "peer-probe", [], peer)
+            probe = Server(args.server, module, "peer-probe", peer=peer)
             with probe.conn() as c:
                 c.call("CL.THROTTLE", "probe", *CL_ALLOW)
             probe.stop()
@@ -1124,7 +923,7 @@ def main() -> int:
     if peer is None:
         log(f"peer: redis-cell (CL.THROTTLE) not measured: {peer_note}")
 
-    plain = Server(args.server, module, "plain", [], peer)
+    plain = Server(args.server, module, "plain", peer=peer)
     with plain.conn() as c:
         info = c.info("server")
         sha = c.call("SCRIPT", "LOAD", lua).decode()
@@ -1165,7 +964,7 @@ def main() -> int:
     configs = {"plain": (plain, False)}
     if not args.no_aof:
         aof = Server(args.server, module, "aof", ["--appendonly", "yes", "--appendfsync", "everysec",
-                                                   "--auto-aof-rewrite-percentage", "0"], peer)  # fmt: skip
+                                                   "--auto-aof-rewrite-percentage", "0"], peer=peer)  # fmt: skip
         with aof.conn() as c:
             c.call("SCRIPT", "LOAD", lua)
         configs["aof"] = (aof, True)
@@ -1196,8 +995,8 @@ def main() -> int:
     plain.stop()
 
     log("\n== replication bytes per call (replica attached, repl-ping-replica-period 3600)")
-    master = Server(args.server, module, "master", ["--repl-ping-replica-period", "3600"], peer)
-    replica = Server(args.server, module, "replica", ["--replicaof", "127.0.0.1", str(master.port)], peer)
+    master = Server(args.server, module, "master", ["--repl-ping-replica-period", "3600"], peer=peer)
+    replica = Server(args.server, module, "replica", ["--replicaof", "127.0.0.1", str(master.port)], peer=peer)
     wait_replica_online(master, replica)
     with master.conn() as c:
         c.call("SCRIPT", "LOAD", lua)

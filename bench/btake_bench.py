@@ -42,29 +42,33 @@ printed and recorded, not fatal. Results: bench/btake-results.md/.json.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import os
-import platform
-import resource
 import selectors
 import shutil
 import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH_DIR = ROOT / "bench"
+from harness import (ROOT, BENCH_DIR, Conn, Incomplete, ReplyError, Server, built_module, cpu_seconds, encode,
+                     finish, fmt, generated_by, git_rev, log, md_blocks, md_table, parse_one, raise_nofile,
+                     run_head, stop_all, version_of)  # fmt: skip
 
 RATE = 1000  # tokens per second, for every waiter
 BASE_CAP = 1_000_000  # waiter i asks with capacity BASE_CAP + i
 PLUG_CAP = 1_000_000_000  # the plug: capacity and n, ~11.6 days at RATE
 CONNECT_WAVE = 250  # sockets opened before waiting for the server to accept them
+# The AOF is on because the grants are checked from it; fsync no and no
+# automatic rewrite keep the disk out of the serving phase; room for 10,000+
+# waiters.
+SERVER_CONFIG = [
+    "--appendonly", "yes", "--appendfsync", "no", "--auto-aof-rewrite-percentage", "0",
+    "--maxclients", "20000", "--tcp-backlog", "511",
+]  # fmt: skip
 
 # Targets from the issue.
 TARGET_P99_MS = 2.0
@@ -79,110 +83,7 @@ RELEASE_LUA = (
 
 
 # --------------------------------------------------------------------------
-# Minimal RESP2
-
-
-class ReplyError(Exception):
-    pass
-
-
-def encode(args) -> bytes:
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        if not isinstance(arg, bytes):
-            arg = str(arg).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
-    return b"".join(out)
-
-
-class Incomplete(Exception):
-    pass
-
-
-def parse_one(buf: bytes | bytearray, pos: int = 0):
-    """One RESP2 value from buf[pos:]: (value, next_pos); Incomplete if cut."""
-    end = buf.find(b"\r\n", pos)
-    if end < 0:
-        raise Incomplete
-    kind, rest = buf[pos : pos + 1], bytes(buf[pos + 1 : end])
-    pos = end + 2
-    if kind == b"+":
-        return rest.decode(), pos
-    if kind == b"-":
-        return ReplyError(rest.decode()), pos
-    if kind == b":":
-        return int(rest), pos
-    if kind == b"$":
-        n = int(rest)
-        if n < 0:
-            return None, pos
-        if len(buf) < pos + n + 2:
-            raise Incomplete
-        return bytes(buf[pos : pos + n]), pos + n + 2
-    if kind == b"*":
-        n = int(rest)
-        if n < 0:
-            return None, pos
-        items = []
-        for _ in range(n):
-            item, pos = parse_one(buf, pos)
-            items.append(item)
-        return items, pos
-    raise ValueError(f"bad RESP at {pos}: {bytes(buf[pos - 1 : pos + 20])!r}")
-
-
-class Conn:
-    """A blocking client for control commands."""
-
-    def __init__(self, port: int, timeout: float = 120.0):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.buf = bytearray()
-
-    def close(self):
-        self.sock.close()
-
-    def read(self):
-        while True:
-            try:
-                value, pos = parse_one(self.buf)
-            except Incomplete:
-                chunk = self.sock.recv(1 << 20)
-                if not chunk:
-                    raise ConnectionError("server closed the connection")
-                self.buf += chunk
-                continue
-            del self.buf[:pos]
-            return value
-
-    def call(self, *args):
-        self.sock.sendall(encode(args))
-        reply = self.read()
-        if isinstance(reply, ReplyError):
-            raise reply
-        return reply
-
-    def send(self, *commands):
-        self.sock.sendall(b"".join(encode(c) for c in commands))
-
-    def info(self, section: str) -> dict:
-        text = self.call("INFO", section).decode()
-        out = {}
-        for line in text.splitlines():
-            if ":" in line and not line.startswith("#"):
-                k, v = line.split(":", 1)
-                out[k] = v
-        return out
-
-
-def cpu_seconds(c: Conn) -> float:
-    info = c.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
-
-def cpu_split(c: Conn) -> tuple[float, float]:
-    info = c.info("cpu")
-    return float(info["used_cpu_user"]), float(info["used_cpu_sys"])
+# Server state
 
 
 def client_mem(c: Conn) -> dict:
@@ -208,87 +109,6 @@ def tb_info(c: Conn) -> dict:
 
 def used_memory(c: Conn) -> int:
     return int(c.info("memory")["used_memory"])
-
-
-# --------------------------------------------------------------------------
-# Servers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    live: list["Server"] = []
-
-    def __init__(self, name: str, binary: str, module: Path):
-        self.name = name
-        self.binary = binary
-        self.dir = Path(tempfile.mkdtemp(prefix=f"tb-btake-{name}-"))
-        last = ""
-        for _ in range(5):
-            self.port = free_port()
-            argv = [
-                binary, "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", str(self.dir), "--logfile", str(self.dir / "server.log"),
-                "--daemonize", "no", "--save", "", "--appendonly", "yes",
-                "--appendfsync", "no", "--auto-aof-rewrite-percentage", "0",
-                "--maxclients", "20000", "--tcp-backlog", "511",
-                "--loglevel", "warning", "--loadmodule", str(module),
-            ]  # fmt: skip
-            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            Server.live.append(self)
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                try:
-                    c = Conn(self.port, timeout=2)
-                    try:
-                        if c.call("PING") == "PONG":
-                            return
-                    finally:
-                        c.close()
-                except (OSError, ReplyError):
-                    time.sleep(0.05)
-            last = self.log_tail()
-            self.stop()
-        raise RuntimeError(f"{name}: server did not start:\n{last}")
-
-    def log_tail(self) -> str:
-        try:
-            return "\n".join((self.dir / "server.log").read_text().splitlines()[-20:])
-        except OSError:
-            return ""
-
-    def stop(self):
-        if self.proc.poll() is None:
-            try:
-                c = Conn(self.port, timeout=5)
-                c.sock.sendall(encode(("SHUTDOWN", "NOSAVE")))
-                c.close()
-            except OSError:
-                pass
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self in Server.live:
-            Server.live.remove(self)
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def stop_all():
-    for server in list(Server.live):
-        server.stop()
-
-
-def version_of(c: Conn) -> str:
-    info = c.info("server")
-    if "valkey_version" in info:
-        return "valkey " + info["valkey_version"]
-    return "redis " + info.get("redis_version", "?")
 
 
 # --------------------------------------------------------------------------
@@ -417,7 +237,7 @@ def cpu_of_take(server: Server, c: Conn, requests: int, reps: int, log) -> dict:
 def cpu_of_paced_take(server: Server, c: Conn, calls: int, log) -> dict:
     """Server CPU per TB.TAKE sent one at a time, one per ms, by one client:
     the same pacing as the grants (one event-loop wake-up each)."""
-    p = Conn(server.port)
+    p = Conn(server.port, nodelay=True)
     cmd = [encode(("TB.TAKE", f"paced:{i % 1000}", 1000000000, 0.001, 1)) for i in range(calls)]
     before = cpu_seconds(c)
     t = time.monotonic()
@@ -636,7 +456,7 @@ def run_size(server: Server, c: Conn, n: int, take: dict, paced: dict, log,
     drained = c.call("TB.TAKE", key, PLUG_CAP, RATE, PLUG_CAP)
     if drained[0] != 1:
         raise RuntimeError(f"drain denied: {drained}")
-    plug = Conn(server.port)
+    plug = Conn(server.port, nodelay=True)
     plug_id = plug.call("CLIENT", "ID")
     plug.send(("TB.BTAKE", key, PLUG_CAP, RATE, PLUG_CAP, 0))
     deadline = time.monotonic() + 5
@@ -675,7 +495,7 @@ def run_size(server: Server, c: Conn, n: int, take: dict, paced: dict, log,
 
         # 4. Release: bucket to 0 at t0, plug out, in one write.
         profiler = start_profiler(*profile, server, n)
-        split_start = cpu_split(c)
+        split_start = c.cpu()
         cpu_start = sum(split_start)
         c.send(("EVAL", RELEASE_LUA, 1, key), ("CLIENT", "UNBLOCK", plug_id))
         t0 = c.read()
@@ -690,7 +510,7 @@ def run_size(server: Server, c: Conn, n: int, take: dict, paced: dict, log,
             log(f"  note: last_refill already {stored}, t0 from the script {t0}")
         plug_reply = plug.read()
         replies, recv_ms, extra = collect_replies(w, timeout_s=n / RATE + 30)
-        split_end = cpu_split(c)
+        split_end = c.cpu()
         cpu_serve = sum(split_end) - cpu_start
         stop_profiler(profiler)
         serve_wall_ms = max((x for x in recv_ms if x is not None), default=0) - t0
@@ -829,14 +649,6 @@ def run_size(server: Server, c: Conn, n: int, take: dict, paced: dict, log,
 # Reporting
 
 
-def fmt(x, digits=2):
-    if x is None:
-        return "-"
-    if isinstance(x, int):
-        return f"{x:,}"
-    return f"{x:,.{digits}f}"
-
-
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
@@ -852,18 +664,6 @@ def evaluate(run: dict) -> list[dict]:
         {"target": "served in arrival order, each once", "value": run["in_order"],
          "pass": run["in_order"] and run["duplicates"] == 0},
     ]  # fmt: skip
-
-
-def text_table(head, rows) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    line = lambda r: "  ".join(str(x).rjust(w) for x, w in zip(r, widths))  # noqa: E731
-    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
-
-
-def md_table(head, rows) -> str:
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    out += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows]
-    return "\n".join(out)
 
 
 def runs_of(results):
@@ -978,26 +778,17 @@ load average is recorded per run): expect noise, above all in the latency tails.
 def write_outputs(results: dict, out: Path, md_only: bool = False):
     if not md_only:
         (out / "btake-results.json").write_text(json.dumps(results, indent=2) + "\n")
-    lines = [
+    lines = md_blocks(
         "# TB.BTAKE: many waiters on one key",
-        "",
-        f"Generated by `{' '.join(['python3 bench/btake_bench.py', results['argv']]).strip()}` at {results['date']} "
-        f"(git {results['git']}), {results['machine']}.",
-        "",
+        generated_by("btake_bench.py", results) + ".",
         METHOD,
-        "",
         "## Targets",
-        "",
         md_table(*target_rows(results)),
-        "",
         "## Order, losses, wake latency",
-        "",
         md_table(*result_rows(results)),
-        "",
         "## Server CPU",
-        "",
         md_table(*cpu_rows(results)),
-        "",
+    ) + [
         "`tb.btake usec_per_call` is the server's own command time, which for a blocked client",
         "includes the time of its unblock callback (the take and the reply); `tb.take",
         "usec_per_call` is from the redis-benchmark baseline. The paced baseline is one client",
@@ -1036,30 +827,6 @@ def write_outputs(results: dict, out: Path, md_only: bool = False):
                     lines.append(f"- {srv['version']}, N={run['n']}: {f}")
         lines.append("")
     (out / "btake-results.md").write_text("\n".join(lines))
-
-
-def git_rev() -> str:
-    try:
-        rev = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no", "src",
-             "bench/btake_bench.py", "Cargo.toml", "Cargo.lock"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-        return rev + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
-def raise_nofile(need: int) -> int:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else max(soft, need)
-    if soft < target:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def server_choices(names: list[str]) -> list[tuple[str, str]]:
@@ -1104,22 +871,13 @@ def main() -> int:
     sizes = [200, 1000] if args.quick else [int(x) for x in args.sizes.split(",") if x]
     reps = 1 if args.quick else args.reps
     take_requests = 30_000 if args.quick else args.take_requests
-    module = Path(args.module)
-    if not module.exists():
-        raise SystemExit(f"{module} not found: cargo build --release")
+    module = built_module(args.module)
     nofile = raise_nofile(max(sizes) + 100)
     if nofile < max(sizes) + 64:
         raise SystemExit(f"RLIMIT_NOFILE {nofile} is too low for {max(sizes)} clients")
 
-    def log(msg):
-        print(msg, flush=True)
-
     results = {
-        "argv": " ".join(sys.argv[1:]),
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "git": git_rev(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cpus, {platform.python_implementation()} "
-        f"{platform.python_version()}",
+        **run_head(git_rev("src", "bench/btake_bench.py", "Cargo.toml", "Cargo.lock")),
         "nofile": nofile,
         "rate": RATE,
         "targets": {"p99_wake_ms": TARGET_P99_MS, "cpu_ratio": TARGET_CPU_RATIO},
@@ -1129,8 +887,8 @@ def main() -> int:
     t_start = time.monotonic()
     try:
         for name, binary in server_choices(args.servers.split(",")):
-            server = Server(name, binary, module)
-            c = Conn(server.port)
+            server = Server(binary, module, name, config=SERVER_CONFIG, tag=f"btake-{name}")
+            c = Conn(server.port, nodelay=True)
             version = version_of(c)
             c.call("CONFIG", "SET", "tb.max-waiters", "20000")
             maxclients = int(c.call("CONFIG", "GET", "maxclients")[1])
@@ -1163,23 +921,8 @@ def main() -> int:
         stop_all()
     results["seconds"] = time.monotonic() - t_start
 
-    print()
-    print(text_table(*target_rows(results)))
-    print()
-    print(text_table(*result_rows(results)))
-    print()
-    print(text_table(*cpu_rows(results)))
-    print()
-    print(text_table(*memory_rows(results)))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_outputs(results, out)
-    print(f"\nwrote {out / 'btake-results.md'} and {out / 'btake-results.json'} "
-          f"in {results['seconds']:.0f} s")
-    if correctness_failed:
-        print("CORRECTNESS FAILURE (see above)", file=sys.stderr)
-        return 1
-    return 0
+    return finish(results, args.out, write_outputs, ("btake-results.md", "btake-results.json"), correctness_failed,
+                  tables=(target_rows, result_rows, cpu_rows, memory_rows), right=True)  # fmt: skip
 
 
 if __name__ == "__main__":

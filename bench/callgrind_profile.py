@@ -25,7 +25,8 @@ Instruction counts do not depend on the machine's load, so before/after
 comparisons of a change are meaningful on a noisy machine; they do depend on
 the server build (here Debian's redis-server) and on the Rust toolchain.
 
-Python 3.11 standard library only (reuses bench.py's client and server).
+Python 3.11 standard library only (reuses bench/harness.py's client and
+bench.py's workloads).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from pathlib import Path
 sys.dont_write_bytecode = True  # no __pycache__ in the repository
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402
+import harness  # noqa: E402
 
 KEYS = 10_000
 ALLOC = {"malloc", "calloc", "realloc", "aligned_alloc", "posix_memalign"}
@@ -166,7 +168,7 @@ def short(fn: str) -> str:
 
 
 def start_server(args, out_dir: Path):
-    port = bench.free_port()
+    port = harness.free_port()
     argv = [
         "valgrind", "--tool=callgrind", "--dump-instr=no", "--collect-jumps=no",
         f"--callgrind-out-file={out_dir}/callgrind.out.%p",
@@ -181,10 +183,10 @@ def start_server(args, out_dir: Path):
         if proc.poll() is not None:
             raise RuntimeError("server under valgrind exited: " + (out_dir / "valgrind.log").read_text()[-2000:])
         try:
-            with bench.Conn(port, timeout=5) as c:
+            with harness.Conn(port, timeout=5) as c:
                 if c.call("PING") == "PONG":
                     return proc, port
-        except (OSError, bench.ReplyError):
+        except (OSError, harness.ReplyError):
             time.sleep(0.3)
     proc.kill()
     raise RuntimeError("server under valgrind did not answer")
@@ -235,7 +237,7 @@ def main() -> int:
 def profile(args, out_dir: Path) -> dict:
     proc, port = start_server(args, out_dir)
     try:
-        with bench.Conn(port, timeout=600) as c:
+        with harness.Conn(port, timeout=600) as c:
             sha = c.call("SCRIPT", "LOAD", bench.LUA_PATH.read_text()).decode()
         allow, deny = bench.ALLOW, bench.DENY
         workloads = [
@@ -260,7 +262,7 @@ def profile(args, out_dir: Path) -> dict:
         for label, cmd, prep in workloads:
             # Every call hits an existing bucket (the common case): fill the
             # keyspace first, outside the measurement.
-            with bench.Conn(port, timeout=600) as c:
+            with harness.Conn(port, timeout=600) as c:
                 c.call("FLUSHALL")
                 keys = ["key:%012d" % i for i in range(KEYS)]
                 if prep == "hset":
@@ -287,8 +289,8 @@ def profile(args, out_dir: Path) -> dict:
             print(f"  {label:<34} {prof.total / args.n:9.0f} instr/call (whole server)", flush=True)
     finally:
         try:
-            with bench.Conn(port, timeout=60) as c:
-                c.sock.sendall(bench.encode(("SHUTDOWN", "NOSAVE")))
+            with harness.Conn(port, timeout=60) as c:
+                c.sock.sendall(harness.encode(("SHUTDOWN", "NOSAVE")))
         except OSError:
             pass
         try:

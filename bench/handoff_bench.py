@@ -39,24 +39,19 @@ bench/handoff-results.md and bench/handoff-results.json.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
-import resource
 import select
 import selectors
-import shutil
 import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH_DIR = ROOT / "bench"
+from harness import (ROOT, BENCH_DIR, Conn, Incomplete, ReplyError, Server, ServerStartError, built_module,
+                     discover_servers, encode, finish, fmt, generated_by, git_rev, log, md_blocks, md_table,
+                     parse_one, raise_nofile, run_head, stop_all, version_of)  # fmt: skip
 
 RATE = "0.000001"  # tokens per second: nothing refills during a run
 TB_KEY = "handoff:tb"
@@ -69,230 +64,6 @@ CONFIGS = {
     "plain": ["--appendonly", "no"],
     "aof": ["--appendonly", "yes", "--appendfsync", "no", "--auto-aof-rewrite-percentage", "0"],
 }
-
-
-# --------------------------------------------------------------------------
-# Minimal RESP2
-
-
-class ReplyError(Exception):
-    pass
-
-
-class Incomplete(Exception):
-    pass
-
-
-def encode(args) -> bytes:
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        if not isinstance(arg, bytes):
-            arg = str(arg).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
-    return b"".join(out)
-
-
-def parse_one(buf, pos: int = 0):
-    """One RESP2 value from buf[pos:]: (value, next_pos); Incomplete if cut."""
-    end = buf.find(b"\r\n", pos)
-    if end < 0:
-        raise Incomplete
-    kind, rest = buf[pos : pos + 1], bytes(buf[pos + 1 : end])
-    pos = end + 2
-    if kind == b"+":
-        return rest.decode(), pos
-    if kind == b"-":
-        return ReplyError(rest.decode()), pos
-    if kind == b":":
-        return int(rest), pos
-    if kind == b"$":
-        n = int(rest)
-        if n < 0:
-            return None, pos
-        if len(buf) < pos + n + 2:
-            raise Incomplete
-        return bytes(buf[pos : pos + n]), pos + n + 2
-    if kind == b"*":
-        n = int(rest)
-        if n < 0:
-            return None, pos
-        items = []
-        for _ in range(n):
-            item, pos = parse_one(buf, pos)
-            items.append(item)
-        return items, pos
-    raise ValueError(f"bad RESP at {pos}: {bytes(buf[pos - 1 : pos + 20])!r}")
-
-
-class Conn:
-    """A blocking client for control commands."""
-
-    def __init__(self, port: int, timeout: float = 60.0):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.buf = bytearray()
-
-    def close(self):
-        self.sock.close()
-
-    def read(self):
-        while True:
-            try:
-                value, pos = parse_one(self.buf)
-            except Incomplete:
-                chunk = self.sock.recv(1 << 20)
-                if not chunk:
-                    raise ConnectionError("server closed the connection")
-                self.buf += chunk
-                continue
-            del self.buf[:pos]
-            return value
-
-    def call(self, *args):
-        self.sock.sendall(encode(args))
-        reply = self.read()
-        if isinstance(reply, ReplyError):
-            raise reply
-        return reply
-
-    def info(self, section: str) -> dict:
-        out = {}
-        for line in self.call("INFO", section).decode().splitlines():
-            if ":" in line and not line.startswith("#"):
-                k, v = line.split(":", 1)
-                out[k] = v
-        return out
-
-    def cpu(self) -> tuple[float, float]:
-        info = self.info("cpu")
-        return float(info["used_cpu_user"]), float(info["used_cpu_sys"])
-
-
-# --------------------------------------------------------------------------
-# Servers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerStartError(RuntimeError):
-    pass
-
-
-class Server:
-    live: list["Server"] = []
-
-    def __init__(self, name: str, binary: str, module: Path, config: str, maxclients: int):
-        self.name = name
-        self.dir = Path(tempfile.mkdtemp(prefix=f"tb-handoff-{config}-"))
-        last = ""
-        for _ in range(5):
-            self.port = free_port()
-            argv = [
-                binary, "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", str(self.dir), "--logfile", str(self.dir / "server.log"),
-                "--daemonize", "no", "--save", "", *CONFIGS[config],
-                "--maxclients", str(maxclients), "--tcp-backlog", "511",
-                "--loglevel", "warning", "--loadmodule", str(module),
-            ]  # fmt: skip
-            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            Server.live.append(self)
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                try:
-                    c = Conn(self.port, timeout=2)
-                    try:
-                        if c.call("PING") == "PONG":
-                            return
-                    finally:
-                        c.close()
-                except (OSError, ReplyError):
-                    time.sleep(0.05)
-            last = self.log_tail()
-            self.stop(keep_dir=True)
-        raise ServerStartError(f"{name}: server did not start:\n{last}")
-
-    def log_tail(self) -> str:
-        try:
-            return "\n".join((self.dir / "server.log").read_text().splitlines()[-20:])
-        except OSError:
-            return ""
-
-    def stop(self, keep_dir: bool = False):
-        if self.proc.poll() is None:
-            try:
-                c = Conn(self.port, timeout=5)
-                c.sock.sendall(encode(("SHUTDOWN", "NOSAVE")))
-                c.close()
-            except OSError:
-                pass
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self in Server.live:
-            Server.live.remove(self)
-        if not keep_dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def stop_all():
-    for server in list(Server.live):
-        server.stop()
-
-
-def version_of(c: Conn) -> str:
-    info = c.info("server")
-    if "valkey_version" in info:
-        return "valkey " + info["valkey_version"]
-    return "redis " + info.get("redis_version", "?")
-
-
-def discover_servers(only: list[str] | None) -> tuple[list[tuple[str, str]], list[str]]:
-    """(name, binary) of every server to race on, and notes on those skipped."""
-    found: list[tuple[str, str]] = []
-    notes: list[str] = []
-    redis = shutil.which("redis-server")
-    if redis:
-        found.append(("redis", redis))
-    else:
-        notes.append("skipping redis: no redis-server in PATH")
-    valkeys = sorted((ROOT / ".cache/servers").glob("valkey-*/valkey-server"))
-    if not valkeys:
-        notes.append("skipping Valkey: none in .cache/servers (bash scripts/fetch-servers.sh)")
-    for path in valkeys:
-        found.append((path.parent.name, str(path)))
-    for raw in os.environ.get("TB_BENCH_SERVERS", "").split(":"):
-        if not raw.strip():
-            continue
-        path = Path(raw.strip()).expanduser()
-        if path.is_file() and os.access(path, os.X_OK):
-            found.append((str(path), str(path.resolve())))
-        else:
-            notes.append(f"skipping {raw}: not found or not executable (TB_BENCH_SERVERS)")
-    seen = set()
-    unique = []
-    for name, binary in found:
-        real = os.path.realpath(binary)
-        if real not in seen:
-            seen.add(real)
-            unique.append((name, binary))
-    if not only:
-        return unique, notes
-    # --servers: exact names (redis, valkey-9.1, a path); a word that names
-    # none of them picks every server whose path contains it.
-    out = []
-    for o in only:
-        exact = [s for s in unique if o in s]
-        picked = exact or [s for s in unique if o in s[0] or o in s[1]]
-        if not picked:
-            notes.append(f"skipping {o}: no such server (--servers)")
-        out += [s for s in picked if s not in out]
-    return out, notes
 
 
 # --------------------------------------------------------------------------
@@ -535,10 +306,11 @@ def ratio(a, b):
 
 def run_server(name: str, binary: str, module: Path, config: str, n: int, rounds: int,
                warmup: int, log) -> dict:
-    server = Server(name, binary, module, config, maxclients=n + 256)
+    limits = ["--maxclients", str(n + 256), "--tcp-backlog", "511"]
+    server = Server(binary, module, name, config=[*CONFIGS[config], *limits], tag=f"handoff-{config}")
     out: dict = {"name": name, "binary": binary, "config": config, "n": n}
     try:
-        c = Conn(server.port)
+        c = Conn(server.port, timeout=60, nodelay=True)
         out["version"] = version_of(c)
         c.call("CONFIG", "SET", "tb.max-waiters", str(max(n, 10_000)))
         out["maxclients"] = int(c.call("CONFIG", "GET", "maxclients")[1])
@@ -600,14 +372,6 @@ def run_server(name: str, binary: str, module: Path, config: str, n: int, rounds
 # Reporting
 
 
-def fmt(x, digits=2):
-    if x is None:
-        return "-"
-    if isinstance(x, int):
-        return f"{x:,}"
-    return f"{x:,.{digits}f}"
-
-
 def met(ok: bool) -> str:
     return "MET" if ok else "MISSED"
 
@@ -657,18 +421,6 @@ def first_rows(results):
     return head, rows
 
 
-def text_table(head, rows) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    line = lambda r: "  ".join(str(x).rjust(w) for x, w in zip(r, widths))  # noqa: E731
-    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
-
-
-def md_table(head, rows) -> str:
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    out += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows]
-    return "\n".join(out)
-
-
 METHOD = """\
 Method. Each server is started by the script (loopback, temp dir, module loaded,
 `--save ''`, `--maxclients N+256`; once with `appendonly no`, once with `appendonly yes
@@ -693,27 +445,16 @@ server each have about one core, and the 1-min load average is recorded."""
 
 def write_outputs(results: dict, out: Path):
     (out / "handoff-results.json").write_text(json.dumps(results, indent=2) + "\n")
-    lines = [
+    lines = md_blocks(
         "# TB.BTAKE hand-off race: N waiters on one key, one supply",
-        "",
-        f"Generated by `{('python3 bench/handoff_bench.py ' + results['argv']).strip()}` at "
-        f"{results['date']} (git {results['git']}), {results['machine']}, load average "
-        f"{', '.join(f'{x:.2f}' for x in results['loadavg_start'])} at the start, "
-        f"{results['seconds']:.0f} s.",
-        "",
+        generated_by("handoff_bench.py", results, timing=True) + ".",
         METHOD,
-        "",
         "## Results",
-        "",
         md_table(*main_rows(results)),
-        "",
         "## First reply and per-round ratios",
-        "",
         md_table(*first_rows(results)),
-        "",
         "## Servers",
-        "",
-    ]
+    )
     done = set()
     for r in results["runs"]:
         if r["binary"] not in done:
@@ -732,28 +473,6 @@ def write_outputs(results: dict, out: Path):
     (out / "handoff-results.md").write_text("\n".join(lines))
 
 
-def git_rev() -> str:
-    try:
-        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no", "src",
-             "bench/handoff_bench.py", "Cargo.toml", "Cargo.lock"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-        return rev + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
-def raise_nofile(need: int) -> int:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else max(soft, need)
-    if soft < target:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--waiters", type=int, default=4000, help="N clients blocked on one key (4000)")
@@ -767,9 +486,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(BENCH_DIR), help="where handoff-results.md/.json go")
     args = ap.parse_args()  # fmt: skip
 
-    module = Path(args.module).resolve()
-    if not module.exists():
-        raise SystemExit(f"{module} not found: cargo build --release")
+    module = built_module(args.module)
     configs = [x for x in args.configs.split(",") if x]
     for cfg in configs:
         if cfg not in CONFIGS:
@@ -779,19 +496,11 @@ def main() -> int:
     if nofile < n + 64:
         raise SystemExit(f"RLIMIT_NOFILE {nofile} is too low for {n} clients")
 
-    def log(msg):
-        print(msg, flush=True)
-
-    servers, skipped = discover_servers(args.servers.split(",") if args.servers else None)
+    servers, skipped = discover_servers(args.servers)
     for note in skipped:
         log(note)
     results = {
-        "argv": " ".join(sys.argv[1:]),
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "git": git_rev(),
-        "module": str(module),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cpus, "
-        f"{platform.python_implementation()} {platform.python_version()}",
+        **run_head(git_rev("src", "bench/handoff_bench.py", "Cargo.toml", "Cargo.lock"), module),
         "loadavg_start": os.getloadavg(),
         "nofile": nofile,
         "waiters": n,
@@ -829,20 +538,8 @@ def main() -> int:
         stop_all()
     results["seconds"] = time.monotonic() - t_start
     results["loadavg_end"] = os.getloadavg()
-
-    print()
-    print(text_table(*main_rows(results)))
-    print()
-    print(text_table(*first_rows(results)))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_outputs(results, out)
-    print(f"\nwrote {out / 'handoff-results.md'} and {out / 'handoff-results.json'} "
-          f"in {results['seconds']:.0f} s")
-    if failed:
-        print("CORRECTNESS FAILURE (see above)", file=sys.stderr)
-        return 1
-    return 0
+    return finish(results, args.out, write_outputs, ("handoff-results.md", "handoff-results.json"), failed,
+                  tables=(main_rows, first_rows), right=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -62,7 +62,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from harness import ROOT, Server, commandstats, git_rev
+
 APPS = ROOT / "bench" / "middleware"
 CACHE = ROOT / ".cache" / "mw-bench"
 VENV = CACHE / "venv"
@@ -98,72 +99,17 @@ def free_port() -> int:
     raise RuntimeError("no free port in 20000-32000")
 
 
-def resp(*args) -> bytes:
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        a = a if isinstance(a, bytes) else str(a).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
-    return b"".join(out)
+def redis_server(binary: str, module: Path) -> Server:
+    """The Redis the apps talk to: no persistence, module loaded, on a port
+    from this script's free_port, as the apps' own are: outside the ephemeral
+    range, where the many connections of a run could take it first."""
+    return Server(binary, module, Path(binary).name, tag="mw-bench", port=free_port)
 
 
-def redis_call(port: int, *args, timeout: float = 2.0) -> bytes:
-    """One command, the raw reply's first line and what follows (enough for
-    PING, SET and INFO)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(resp(*args))
-        data = s.recv(65536)
-        if data.startswith(b"$"):
-            size = int(data[1 : data.index(b"\r\n")])
-            while len(data) < data.index(b"\r\n") + 2 + size + 2:
-                data += s.recv(65536)
-        return data
-
-
-class RedisServer:
-    def __init__(self, binary: str, module: Path):
-        self.dir = Path(tempfile.mkdtemp(prefix="tb-mw-bench-"))
-        last = ""
-        for _ in range(5):
-            self.port = free_port()
-            argv = [
-                binary, "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", str(self.dir), "--logfile", str(self.dir / "server.log"),
-                "--save", "", "--appendonly", "no", "--loglevel", "warning",
-                "--loadmodule", str(module),
-            ]  # fmt: skip
-            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                try:
-                    if redis_call(self.port, "PING").startswith(b"+PONG"):
-                        return
-                except OSError:
-                    time.sleep(0.05)
-            try:
-                last = (self.dir / "server.log").read_text()[-2000:]
-            except OSError:
-                pass
-            self.stop()
-        raise RuntimeError(f"redis-server did not start:\n{last}")
-
-    def calls(self) -> dict[str, int]:
-        """Calls per command so far (INFO commandstats)."""
-        out = {}
-        for line in redis_call(self.port, "INFO", "commandstats").decode().splitlines():
-            if line.startswith("cmdstat_"):
-                name, rest = line[len("cmdstat_") :].split(":", 1)
-                out[name] = int(rest.split(",")[0].split("=")[1])
-        return out
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+def command_calls(server: Server) -> dict[str, int]:
+    """Calls per command so far (INFO commandstats)."""
+    with server.conn() as c:
+        return {name: int(stats["calls"]) for name, stats in commandstats(c).items()}
 
 
 def group_pids(pgid: int) -> list[int]:
@@ -468,7 +414,7 @@ def check_routes(port: int) -> list[str]:
     return problems
 
 
-def bench_framework(fw: dict, server: RedisServer, requests: int, rounds: int, warmup: int) -> dict:
+def bench_framework(fw: dict, server: Server, requests: int, rounds: int, warmup: int) -> dict:
     app = App(fw, f"redis://127.0.0.1:{server.port}/0")
     try:
         problems = check_routes(app.port)
@@ -476,7 +422,7 @@ def bench_framework(fw: dict, server: RedisServer, requests: int, rounds: int, w
         try:
             for route in ROUTES:
                 conn.time_requests(PATHS[route], warmup)
-            before = server.calls()
+            before = command_calls(server)
             app_pids, redis_pids = group_pids(app.proc.pid), [server.proc.pid]
             per_round = []
             blocks = max(1, requests // BLOCK)
@@ -498,7 +444,7 @@ def bench_framework(fw: dict, server: RedisServer, requests: int, rounds: int, w
                 row["cpu_app"] = {route: app_ns[route] / done / 1000 for route in ROUTES}
                 row["cpu_redis"] = {route: redis_ns[route] / done / 1000 for route in ROUTES}
                 per_round.append(row)
-            after = server.calls()
+            after = command_calls(server)
         finally:
             conn.close()
     finally:
@@ -512,7 +458,7 @@ def bench_framework(fw: dict, server: RedisServer, requests: int, rounds: int, w
     return {"per_round": per_round, "problems": problems}
 
 
-def breakdowns(setups: dict, server: RedisServer, n: int, rounds: int) -> dict:
+def breakdowns(setups: dict, server: Server, n: int, rounds: int) -> dict:
     """Each library's own cost without HTTP (bench/middleware/breakdown.*):
     one GET against one `take` on the same connection kind, and the
     middleware's decision called directly. Says whether the excess over one
@@ -712,18 +658,6 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def git_rev() -> str:
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        # Changes other than this bench's own output files.
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                ":(exclude)bench/middleware-results.*"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()  # fmt: skip
-        return rev + ("+changes" if dirty else "")
-    except OSError:
-        return "?"
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=2000, help="requests per route per round (default 2000)")
@@ -757,15 +691,16 @@ def main() -> int:
     chosen = {f["name"] for f in fws}
     fws = [f for f in frameworks() if f["name"] in chosen]
 
-    server = RedisServer(binary, module)
+    server = redis_server(binary, module)
     status = 0
     results = {"frameworks": {}}
     loadavg_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     try:
-        version = redis_call(server.port, "INFO", "server").decode(errors="replace")
-        server_version = next((line.split(":", 1)[1] for line in version.splitlines()
-                               if line.startswith(("valkey_version:", "redis_version:"))), "?")  # fmt: skip
-        redis_call(server.port, "SET", "bench:get", "v")
+        with server.conn() as c:
+            # The first of the two fields INFO lists, as this script has always recorded it.
+            server_version = next((v for k, v in c.info("server").items()
+                                   if k in ("valkey_version", "redis_version")), "?")  # fmt: skip
+            c.call("SET", "bench:get", "v")
         for fw in fws:
             name = fw["name"]
             if setups.get(fw["setup"]):
@@ -798,7 +733,8 @@ def main() -> int:
 
     results["meta"] = {
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "git": git_rev(),
+        # Changes anywhere but in this bench's own output files.
+        "git": git_rev(".", ":(exclude)bench/middleware-results.*", mark="+changes"),
         "server": f"{Path(binary).name} {server_version}",
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
