@@ -5,9 +5,9 @@
 //! a limiter can be created while the server is down).
 
 use crate::backend::{emit, emit_line, Backend, Blocking, Call, Logger, Op, Request, Timeouts};
-use crate::core::{self, Awaited, BackendState, Exchange, FailureClass, Learned, Step};
+use crate::core::{self, Awaited, BackendState, Exchange, Learned, Step};
 use crate::decision::{Decision, Limit};
-use crate::error::{Error, Result};
+use crate::error::{self, Error, FailureClass, Result};
 use crate::lease::{self, AcquireCall, FlagCall, LeaseDecision, LeaseId, Permit, Renewal};
 use crate::sync::{btake_margin, Options};
 use redis::aio::{
@@ -442,7 +442,7 @@ where
             if let Some(client) = &self.blocking {
                 match self.btake(client, call, timeout_ms).await {
                     Err(Error::Reply(r))
-                        if core::classify_reply(&r) == FailureClass::ServerChanged =>
+                        if error::classify_reply(&r) == FailureClass::ServerChanged =>
                     {
                         // The module went away: detect again, then poll on Lua.
                         self.learn(vec![Learned::Stale]);
@@ -552,8 +552,8 @@ where
             }
             Err(None) => Some(Err(core::timed_out(Instant::now(), Duration::ZERO))),
             Err(Some(e)) => {
-                let redirect = core::reply_text(&e).and_then(|r| core::redirect(&r));
-                if !core::is_connection_problem(&e) {
+                let redirect = error::reply_text(&e).and_then(|r| core::redirect(&r));
+                if !error::is_connection_problem(&e) {
                     pool.checkin(addr.clone(), con);
                 } else {
                     pool.clear();

@@ -1,8 +1,9 @@
 //! Which server side answers (module, FUNCTION library, EVALSHA script), the
 //! commands each one takes, and what the sync and async limiters share.
 
-use crate::core::{check_capacity, check_cost, check_key, check_name, check_rate};
-use crate::decision::{number, Decision, Limit, Policy};
+use crate::decision::{
+    check_capacity, check_cost, check_key, check_name, check_rate, number, Decision, Limit, Policy,
+};
 use crate::error::{Error, Result};
 use redis::{Cmd, Value};
 use std::fmt;
@@ -54,7 +55,10 @@ impl fmt::Display for Backend {
 /// (target `redis_tb_client`).
 pub type Logger = Arc<dyn Fn(log::Level, &str) + Send + Sync>;
 
-pub(crate) fn emit_line(logger: &Option<Logger>, line: Option<crate::core::Line>) {
+/// A log line the driver must emit.
+pub(crate) type Line = (log::Level, String);
+
+pub(crate) fn emit_line(logger: &Option<Logger>, line: Option<Line>) {
     if let Some((level, message)) = line {
         emit(logger, level, &message);
     }

@@ -3,8 +3,8 @@
 
 use crate::aio::{AsyncLeaseGuard, AsyncRateLimiter};
 use crate::backend::{emit, Logger};
-use crate::core::{bucket_key, check_policy};
-use crate::decision::{sf_string, Decision, Limit, Policy};
+use crate::core::bucket_key;
+use crate::decision::{check_policy, sf_string, Decision, Limit, Policy};
 use crate::error::{Error, Result};
 use crate::lease::{LeaseDecision, Permit};
 use http::header::{HeaderValue, CONTENT_TYPE};
@@ -585,7 +585,7 @@ where
         lease_ms: u64,
     ) -> Result<Self> {
         let name = name.into();
-        crate::core::check_name(&name)?;
+        crate::decision::check_name(&name)?;
         crate::lease::check_limit(limit)?;
         crate::lease::check_lease_ms(lease_ms)?;
         let logger = limiter.logger().clone();

@@ -3,11 +3,9 @@
 //! [`ManagedConnection`] this crate makes with short timeouts).
 
 use crate::backend::{emit, emit_line, Backend, Blocking, Call, Logger, Op, Request, Timeouts};
-use crate::core::{
-    is_connection_problem, Awaited, BackendState, Exchange, Learned, Step, MODULE_RECHECK,
-};
+use crate::core::{Awaited, BackendState, Exchange, Learned, Step, MODULE_RECHECK};
 use crate::decision::{Decision, Limit};
-use crate::error::{Error, Result};
+use crate::error::{is_connection_problem, Error, Result};
 use crate::lease::{self, AcquireCall, FlagCall, LeaseDecision, LeaseId, Permit, Renewal};
 use redis::{ConnectionLike, IntoConnectionInfo, RedisResult, Value};
 use std::io;
@@ -415,8 +413,8 @@ impl<C: ConnectionLike> RateLimiter<C> {
             if let Some(client) = self.blocking.clone() {
                 match self.btake(client, call, timeout_ms) {
                     Err(Error::Reply(r))
-                        if crate::core::classify_reply(&r)
-                            == crate::core::FailureClass::ServerChanged =>
+                        if crate::error::classify_reply(&r)
+                            == crate::error::FailureClass::ServerChanged =>
                     {
                         // The module went away: detect again, then poll on Lua.
                         self.state.learn(Learned::Stale, Instant::now());
@@ -474,7 +472,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
                 call.blocking(timeout_ms).query::<Value>(&mut con)
             };
             let redirect = match &reply {
-                Err(e) => crate::core::reply_text(e).and_then(|r| crate::core::redirect(&r)),
+                Err(e) => crate::error::reply_text(e).and_then(|r| crate::core::redirect(&r)),
                 Ok(_) => None,
             };
             self.waits.insert(addr.clone(), con);
