@@ -221,6 +221,12 @@ impl Call {
         self.buckets.first().map(|b| b.key.as_str()).unwrap_or("")
     }
 
+    /// The peek a wait sends first, whatever the call it waits for: it makes
+    /// the limiter choose its backend, and any server answers it.
+    pub fn probe(key: &str) -> Result<Call> {
+        Call::single(Op::Peek, key, 1.0, 1.0, 0.0, "default")
+    }
+
     /// `TB.BTAKE key capacity rate n timeout_ms` (single-bucket calls only).
     pub fn btake(&self, timeout_ms: u64) -> Cmd {
         let mut cmd = redis::cmd("TB.BTAKE");
@@ -383,10 +389,12 @@ pub(crate) const WHY_FUNCTION: &str =
 pub(crate) const WHY_FORCED: &str = "forced by the caller";
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn args(cmd: &Cmd) -> Vec<String> {
+    /// A command's words, to hold against the expected ones (the lease
+    /// commands' tests use it too).
+    pub(crate) fn args(cmd: &Cmd) -> Vec<String> {
         cmd.args_iter()
             .map(|a| match a {
                 redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),

@@ -335,15 +335,25 @@ impl Awaited for crate::decision::Decision {
     }
 }
 
+/// When a wait of `timeout_ms` from now ends (0: never).
+pub(crate) fn deadline_after(timeout_ms: u64) -> Option<Instant> {
+    match timeout_ms {
+        0 => None,
+        ms => Instant::now().checked_add(Duration::from_millis(ms)),
+    }
+}
+
 /// How long a polling wait sleeps after `answer`, or `None` when it is done
-/// (granted, never possible, or out of time): `min(retry, time left)`, at
-/// least 1 ms.
+/// (granted, never possible, or out of time): `min(retry, cap, time left)`,
+/// the retry at least 1 ms.
 pub(crate) fn poll_wait(
     answer: &impl Awaited,
+    cap: Option<Duration>,
     deadline: Option<Instant>,
     now: Instant,
 ) -> Option<Duration> {
-    let wait = answer.retry_in()?.max(Duration::from_millis(1));
+    let retry = answer.retry_in()?.max(Duration::from_millis(1));
+    let wait = cap.map_or(retry, |cap| retry.min(cap));
     match deadline {
         None => Some(wait),
         Some(deadline) => {
@@ -353,8 +363,13 @@ pub(crate) fn poll_wait(
     }
 }
 
+/// Where the error reply `e` sends a command, if it is a `MOVED` or `ASK`.
+pub(crate) fn redirect_of(e: &RedisError) -> Option<(bool, String)> {
+    reply_text(e).and_then(|reply| redirect(&reply))
+}
+
 /// Where a `MOVED` or `ASK` reply sends a command: `(ask, "host:port")`.
-pub(crate) fn redirect(reply: &str) -> Option<(bool, String)> {
+fn redirect(reply: &str) -> Option<(bool, String)> {
     let mut words = reply.split_ascii_whitespace();
     let ask = match words.next()? {
         "MOVED" => false,
