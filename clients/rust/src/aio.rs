@@ -5,11 +5,11 @@
 //! a limiter can be created while the server is down).
 
 use crate::backend::{emit, emit_line, Backend, Blocking, Call, Logger, Op, Request, Timeouts};
-use crate::core::{self, Awaited, BackendState, Exchange, FailureClass, Learned, Step};
+use crate::core::{self, Awaited, BackendState, Exchange, Learned, Step};
 use crate::decision::{Decision, Limit};
-use crate::error::{Error, Result};
+use crate::error::{self, Error, FailureClass, Result};
 use crate::lease::{self, AcquireCall, FlagCall, LeaseDecision, LeaseId, Permit, Renewal};
-use crate::sync::{btake_margin, Options};
+use crate::sync::{wait_read_bound, Options};
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
@@ -357,10 +357,6 @@ where
         outcome
     }
 
-    fn single(&self, op: Op, key: &str, capacity: f64, rate: f64, n: f64) -> Result<Call> {
-        Call::single(op, key, capacity, rate, n, &self.opts.policy_name)
-    }
-
     /// Takes `n` tokens from the bucket at `key` (burst `capacity`, refilled
     /// at `rate` tokens per second) if it holds them.
     pub async fn take(
@@ -370,7 +366,7 @@ where
         rate: impl Into<f64>,
         n: impl Into<f64>,
     ) -> Result<Decision> {
-        let call = self.single(Op::Take, key, capacity.into(), rate.into(), n.into())?;
+        let call = self.opts.single(Op::Take, key, capacity, rate, n)?;
         self.run(&call).await
     }
 
@@ -382,7 +378,7 @@ where
         rate: impl Into<f64>,
         n: impl Into<f64>,
     ) -> Result<Decision> {
-        let call = self.single(Op::Peek, key, capacity.into(), rate.into(), n.into())?;
+        let call = self.opts.single(Op::Peek, key, capacity, rate, n)?;
         self.run(&call).await
     }
 
@@ -394,7 +390,7 @@ where
         rate: impl Into<f64>,
         n: impl Into<f64>,
     ) -> Result<Decision> {
-        let call = self.single(Op::Refund, key, capacity.into(), rate.into(), n.into())?;
+        let call = self.opts.single(Op::Refund, key, capacity, rate, n)?;
         self.run(&call).await
     }
 
@@ -422,8 +418,8 @@ where
         n: impl Into<f64>,
         timeout_ms: u64,
     ) -> Result<Decision> {
-        let call = self.single(Op::Take, key, capacity.into(), rate.into(), n.into())?;
-        let probe = Call::single(Op::Peek, key, 1.0, 1.0, 0.0, "default")?;
+        let call = self.opts.single(Op::Take, key, capacity, rate, n)?;
+        let probe = Call::probe(key)?;
         self.wait(&call, &probe, timeout_ms).await
     }
 
@@ -442,7 +438,7 @@ where
             if let Some(client) = &self.blocking {
                 match self.btake(client, call, timeout_ms).await {
                     Err(Error::Reply(r))
-                        if core::classify_reply(&r) == FailureClass::ServerChanged =>
+                        if error::classify_reply(&r) == FailureClass::ServerChanged =>
                     {
                         // The module went away: detect again, then poll on Lua.
                         self.learn(vec![Learned::Stale]);
@@ -522,10 +518,9 @@ where
         timeout_ms: u64,
         query: impl Future<Output = RedisResult<T>>,
     ) -> std::result::Result<T, Option<redis::RedisError>> {
-        if timeout_ms == 0 {
+        let Some(limit) = wait_read_bound(&self.opts.timeouts, timeout_ms) else {
             return query.await.map_err(Some);
-        }
-        let limit = Duration::from_millis(timeout_ms) + btake_margin(&self.opts.timeouts);
+        };
         match tokio::time::timeout(limit, query).await {
             Ok(reply) => reply.map_err(Some),
             Err(_) => Err(None),
@@ -552,8 +547,8 @@ where
             }
             Err(None) => Some(Err(core::timed_out(Instant::now(), Duration::ZERO))),
             Err(Some(e)) => {
-                let redirect = core::reply_text(&e).and_then(|r| core::redirect(&r));
-                if !core::is_connection_problem(&e) {
+                let redirect = core::redirect_of(&e);
+                if !error::is_connection_problem(&e) {
                     pool.checkin(addr.clone(), con);
                 } else {
                     pool.clear();
@@ -576,17 +571,12 @@ where
         R: Blocking,
         R::Output: Awaited,
     {
-        let deadline = match timeout_ms {
-            0 => None,
-            ms => Instant::now().checked_add(Duration::from_millis(ms)),
-        };
+        let deadline = core::deadline_after(timeout_ms);
         loop {
             let decision = self.run(call).await?;
-            match core::poll_wait(&decision, deadline, Instant::now()) {
+            match core::poll_wait(&decision, call.poll_cap(), deadline, Instant::now()) {
                 None => return Ok(decision),
-                Some(wait) => {
-                    tokio::time::sleep(call.poll_cap().map_or(wait, |cap| wait.min(cap))).await
-                }
+                Some(wait) => tokio::time::sleep(wait).await,
             }
         }
     }
@@ -604,9 +594,9 @@ where
     /// [`with_lease_fail_open(true)`](Self::with_lease_fail_open), a
     /// failed-open decision (`acquired`, no `lease`, `failed_open`).
     pub async fn acquire(&self, key: &str, limit: u64, lease_ms: u64) -> Result<LeaseDecision> {
-        let call = self.acquire_call(key, limit, lease_ms)?;
+        let call = self.opts.acquire_call(key, limit, lease_ms)?;
         let outcome = self.run(&call).await;
-        self.fail_open(&call, outcome)
+        self.opts.lease_fail_open(&call, outcome)
     }
 
     /// The acquire without this limiter's lease fail-open (the guards and
@@ -617,28 +607,8 @@ where
         limit: u64,
         lease_ms: u64,
     ) -> Result<LeaseDecision> {
-        let call = self.acquire_call(key, limit, lease_ms)?;
+        let call = self.opts.acquire_call(key, limit, lease_ms)?;
         self.run(&call).await
-    }
-
-    fn acquire_call(&self, key: &str, limit: u64, lease_ms: u64) -> Result<AcquireCall> {
-        Ok(
-            AcquireCall::new(key, limit, lease_ms, &self.opts.policy_name)?
-                .poll(self.opts.lease_poll),
-        )
-    }
-
-    fn fail_open(
-        &self,
-        call: &AcquireCall,
-        outcome: Result<LeaseDecision>,
-    ) -> Result<LeaseDecision> {
-        match outcome {
-            Err(e) if self.opts.lease_fail_open && e.is_unavailable() => {
-                Ok(LeaseDecision::failed_open(call))
-            }
-            other => other,
-        }
     }
 
     /// Releases `lease` (an id, a [`LeaseDecision`], or an `Option` of
@@ -646,9 +616,8 @@ where
     /// already, expired, never handed out). Safe to repeat. No id (`None`:
     /// a denial's or a failed-open decision's) answers `false` without a call.
     pub async fn release(&self, key: &str, lease: impl LeaseId) -> Result<bool> {
-        let call = FlagCall::release(key, lease.lease_id().unwrap_or("-"))?;
-        match lease.lease_id() {
-            Some(_) => self.run(&call).await,
+        match FlagCall::release(key, lease.lease_id())? {
+            Some(call) => self.run(&call).await,
             None => Ok(false),
         }
     }
@@ -657,9 +626,8 @@ where
     /// if it is not held (an expired lease cannot come back). No id answers
     /// `false` without a call.
     pub async fn renew(&self, key: &str, lease: impl LeaseId, lease_ms: u64) -> Result<bool> {
-        let call = FlagCall::renew(key, lease.lease_id().unwrap_or("-"), lease_ms)?;
-        match lease.lease_id() {
-            Some(_) => self.run(&call).await,
+        match FlagCall::renew(key, lease.lease_id(), lease_ms)? {
+            Some(call) => self.run(&call).await,
             None => Ok(false),
         }
     }
@@ -678,9 +646,9 @@ where
         lease_ms: u64,
         timeout_ms: u64,
     ) -> Result<LeaseDecision> {
-        let call = self.acquire_call(key, limit, lease_ms)?;
+        let call = self.opts.acquire_call(key, limit, lease_ms)?;
         let outcome = self.wait_acquire_call(&call, timeout_ms).await;
-        self.fail_open(&call, outcome)
+        self.opts.lease_fail_open(&call, outcome)
     }
 
     async fn wait_acquire_call(
@@ -688,7 +656,7 @@ where
         call: &AcquireCall,
         timeout_ms: u64,
     ) -> Result<LeaseDecision> {
-        let probe = Call::single(Op::Peek, "redis-tb:connect", 1.0, 1.0, 0.0, "default")?;
+        let probe = Call::probe("redis-tb:connect")?;
         self.wait(call, &probe, timeout_ms).await
     }
 
@@ -715,7 +683,7 @@ where
         lease_ms: u64,
         timeout_ms: u64,
     ) -> Result<Permit<AsyncLeaseGuard>> {
-        let call = self.acquire_call(key, limit, lease_ms)?;
+        let call = self.opts.acquire_call(key, limit, lease_ms)?;
         let outcome = self.wait_acquire_call(&call, timeout_ms).await;
         // Granted during the wait, at most a round trip before its reply.
         self.guard(outcome, Instant::now())
@@ -812,9 +780,7 @@ impl AsyncLeaseGuard {
                     emit(
                         &limiter.opts.logger,
                         log::Level::Warn,
-                        &format!(
-                            "redis-tb: releasing lease {id} on {key} failed ({e}); it ends by itself at its deadline"
-                        ),
+                        &lease::release_failed(&id, &key, e),
                     );
                 }
                 outcome

@@ -1,8 +1,9 @@
 //! Which server side answers (module, FUNCTION library, EVALSHA script), the
 //! commands each one takes, and what the sync and async limiters share.
 
-use crate::core::{check_capacity, check_cost, check_key, check_name, check_rate};
-use crate::decision::{number, Decision, Limit, Policy};
+use crate::decision::{
+    check_capacity, check_cost, check_key, check_name, check_rate, number, Decision, Limit, Policy,
+};
 use crate::error::{Error, Result};
 use redis::{Cmd, Value};
 use std::fmt;
@@ -54,7 +55,10 @@ impl fmt::Display for Backend {
 /// (target `redis_tb_client`).
 pub type Logger = Arc<dyn Fn(log::Level, &str) + Send + Sync>;
 
-pub(crate) fn emit_line(logger: &Option<Logger>, line: Option<crate::core::Line>) {
+/// A log line the driver must emit.
+pub(crate) type Line = (log::Level, String);
+
+pub(crate) fn emit_line(logger: &Option<Logger>, line: Option<Line>) {
     if let Some((level, message)) = line {
         emit(logger, level, &message);
     }
@@ -215,6 +219,12 @@ impl Call {
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub fn first_key(&self) -> &str {
         self.buckets.first().map(|b| b.key.as_str()).unwrap_or("")
+    }
+
+    /// The peek a wait sends first, whatever the call it waits for: it makes
+    /// the limiter choose its backend, and any server answers it.
+    pub fn probe(key: &str) -> Result<Call> {
+        Call::single(Op::Peek, key, 1.0, 1.0, 0.0, "default")
     }
 
     /// `TB.BTAKE key capacity rate n timeout_ms` (single-bucket calls only).
@@ -379,10 +389,12 @@ pub(crate) const WHY_FUNCTION: &str =
 pub(crate) const WHY_FORCED: &str = "forced by the caller";
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn args(cmd: &Cmd) -> Vec<String> {
+    /// A command's words, to hold against the expected ones (the lease
+    /// commands' tests use it too).
+    pub(crate) fn args(cmd: &Cmd) -> Vec<String> {
         cmd.args_iter()
             .map(|a| match a {
                 redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),

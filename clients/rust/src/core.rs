@@ -1,157 +1,13 @@
-//! The sans-IO core: the one failure rule, argument checks, bucket keys,
-//! and the backend choice with its retries as a state machine over replies.
+//! The sans-IO core: bucket keys and slots, and the backend choice with its
+//! retries as a state machine over replies, judged by the one failure rule
+//! of [`crate::error`].
 //! The sync and async drivers only send what [`Exchange`] asks for and hand
 //! back what the server answered.
 
-use crate::backend::{self, Backend, Request, Resolved};
-use crate::decision::Policy;
-use crate::error::{Error, Result};
+use crate::backend::{self, Backend, Line, Request, Resolved};
+use crate::error::{classify, error_of, reply_text, Error, FailureClass, Result};
 use redis::{Cmd, RedisError, Value};
 use std::time::{Duration, Instant};
-
-/// The class of an error under the one failure rule (docs/clients.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FailureClass {
-    /// An outage: fail open or closed as configured.
-    Unavailable,
-    /// The module, script or function went away: detect the backend again
-    /// and retry once.
-    ServerChanged,
-    /// A configuration or data bug: never fail open.
-    Bug,
-}
-
-/// Error-reply codes that mean the server cannot serve the call now.
-const UNAVAILABLE_CODES: [&str; 9] = [
-    "LOADING",
-    "BUSY",
-    "MASTERDOWN",
-    "TRYAGAIN",
-    "CLUSTERDOWN",
-    "READONLY",
-    "UNBLOCKED",
-    "NOREPLICAS",
-    "OOM",
-];
-
-/// The class of a server error reply, given as its text (`WRONGTYPE Operation ...`).
-pub fn classify_reply(reply: &str) -> FailureClass {
-    let code = reply.split(' ').next().unwrap_or("");
-    if UNAVAILABLE_CODES.contains(&code) {
-        return FailureClass::Unavailable;
-    }
-    let server_changed = code == "NOSCRIPT"
-        || reply.starts_with("ERR unknown command")
-        || reply.starts_with("ERR Function not found")
-        || reply.starts_with("ERR No matching library");
-    if server_changed {
-        FailureClass::ServerChanged
-    } else {
-        FailureClass::Bug
-    }
-}
-
-/// The server's error reply as it was sent, `CODE detail`, if `e` is one.
-pub(crate) fn reply_text(e: &RedisError) -> Option<String> {
-    let code = e.code()?;
-    Some(match e.detail() {
-        Some(detail) if !detail.is_empty() => format!("{code} {detail}"),
-        _ => code.to_string(),
-    })
-}
-
-/// The error says the connection is gone or cannot be trusted (a late reply
-/// could be read as the answer to the next command).
-pub(crate) fn is_connection_problem(e: &RedisError) -> bool {
-    e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.kind() == redis::ErrorKind::Parse
-        || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
-}
-
-/// The class of any error the `redis` crate returns.
-pub(crate) fn classify(e: &RedisError) -> FailureClass {
-    match reply_text(e) {
-        Some(reply) => classify_reply(&reply),
-        None if is_connection_problem(e) => FailureClass::Unavailable,
-        None => FailureClass::Bug,
-    }
-}
-
-/// The library's error for `e`.
-pub(crate) fn error_of(e: &RedisError) -> Error {
-    match (classify(e), reply_text(e)) {
-        (FailureClass::Unavailable, _) => Error::Unavailable(e.to_string()),
-        (_, Some(reply)) => Error::Reply(reply),
-        (_, None) => Error::Other(e.to_string()),
-    }
-}
-
-/// The largest integer a double holds exactly: the module's bound on
-/// capacities and costs.
-pub(crate) const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
-
-fn invalid(message: String) -> Error {
-    Error::InvalidArgument(message)
-}
-
-pub(crate) fn check_capacity(capacity: f64) -> Result<()> {
-    if capacity.is_finite() && capacity > 0.0 && capacity <= MAX_EXACT {
-        Ok(())
-    } else {
-        Err(invalid(format!(
-            "capacity must be a positive finite number at most 2^53, got {capacity}"
-        )))
-    }
-}
-
-pub(crate) fn check_rate(rate: f64) -> Result<()> {
-    if rate.is_finite() && rate > 0.0 {
-        Ok(())
-    } else {
-        Err(invalid(format!(
-            "rate must be a positive finite number, got {rate}"
-        )))
-    }
-}
-
-pub(crate) fn check_cost(n: f64) -> Result<()> {
-    if n.is_finite() && (0.0..=MAX_EXACT).contains(&n) {
-        Ok(())
-    } else {
-        Err(invalid(format!(
-            "n must be a non-negative finite number at most 2^53, got {n}"
-        )))
-    }
-}
-
-pub(crate) fn check_key(key: &str) -> Result<()> {
-    if key.is_empty() {
-        Err(invalid("the key must not be empty".into()))
-    } else {
-        Ok(())
-    }
-}
-
-pub(crate) fn check_name(name: &str) -> Result<()> {
-    if name.chars().all(|c| matches!(c, ' '..='~')) {
-        Ok(())
-    } else {
-        Err(invalid(format!(
-            "a policy name must be printable ASCII, got {name:?}"
-        )))
-    }
-}
-
-/// Refuses a policy whose capacity, rate or name the server would refuse
-/// (or the headers could not carry).
-pub fn check_policy(policy: &Policy) -> Result<()> {
-    check_name(&policy.name)?;
-    check_capacity(policy.capacity)?;
-    check_rate(policy.rate)
-}
 
 /// The id as it goes between the braces of a bucket key: `%` -> `%25`,
 /// `{` -> `%7B`, `}` -> `%7D`, and the empty id -> `%`. The result never
@@ -179,9 +35,6 @@ pub fn bucket_key(prefix: &str, id: &str, name: &str) -> String {
 
 /// How often a limiter on Lua that has seen the module looks for it again.
 pub(crate) const MODULE_RECHECK: Duration = Duration::from_secs(30);
-
-/// A log line the driver must emit.
-pub(crate) type Line = (log::Level, String);
 
 /// What a limiter knows of the server between calls.
 #[derive(Debug, Clone, Default)]
@@ -482,15 +335,25 @@ impl Awaited for crate::decision::Decision {
     }
 }
 
+/// When a wait of `timeout_ms` from now ends (0: never).
+pub(crate) fn deadline_after(timeout_ms: u64) -> Option<Instant> {
+    match timeout_ms {
+        0 => None,
+        ms => Instant::now().checked_add(Duration::from_millis(ms)),
+    }
+}
+
 /// How long a polling wait sleeps after `answer`, or `None` when it is done
-/// (granted, never possible, or out of time): `min(retry, time left)`, at
-/// least 1 ms.
+/// (granted, never possible, or out of time): `min(retry, cap, time left)`,
+/// the retry at least 1 ms.
 pub(crate) fn poll_wait(
     answer: &impl Awaited,
+    cap: Option<Duration>,
     deadline: Option<Instant>,
     now: Instant,
 ) -> Option<Duration> {
-    let wait = answer.retry_in()?.max(Duration::from_millis(1));
+    let retry = answer.retry_in()?.max(Duration::from_millis(1));
+    let wait = cap.map_or(retry, |cap| retry.min(cap));
     match deadline {
         None => Some(wait),
         Some(deadline) => {
@@ -500,8 +363,13 @@ pub(crate) fn poll_wait(
     }
 }
 
+/// Where the error reply `e` sends a command, if it is a `MOVED` or `ASK`.
+pub(crate) fn redirect_of(e: &RedisError) -> Option<(bool, String)> {
+    reply_text(e).and_then(|reply| redirect(&reply))
+}
+
 /// Where a `MOVED` or `ASK` reply sends a command: `(ask, "host:port")`.
-pub(crate) fn redirect(reply: &str) -> Option<(bool, String)> {
+fn redirect(reply: &str) -> Option<(bool, String)> {
     let mut words = reply.split_ascii_whitespace();
     let ask = match words.next()? {
         "MOVED" => false,
@@ -612,20 +480,5 @@ mod tests {
             Some((true, "10.0.0.1:7000".into()))
         );
         assert_eq!(redirect("ERR nope"), None);
-    }
-
-    #[test]
-    fn error_replies_fall_in_one_class_each() {
-        assert_eq!(
-            classify_reply("OOM command not allowed"),
-            FailureClass::Unavailable
-        );
-        assert_eq!(classify_reply("BUSYKEY x"), FailureClass::Bug);
-        assert_eq!(
-            classify_reply("ERR unknown command 'TB.TAKE'"),
-            FailureClass::ServerChanged
-        );
-        assert_eq!(classify_reply("ERR unknown subcommand"), FailureClass::Bug);
-        assert_eq!(classify_reply("MOVED 1 127.0.0.1:1"), FailureClass::Bug);
     }
 }

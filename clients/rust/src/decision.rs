@@ -1,4 +1,5 @@
-//! Decisions, limits and the draft-11 `RateLimit` headers.
+//! Decisions, limits and the draft-11 `RateLimit` headers, and the checks
+//! that a policy, a key or a cost is one the server (and the headers) take.
 
 use crate::error::{Error, Result};
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -254,6 +255,70 @@ pub(crate) fn number(what: &str, x: f64) -> Result<String> {
     } else {
         Ok(format!("{x:e}"))
     }
+}
+
+/// The largest integer a double holds exactly: the module's bound on
+/// capacities and costs.
+pub(crate) const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
+
+fn invalid(message: String) -> Error {
+    Error::InvalidArgument(message)
+}
+
+pub(crate) fn check_capacity(capacity: f64) -> Result<()> {
+    if capacity.is_finite() && capacity > 0.0 && capacity <= MAX_EXACT {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "capacity must be a positive finite number at most 2^53, got {capacity}"
+        )))
+    }
+}
+
+pub(crate) fn check_rate(rate: f64) -> Result<()> {
+    if rate.is_finite() && rate > 0.0 {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "rate must be a positive finite number, got {rate}"
+        )))
+    }
+}
+
+pub(crate) fn check_cost(n: f64) -> Result<()> {
+    if n.is_finite() && (0.0..=MAX_EXACT).contains(&n) {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "n must be a non-negative finite number at most 2^53, got {n}"
+        )))
+    }
+}
+
+pub(crate) fn check_key(key: &str) -> Result<()> {
+    if key.is_empty() {
+        Err(invalid("the key must not be empty".into()))
+    } else {
+        Ok(())
+    }
+}
+
+pub(crate) fn check_name(name: &str) -> Result<()> {
+    if name.chars().all(|c| matches!(c, ' '..='~')) {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "a policy name must be printable ASCII, got {name:?}"
+        )))
+    }
+}
+
+/// Refuses a policy whose capacity, rate or name the server would refuse
+/// (or the headers could not carry).
+pub fn check_policy(policy: &Policy) -> Result<()> {
+    check_name(&policy.name)?;
+    check_capacity(policy.capacity)?;
+    check_rate(policy.rate)
 }
 
 #[cfg(test)]

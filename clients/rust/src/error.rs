@@ -1,6 +1,9 @@
-//! The library's error type: one variant per class of the failure rule
-//! (docs/clients.md#the-failure-rule), plus the wrong-shape reply.
+//! The one failure rule (docs/clients.md#the-failure-rule) and the
+//! library's error type: one variant per class of the rule, plus the
+//! wrong-shape reply. The rule stands here, at the bottom, so that every
+//! other module can turn a `redis` error into an [`Error`] without a loop.
 
+use redis::RedisError;
 use std::fmt;
 
 /// What went wrong in a limiter call.
@@ -70,9 +73,109 @@ impl From<redis::RedisError> for Error {
     /// Classified by the one failure rule; a "server changed" reply that
     /// reaches the caller (the retry did not help) is a [`Error::Reply`].
     fn from(e: redis::RedisError) -> Self {
-        crate::core::error_of(&e)
+        error_of(&e)
     }
 }
 
 /// `Result` with the library's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// The class of an error under the one failure rule (docs/clients.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureClass {
+    /// An outage: fail open or closed as configured.
+    Unavailable,
+    /// The module, script or function went away: detect the backend again
+    /// and retry once.
+    ServerChanged,
+    /// A configuration or data bug: never fail open.
+    Bug,
+}
+
+/// Error-reply codes that mean the server cannot serve the call now.
+const UNAVAILABLE_CODES: [&str; 9] = [
+    "LOADING",
+    "BUSY",
+    "MASTERDOWN",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "READONLY",
+    "UNBLOCKED",
+    "NOREPLICAS",
+    "OOM",
+];
+
+/// The class of a server error reply, given as its text (`WRONGTYPE Operation ...`).
+pub fn classify_reply(reply: &str) -> FailureClass {
+    let code = reply.split(' ').next().unwrap_or("");
+    if UNAVAILABLE_CODES.contains(&code) {
+        return FailureClass::Unavailable;
+    }
+    let server_changed = code == "NOSCRIPT"
+        || reply.starts_with("ERR unknown command")
+        || reply.starts_with("ERR Function not found")
+        || reply.starts_with("ERR No matching library");
+    if server_changed {
+        FailureClass::ServerChanged
+    } else {
+        FailureClass::Bug
+    }
+}
+
+/// The server's error reply as it was sent, `CODE detail`, if `e` is one.
+pub(crate) fn reply_text(e: &RedisError) -> Option<String> {
+    let code = e.code()?;
+    Some(match e.detail() {
+        Some(detail) if !detail.is_empty() => format!("{code} {detail}"),
+        _ => code.to_string(),
+    })
+}
+
+/// The error says the connection is gone or cannot be trusted (a late reply
+/// could be read as the answer to the next command).
+pub(crate) fn is_connection_problem(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.kind() == redis::ErrorKind::Parse
+        || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
+}
+
+/// The class of any error the `redis` crate returns.
+pub(crate) fn classify(e: &RedisError) -> FailureClass {
+    match reply_text(e) {
+        Some(reply) => classify_reply(&reply),
+        None if is_connection_problem(e) => FailureClass::Unavailable,
+        None => FailureClass::Bug,
+    }
+}
+
+/// The library's error for `e`.
+pub(crate) fn error_of(e: &RedisError) -> Error {
+    match (classify(e), reply_text(e)) {
+        (FailureClass::Unavailable, _) => Error::Unavailable(e.to_string()),
+        (_, Some(reply)) => Error::Reply(reply),
+        (_, None) => Error::Other(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_replies_fall_in_one_class_each() {
+        assert_eq!(
+            classify_reply("OOM command not allowed"),
+            FailureClass::Unavailable
+        );
+        assert_eq!(classify_reply("BUSYKEY x"), FailureClass::Bug);
+        assert_eq!(
+            classify_reply("ERR unknown command 'TB.TAKE'"),
+            FailureClass::ServerChanged
+        );
+        assert_eq!(classify_reply("ERR unknown subcommand"), FailureClass::Bug);
+        assert_eq!(classify_reply("MOVED 1 127.0.0.1:1"), FailureClass::Bug);
+    }
+}

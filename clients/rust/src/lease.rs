@@ -5,8 +5,8 @@
 //! and async limiters only do the I/O.
 
 use crate::backend::{lua_command, Backend, Blocking, LuaName, Request, Resolved};
-use crate::core::{check_key, check_name, Awaited, MAX_EXACT};
-use crate::decision::{sf_string, SF_INT_MAX};
+use crate::core::Awaited;
+use crate::decision::{check_key, check_name, sf_string, MAX_EXACT, SF_INT_MAX};
 use crate::error::{Error, Result};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use redis::{Cmd, Value};
@@ -243,6 +243,14 @@ pub(crate) fn renew_every(lease_ms: u64) -> Duration {
     Duration::from_millis((lease_ms / 3).max(1))
 }
 
+/// The warning of a guard whose release failed: the lease is not lost for
+/// good, it ends by itself at its deadline.
+pub(crate) fn release_failed(id: &str, key: &str, e: &Error) -> String {
+    format!(
+        "redis-tb: releasing lease {id} on {key} failed ({e}); it ends by itself at its deadline"
+    )
+}
+
 pub(crate) fn check_limit(limit: u64) -> Result<()> {
     if (1..=MAX_LEASE_ARG).contains(&limit) {
         Ok(())
@@ -423,24 +431,27 @@ pub(crate) struct FlagCall {
     lease_ms: Option<u64>,
 }
 
+/// The arguments are checked whether or not there is a lease id; with none
+/// (a denial's or a failed-open decision's) there is no call (`Ok(None)`),
+/// and the limiters answer `false` without one.
 impl FlagCall {
-    pub fn release(key: &str, lease: &str) -> Result<FlagCall> {
+    pub fn release(key: &str, lease: Option<&str>) -> Result<Option<FlagCall>> {
         check_key(key)?;
-        Ok(FlagCall {
+        Ok(lease.map(|lease| FlagCall {
             key: key.into(),
             lease: lease.into(),
             lease_ms: None,
-        })
+        }))
     }
 
-    pub fn renew(key: &str, lease: &str, lease_ms: u64) -> Result<FlagCall> {
+    pub fn renew(key: &str, lease: Option<&str>, lease_ms: u64) -> Result<Option<FlagCall>> {
         check_key(key)?;
         check_lease_ms(lease_ms)?;
-        Ok(FlagCall {
+        Ok(lease.map(|lease| FlagCall {
             key: key.into(),
             lease: lease.into(),
             lease_ms: Some(lease_ms),
-        })
+        }))
     }
 }
 
@@ -487,15 +498,7 @@ impl Request for FlagCall {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn args(cmd: &Cmd) -> Vec<String> {
-        cmd.args_iter()
-            .map(|a| match a {
-                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
-                _ => "<cursor>".into(),
-            })
-            .collect()
-    }
+    use crate::backend::tests::args;
 
     #[test]
     fn commands_per_backend() {
@@ -516,13 +519,13 @@ mod tests {
             ["EVALSHA", "abc", "1", "k", "acquire", "2", "30000"]
         );
         assert_eq!(args(&a.blocking(0)), ["TB.ACQUIRE", "k", "2", "30000", "0"]);
-        let r = FlagCall::release("k", "1-1").unwrap();
+        let r = FlagCall::release("k", Some("1-1")).unwrap().unwrap();
         assert_eq!(args(&r.command(&module, false)), ["TB.RELEASE", "k", "1-1"]);
         assert_eq!(
             args(&r.command(&script, false)),
             ["EVALSHA", "abc", "1", "k", "release", "1-1"]
         );
-        let n = FlagCall::renew("k", "1-1", 500).unwrap();
+        let n = FlagCall::renew("k", Some("1-1"), 500).unwrap().unwrap();
         assert_eq!(
             args(&n.command(&function, false)),
             ["FCALL", "tb_renew", "1", "k", "1-1", "500"]
@@ -536,7 +539,9 @@ mod tests {
         assert!(AcquireCall::new("k", MAX_LEASE_ARG + 1, 1, "default").is_err());
         assert!(AcquireCall::new("", 1, 1, "default").is_err());
         assert!(AcquireCall::new("k", MAX_LEASE_ARG, MAX_LEASE_ARG, "default").is_ok());
-        assert!(FlagCall::renew("k", "x", 0).is_err());
+        assert!(FlagCall::renew("k", Some("x"), 0).is_err());
+        assert!(FlagCall::release("", None).is_err());
+        assert!(FlagCall::release("k", None).unwrap().is_none());
     }
 
     #[test]
@@ -582,7 +587,7 @@ mod tests {
         ]);
         assert!(a.parse(&odd).is_err());
         assert!(a.parse(&Value::Int(1)).is_err());
-        let f = FlagCall::release("k", "x").unwrap();
+        let f = FlagCall::release("k", Some("x")).unwrap().unwrap();
         assert!(f.parse(&Value::Int(1)).unwrap());
         assert!(!f.parse(&Value::Int(0)).unwrap());
         assert!(f.parse(&Value::Int(2)).is_err());

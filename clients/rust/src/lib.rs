@@ -47,14 +47,12 @@ mod lease;
 mod middleware;
 mod sync;
 
-pub use crate::core::{
-    bucket_key, check_policy, classify_reply, escape_id, key_slot, FailureClass,
-};
+pub use crate::core::{bucket_key, escape_id, key_slot};
 #[cfg(feature = "tokio")]
 pub use aio::{AsyncLeaseGuard, AsyncRateLimiter, LazyConnectionManager};
 pub use backend::{lua_script, Backend, Logger, Timeouts, LUA_LIBRARY};
-pub use decision::{Decision, Limit, Policy};
-pub use error::{Error, Result};
+pub use decision::{check_policy, Decision, Limit, Policy};
+pub use error::{classify_reply, Error, FailureClass, Result};
 pub use lease::{LeaseDecision, LeaseId, Permit, LEASE_POLL_DEFAULT};
 #[cfg(feature = "tower")]
 pub use middleware::{

@@ -3,8 +3,8 @@
 
 use crate::aio::{AsyncLeaseGuard, AsyncRateLimiter};
 use crate::backend::{emit, Logger};
-use crate::core::{bucket_key, check_policy};
-use crate::decision::{sf_string, Decision, Limit, Policy};
+use crate::core::bucket_key;
+use crate::decision::{check_policy, sf_string, Decision, Limit, Policy};
 use crate::error::{Error, Result};
 use crate::lease::{LeaseDecision, Permit};
 use http::header::{HeaderValue, CONTENT_TYPE};
@@ -107,17 +107,85 @@ fn log_bug(logger: &Option<Logger>, e: &Error) {
     );
 }
 
+/// What a layer does with a request: `P` is what an allowed response's
+/// headers come from, `D` the denial.
+enum Verdict<P, D> {
+    /// Through: with `P`, or without (no caller id, or failed open).
+    Pass(Option<P>),
+    Deny(D),
+    Unavailable,
+    Bug(Error),
+}
+
+/// What the rate and the in-flight layer share: who the caller is, where
+/// the keys go, and what the failure rule does with an error.
 #[derive(Clone)]
-struct Shared<C> {
-    limiter: AsyncRateLimiter<C>,
-    policies: Vec<Policy>,
+struct Common {
     key_fn: KeyFn,
-    cost_fn: CostFn,
     prefix: String,
     fail_open: bool,
     logger: Option<Logger>,
     on_error: ErrorHandler,
+    /// Per layer: a layer made from another's settings gets its own.
     outage: Arc<Outage>,
+}
+
+impl Common {
+    fn new(logger: Option<Logger>) -> Common {
+        Common {
+            key_fn: Arc::new(default_key),
+            prefix: "ratelimit:".into(),
+            fail_open: true,
+            logger,
+            on_error: Arc::new(internal_error),
+            outage: Arc::new(Outage::default()),
+        }
+    }
+
+    /// The same settings, with an outage (and its count) of its own.
+    fn fresh(&self) -> Common {
+        Common {
+            outage: Arc::new(Outage::default()),
+            ..self.clone()
+        }
+    }
+
+    fn unavailable_count(&self) -> u64 {
+        self.outage.failed_calls.load(Ordering::SeqCst)
+    }
+
+    /// `result` under the failure rule: a success ends an outage and is
+    /// the caller's to judge; an outage is counted (and warned of once); a
+    /// bug is logged every time.
+    fn settle<T, P, D>(&self, result: Result<T>) -> std::result::Result<T, Verdict<P, D>> {
+        match result {
+            Ok(value) => {
+                self.outage.recovered(&self.logger);
+                Ok(value)
+            }
+            Err(e) if e.is_unavailable() => {
+                self.outage.failed(&self.logger, self.fail_open, &e);
+                Err(Verdict::Unavailable)
+            }
+            Err(e) => {
+                log_bug(&self.logger, &e);
+                Err(Verdict::Bug(e))
+            }
+        }
+    }
+
+    /// The answer to a bug, in either layer's body type.
+    fn bug_response<B: From<String>>(&self, e: &Error) -> Response<B> {
+        (self.on_error)(e).map(B::from)
+    }
+}
+
+#[derive(Clone)]
+struct Shared<C> {
+    limiter: AsyncRateLimiter<C>,
+    policies: Vec<Policy>,
+    cost_fn: CostFn,
+    common: Common,
 }
 
 /// The rate-limiting layer: one limit ([`RateLimitLayer::new`]) or several
@@ -189,25 +257,20 @@ where
                 )));
             }
         }
-        let logger = limiter.logger().clone();
+        let common = Common::new(limiter.logger().clone());
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 limiter,
                 policies,
-                key_fn: Arc::new(default_key),
                 cost_fn: Arc::new(|_| 1.0),
-                prefix: "ratelimit:".into(),
-                fail_open: true,
-                logger,
-                on_error: Arc::new(internal_error),
-                outage: Arc::new(Outage::default()),
+                common,
             }),
         })
     }
 
     /// Calls the limiter could not make because it was unavailable, so far.
     pub fn unavailable_count(&self) -> u64 {
-        self.shared.outage.failed_calls.load(Ordering::SeqCst)
+        self.shared.common.unavailable_count()
     }
 
     fn edit(mut self, f: impl FnOnce(&mut Shared<C>)) -> Self {
@@ -220,7 +283,7 @@ where
     /// `|p| p.headers.get("x-user").and_then(|v| v.to_str().ok()).map(String::from)`;
     /// per route and IP: `|p| client_ip(p).map(|ip| format!("{ip}:{}", p.uri.path()))`.
     pub fn key_fn(self, f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
-        self.edit(|s| s.key_fn = Arc::new(f))
+        self.edit(|s| s.common.key_fn = Arc::new(f))
     }
 
     /// The request's cost in tokens (default 1), taken from every limit.
@@ -231,18 +294,18 @@ where
     /// The bucket key prefix (default `"ratelimit:"`).
     pub fn prefix(self, prefix: impl Into<String>) -> Self {
         let prefix = prefix.into();
-        self.edit(|s| s.prefix = prefix)
+        self.edit(|s| s.common.prefix = prefix)
     }
 
     /// `false`: answer 503 when the limiter is unavailable, instead of
     /// letting the request through.
     pub fn fail_open(self, fail_open: bool) -> Self {
-        self.edit(|s| s.fail_open = fail_open)
+        self.edit(|s| s.common.fail_open = fail_open)
     }
 
     /// Where the outage lines go (default: the limiter's logger, else `log`).
     pub fn logger(self, logger: Logger) -> Self {
-        self.edit(|s| s.logger = Some(logger))
+        self.edit(|s| s.common.logger = Some(logger))
     }
 
     /// The response to an error that is a bug, not an outage (the error is
@@ -251,7 +314,7 @@ where
         self,
         handler: impl Fn(&Error) -> Response<String> + Send + Sync + 'static,
     ) -> Self {
-        self.edit(|s| s.on_error = Arc::new(handler))
+        self.edit(|s| s.common.on_error = Arc::new(handler))
     }
 }
 
@@ -293,13 +356,7 @@ where
         }
         let s = &self.shared;
         let layer = ConcurrencyLimitLayer::named(s.limiter.clone(), name, limit, lease_ms)?;
-        Ok(layer.edit(|c| {
-            c.key_fn = s.key_fn.clone();
-            c.prefix = s.prefix.clone();
-            c.fail_open = s.fail_open;
-            c.logger = s.logger.clone();
-            c.on_error = s.on_error.clone();
-        }))
+        Ok(layer.edit(|c| c.common = s.common.fresh()))
     }
 }
 
@@ -329,19 +386,12 @@ impl<S: Clone, C> Clone for RateLimitService<S, C> {
     }
 }
 
-enum Verdict {
-    Pass(Option<Decision>),
-    Deny(Decision),
-    Unavailable,
-    Bug(Error),
-}
-
 impl<C> Shared<C>
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
-    async fn judge(&self, parts: &Parts) -> Verdict {
-        let Some(id) = (self.key_fn)(parts) else {
+    async fn judge(&self, parts: &Parts) -> Verdict<Decision, Decision> {
+        let Some(id) = (self.common.key_fn)(parts) else {
             return Verdict::Pass(None);
         };
         let cost = (self.cost_fn)(parts);
@@ -349,7 +399,8 @@ where
             .policies
             .iter()
             .map(|p| {
-                Limit::new(bucket_key(&self.prefix, &id, &p.name), p.capacity, p.rate)
+                let key = bucket_key(&self.common.prefix, &id, &p.name);
+                Limit::new(key, p.capacity, p.rate)
                     .cost(cost)
                     .name(p.name.clone())
             })
@@ -362,23 +413,10 @@ where
                 .map(|d| d.with_policy_name(one.name.clone().unwrap_or_default())),
             _ => self.limiter.take_all(&limits).await,
         };
-        match result {
-            Ok(decision) => {
-                self.outage.recovered(&self.logger);
-                if decision.allowed {
-                    Verdict::Pass(Some(decision))
-                } else {
-                    Verdict::Deny(decision)
-                }
-            }
-            Err(e) if e.is_unavailable() => {
-                self.outage.failed(&self.logger, self.fail_open, &e);
-                Verdict::Unavailable
-            }
-            Err(e) => {
-                log_bug(&self.logger, &e);
-                Verdict::Bug(e)
-            }
+        match self.common.settle(result) {
+            Ok(decision) if decision.allowed => Verdict::Pass(Some(decision)),
+            Ok(decision) => Verdict::Deny(decision),
+            Err(verdict) => verdict,
         }
     }
 }
@@ -459,6 +497,13 @@ fn problem_response<B: From<String>>(status: StatusCode, body: String) -> Respon
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
+/// The service that was polled ready, to serve this request; its clone
+/// stays in its place for the next one.
+fn take_ready<S: Clone>(inner: &mut S) -> S {
+    let clone = inner.clone();
+    std::mem::replace(inner, clone)
+}
+
 impl<S, C, B, ResBody> Service<Request<B>> for RateLimitService<S, C>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -477,10 +522,7 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        // The service that was polled ready serves this request; the clone
-        // stays for the next one.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = take_ready(&mut self.inner);
         let shared = self.shared.clone();
         Box::pin(async move {
             let (parts, body) = request.into_parts();
@@ -500,9 +542,9 @@ where
                     response.headers_mut().extend(decision.header_map());
                     Ok(response)
                 }
-                Verdict::Unavailable if shared.fail_open => inner.call(request).await,
-                Verdict::Bug(e) => Ok((shared.on_error)(&e).map(ResBody::from)),
+                Verdict::Unavailable if shared.common.fail_open => inner.call(request).await,
                 Verdict::Unavailable => Ok(unavailable_response()),
+                Verdict::Bug(e) => Ok(shared.common.bug_response(&e)),
             }
         })
     }
@@ -543,13 +585,8 @@ struct InFlight<C> {
     name: String,
     limit: u64,
     lease_ms: u64,
-    key_fn: KeyFn,
-    prefix: String,
-    fail_open: bool,
     deny_status: StatusCode,
-    logger: Option<Logger>,
-    on_error: ErrorHandler,
-    outage: Arc<Outage>,
+    common: Common,
 }
 
 impl<C> Clone for ConcurrencyLimitLayer<C> {
@@ -585,23 +622,18 @@ where
         lease_ms: u64,
     ) -> Result<Self> {
         let name = name.into();
-        crate::core::check_name(&name)?;
+        crate::decision::check_name(&name)?;
         crate::lease::check_limit(limit)?;
         crate::lease::check_lease_ms(lease_ms)?;
-        let logger = limiter.logger().clone();
+        let common = Common::new(limiter.logger().clone());
         Ok(ConcurrencyLimitLayer {
             shared: Arc::new(InFlight {
                 limiter,
                 name,
                 limit,
                 lease_ms,
-                key_fn: Arc::new(default_key),
-                prefix: "ratelimit:".into(),
-                fail_open: true,
                 deny_status: StatusCode::TOO_MANY_REQUESTS,
-                logger,
-                on_error: Arc::new(internal_error),
-                outage: Arc::new(Outage::default()),
+                common,
             }),
         })
     }
@@ -613,24 +645,24 @@ where
 
     /// Calls the limiter could not make because it was unavailable, so far.
     pub fn unavailable_count(&self) -> u64 {
-        self.shared.outage.failed_calls.load(Ordering::SeqCst)
+        self.shared.common.unavailable_count()
     }
 
     /// The caller's identity (default: client IP); `None` is not limited.
     pub fn key_fn(self, f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
-        self.edit(|s| s.key_fn = Arc::new(f))
+        self.edit(|s| s.common.key_fn = Arc::new(f))
     }
 
     /// The key prefix (default `"ratelimit:"`).
     pub fn prefix(self, prefix: impl Into<String>) -> Self {
         let prefix = prefix.into();
-        self.edit(|s| s.prefix = prefix)
+        self.edit(|s| s.common.prefix = prefix)
     }
 
     /// `false`: answer 503 when the limiter is unavailable, instead of
     /// letting the request through without a lease.
     pub fn fail_open(self, fail_open: bool) -> Self {
-        self.edit(|s| s.fail_open = fail_open)
+        self.edit(|s| s.common.fail_open = fail_open)
     }
 
     /// The status of a denial: 429 (default) or, e.g., 503.
@@ -640,7 +672,7 @@ where
 
     /// Where the outage lines go (default: the limiter's logger, else `log`).
     pub fn logger(self, logger: Logger) -> Self {
-        self.edit(|s| s.logger = Some(logger))
+        self.edit(|s| s.common.logger = Some(logger))
     }
 
     /// The response to an error that is a bug (default: 500, problem+json).
@@ -648,7 +680,7 @@ where
         self,
         handler: impl Fn(&Error) -> Response<String> + Send + Sync + 'static,
     ) -> Self {
-        self.edit(|s| s.on_error = Arc::new(handler))
+        self.edit(|s| s.common.on_error = Arc::new(handler))
     }
 }
 
@@ -678,23 +710,18 @@ impl<S: Clone, C> Clone for ConcurrencyLimitService<S, C> {
     }
 }
 
-enum Admission {
-    /// Through: with the lease and its decision, or without (no id, failed open).
-    Pass(Option<(AsyncLeaseGuard, LeaseDecision)>),
-    Deny(LeaseDecision),
-    Unavailable,
-    Bug(Error),
-}
+/// Through with the lease and its decision, or denied.
+type Admission = Verdict<(AsyncLeaseGuard, LeaseDecision), LeaseDecision>;
 
 impl<C> InFlight<C>
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn admit(&self, parts: &Parts) -> Admission {
-        let Some(id) = (self.key_fn)(parts) else {
-            return Admission::Pass(None);
+        let Some(id) = (self.common.key_fn)(parts) else {
+            return Verdict::Pass(None);
         };
-        let key = bucket_key(&self.prefix, &id, &self.name);
+        let key = bucket_key(&self.common.prefix, &id, &self.name);
         let started = std::time::Instant::now();
         let outcome = self
             .limiter
@@ -704,26 +731,15 @@ where
                 d.policy = self.name.clone();
                 d
             });
-        match self.limiter.guard_with(outcome, started, false) {
-            Ok(permit) => {
-                self.outage.recovered(&self.logger);
-                match permit {
-                    Permit::Held(guard) => {
-                        let decision = guard.decision().clone();
-                        Admission::Pass(Some((guard, decision)))
-                    }
-                    Permit::Denied(decision) => Admission::Deny(decision),
-                    Permit::FailedOpen(e) => Admission::Bug(e),
-                }
+        let permit = self.limiter.guard_with(outcome, started, false);
+        match self.common.settle(permit) {
+            Ok(Permit::Held(guard)) => {
+                let decision = guard.decision().clone();
+                Verdict::Pass(Some((guard, decision)))
             }
-            Err(e) if e.is_unavailable() => {
-                self.outage.failed(&self.logger, self.fail_open, &e);
-                Admission::Unavailable
-            }
-            Err(e) => {
-                log_bug(&self.logger, &e);
-                Admission::Bug(e)
-            }
+            Ok(Permit::Denied(decision)) => Verdict::Deny(decision),
+            Ok(Permit::FailedOpen(e)) => Verdict::Bug(e),
+            Err(verdict) => verdict,
         }
     }
 }
@@ -828,15 +844,14 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = take_ready(&mut self.inner);
         let shared = self.shared.clone();
         Box::pin(async move {
             let (parts, body) = request.into_parts();
             let admission = shared.admit(&parts).await;
             let request = Request::from_parts(parts, body);
             match admission {
-                Admission::Pass(held) => {
+                Verdict::Pass(held) => {
                     // Held across the inner call: a dropped future drops it.
                     let (guard, headers) = match held {
                         Some((guard, decision)) => (Some(guard), Some(decision.header_map())),
@@ -849,7 +864,7 @@ where
                     }
                     Ok(response)
                 }
-                Admission::Deny(decision) => {
+                Verdict::Deny(decision) => {
                     let mut response = problem_response(
                         shared.deny_status,
                         lease_problem_body(&decision, shared.deny_status),
@@ -857,11 +872,11 @@ where
                     response.headers_mut().extend(decision.header_map());
                     Ok(response)
                 }
-                Admission::Unavailable if shared.fail_open => {
+                Verdict::Unavailable if shared.common.fail_open => {
                     Ok(inner.call(request).await?.map(|b| LeaseBody::new(b, None)))
                 }
-                Admission::Unavailable => Ok(unavailable_response()),
-                Admission::Bug(e) => Ok((shared.on_error)(&e).map(LeaseBody::from)),
+                Verdict::Unavailable => Ok(unavailable_response()),
+                Verdict::Bug(e) => Ok(shared.common.bug_response(&e)),
             }
         })
     }

@@ -3,11 +3,9 @@
 //! [`ManagedConnection`] this crate makes with short timeouts).
 
 use crate::backend::{emit, emit_line, Backend, Blocking, Call, Logger, Op, Request, Timeouts};
-use crate::core::{
-    is_connection_problem, Awaited, BackendState, Exchange, Learned, Step, MODULE_RECHECK,
-};
+use crate::core::{Awaited, BackendState, Exchange, Learned, Step, MODULE_RECHECK};
 use crate::decision::{Decision, Limit};
-use crate::error::{Error, Result};
+use crate::error::{is_connection_problem, Error, Result};
 use crate::lease::{self, AcquireCall, FlagCall, LeaseDecision, LeaseId, Permit, Renewal};
 use redis::{ConnectionLike, IntoConnectionInfo, RedisResult, Value};
 use std::io;
@@ -41,9 +39,50 @@ impl Default for Options {
     }
 }
 
-/// The extra time a TB.BTAKE read may take beyond its own timeout.
-pub(crate) fn btake_margin(timeouts: &Timeouts) -> Duration {
-    timeouts.command + Duration::from_secs(1)
+/// The calls both limiters build, from their settings alone: the pure part
+/// of each limiter method, so that only the I/O differs between sync and async.
+impl Options {
+    /// A one-bucket call (`take`, `peek`, `refund`, `wait_take`) under the
+    /// limiter's policy name.
+    pub fn single(
+        &self,
+        op: Op,
+        key: &str,
+        capacity: impl Into<f64>,
+        rate: impl Into<f64>,
+        n: impl Into<f64>,
+    ) -> Result<Call> {
+        let (capacity, rate, n) = (capacity.into(), rate.into(), n.into());
+        Call::single(op, key, capacity, rate, n, &self.policy_name)
+    }
+
+    /// An acquire under the limiter's policy name and polling cap.
+    pub fn acquire_call(&self, key: &str, limit: u64, lease_ms: u64) -> Result<AcquireCall> {
+        Ok(AcquireCall::new(key, limit, lease_ms, &self.policy_name)?.poll(self.lease_poll))
+    }
+
+    /// An acquire's `outcome`, an outage turned into a failed-open decision
+    /// when leases fail open.
+    pub fn lease_fail_open(
+        &self,
+        call: &AcquireCall,
+        outcome: Result<LeaseDecision>,
+    ) -> Result<LeaseDecision> {
+        match outcome {
+            Err(e) if self.lease_fail_open && e.is_unavailable() => {
+                Ok(LeaseDecision::failed_open(call))
+            }
+            other => other,
+        }
+    }
+}
+
+/// How long the reply of a wait in the server (TB.BTAKE, TB.ACQUIRE with a
+/// timeout) may take: its own `timeout_ms` plus a margin; `None` for a wait
+/// without a limit (0).
+pub(crate) fn wait_read_bound(timeouts: &Timeouts, timeout_ms: u64) -> Option<Duration> {
+    let margin = timeouts.command + Duration::from_secs(1);
+    (timeout_ms > 0).then(|| Duration::from_millis(timeout_ms) + margin)
 }
 
 /// A `redis::Connection` made with bounded connect, handshake, read and
@@ -330,10 +369,6 @@ impl<C: ConnectionLike> RateLimiter<C> {
         outcome
     }
 
-    fn single(&self, op: Op, key: &str, capacity: f64, rate: f64, n: f64) -> Result<Call> {
-        Call::single(op, key, capacity, rate, n, &self.opts.policy_name)
-    }
-
     /// Takes `n` tokens from the bucket at `key` (burst `capacity`, refilled
     /// at `rate` tokens per second) if it holds them.
     pub fn take(
@@ -343,7 +378,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
         rate: impl Into<f64>,
         n: impl Into<f64>,
     ) -> Result<Decision> {
-        let call = self.single(Op::Take, key, capacity.into(), rate.into(), n.into())?;
+        let call = self.opts.single(Op::Take, key, capacity, rate, n)?;
         self.run(&call)
     }
 
@@ -355,7 +390,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
         rate: impl Into<f64>,
         n: impl Into<f64>,
     ) -> Result<Decision> {
-        let call = self.single(Op::Peek, key, capacity.into(), rate.into(), n.into())?;
+        let call = self.opts.single(Op::Peek, key, capacity, rate, n)?;
         self.run(&call)
     }
 
@@ -367,7 +402,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
         rate: impl Into<f64>,
         n: impl Into<f64>,
     ) -> Result<Decision> {
-        let call = self.single(Op::Refund, key, capacity.into(), rate.into(), n.into())?;
+        let call = self.opts.single(Op::Refund, key, capacity, rate, n)?;
         self.run(&call)
     }
 
@@ -395,8 +430,8 @@ impl<C: ConnectionLike> RateLimiter<C> {
         n: impl Into<f64>,
         timeout_ms: u64,
     ) -> Result<Decision> {
-        let call = self.single(Op::Take, key, capacity.into(), rate.into(), n.into())?;
-        let probe = Call::single(Op::Peek, key, 1.0, 1.0, 0.0, "default")?;
+        let call = self.opts.single(Op::Take, key, capacity, rate, n)?;
+        let probe = Call::probe(key)?;
         self.wait(&call, &probe, timeout_ms)
     }
 
@@ -415,8 +450,8 @@ impl<C: ConnectionLike> RateLimiter<C> {
             if let Some(client) = self.blocking.clone() {
                 match self.btake(client, call, timeout_ms) {
                     Err(Error::Reply(r))
-                        if crate::core::classify_reply(&r)
-                            == crate::core::FailureClass::ServerChanged =>
+                        if crate::error::classify_reply(&r)
+                            == crate::error::FailureClass::ServerChanged =>
                     {
                         // The module went away: detect again, then poll on Lua.
                         self.state.learn(Learned::Stale, Instant::now());
@@ -444,10 +479,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
         call: &R,
         timeout_ms: u64,
     ) -> Result<R::Output> {
-        let read = match timeout_ms {
-            0 => None,
-            ms => Some(Duration::from_millis(ms) + btake_margin(&self.opts.timeouts)),
-        };
+        let read = wait_read_bound(&self.opts.timeouts, timeout_ms);
         let mut addr: Option<String> = None;
         let mut asking = false;
         for _ in 0..=crate::core::MAX_REDIRECTS {
@@ -474,7 +506,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
                 call.blocking(timeout_ms).query::<Value>(&mut con)
             };
             let redirect = match &reply {
-                Err(e) => crate::core::reply_text(e).and_then(|r| crate::core::redirect(&r)),
+                Err(e) => crate::core::redirect_of(e),
                 Ok(_) => None,
             };
             self.waits.insert(addr.clone(), con);
@@ -497,15 +529,12 @@ impl<C: ConnectionLike> RateLimiter<C> {
         R: Blocking,
         R::Output: Awaited,
     {
-        let deadline = match timeout_ms {
-            0 => None,
-            ms => Instant::now().checked_add(Duration::from_millis(ms)),
-        };
+        let deadline = crate::core::deadline_after(timeout_ms);
         loop {
             let decision = self.run(call)?;
-            match crate::core::poll_wait(&decision, deadline, Instant::now()) {
+            match crate::core::poll_wait(&decision, call.poll_cap(), deadline, Instant::now()) {
                 None => return Ok(decision),
-                Some(wait) => std::thread::sleep(call.poll_cap().map_or(wait, |cap| wait.min(cap))),
+                Some(wait) => std::thread::sleep(wait),
             }
         }
     }
@@ -521,29 +550,9 @@ impl<C: ConnectionLike> RateLimiter<C> {
     /// [`with_lease_fail_open(true)`](Self::with_lease_fail_open), a
     /// failed-open decision (`acquired`, no `lease`, `failed_open`).
     pub fn acquire(&mut self, key: &str, limit: u64, lease_ms: u64) -> Result<LeaseDecision> {
-        let call = self.acquire_call(key, limit, lease_ms)?;
+        let call = self.opts.acquire_call(key, limit, lease_ms)?;
         let outcome = self.run(&call);
-        self.fail_open(&call, outcome)
-    }
-
-    fn acquire_call(&self, key: &str, limit: u64, lease_ms: u64) -> Result<AcquireCall> {
-        Ok(
-            AcquireCall::new(key, limit, lease_ms, &self.opts.policy_name)?
-                .poll(self.opts.lease_poll),
-        )
-    }
-
-    fn fail_open(
-        &self,
-        call: &AcquireCall,
-        outcome: Result<LeaseDecision>,
-    ) -> Result<LeaseDecision> {
-        match outcome {
-            Err(e) if self.opts.lease_fail_open && e.is_unavailable() => {
-                Ok(LeaseDecision::failed_open(call))
-            }
-            other => other,
-        }
+        self.opts.lease_fail_open(&call, outcome)
     }
 
     /// Releases `lease` (an id, a [`LeaseDecision`], or an `Option` of
@@ -551,9 +560,8 @@ impl<C: ConnectionLike> RateLimiter<C> {
     /// already, expired, never handed out). Safe to repeat. No id (`None`:
     /// a denial's or a failed-open decision's) answers `false` without a call.
     pub fn release(&mut self, key: &str, lease: impl LeaseId) -> Result<bool> {
-        let call = FlagCall::release(key, lease.lease_id().unwrap_or("-"))?;
-        match lease.lease_id() {
-            Some(_) => self.run(&call),
+        match FlagCall::release(key, lease.lease_id())? {
+            Some(call) => self.run(&call),
             None => Ok(false),
         }
     }
@@ -562,9 +570,8 @@ impl<C: ConnectionLike> RateLimiter<C> {
     /// if it is not held (an expired lease cannot come back). No id answers
     /// `false` without a call.
     pub fn renew(&mut self, key: &str, lease: impl LeaseId, lease_ms: u64) -> Result<bool> {
-        let call = FlagCall::renew(key, lease.lease_id().unwrap_or("-"), lease_ms)?;
-        match lease.lease_id() {
-            Some(_) => self.run(&call),
+        match FlagCall::renew(key, lease.lease_id(), lease_ms)? {
+            Some(call) => self.run(&call),
             None => Ok(false),
         }
     }
@@ -588,13 +595,13 @@ impl<C: ConnectionLike> RateLimiter<C> {
         lease_ms: u64,
         timeout_ms: u64,
     ) -> Result<LeaseDecision> {
-        let call = self.acquire_call(key, limit, lease_ms)?;
+        let call = self.opts.acquire_call(key, limit, lease_ms)?;
         let outcome = self.wait_acquire_call(&call, timeout_ms);
-        self.fail_open(&call, outcome)
+        self.opts.lease_fail_open(&call, outcome)
     }
 
     fn wait_acquire_call(&mut self, call: &AcquireCall, timeout_ms: u64) -> Result<LeaseDecision> {
-        let probe = Call::single(Op::Peek, "redis-tb:connect", 1.0, 1.0, 0.0, "default")?;
+        let probe = Call::probe("redis-tb:connect")?;
         self.wait(call, &probe, timeout_ms)
     }
 
@@ -610,7 +617,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
         lease_ms: u64,
     ) -> Result<Permit<LeaseGuard<'_, C>>> {
         let started = Instant::now();
-        let call = self.acquire_call(key, limit, lease_ms)?;
+        let call = self.opts.acquire_call(key, limit, lease_ms)?;
         let outcome = self.run(&call);
         self.guard(outcome, started)
     }
@@ -623,7 +630,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
         lease_ms: u64,
         timeout_ms: u64,
     ) -> Result<Permit<LeaseGuard<'_, C>>> {
-        let call = self.acquire_call(key, limit, lease_ms)?;
+        let call = self.opts.acquire_call(key, limit, lease_ms)?;
         let outcome = self.wait_acquire_call(&call, timeout_ms);
         // Granted during the wait, at most a round trip before its reply.
         self.guard(outcome, Instant::now())
@@ -747,10 +754,7 @@ impl<C: ConnectionLike> Drop for LeaseGuard<'_, C> {
                 emit(
                     &self.limiter.opts.logger,
                     log::Level::Warn,
-                    &format!(
-                        "redis-tb: releasing lease {} on {} failed ({e}); it ends by itself at its deadline",
-                        self.id, self.decision.key
-                    ),
+                    &lease::release_failed(&self.id, &self.decision.key, &e),
                 );
             }
         }

@@ -39,6 +39,30 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The command line of a throwaway server on `port`: no persistence, its
+/// files and log in `dir`, with or without the module.
+fn server_args(port: u16, dir: &tempfile::TempDir, module: bool) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "--port".into(),
+        port.to_string(),
+        "--bind".into(),
+        "127.0.0.1".into(),
+        "--save".into(),
+        "".into(),
+        "--appendonly".into(),
+        "no".into(),
+        "--dir".into(),
+        dir.path().display().to_string(),
+        "--logfile".into(),
+        "server.log".into(),
+    ];
+    if module {
+        args.push("--loadmodule".into());
+        args.push(module_path().display().to_string());
+    }
+    args
+}
+
 pub struct Server {
     pub port: u16,
     pub module: bool,
@@ -65,24 +89,7 @@ impl Server {
     pub fn not_started(module: bool) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
-        let mut args: Vec<String> = vec![
-            "--port".into(),
-            port.to_string(),
-            "--bind".into(),
-            "127.0.0.1".into(),
-            "--save".into(),
-            "".into(),
-            "--appendonly".into(),
-            "no".into(),
-            "--dir".into(),
-            dir.path().display().to_string(),
-            "--logfile".into(),
-            "server.log".into(),
-        ];
-        if module {
-            args.push("--loadmodule".into());
-            args.push(module_path().display().to_string());
-        }
+        let args = server_args(port, &dir, module);
         Server {
             port,
             module,
@@ -96,24 +103,7 @@ impl Server {
         let dir = tempfile::tempdir().unwrap();
         for _ in 0..5 {
             let port = free_port();
-            let mut args: Vec<String> = vec![
-                "--port".into(),
-                port.to_string(),
-                "--bind".into(),
-                "127.0.0.1".into(),
-                "--save".into(),
-                "".into(),
-                "--appendonly".into(),
-                "no".into(),
-                "--dir".into(),
-                dir.path().display().to_string(),
-                "--logfile".into(),
-                "server.log".into(),
-            ];
-            if module {
-                args.push("--loadmodule".into());
-                args.push(module_path().display().to_string());
-            }
+            let mut args = server_args(port, &dir, module);
             args.extend(extra.iter().map(|s| s.to_string()));
             let mut server = Server {
                 port,

@@ -6,7 +6,7 @@
 use crate::api::GENEROUS;
 use crate::common::*;
 use crate::leases::lease_servers;
-use crate::web::{get, get_with};
+use crate::web::{get, get_with, serve_app};
 use axum::routing::get as route_get;
 use axum::Router;
 use redis_tb_client::{
@@ -30,17 +30,7 @@ where
             }),
         )
         .layer(layer);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
+    serve_app(app).await
 }
 
 fn live(server: &Server, key: &str) -> i64 {

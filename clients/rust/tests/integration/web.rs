@@ -31,6 +31,12 @@ where
         .route("/", route_get(|| async { "hello" }))
         .route("/search", route_get(|| async { "results" }))
         .layer(layer);
+    serve_app(app).await
+}
+
+/// Serves `app` on a free loopback port, with the peer address as
+/// `ConnectInfo` (what the layers' default key function reads).
+pub async fn serve_app(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
