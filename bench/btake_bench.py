@@ -20,10 +20,13 @@ module loaded):
    then CLIENT UNBLOCK removes the plug. From t0 on, the k-th token exists
    at t0 + ceil(k * 1000 / rate) ms.
 4. Collects every reply, then parses the AOF (appendonlydir/*.incr.aof):
-   each grant is an HSET tokens/last_refill + PEXPIREAT pair. Checks: grants
-   in arrival order, each waiter exactly once, every client exactly one
-   allowed reply whose reset_after matches its grant (nothing lost), and no
-   grant before its token existed (nobody served early).
+   each write is an HSET tokens/last_refill + PEXPIREAT pair, one per
+   wake-up, holding the state after the last waiter it served (a wake-up
+   serves every head the bucket can serve). Checks: the waiters the writes
+   name only grow and end with the last one (arrival order), nobody twice,
+   every client exactly one allowed reply, whose reset_after matches the
+   write where that write names it (nothing lost), and no waiter served by a
+   write before its token existed (nobody served early).
 
 Measured: wake latency (grant's last_refill minus the ms its token existed;
 ms resolution, the server's own clock), plus the client-observed latency
@@ -535,19 +538,25 @@ def run_size(server: Server, c: Conn, n: int, take: dict, paced: dict, log,
         ids.append(i)
         if i is not None:
             resets.setdefault(i, []).append(reset)
+    # One wake-up serves every head the bucket can serve with one write (the
+    # state after the last of them: src/wait.rs), so the AOF names the last
+    # waiter of each batch. In arrival order, those names only grow and end
+    # with the last waiter; the waiters between them are covered by their
+    # replies below.
     unknown = sum(1 for i in ids if i is None or not 0 <= i < n)
     dupes = sum(1 for v in resets.values() if len(v) > 1)
-    missing = n - len([i for i in range(n) if i in resets])
-    in_order = ids == list(range(n))
-    out_of_order = sum(1 for j, i in enumerate(ids) if i != j)
+    known = [i for i in ids if i is not None]
+    out_of_order = sum(1 for a, b in zip(known, known[1:]) if b <= a)
+    missing = 0 if known and known[-1] == n - 1 else n - (known[-1] + 1 if known else 0)
+    in_order = not unknown and not out_of_order and not missing
     if unknown:
         failures.append(f"{unknown} grants not attributable to a waiter")
     if dupes:
         failures.append(f"{dupes} waiters granted more than once")
     if missing:
-        failures.append(f"{missing} waiters never granted in the AOF")
-    if not in_order:
-        failures.append(f"grants out of arrival order at {out_of_order} positions")
+        failures.append(f"{missing} waiters after the last write in the AOF")
+    if out_of_order:
+        failures.append(f"writes out of arrival order at {out_of_order} positions")
 
     # Replies: exactly one each, allowed, matching its grant.
     bad_replies = 0
@@ -568,15 +577,25 @@ def run_size(server: Server, c: Conn, n: int, take: dict, paced: dict, log,
     if not (isinstance(plug_reply, list) and plug_reply and plug_reply[0] == 0):
         failures.append(f"plug reply {plug_reply!r}, expected a denial")
 
-    # Wake latency: the j-th grant needs the (j+1)-th token since t0.
+    # Wake latency: waiter j needs the (j+1)-th token since t0, and was served
+    # by the write of its batch (the first one naming a waiter >= j).
+    served_at = [None] * n
+    j = 0
+    for g, i in zip(grants, ids):
+        if i is None or not 0 <= i < n:
+            continue
+        while j <= i:
+            served_at[j] = g["last_refill"]
+            j += 1
     lat = []
     client_lat = []
-    for j, g in enumerate(grants):
+    for j in range(n):
+        if served_at[j] is None:
+            continue
         due = t0 + math.ceil((j + 1) * 1000 / RATE)
-        lat.append(g["last_refill"] - due)
-        i = ids[j]
-        if i is not None and 0 <= i < n and recv_ms[i] is not None:
-            client_lat.append(recv_ms[i] - due)
+        lat.append(served_at[j] - due)
+        if recv_ms[j] is not None:
+            client_lat.append(recv_ms[j] - due)
     early = sum(1 for x in lat if x < 0)
     if early:
         failures.append(f"{early} waiters served before their token existed (min {min(lat)} ms)")
@@ -756,11 +775,13 @@ the head of its queue, so that queueing N clients one by one (each TB.BTAKE sent
 after `INFO tb` shows the previous one waiting: arrival order is known exactly) does not
 race the refill. Waiter i asks `TB.BTAKE k <1000000+i> 1000 1 0`. One write then sets the
 bucket to 0 tokens at t0 (a Lua script reading TIME) and removes the plug (CLIENT UNBLOCK).
-From t0 the k-th token exists at t0 + ceil(k*1000/1000) ms. Every grant is read back from
-the AOF (HSET tokens/last_refill + PEXPIREAT); its capacity, hence the waiter, is
-`deadline - last_refill + tokens` (= 1000000+i), so the order, duplicates and gaps are
-checked from the server's own record, and each reply's reset_after_ms must match.
-**Wake latency** = grant's last_refill - the ms its token existed (server clock, ms
+From t0 the k-th token exists at t0 + ceil(k*1000/1000) ms. Every write is read back from
+the AOF (HSET tokens/last_refill + PEXPIREAT, one per wake-up, the state after the last
+waiter it served); its capacity, hence that waiter, is `deadline - last_refill + tokens`
+(= 1000000+i), so the order (the named waiters only grow and end with the last),
+duplicates and gaps are checked from the server's own record, and each named waiter's
+reply must match its write. A waiter is served by the first write naming it or a later one.
+**Wake latency** = that write's last_refill - the ms its token existed (server clock, ms
 resolution; negative = served early); *client* latency = reply received - that instant
 (same host clock, includes the Python client's own lag). **CPU per served waiter** = INFO
 cpu (user+sys) from just before the release to the last reply, / N; it includes the
