@@ -6,7 +6,7 @@
 mod common;
 
 use common::{
-    aof_commands, expect_error, pexpiretime, repl_offset, server_time_ms, sleep_ms,
+    aof_commands, expect_error, members, pexpiretime, repl_offset, server_time_ms, sleep_ms,
     start_replica_of, wait_for_replica, wait_until, Server, QUIET_MASTER_ARGS, SYNC_TIMEOUT,
 };
 use redis::Value;
@@ -66,17 +66,6 @@ fn renew(con: &mut redis::Connection, key: &str, lease: &str, lease_ms: i64) -> 
         .arg(lease_ms)
         .query(con)
         .expect("TB.RENEW")
-}
-
-/// The sorted set as `(member, score)` pairs, lowest score first.
-fn members(con: &mut redis::Connection, key: &str) -> Vec<(String, i64)> {
-    redis::cmd("ZRANGE")
-        .arg(key)
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query(con)
-        .expect("ZRANGE")
 }
 
 fn id_of(reply: &Acquired) -> String {

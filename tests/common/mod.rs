@@ -1140,6 +1140,18 @@ pub fn eval_tb(
         .unwrap_or_else(|e| panic!("{eval} {command} {key} {args:?} failed: {e}"))
 }
 
+/// A sorted set (a lease set: the ids and `seq`) as `(member, score)` pairs, lowest score
+/// first.
+pub fn members(con: &mut redis::Connection, key: &str) -> Vec<(String, i64)> {
+    redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(con)
+        .expect("ZRANGE")
+}
+
 /// One field of `INFO tb`; panics when it is missing.
 pub fn tb_field(con: &mut redis::Connection, name: &str) -> String {
     info_field(con, "tb", name).unwrap_or_else(|| panic!("INFO tb {name}"))
