@@ -1143,3 +1143,39 @@ fn leases_follow_their_slot_and_a_slot_move_keeps_them_and_their_count() {
         .expect("TB.RENEW");
     assert_eq!(renewed, 1);
 }
+
+/// A TB.ACQUIRE waiter with a timeout, on a lease set whose slot moves to another node, is
+/// redirected as a TB.BTAKE waiter is, and granted nothing on the old node (where the set
+/// already moved reads as empty); the set arrives on the target as it was: its leases with
+/// their deadlines, its `seq` count, and its expiry, the latest deadline it handed out.
+#[test]
+fn a_lease_waiter_on_a_slot_that_moves_away_is_redirected_and_the_lease_set_moves_intact() {
+    let cluster = Cluster::start();
+    let key = cluster.key_on(cluster.master_ports()[0], "jobs");
+    let mut moving = SlotMove::of(&cluster, &key);
+    // Both leases of a limit of 2, held for 600 s: the waiter cannot be served in time.
+    for _ in 0..2 {
+        assert_eq!(tb_acquire(&mut moving.src, &key, 2).0, 1);
+    }
+    let before = members(&mut moving.src, &key);
+    let expiry = pexpiretime(&mut moving.src, &key);
+    assert_eq!(before.len(), 3, "two leases and seq: {before:?}");
+    assert_eq!(before[0], ("seq".to_string(), -2), "two ids handed out");
+    assert_eq!(
+        expiry, before[2].1,
+        "the key lives until its latest deadline"
+    );
+
+    let mut waiter = RawClient::connect(&cluster.node(moving.source).server);
+    waiter.send(&["TB.ACQUIRE", &key, "2", "600000", "60000"]);
+    moving.move_under_waiter(&key, &mut waiter);
+    assert_eq!(
+        members(&mut moving.dst, &key),
+        before,
+        "the leases, their deadlines and seq moved as they were"
+    );
+    assert_deadline_kept(&key, expiry, pexpiretime(&mut moving.dst, &key));
+    let counted = info(&mut moving.src, "tb");
+    assert_eq!(field(&counted, "tb_leases_acquired"), Some("2"));
+    assert_eq!(field(&counted, "tb_leases_denied"), Some("0"));
+}
