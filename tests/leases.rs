@@ -609,7 +609,7 @@ fn leases_work_inside_multi_and_scripts() {
 
 // --- Waiting: TB.ACQUIRE with timeout_ms ------------------------------------------------
 
-use common::{RawClient, Resp};
+use common::{turn_replica_under_waiter, wait_for_waiting, RawClient, Resp};
 use std::time::{Duration, Instant};
 
 /// `INFO tb` field `tb_<field>` as an integer.
@@ -618,14 +618,6 @@ fn tb_field(con: &mut redis::Connection, field: &str) -> i64 {
         .unwrap_or_else(|| panic!("INFO tb {field}"))
         .parse::<f64>()
         .unwrap_or_else(|e| panic!("{field}: {e}")) as i64
-}
-
-fn wait_for_waiting(con: &mut redis::Connection, count: i64) {
-    wait_until(
-        &format!("tb_waiting = {count}"),
-        Duration::from_secs(10),
-        || tb_field(con, "tb_waiting") == count,
-    );
 }
 
 /// TB.ACQUIRE key limit lease_ms timeout_ms on a fresh connection, its reply to come.
@@ -881,18 +873,7 @@ fn a_master_turning_replica_ends_every_lease_wait_with_an_error_and_grants_nothi
     acquire(&mut con, "jobs", 1, 600_000);
     let before = members(&mut con, "jobs");
     let mut client = waiter(&server, "jobs", "1", "1000", "0");
-    wait_for_waiting(&mut con, 1);
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("127.0.0.1")
-        .arg(other.port)
-        .query(&mut con)
-        .expect("REPLICAOF");
-    match client.reply() {
-        Resp::Error(text) => assert!(text.starts_with("UNBLOCKED"), "{text}"),
-        reply => panic!("expected -UNBLOCKED, got {reply:?}"),
-    }
-    wait_for_waiting(&mut con, 0);
-    assert_eq!(tb_field(&mut con, "tb_waits_abandoned"), 1);
+    turn_replica_under_waiter(&server, &other, &mut client);
     assert_eq!(before.len(), 2);
 }
 
