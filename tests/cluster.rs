@@ -292,6 +292,35 @@ impl Cluster {
             .unwrap_or_else(|| panic!("no key for node {port}"))
     }
 
+    /// Three masters, the first with a replica: the cluster, the first master's port and
+    /// the replica's index in `nodes`.
+    fn start_with_replica() -> (Cluster, u16, usize) {
+        let mut cluster = Cluster::start();
+        let master = cluster.master_ports()[0];
+        let replica = cluster.add_replica(master);
+        (cluster, master, replica)
+    }
+
+    /// Waits until the node at `index` in `nodes` reports itself a master.
+    fn wait_promoted(&self, index: usize) {
+        wait_for("the replica to become a master", || {
+            let info = info(&mut self.nodes[index].con(), "replication");
+            if field(&info, "role") == Some("master") {
+                Ok(())
+            } else {
+                Err(info)
+            }
+        });
+    }
+
+    /// `count` keys (without a hash tag) whose slots `port` owns, made from `prefix` and a
+    /// number.
+    fn keys_on(&self, port: u16, prefix: &str, count: usize) -> Vec<String> {
+        (0..count)
+            .map(|i| self.key_on(port, &format!("{prefix}{i}")))
+            .collect()
+    }
+
     fn master_ports(&self) -> Vec<u16> {
         let mut con = self.nodes[0].con();
         let mut ports: Vec<u16> = slot_map(&mut con).iter().map(|r| r.2).collect();
@@ -787,13 +816,9 @@ fn hash_tags_keep_one_callers_buckets_on_one_node() {
 
 #[test]
 fn a_cluster_failover_keeps_tokens_and_deadlines() {
-    let mut cluster = Cluster::start();
-    let old_master = cluster.master_ports()[0];
-    let replica = cluster.add_replica(old_master);
+    let (cluster, old_master, replica) = Cluster::start_with_replica();
     let new_master = cluster.nodes[replica].port();
-    let keys: Vec<String> = (0..4)
-        .map(|i| cluster.key_on(old_master, &format!("failover{i}")))
-        .collect();
+    let keys = cluster.keys_on(old_master, "failover", 4);
 
     let mut client = cluster.client();
     for (i, key) in keys.iter().enumerate() {
@@ -834,14 +859,7 @@ fn a_cluster_failover_keeps_tokens_and_deadlines() {
         &mut cluster.nodes[replica].con(),
         redis::cmd("CLUSTER").arg("FAILOVER"),
     );
-    wait_for("the replica to become a master", || {
-        let info = info(&mut cluster.nodes[replica].con(), "replication");
-        if field(&info, "role") == Some("master") {
-            Ok(())
-        } else {
-            Err(info)
-        }
-    });
+    cluster.wait_promoted(replica);
     for key in &keys {
         let slot = keyslot(&mut cluster.nodes[0].con(), key);
         cluster.wait_owner(slot, new_master);
@@ -982,13 +1000,9 @@ fn a_waiter_on_a_slot_that_moves_away_is_redirected_and_takes_nothing() {
 /// when the role change ends its wait, and both nodes end with one state.
 #[test]
 fn a_cluster_failover_with_waiters_coming_due_never_writes_during_its_pause() {
-    let mut cluster = Cluster::start();
-    let old_master = cluster.master_ports()[0];
-    let replica = cluster.add_replica(old_master);
+    let (cluster, old_master, replica) = Cluster::start_with_replica();
     let new_master = cluster.nodes[replica].port();
-    let keys: Vec<String> = (0..6)
-        .map(|i| cluster.key_on(old_master, &format!("due{i}")))
-        .collect();
+    let keys = cluster.keys_on(old_master, "due", 6);
     let mut master = cluster.node(old_master).con();
     // Drained at 100 tokens/s: waiter i's 2 + 2i tokens come due 20-120 ms on.
     let mut waiters = Vec::new();
@@ -1019,14 +1033,7 @@ fn a_cluster_failover_with_waiters_coming_due_never_writes_during_its_pause() {
             other => panic!("waiter {i}: {other:?}"),
         }
     }
-    wait_for("the replica to become a master", || {
-        let info = info(&mut cluster.nodes[replica].con(), "replication");
-        if field(&info, "role") == Some("master") {
-            Ok(())
-        } else {
-            Err(info)
-        }
-    });
+    cluster.wait_promoted(replica);
     assert!(
         cluster.node(old_master).server.is_alive(),
         "the old master is alive"
