@@ -21,15 +21,6 @@ fn tb_field(con: &mut redis::Connection, field: &str) -> i64 {
         .unwrap_or_else(|e| panic!("{field}: {e}")) as i64
 }
 
-/// Waits (bounded) until `INFO tb` shows `count` clients waiting.
-fn wait_for_waiting(con: &mut redis::Connection, count: i64) {
-    wait_until(
-        &format!("tb_waiting = {count}"),
-        Duration::from_secs(10),
-        || tb_field(con, "tb_waiting") == count,
-    );
-}
-
 /// Sends TB.BTAKE on a fresh connection and returns it, its reply still to come.
 fn btake(server: &Server, args: &[&str]) -> RawClient {
     let mut client = RawClient::connect(server);
@@ -531,22 +522,8 @@ fn a_master_turning_replica_ends_every_wait_with_an_error() {
     let server = Server::start();
     let mut con = server.conn();
     drain(&mut con, "k", "1", SLOW);
-    let before = hgetall(&mut con, "k");
     let mut waiter = btake(&server, &["k", "1", SLOW, "1", "0"]);
-    wait_for_waiting(&mut con, 1);
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("127.0.0.1")
-        .arg(other.port)
-        .query(&mut con)
-        .expect("REPLICAOF");
-    match waiter.reply() {
-        Resp::Error(text) => assert!(text.starts_with("UNBLOCKED"), "{text}"),
-        other => panic!("expected -UNBLOCKED, got {other:?}"),
-    }
-    wait_for_waiting(&mut con, 0);
-    assert_eq!(tb_field(&mut con, "tb_waits_abandoned"), 1);
-    // Nothing half written before the replica resynchronised.
-    let _ = before;
+    turn_replica_under_waiter(&server, &other, &mut waiter);
 }
 
 #[test]

@@ -198,6 +198,25 @@ fn quiet_master_with_aof() -> Server {
     Server::start_with(&args)
 }
 
+/// A master as `quiet_master_with_aof` with a replica in sync, a connection to the master,
+/// and there a drained `k` with a waiter queued on it, as `drained_k_with_a_waiter` makes
+/// them (its `last_refill`, then the waiter).
+fn replicated_waiter(rate: &str, n: &str) -> (Server, Server, redis::Connection, i64, RawClient) {
+    let master = quiet_master_with_aof();
+    let replica = start_replica_of(&master);
+    let mut con = master.conn();
+    let (drained_at, waiter) = drained_k_with_a_waiter(&master, &mut con, rate, n);
+    (master, replica, con, drained_at, waiter)
+}
+
+/// The waiter was served once writes resumed (granted, told to wait no more), the master is
+/// up, and the replica holds the master's bucket.
+fn assert_served_and_replicated(master: &Server, replica: &Server, reply: &[i64], when: &str) {
+    assert_eq!((reply[0], reply[2]), (1, 0), "served {when}: {reply:?}");
+    assert_alive(master, when);
+    assert_replica_holds(master, replica, &["k"]);
+}
+
 fn assert_replica_holds(master: &Server, replica: &Server, keys: &[&str]) {
     wait_for_replica(master, replica);
     let mut mcon = master.conn();
@@ -207,6 +226,47 @@ fn assert_replica_holds(master: &Server, replica: &Server, keys: &[&str]) {
         buckets(&mut mcon, keys),
         "the replica holds the master's buckets"
     );
+}
+
+/// A drained bucket `k` of capacity 10 refilled at `rate` tokens/s, and a waiter for `n` of
+/// its tokens, queued (no timeout). Returns the drain's `last_refill` and the waiter.
+fn drained_k_with_a_waiter(
+    server: &Server,
+    con: &mut redis::Connection,
+    rate: &str,
+    n: &str,
+) -> (i64, RawClient) {
+    let drained_at = drain(con, "k", "10", rate);
+    let waiter = btake(server, &["k", "10", rate, n, "0"]);
+    wait_for_waiting(con, 1);
+    (drained_at, waiter)
+}
+
+/// Starts `FAILOVER TO` the replica with `timeout_ms`, the replica stopped (SIGSTOP): it
+/// cannot catch up, so the master stays paused until the timeout, or until the replica
+/// is let go on.
+fn failover_to_a_stopped_replica(con: &mut redis::Connection, replica: &Server, timeout_ms: &str) {
+    wait_until_online(con);
+    signal(replica, libc::SIGSTOP);
+    let port = replica.port.to_string();
+    ok(
+        con,
+        &["FAILOVER", "TO", "127.0.0.1", &port, "TIMEOUT", timeout_ms],
+    );
+}
+
+/// While writes are paused: the waiter gets no reply for a while, the master stays up, and
+/// nothing has been propagated since the pause began (at replication offset `offset`).
+fn stays_paused(
+    master: &Server,
+    con: &mut redis::Connection,
+    waiter: &mut RawClient,
+    offset: i64,
+    when: &str,
+) {
+    stays_quiet(master, waiter, QUICK, when);
+    assert_alive(master, when);
+    assert_eq!(repl_offset(con), offset, "nothing propagated {when}");
 }
 
 // --- 1. Paused writes -----------------------------------------------------------------------
@@ -219,9 +279,7 @@ fn client_pause_write_with_aof_takes_nothing_and_serves_the_waiter_after_unpause
     let server = Server::start_with(AOF_ALWAYS);
     let mut con = server.conn();
     // One token per second, drained: the waiter's 2 tokens exist 2 s after the drain.
-    let drained_at = drain(&mut con, "k", "10", "1");
-    let mut waiter = btake(&server, &["k", "10", "1", "2", "0"]);
-    wait_for_waiting(&mut con, 1);
+    let (drained_at, mut waiter) = drained_k_with_a_waiter(&server, &mut con, "1", "2");
     ok(&mut con, &["CLIENT", "PAUSE", "60000", "WRITE"]);
     let before = snapshot(&mut con, b"k");
     let hsets = aof_hsets(&server, "k");
@@ -261,9 +319,7 @@ fn client_pause_write_with_a_replica_takes_nothing_and_serves_the_waiter_when_it
     let master = Server::start_with(QUIET_MASTER_ARGS);
     let replica = start_replica_of(&master);
     let mut con = master.conn();
-    let drained_at = drain(&mut con, "k", "10", "1");
-    let mut waiter = btake(&master, &["k", "10", "1", "1", "0"]);
-    wait_for_waiting(&mut con, 1);
+    let (drained_at, mut waiter) = drained_k_with_a_waiter(&master, &mut con, "1", "1");
     let paused_at = Instant::now();
     ok(&mut con, &["CLIENT", "PAUSE", "5000", "WRITE"]);
     let offset = repl_offset(&mut con);
@@ -278,12 +334,12 @@ fn client_pause_write_with_a_replica_takes_nothing_and_serves_the_waiter_when_it
         paused_at.elapsed() < Duration::from_millis(4_500),
         "too slow to look inside the pause"
     );
-    stays_quiet(&master, &mut waiter, QUICK, "during the pause");
-    assert_alive(&master, "during CLIENT PAUSE WRITE with a replica");
-    assert_eq!(
-        repl_offset(&mut con),
+    stays_paused(
+        &master,
+        &mut con,
+        &mut waiter,
         offset,
-        "nothing propagated while paused"
+        "during CLIENT PAUSE WRITE",
     );
     assert_eq!(
         snapshot(&mut con, b"k"),
@@ -297,9 +353,7 @@ fn client_pause_write_with_a_replica_takes_nothing_and_serves_the_waiter_when_it
         "answered {:?} into a 5000 ms pause",
         paused_at.elapsed()
     );
-    assert_eq!((reply[0], reply[2]), (1, 0), "served: {reply:?}");
-    assert_alive(&master, "after the pause");
-    assert_replica_holds(&master, &replica, &["k"]);
+    assert_served_and_replicated(&master, &replica, &reply, "after the pause");
 }
 
 /// A bucket whose TTL runs out during a pause is expired for readers, but the server keeps
@@ -308,15 +362,10 @@ fn client_pause_write_with_a_replica_takes_nothing_and_serves_the_waiter_when_it
 /// before that.
 #[test]
 fn a_bucket_whose_ttl_runs_out_during_a_pause_serves_its_waiter_after_the_pause() {
-    let master = quiet_master_with_aof();
-    let replica = start_replica_of(&master);
-    let mut con = master.conn();
     // Five per second, capacity 10: full (and expired) 2 s after the drain, which is also
     // when the waiter's 10 tokens exist.
-    let drained_at = drain(&mut con, "k", "10", "5");
+    let (master, replica, mut con, drained_at, mut waiter) = replicated_waiter("5", "10");
     assert_eq!(pexpiretime(&mut con, "k"), drained_at + 2_000);
-    let mut waiter = btake(&master, &["k", "10", "5", "10", "0"]);
-    wait_for_waiting(&mut con, 1);
     ok(&mut con, &["CLIENT", "PAUSE", "60000", "WRITE"]);
     let offset = repl_offset(&mut con);
     let hsets = aof_hsets(&master, "k");
@@ -330,12 +379,12 @@ fn a_bucket_whose_ttl_runs_out_during_a_pause_serves_its_waiter_after_the_pause(
         found == 0
     });
     wait_for_server_time(&master, &mut con, drained_at + 2_500);
-    stays_quiet(&master, &mut waiter, QUICK, "during the pause");
-    assert_alive(&master, "with a bucket expired during a pause");
-    assert_eq!(
-        repl_offset(&mut con),
+    stays_paused(
+        &master,
+        &mut con,
+        &mut waiter,
         offset,
-        "nothing propagated while paused"
+        "with the bucket expired",
     );
     assert_eq!(
         aof_hsets(&master, "k"),
@@ -346,8 +395,7 @@ fn a_bucket_whose_ttl_runs_out_during_a_pause_serves_its_waiter_after_the_pause(
     ok(&mut con, &["CLIENT", "UNPAUSE"]);
     let reply = ints(reply_of(&master, &mut waiter, DUE, "after UNPAUSE"));
     assert_eq!(reply[..3], [1, 0, 0], "10 of a full bucket of 10");
-    assert_alive(&master, "after the pause");
-    assert_replica_holds(&master, &replica, &["k"]);
+    assert_served_and_replicated(&master, &replica, &reply, "after the pause");
 }
 
 /// CLIENT PAUSE ALL holds every client, the test's own too (so the server is watched from
@@ -356,9 +404,7 @@ fn a_bucket_whose_ttl_runs_out_during_a_pause_serves_its_waiter_after_the_pause(
 fn client_pause_all_takes_nothing_and_serves_the_waiter_after_it_ends() {
     let server = Server::start_with(AOF_ALWAYS);
     let mut con = server.conn();
-    let drained_at = drain(&mut con, "k", "10", "1");
-    let mut waiter = btake(&server, &["k", "10", "1", "1", "0"]);
-    wait_for_waiting(&mut con, 1);
+    let (drained_at, mut waiter) = drained_k_with_a_waiter(&server, &mut con, "1", "1");
     let hsets = aof_hsets(&server, "k");
     let paused_at = Instant::now();
     ok(&mut con, &["CLIENT", "PAUSE", "5000", "ALL"]);
@@ -436,20 +482,9 @@ fn a_waiter_whose_timeout_passes_during_a_pause_is_denied_on_time_and_takes_noth
 /// resumes as master. A waiter whose tokens appear during that pause is served after it.
 #[test]
 fn a_failover_that_times_out_takes_nothing_during_its_pause_and_serves_the_waiter_after() {
-    let master = quiet_master_with_aof();
-    let replica = start_replica_of(&master);
-    let mut con = master.conn();
     // Two tokens at one per second: they exist 2 s after the drain, inside the 5 s pause.
-    let drained_at = drain(&mut con, "k", "10", "1");
-    let mut waiter = btake(&master, &["k", "10", "1", "2", "0"]);
-    wait_for_waiting(&mut con, 1);
-    wait_until_online(&mut con);
-    signal(&replica, libc::SIGSTOP);
-    let port = replica.port.to_string();
-    ok(
-        &mut con,
-        &["FAILOVER", "TO", "127.0.0.1", &port, "TIMEOUT", "5000"],
-    );
+    let (master, replica, mut con, drained_at, mut waiter) = replicated_waiter("1", "2");
+    failover_to_a_stopped_replica(&mut con, &replica, "5000");
     let offset = repl_offset(&mut con);
     let hsets = aof_hsets(&master, "k");
     let before = snapshot(&mut con, b"k");
@@ -460,12 +495,12 @@ fn a_failover_that_times_out_takes_nothing_during_its_pause_and_serves_the_waite
         "waiting-for-sync",
         "still inside the failover's pause"
     );
-    stays_quiet(&master, &mut waiter, QUICK, "during the failover");
-    assert_alive(&master, "during the failover's pause");
-    assert_eq!(
-        repl_offset(&mut con),
+    stays_paused(
+        &master,
+        &mut con,
+        &mut waiter,
         offset,
-        "nothing propagated while paused"
+        "during the failover",
     );
     assert_eq!(
         aof_hsets(&master, "k"),
@@ -483,10 +518,8 @@ fn a_failover_that_times_out_takes_nothing_during_its_pause_and_serves_the_waite
     });
     assert_eq!(role(&mut con), "master");
     let reply = ints(reply_of(&master, &mut waiter, DUE, "after the failover"));
-    assert_eq!((reply[0], reply[2]), (1, 0), "served: {reply:?}");
     signal(&replica, libc::SIGCONT);
-    assert_alive(&master, "after the failover");
-    assert_replica_holds(&master, &replica, &["k"]);
+    assert_served_and_replicated(&master, &replica, &reply, "after the failover");
 }
 
 /// A failover that completes turns the master into a replica while the waiter still waits
@@ -494,29 +527,18 @@ fn a_failover_that_times_out_takes_nothing_during_its_pause_and_serves_the_waite
 /// two servers end with the same bucket.
 #[test]
 fn a_failover_that_completes_answers_the_waiter_unblocked_and_takes_nothing() {
-    let master = quiet_master_with_aof();
-    let replica = start_replica_of(&master);
-    let mut con = master.conn();
-    let drained_at = drain(&mut con, "k", "10", "1");
+    let (master, replica, mut con, drained_at, mut waiter) = replicated_waiter("1", "1");
     let drained = bucket(&mut con, "k");
-    let mut waiter = btake(&master, &["k", "10", "1", "1", "0"]);
-    wait_for_waiting(&mut con, 1);
-    wait_until_online(&mut con);
-    signal(&replica, libc::SIGSTOP);
-    let port = replica.port.to_string();
-    ok(
-        &mut con,
-        &["FAILOVER", "TO", "127.0.0.1", &port, "TIMEOUT", "60000"],
-    );
+    failover_to_a_stopped_replica(&mut con, &replica, "60000");
     let offset = repl_offset(&mut con);
     assert_eq!(stored_last_refill(&mut con, "k"), drained_at);
     wait_for_server_time(&master, &mut con, drained_at + 2_000);
-    stays_quiet(&master, &mut waiter, QUICK, "during the failover");
-    assert_alive(&master, "during the failover's pause");
-    assert_eq!(
-        repl_offset(&mut con),
+    stays_paused(
+        &master,
+        &mut con,
+        &mut waiter,
         offset,
-        "nothing propagated while paused"
+        "during the failover",
     );
     assert_eq!(bucket(&mut con, "k"), drained, "nothing taken while paused");
 

@@ -28,7 +28,7 @@ use std::net::TcpListener;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::{hgetall_bytes, pexpiretime, RawClient, Resp, Server};
+use common::{hgetall_bytes, members, pexpiretime, RawClient, Resp, Server};
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::{ConnectionLike, Value};
 
@@ -292,6 +292,35 @@ impl Cluster {
             .unwrap_or_else(|| panic!("no key for node {port}"))
     }
 
+    /// Three masters, the first with a replica: the cluster, the first master's port and
+    /// the replica's index in `nodes`.
+    fn start_with_replica() -> (Cluster, u16, usize) {
+        let mut cluster = Cluster::start();
+        let master = cluster.master_ports()[0];
+        let replica = cluster.add_replica(master);
+        (cluster, master, replica)
+    }
+
+    /// Waits until the node at `index` in `nodes` reports itself a master.
+    fn wait_promoted(&self, index: usize) {
+        wait_for("the replica to become a master", || {
+            let info = info(&mut self.nodes[index].con(), "replication");
+            if field(&info, "role") == Some("master") {
+                Ok(())
+            } else {
+                Err(info)
+            }
+        });
+    }
+
+    /// `count` keys (without a hash tag) whose slots `port` owns, made from `prefix` and a
+    /// number.
+    fn keys_on(&self, port: u16, prefix: &str, count: usize) -> Vec<String> {
+        (0..count)
+            .map(|i| self.key_on(port, &format!("{prefix}{i}")))
+            .collect()
+    }
+
     fn master_ports(&self) -> Vec<u16> {
         let mut con = self.nodes[0].con();
         let mut ports: Vec<u16> = slot_map(&mut con).iter().map(|r| r.2).collect();
@@ -325,47 +354,150 @@ fn free_port() -> u16 {
     listener.local_addr().expect("local addr").port()
 }
 
-/// Marks `slot` IMPORTING on the target (from the source) and MIGRATING on the source (to
-/// the target), as the first step of a classic slot move; nodes by port, with a connection.
-fn start_slot_move(
-    cluster: &Cluster,
+/// A classic move of one slot from the first master (`source`) to the second (`target`):
+/// `SETSLOT IMPORTING/MIGRATING`, `MIGRATE ... KEYS`, then `SETSLOT NODE`; with a
+/// connection to each of the two.
+struct SlotMove<'a> {
+    cluster: &'a Cluster,
     slot: u16,
-    (source, src): (u16, &mut redis::Connection),
-    (target, dst): (u16, &mut redis::Connection),
-) {
-    let src_id = cluster.node(source).id.clone();
-    let dst_id = cluster.node(target).id.clone();
-    ok(
-        dst,
-        redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg("IMPORTING")
-            .arg(&src_id),
-    );
-    ok(
-        src,
-        redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg("MIGRATING")
-            .arg(&dst_id),
-    );
+    source: u16,
+    target: u16,
+    src: redis::Connection,
+    dst: redis::Connection,
 }
 
-/// `CLUSTER SETSLOT slot NODE <target>` on each node of `ports`, in that order: the last step
-/// of a classic slot move.
-fn finish_slot_move(cluster: &Cluster, slot: u16, target: u16, ports: [u16; 3]) {
-    let dst_id = cluster.node(target).id.clone();
-    for port in ports {
+impl<'a> SlotMove<'a> {
+    /// The move of `key`'s slot, which must be the first master's.
+    fn of(cluster: &'a Cluster, key: &str) -> SlotMove<'a> {
+        let ports = cluster.master_ports();
+        let (source, target) = (ports[0], ports[1]);
+        assert_eq!(
+            cluster.owner_of(key),
+            source,
+            "{key} is on the first master"
+        );
+        let mut src = cluster.node(source).con();
+        SlotMove {
+            cluster,
+            slot: keyslot(&mut src, key),
+            source,
+            target,
+            src,
+            dst: cluster.node(target).con(),
+        }
+    }
+
+    /// Marks the slot IMPORTING on the target and MIGRATING on the source, checks that
+    /// `keys` are all the slot holds, and MIGRATEs them: the slot is left mid-move, its keys
+    /// on the target, the source answering ASK for them.
+    fn move_keys_mid_slot(&mut self, keys: &[String]) {
+        let src_id = self.cluster.node(self.source).id.clone();
+        let dst_id = self.cluster.node(self.target).id.clone();
         ok(
-            &mut cluster.node(port).con(),
+            &mut self.dst,
             redis::cmd("CLUSTER")
                 .arg("SETSLOT")
-                .arg(slot)
-                .arg("NODE")
+                .arg(self.slot)
+                .arg("IMPORTING")
+                .arg(&src_id),
+        );
+        ok(
+            &mut self.src,
+            redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(self.slot)
+                .arg("MIGRATING")
                 .arg(&dst_id),
         );
+        let mut in_slot: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(self.slot)
+            .arg(100)
+            .query(&mut self.src)
+            .expect("GETKEYSINSLOT");
+        in_slot.sort();
+        let mut moving = keys.to_vec();
+        moving.sort();
+        assert_eq!(in_slot, moving, "the keys of slot {}", self.slot);
+        ok(
+            &mut self.src,
+            redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(self.target)
+                .arg("")
+                .arg(0)
+                .arg(5000)
+                .arg("KEYS")
+                .arg(keys),
+        );
+    }
+
+    /// [`SlotMove::move_keys_mid_slot`] for a slot holding one key.
+    fn move_key_mid_slot(&mut self, key: &str) {
+        self.move_keys_mid_slot(&[key.to_string()]);
+    }
+
+    /// `CLUSTER SETSLOT slot NODE <target>` on the target, then the source, then the third
+    /// master; returns once every node sees the slot on the target.
+    fn finish(&self) {
+        let dst_id = self.cluster.node(self.target).id.clone();
+        let third = self.cluster.master_ports()[2];
+        for port in [self.target, self.source, third] {
+            ok(
+                &mut self.cluster.node(port).con(),
+                redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
+                    .arg(self.slot)
+                    .arg("NODE")
+                    .arg(&dst_id),
+            );
+        }
+        self.cluster.wait_owner(self.slot, self.target);
+    }
+
+    /// The redirection to the target a client gets for the slot: `ASK` mid-move, `MOVED`
+    /// after.
+    fn redirect(&self, kind: &str) -> String {
+        format!("{kind} {} 127.0.0.1:{}", self.slot, self.target)
+    }
+
+    /// Moves the slot under a client waiting on `key`, its only key, on the source: the
+    /// waiter is not answered while the slot is mid-move (the key already left, so it reads
+    /// as missing on the source: a full bucket, an empty lease set, were the slot still the
+    /// source's), gets MOVED once the slot has moved, and leaves nothing on the source: no
+    /// key in the slot, nobody waiting, one wait abandoned.
+    fn move_under_waiter(&mut self, key: &str, waiter: &mut RawClient) {
+        wait_for("the waiter to queue", || {
+            let waiting = info(&mut self.src, "tb");
+            match field(&waiting, "tb_waiting") {
+                Some("1") => Ok(()),
+                other => Err(format!("tb_waiting {other:?}")),
+            }
+        });
+        self.move_key_mid_slot(key);
+        assert_eq!(
+            waiter.reply_within(Duration::from_millis(300)),
+            None,
+            "served mid-move"
+        );
+        self.finish();
+        match waiter.reply_within(Duration::from_secs(10)) {
+            Some(Resp::Error(text)) => assert_eq!(text, self.redirect("MOVED")),
+            other => panic!("expected MOVED, got {other:?}"),
+        }
+        assert_eq!(self.left_on_source(), 0, "nothing written on the old node");
+        let waiting = info(&mut self.src, "tb");
+        assert_eq!(field(&waiting, "tb_waiting"), Some("0"));
+        assert_eq!(field(&waiting, "tb_waits_abandoned"), Some("1"));
+    }
+
+    /// How many keys of the slot the source holds.
+    fn left_on_source(&mut self) -> i64 {
+        redis::cmd("CLUSTER")
+            .arg("COUNTKEYSINSLOT")
+            .arg(self.slot)
+            .query(&mut self.src)
+            .expect("COUNTKEYSINSLOT")
     }
 }
 
@@ -505,6 +637,55 @@ fn stored_all(con: &mut redis::Connection, keys: &[String]) -> Vec<Stored> {
         .collect()
 }
 
+/// Takes every token of a new bucket of `capacity` refilled at one token per 1000 s: a
+/// waiter on it is not served by the refill while a test runs.
+fn drain(con: &mut redis::Connection, key: &str, capacity: &str) {
+    let drained: Vec<i64> = redis::cmd("TB.TAKE")
+        .arg(&[key, capacity, RATE, capacity])
+        .query(con)
+        .expect("TB.TAKE");
+    assert_eq!(drained[0], 1, "{key} drained");
+}
+
+/// `TB.TAKE key` of one token from a slow bucket, as a command.
+fn take_cmd(key: &str) -> redis::Cmd {
+    common::tb_cmd("TB.TAKE", key, CAPACITY, RATE, "1")
+}
+
+/// Three slow buckets of one caller (a hash tag on the first master), in one slot, taken
+/// through `client` to different fill levels (9, 5.5 and 4 tokens left).
+fn tagged_buckets(cluster: &Cluster, client: &mut ClusterConnection) -> Vec<String> {
+    let tag = cluster.key_on(cluster.master_ports()[0], "tenant");
+    let keys: Vec<String> = ["a", "b", "c"]
+        .iter()
+        .map(|suffix| format!("{{{tag}}}:{suffix}"))
+        .collect();
+    for (key, n) in keys.iter().zip(["1", "4.5", "6"]) {
+        assert_eq!(tb_take(client, key, n)[0], 1);
+    }
+    keys
+}
+
+/// A key's deadline on the node it moved to, against the one it had: a move sends the
+/// time to live, not the deadline, so the new deadline is the old one plus the transfer
+/// time: never earlier, a few ms later (up to seconds on a loaded machine; a lost or reset
+/// deadline would be off by far more: what is moved here is 600 s or more from its end).
+fn assert_deadline_kept(key: &str, before_ms: i64, after_ms: i64) {
+    let shift = after_ms - before_ms;
+    assert!(
+        (0..=10_000).contains(&shift),
+        "{key}: deadline moved by {shift} ms"
+    );
+}
+
+/// Buckets that moved to another node: fields byte-identical, deadlines kept.
+fn assert_moved_as_they_were(keys: &[String], before: &[Stored], after: &[Stored]) {
+    for ((key, before), after) in keys.iter().zip(before).zip(after) {
+        assert_eq!(after.0, before.0, "{key} fields byte-identical");
+        assert_deadline_kept(key, before.1, after.1);
+    }
+}
+
 /// The error a command gets from a node, as `CODE detail`.
 fn error_of(con: &mut redis::Connection, cmd: &redis::Cmd) -> String {
     match cmd.query::<Value>(con) {
@@ -635,13 +816,9 @@ fn hash_tags_keep_one_callers_buckets_on_one_node() {
 
 #[test]
 fn a_cluster_failover_keeps_tokens_and_deadlines() {
-    let mut cluster = Cluster::start();
-    let old_master = cluster.master_ports()[0];
-    let replica = cluster.add_replica(old_master);
+    let (cluster, old_master, replica) = Cluster::start_with_replica();
     let new_master = cluster.nodes[replica].port();
-    let keys: Vec<String> = (0..4)
-        .map(|i| cluster.key_on(old_master, &format!("failover{i}")))
-        .collect();
+    let keys = cluster.keys_on(old_master, "failover", 4);
 
     let mut client = cluster.client();
     for (i, key) in keys.iter().enumerate() {
@@ -682,14 +859,7 @@ fn a_cluster_failover_keeps_tokens_and_deadlines() {
         &mut cluster.nodes[replica].con(),
         redis::cmd("CLUSTER").arg("FAILOVER"),
     );
-    wait_for("the replica to become a master", || {
-        let info = info(&mut cluster.nodes[replica].con(), "replication");
-        if field(&info, "role") == Some("master") {
-            Ok(())
-        } else {
-            Err(info)
-        }
-    });
+    cluster.wait_promoted(replica);
     for key in &keys {
         let slot = keyslot(&mut cluster.nodes[0].con(), key);
         cluster.wait_owner(slot, new_master);
@@ -723,86 +893,26 @@ fn a_cluster_failover_keeps_tokens_and_deadlines() {
 #[test]
 fn moving_a_slot_with_setslot_and_migrate_keeps_bucket_state_and_ttl() {
     let cluster = Cluster::start();
-    let ports = cluster.master_ports();
-    let (source, target) = (ports[0], ports[1]);
-    // Several buckets in one slot (a shared tag), one of them taken during the move.
-    let tag = cluster.key_on(source, "tenant");
-    let keys: Vec<String> = ["a", "b", "c"]
-        .iter()
-        .map(|suffix| format!("{{{tag}}}:{suffix}"))
-        .collect();
-    let mut src = cluster.node(source).con();
-    let mut dst = cluster.node(target).con();
-    let slot = keyslot(&mut src, &keys[0]);
-
     let mut client = cluster.client();
-    for (key, n) in keys.iter().zip(["1", "4.5", "6"]) {
-        assert_eq!(tb_take(&mut client, key, n)[0], 1);
-    }
-    let before = stored_all(&mut src, &keys);
+    // Several buckets in one slot, one of them taken during the move.
+    let keys = tagged_buckets(&cluster, &mut client);
+    let mut moving = SlotMove::of(&cluster, &keys[0]);
+    let before = stored_all(&mut moving.src, &keys);
 
-    start_slot_move(&cluster, slot, (source, &mut src), (target, &mut dst));
-    let mut in_slot: Vec<String> = redis::cmd("CLUSTER")
-        .arg("GETKEYSINSLOT")
-        .arg(slot)
-        .arg(100)
-        .query(&mut src)
-        .expect("GETKEYSINSLOT");
-    in_slot.sort();
-    assert_eq!(in_slot, keys);
-    ok(
-        &mut src,
-        redis::cmd("MIGRATE")
-            .arg("127.0.0.1")
-            .arg(target)
-            .arg("")
-            .arg(0)
-            .arg(5000)
-            .arg("KEYS")
-            .arg(&keys),
-    );
-
+    moving.move_keys_mid_slot(&keys);
     // Mid-move: the source no longer has the keys and answers ASK; the client follows it
     // to the target, where the bucket continues (10 - 1 - 1 = 8).
-    let error = error_of(
-        &mut src,
-        redis::cmd("TB.TAKE")
-            .arg(&keys[0])
-            .arg(CAPACITY)
-            .arg(RATE)
-            .arg("1"),
-    );
-    assert_eq!(error, format!("ASK {slot} 127.0.0.1:{target}"));
+    let error = error_of(&mut moving.src, &take_cmd(&keys[0]));
+    assert_eq!(error, moving.redirect("ASK"));
     assert_eq!(tb_take(&mut client, &keys[0], "1")[..2], [1, 8]);
 
     // Finish the move: the target first, then the source, then the third master.
-    finish_slot_move(&cluster, slot, target, [target, source, ports[2]]);
-    cluster.wait_owner(slot, target);
-
-    let after = stored_all(&mut dst, &keys);
-    for i in 1..keys.len() {
-        assert_eq!(after[i].0, before[i].0, "{} fields byte-identical", keys[i]);
-        // MIGRATE sends the time to live, not the deadline, so the target's deadline is
-        // the source's plus the transfer time: never earlier, a few ms later (up to
-        // seconds on a loaded machine; a lost or reset deadline would be off by far more:
-        // the buckets are 1000 s or more from full).
-        let shift = after[i].1 - before[i].1;
-        assert!(
-            (0..=10_000).contains(&shift),
-            "{}: deadline moved by {shift} ms",
-            keys[i]
-        );
-    }
+    moving.finish();
+    let after = stored_all(&mut moving.dst, &keys);
+    assert_moved_as_they_were(&keys[1..], &before[1..], &after[1..]);
     // After the move the source answers MOVED; the client follows and continues.
-    let error = error_of(
-        &mut src,
-        redis::cmd("TB.TAKE")
-            .arg(&keys[1])
-            .arg(CAPACITY)
-            .arg(RATE)
-            .arg("1"),
-    );
-    assert_eq!(error, format!("MOVED {slot} 127.0.0.1:{target}"));
+    let error = error_of(&mut moving.src, &take_cmd(&keys[1]));
+    assert_eq!(error, moving.redirect("MOVED"));
     assert_eq!(tb_take(&mut client, &keys[1], "1")[..2], [1, 4]);
     assert_eq!(tb_take(&mut client, &keys[2], "1")[..2], [1, 3]);
 }
@@ -825,15 +935,8 @@ fn atomic_slot_migration_keeps_bucket_state_and_deadlines_where_the_server_has_i
     }
     let ports = cluster.master_ports();
     let (source, target) = (ports[0], ports[1]);
-    let tag = cluster.key_on(source, "tenant");
-    let keys: Vec<String> = ["a", "b", "c"]
-        .iter()
-        .map(|suffix| format!("{{{tag}}}:{suffix}"))
-        .collect();
     let mut client = cluster.client();
-    for (key, n) in keys.iter().zip(["1", "4.5", "6"]) {
-        assert_eq!(tb_take(&mut client, key, n)[0], 1);
-    }
+    let keys = tagged_buckets(&cluster, &mut client);
     let mut src = cluster.node(source).con();
     let slot = keyslot(&mut src, &keys[0]);
     let before = stored_all(&mut src, &keys);
@@ -863,16 +966,7 @@ fn atomic_slot_migration_keeps_bucket_state_and_deadlines_where_the_server_has_i
             Err(format!("{count} keys in slot {slot}"))
         }
     });
-    for i in 0..keys.len() {
-        assert_eq!(after[i].0, before[i].0, "{} fields byte-identical", keys[i]);
-        // As with MIGRATE: the transfer time at most (seconds when loaded).
-        let shift = after[i].1 - before[i].1;
-        assert!(
-            (0..=10_000).contains(&shift),
-            "{}: deadline moved by {shift} ms",
-            keys[i]
-        );
-    }
+    assert_moved_as_they_were(&keys, &before, &after);
     assert_eq!(tb_take(&mut client, &keys[0], "1")[..2], [1, 8]);
 }
 
@@ -883,70 +977,20 @@ fn atomic_slot_migration_keeps_bucket_state_and_deadlines_where_the_server_has_i
 #[test]
 fn a_waiter_on_a_slot_that_moves_away_is_redirected_and_takes_nothing() {
     let cluster = Cluster::start();
-    let ports = cluster.master_ports();
-    let (source, target) = (ports[0], ports[1]);
-    let key = cluster.key_on(source, "waiting");
-    let mut src = cluster.node(source).con();
-    let mut dst = cluster.node(target).con();
-    let slot = keyslot(&mut src, &key);
+    let key = cluster.key_on(cluster.master_ports()[0], "waiting");
+    let mut moving = SlotMove::of(&cluster, &key);
     // Drained, and refilled at one token per 1000 s: the waiter cannot be served in time.
-    let drained: Vec<i64> = redis::cmd("TB.TAKE")
-        .arg(&[key.as_str(), "1", "0.001", "1"])
-        .query(&mut src)
-        .expect("TB.TAKE");
-    assert_eq!(drained[0], 1);
-    let before = stored(&mut src, &key);
+    drain(&mut moving.src, &key, "1");
+    let before = stored(&mut moving.src, &key);
 
-    let mut waiter = RawClient::connect(&cluster.node(source).server);
-    waiter.send(&["TB.BTAKE", &key, "1", "0.001", "1", "0"]);
-    wait_for("the waiter to queue", || {
-        let waiting = info(&mut src, "tb");
-        match field(&waiting, "tb_waiting") {
-            Some("1") => Ok(()),
-            other => Err(format!("tb_waiting {other:?}")),
-        }
-    });
-
-    start_slot_move(&cluster, slot, (source, &mut src), (target, &mut dst));
-    ok(
-        &mut src,
-        redis::cmd("MIGRATE")
-            .arg("127.0.0.1")
-            .arg(target)
-            .arg("")
-            .arg(0)
-            .arg(5000)
-            .arg("KEYS")
-            .arg(&key),
-    );
-    // The key left the source: a full bucket there, were its slot still its own.
+    let mut waiter = RawClient::connect(&cluster.node(moving.source).server);
+    waiter.send(&["TB.BTAKE", &key, "1", RATE, "1", "0"]);
+    moving.move_under_waiter(&key, &mut waiter);
     assert_eq!(
-        waiter.reply_within(Duration::from_millis(300)),
-        None,
-        "served mid-move"
-    );
-    finish_slot_move(&cluster, slot, target, [target, source, ports[2]]);
-    cluster.wait_owner(slot, target);
-    match waiter.reply_within(Duration::from_secs(10)) {
-        Some(Resp::Error(text)) => {
-            assert_eq!(text, format!("MOVED {slot} 127.0.0.1:{target}"))
-        }
-        other => panic!("expected MOVED, got {other:?}"),
-    }
-    let left: i64 = redis::cmd("CLUSTER")
-        .arg("COUNTKEYSINSLOT")
-        .arg(slot)
-        .query(&mut src)
-        .expect("COUNTKEYSINSLOT");
-    assert_eq!(left, 0, "nothing written on the old node");
-    assert_eq!(
-        stored(&mut dst, &key).0,
+        stored(&mut moving.dst, &key).0,
         before.0,
         "the bucket moved as it was"
     );
-    let waiting = info(&mut src, "tb");
-    assert_eq!(field(&waiting, "tb_waiting"), Some("0"));
-    assert_eq!(field(&waiting, "tb_waits_abandoned"), Some("1"));
 }
 
 /// CLUSTER FAILOVER pauses writes on the master until its replica has caught
@@ -956,13 +1000,9 @@ fn a_waiter_on_a_slot_that_moves_away_is_redirected_and_takes_nothing() {
 /// when the role change ends its wait, and both nodes end with one state.
 #[test]
 fn a_cluster_failover_with_waiters_coming_due_never_writes_during_its_pause() {
-    let mut cluster = Cluster::start();
-    let old_master = cluster.master_ports()[0];
-    let replica = cluster.add_replica(old_master);
+    let (cluster, old_master, replica) = Cluster::start_with_replica();
     let new_master = cluster.nodes[replica].port();
-    let keys: Vec<String> = (0..6)
-        .map(|i| cluster.key_on(old_master, &format!("due{i}")))
-        .collect();
+    let keys = cluster.keys_on(old_master, "due", 6);
     let mut master = cluster.node(old_master).con();
     // Drained at 100 tokens/s: waiter i's 2 + 2i tokens come due 20-120 ms on.
     let mut waiters = Vec::new();
@@ -993,14 +1033,7 @@ fn a_cluster_failover_with_waiters_coming_due_never_writes_during_its_pause() {
             other => panic!("waiter {i}: {other:?}"),
         }
     }
-    wait_for("the replica to become a master", || {
-        let info = info(&mut cluster.nodes[replica].con(), "replication");
-        if field(&info, "role") == Some("master") {
-            Ok(())
-        } else {
-            Err(info)
-        }
-    });
+    cluster.wait_promoted(replica);
     assert!(
         cluster.node(old_master).server.is_alive(),
         "the old master is alive"
@@ -1028,30 +1061,12 @@ fn a_cluster_failover_with_waiters_coming_due_never_writes_during_its_pause() {
 #[test]
 fn a_waiter_sent_on_by_ask_is_served_on_the_importing_node() {
     let cluster = Cluster::start();
-    let ports = cluster.master_ports();
-    let (source, target) = (ports[0], ports[1]);
-    let key = cluster.key_on(source, "asked");
-    let mut src = cluster.node(source).con();
-    let mut dst = cluster.node(target).con();
-    let slot = keyslot(&mut src, &key);
-    let drained: Vec<i64> = redis::cmd("TB.TAKE")
-        .arg(&[key.as_str(), "2", "0.001", "2"])
-        .query(&mut src)
-        .expect("TB.TAKE");
-    assert_eq!(drained[0], 1);
-    start_slot_move(&cluster, slot, (source, &mut src), (target, &mut dst));
-    ok(
-        &mut src,
-        redis::cmd("MIGRATE")
-            .arg("127.0.0.1")
-            .arg(target)
-            .arg("")
-            .arg(0)
-            .arg(5000)
-            .arg("KEYS")
-            .arg(&key),
-    );
-    let mut waiter = RawClient::connect(&cluster.node(target).server);
+    let key = cluster.key_on(cluster.master_ports()[0], "asked");
+    let mut moving = SlotMove::of(&cluster, &key);
+    drain(&mut moving.src, &key, "2");
+    moving.move_key_mid_slot(&key);
+    let target = &cluster.node(moving.target).server;
+    let mut waiter = RawClient::connect(target);
     waiter.send(&["ASKING"]);
     assert_eq!(waiter.reply(), Resp::Other("OK".into()));
     waiter.send(&["TB.BTAKE", &key, "2", "0.001", "1", "0"]);
@@ -1060,7 +1075,7 @@ fn a_waiter_sent_on_by_ask_is_served_on_the_importing_node() {
         None,
         "it waits"
     );
-    let mut refunder = RawClient::connect(&cluster.node(target).server);
+    let mut refunder = RawClient::connect(target);
     refunder.send(&["ASKING"]);
     assert_eq!(refunder.reply(), Resp::Other("OK".into()));
     refunder.send(&["TB.REFUND", &key, "2", "0.001", "1"]);
@@ -1069,7 +1084,7 @@ fn a_waiter_sent_on_by_ask_is_served_on_the_importing_node() {
         Some(Resp::Ints(reply)) => assert_eq!(reply[..3], [1, 0, 0], "{reply:?}"),
         other => panic!("expected a grant, got {other:?}"),
     }
-    finish_slot_move(&cluster, slot, target, [target, source, ports[2]]);
+    moving.finish();
 }
 
 /// `[acquired, available, retry_after_ms, lease]` through the cluster client.
@@ -1091,49 +1106,32 @@ fn tb_acquire(con: &mut impl ConnectionLike, key: &str, limit: i64) -> (i64, Opt
 #[test]
 fn leases_follow_their_slot_and_a_slot_move_keeps_them_and_their_count() {
     let cluster = Cluster::start();
-    let ports = cluster.master_ports();
-    let (source, target) = (ports[0], ports[1]);
-    let key = format!("{{{}}}:inflight", cluster.key_on(source, "tenant"));
+    let key = format!(
+        "{{{}}}:inflight",
+        cluster.key_on(cluster.master_ports()[0], "tenant")
+    );
     let mut client = cluster.client();
     let (_, first) = tb_acquire(&mut client, &key, 2);
     let (_, second) = tb_acquire(&mut client, &key, 2);
     let (first, second) = (first.expect("a lease"), second.expect("a lease"));
     assert_eq!(tb_acquire(&mut client, &key, 2), (0, None));
-    let mut src = cluster.node(source).con();
-    let mut dst = cluster.node(target).con();
-    let slot = keyslot(&mut src, &key);
-    let before: Vec<(String, i64)> = redis::cmd("ZRANGE")
-        .arg(&key)
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query(&mut src)
-        .expect("ZRANGE");
+    let mut moving = SlotMove::of(&cluster, &key);
+    let before = members(&mut moving.src, &key);
 
-    start_slot_move(&cluster, slot, (source, &mut src), (target, &mut dst));
-    ok(
-        &mut src,
-        redis::cmd("MIGRATE")
-            .arg("127.0.0.1")
-            .arg(target)
-            .arg(&key)
-            .arg(0)
-            .arg(5000),
+    moving.move_key_mid_slot(&key);
+    moving.finish();
+
+    assert_eq!(
+        members(&mut moving.dst, &key),
+        before,
+        "the lease set moved as it was"
     );
-    finish_slot_move(&cluster, slot, target, [target, source, ports[2]]);
-    cluster.wait_owner(slot, target);
-
-    let after: Vec<(String, i64)> = redis::cmd("ZRANGE")
-        .arg(&key)
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query(&mut dst)
-        .expect("ZRANGE");
-    assert_eq!(after, before, "the lease set moved as it was");
     // The source redirects; the client follows, and the leases and count carry on.
-    let error = error_of(&mut src, redis::cmd("TB.RELEASE").arg(&key).arg(&first));
-    assert_eq!(error, format!("MOVED {slot} 127.0.0.1:{target}"));
+    let error = error_of(
+        &mut moving.src,
+        redis::cmd("TB.RELEASE").arg(&key).arg(&first),
+    );
+    assert_eq!(error, moving.redirect("MOVED"));
     assert_eq!(tb_acquire(&mut client, &key, 2), (0, None));
     let released: i64 = redis::cmd("TB.RELEASE")
         .arg(&key)
@@ -1151,4 +1149,40 @@ fn leases_follow_their_slot_and_a_slot_move_keeps_them_and_their_count() {
         .query(&mut client)
         .expect("TB.RENEW");
     assert_eq!(renewed, 1);
+}
+
+/// A TB.ACQUIRE waiter with a timeout, on a lease set whose slot moves to another node, is
+/// redirected as a TB.BTAKE waiter is, and granted nothing on the old node (where the set
+/// already moved reads as empty); the set arrives on the target as it was: its leases with
+/// their deadlines, its `seq` count, and its expiry, the latest deadline it handed out.
+#[test]
+fn a_lease_waiter_on_a_slot_that_moves_away_is_redirected_and_the_lease_set_moves_intact() {
+    let cluster = Cluster::start();
+    let key = cluster.key_on(cluster.master_ports()[0], "jobs");
+    let mut moving = SlotMove::of(&cluster, &key);
+    // Both leases of a limit of 2, held for 600 s: the waiter cannot be served in time.
+    for _ in 0..2 {
+        assert_eq!(tb_acquire(&mut moving.src, &key, 2).0, 1);
+    }
+    let before = members(&mut moving.src, &key);
+    let expiry = pexpiretime(&mut moving.src, &key);
+    assert_eq!(before.len(), 3, "two leases and seq: {before:?}");
+    assert_eq!(before[0], ("seq".to_string(), -2), "two ids handed out");
+    assert_eq!(
+        expiry, before[2].1,
+        "the key lives until its latest deadline"
+    );
+
+    let mut waiter = RawClient::connect(&cluster.node(moving.source).server);
+    waiter.send(&["TB.ACQUIRE", &key, "2", "600000", "60000"]);
+    moving.move_under_waiter(&key, &mut waiter);
+    assert_eq!(
+        members(&mut moving.dst, &key),
+        before,
+        "the leases, their deadlines and seq moved as they were"
+    );
+    assert_deadline_kept(&key, expiry, pexpiretime(&mut moving.dst, &key));
+    let counted = info(&mut moving.src, "tb");
+    assert_eq!(field(&counted, "tb_leases_acquired"), Some("2"));
+    assert_eq!(field(&counted, "tb_leases_denied"), Some("0"));
 }

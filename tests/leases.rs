@@ -6,7 +6,7 @@
 mod common;
 
 use common::{
-    aof_commands, expect_error, pexpiretime, repl_offset, server_time_ms, sleep_ms,
+    aof_commands, expect_error, members, pexpiretime, repl_offset, server_time_ms, sleep_ms,
     start_replica_of, wait_for_replica, wait_until, Server, QUIET_MASTER_ARGS, SYNC_TIMEOUT,
 };
 use redis::Value;
@@ -66,17 +66,6 @@ fn renew(con: &mut redis::Connection, key: &str, lease: &str, lease_ms: i64) -> 
         .arg(lease_ms)
         .query(con)
         .expect("TB.RENEW")
-}
-
-/// The sorted set as `(member, score)` pairs, lowest score first.
-fn members(con: &mut redis::Connection, key: &str) -> Vec<(String, i64)> {
-    redis::cmd("ZRANGE")
-        .arg(key)
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query(con)
-        .expect("ZRANGE")
 }
 
 fn id_of(reply: &Acquired) -> String {
@@ -647,7 +636,7 @@ fn leases_work_inside_multi_and_scripts() {
 
 // --- Waiting: TB.ACQUIRE with timeout_ms ------------------------------------------------
 
-use common::{RawClient, Resp};
+use common::{turn_replica_under_waiter, wait_for_waiting, RawClient, Resp};
 use std::time::{Duration, Instant};
 
 /// `INFO tb` field `tb_<field>` as an integer.
@@ -656,14 +645,6 @@ fn tb_field(con: &mut redis::Connection, field: &str) -> i64 {
         .unwrap_or_else(|| panic!("INFO tb {field}"))
         .parse::<f64>()
         .unwrap_or_else(|e| panic!("{field}: {e}")) as i64
-}
-
-fn wait_for_waiting(con: &mut redis::Connection, count: i64) {
-    wait_until(
-        &format!("tb_waiting = {count}"),
-        Duration::from_secs(10),
-        || tb_field(con, "tb_waiting") == count,
-    );
 }
 
 /// TB.ACQUIRE key limit lease_ms timeout_ms on a fresh connection, its reply to come.
@@ -922,9 +903,14 @@ fn leases_granted_to_waiters_reach_the_replica_exactly() {
         waiters.push(waiter(&master, "jobs", "2", "600000", "0"));
         wait_for_waiting(&mut con, index + 1);
     }
-    // A DEL restarts the count (docs/leases.md), so ids made in the same ms
-    // as `held` would repeat them: let the clock move on first.
-    sleep_ms(3);
+    // A DEL by hand starts the count again: ids made anew within the ms of the held ones
+    // would be theirs (docs/leases.md#lease-ids), so the server's clock passes it first.
+    let held_ms: i64 = held[1].split('-').next().unwrap().parse().unwrap();
+    wait_until(
+        "the clock to pass the held ids' ms",
+        Duration::from_secs(5),
+        || server_time_ms(&mut con) > held_ms,
+    );
     let _: () = redis::cmd("DEL").arg("jobs").query(&mut con).unwrap();
     for client in &mut waiters[..2] {
         assert_eq!(waited(client.reply()).acquired, 1);
@@ -973,18 +959,7 @@ fn a_master_turning_replica_ends_every_lease_wait_with_an_error_and_grants_nothi
     acquire(&mut con, "jobs", 1, 600_000);
     let before = members(&mut con, "jobs");
     let mut client = waiter(&server, "jobs", "1", "1000", "0");
-    wait_for_waiting(&mut con, 1);
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("127.0.0.1")
-        .arg(other.port)
-        .query(&mut con)
-        .expect("REPLICAOF");
-    match client.reply() {
-        Resp::Error(text) => assert!(text.starts_with("UNBLOCKED"), "{text}"),
-        reply => panic!("expected -UNBLOCKED, got {reply:?}"),
-    }
-    wait_for_waiting(&mut con, 0);
-    assert_eq!(tb_field(&mut con, "tb_waits_abandoned"), 1);
+    turn_replica_under_waiter(&server, &other, &mut client);
     assert_eq!(before.len(), 2);
 }
 

@@ -1140,9 +1140,49 @@ pub fn eval_tb(
         .unwrap_or_else(|e| panic!("{eval} {command} {key} {args:?} failed: {e}"))
 }
 
+/// A sorted set (a lease set: the ids and `seq`) as `(member, score)` pairs, lowest score
+/// first.
+pub fn members(con: &mut redis::Connection, key: &str) -> Vec<(String, i64)> {
+    redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(con)
+        .expect("ZRANGE")
+}
+
 /// One field of `INFO tb`; panics when it is missing.
 pub fn tb_field(con: &mut redis::Connection, name: &str) -> String {
     info_field(con, "tb", name).unwrap_or_else(|| panic!("INFO tb {name}"))
+}
+
+/// Waits (bounded, 10 s) until `INFO tb` shows `count` clients waiting.
+pub fn wait_for_waiting(con: &mut redis::Connection, count: i64) {
+    wait_until(
+        &format!("tb_waiting = {count}"),
+        Duration::from_secs(10),
+        || tb_field(con, "tb_waiting") == count.to_string(),
+    );
+}
+
+/// Makes `server` a replica of `other` while `waiter` (TB.BTAKE or TB.ACQUIRE) waits there:
+/// the server ends the wait with its own `-UNBLOCKED` error, and afterwards nobody waits on
+/// it and the wait counts as abandoned (`tb_waits_abandoned`), not answered by the module.
+pub fn turn_replica_under_waiter(server: &Server, other: &Server, waiter: &mut RawClient) {
+    let mut con = server.conn();
+    wait_for_waiting(&mut con, 1);
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(other.port)
+        .query(&mut con)
+        .expect("REPLICAOF");
+    match waiter.reply() {
+        Resp::Error(text) => assert!(text.starts_with("UNBLOCKED"), "{text}"),
+        reply => panic!("expected -UNBLOCKED, got {reply:?}"),
+    }
+    wait_for_waiting(&mut con, 0);
+    assert_eq!(tb_field(&mut con, "tb_waits_abandoned"), "1");
 }
 
 /// SplitMix64: small, seeded, the same on every platform; for picking test inputs.
