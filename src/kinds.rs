@@ -95,6 +95,16 @@ impl Kind for Tokens {
         let denial = bucket::take_behind(state.bucket, &request.limit, request.n, queued, now_ms);
         Ok(denial)
     }
+
+    /// The figures of a bucket emptied at `now_ms`: none left, n tokens'
+    /// refill to wait, a full refill to reset.
+    fn denied_elsewhere(request: &Request, now_ms: i64) -> Outcome {
+        let empty = State {
+            tokens: 0.0,
+            last_refill_ms: now_ms as f64,
+        };
+        bucket::take_behind(Some(empty), &request.limit, request.n, 0.0, now_ms)
+    }
 }
 
 // --- Leases -----------------------------------------------------------------
@@ -200,5 +210,15 @@ impl Kind for Leases {
             available,
             retry_after_ms,
         })
+    }
+
+    /// No slot available, and a retry as soon as the machine itself would
+    /// look at a migrating key again.
+    fn denied_elsewhere(_: &LeaseLimit, _: i64) -> LeaseReply {
+        LeaseReply {
+            id: None,
+            available: 0,
+            retry_after_ms: wait::MIGRATING_RECHECK_MS,
+        }
     }
 }

@@ -97,6 +97,13 @@ pub trait Kind: Sized + Copy + Debug + PartialEq + 'static {
         queued: f64,
         now_ms: i64,
     ) -> Result<Self::Reply, TbError>;
+
+    /// The denial of such a waiter whose key's slot is on its way to
+    /// another node: this node can no longer read the key (one already
+    /// moved reads as missing, which would look like plenty), so the
+    /// figures are the most cautious ones: nothing to be had here, ask
+    /// again soon, when the client is routed to the key's new home.
+    fn denied_elsewhere(request: &Self::Request, now_ms: i64) -> Self::Reply;
 }
 
 /// Why [`Kind::serve`] did not serve a head.
@@ -554,6 +561,11 @@ impl<K: Kind> Machine<K> {
             Phase::Failed(error) => Err(error),
             // A denial with the figures of this moment, counting the
             // queue still ahead of a request like this one.
+            Phase::Waiting | Phase::TimedOut
+                if server.writable(waiter.db, &waiter.key) == Writable::Elsewhere =>
+            {
+                Ok(K::denied_elsewhere(&waiter.request, now_ms))
+            }
             Phase::Waiting | Phase::TimedOut => {
                 let queued = self.queued(waiter.db, &waiter.key).unwrap_or(0.0);
                 server

@@ -1155,6 +1155,70 @@ fn leases_follow_their_slot_and_a_slot_move_keeps_them_and_their_count() {
 /// redirected as a TB.BTAKE waiter is, and granted nothing on the old node (where the set
 /// already moved reads as empty); the set arrives on the target as it was: its leases with
 /// their deadlines, its `seq` count, and its expiry, the latest deadline it handed out.
+/// A waiter whose own timeout passes while its slot is mid-move (its key already on the
+/// target) cannot read the key on the old node, where it reads as missing: the denial has
+/// the most cautious figures instead of those of an empty lease set or a full bucket, and
+/// nothing is written on the old node.
+#[test]
+fn a_waiter_timing_out_mid_move_gets_the_most_cautious_denial() {
+    let cluster = Cluster::start();
+    let key = cluster.key_on(cluster.master_ports()[0], "jobs");
+    let mut moving = SlotMove::of(&cluster, &key);
+    for _ in 0..2 {
+        assert_eq!(tb_acquire(&mut moving.src, &key, 2).0, 1);
+    }
+    let mut waiter = RawClient::connect(&cluster.node(moving.source).server);
+    waiter.send(&["TB.ACQUIRE", &key, "2", "600000", "1500"]);
+    wait_for("the waiter to queue", || {
+        match field(&info(&mut moving.src, "tb"), "tb_waiting") {
+            Some("1") => Ok(()),
+            other => Err(format!("tb_waiting {other:?}")),
+        }
+    });
+    moving.move_key_mid_slot(&key);
+    match waiter.reply_within(Duration::from_secs(10)) {
+        Some(Resp::Items(items)) => assert_eq!(
+            items,
+            [Some("0".into()), Some("0".into()), Some("100".into()), None],
+            "no slot available, ask again in 100 ms"
+        ),
+        other => panic!("expected a denial, got {other:?}"),
+    }
+    assert_eq!(
+        moving.left_on_source(),
+        0,
+        "nothing written on the old node"
+    );
+
+    let bucket = cluster.key_on(cluster.master_ports()[0], "bucket");
+    let mut moving = SlotMove::of(&cluster, &bucket);
+    drain(&mut moving.src, &bucket, "5");
+    let mut waiter = RawClient::connect(&cluster.node(moving.source).server);
+    waiter.send(&["TB.BTAKE", &bucket, "5", RATE, "2", "1500"]);
+    wait_for("the waiter to queue", || {
+        match field(&info(&mut moving.src, "tb"), "tb_waiting") {
+            Some("1") => Ok(()),
+            other => Err(format!("tb_waiting {other:?}")),
+        }
+    });
+    moving.move_key_mid_slot(&bucket);
+    match waiter.reply_within(Duration::from_secs(10)) {
+        Some(Resp::Ints(reply)) => {
+            assert_eq!(reply[..2], [0, 0], "denied, none left: {reply:?}");
+            assert!(
+                reply[2] > 0 && reply[3] >= reply[2],
+                "the waits of an empty bucket: {reply:?}"
+            );
+        }
+        other => panic!("expected a denial, got {other:?}"),
+    }
+    assert_eq!(
+        moving.left_on_source(),
+        0,
+        "nothing written on the old node"
+    );
+}
+
 #[test]
 fn a_lease_waiter_on_a_slot_that_moves_away_is_redirected_and_the_lease_set_moves_intact() {
     let cluster = Cluster::start();

@@ -982,6 +982,10 @@ impl Kind for Slots {
     fn denied(_: &(i64, i64), _: &Slot, _: f64, _: i64) -> Result<Option<i64>, TbError> {
         Ok(None)
     }
+
+    fn denied_elsewhere(_: &Slot, _: i64) -> Option<i64> {
+        None
+    }
 }
 
 /// The free slots of every key, and the writes.
