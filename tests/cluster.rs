@@ -366,6 +366,16 @@ struct SlotMove<'a> {
     dst: redis::Connection,
 }
 
+/// Returns once `con`'s node has one client waiting (`tb_waiting` 1).
+fn wait_for_one_waiter(con: &mut redis::Connection) {
+    wait_for("the waiter to queue", || {
+        match field(&info(con, "tb"), "tb_waiting") {
+            Some("1") => Ok(()),
+            other => Err(format!("tb_waiting {other:?}")),
+        }
+    });
+}
+
 impl<'a> SlotMove<'a> {
     /// The move of `key`'s slot, which must be the first master's.
     fn of(cluster: &'a Cluster, key: &str) -> SlotMove<'a> {
@@ -467,13 +477,7 @@ impl<'a> SlotMove<'a> {
     /// source's), gets MOVED once the slot has moved, and leaves nothing on the source: no
     /// key in the slot, nobody waiting, one wait abandoned.
     fn move_under_waiter(&mut self, key: &str, waiter: &mut RawClient) {
-        wait_for("the waiter to queue", || {
-            let waiting = info(&mut self.src, "tb");
-            match field(&waiting, "tb_waiting") {
-                Some("1") => Ok(()),
-                other => Err(format!("tb_waiting {other:?}")),
-            }
-        });
+        wait_for_one_waiter(&mut self.src);
         self.move_key_mid_slot(key);
         assert_eq!(
             waiter.reply_within(Duration::from_millis(300)),
@@ -1169,12 +1173,7 @@ fn a_waiter_timing_out_mid_move_gets_the_most_cautious_denial() {
     }
     let mut waiter = RawClient::connect(&cluster.node(moving.source).server);
     waiter.send(&["TB.ACQUIRE", &key, "2", "600000", "1500"]);
-    wait_for("the waiter to queue", || {
-        match field(&info(&mut moving.src, "tb"), "tb_waiting") {
-            Some("1") => Ok(()),
-            other => Err(format!("tb_waiting {other:?}")),
-        }
-    });
+    wait_for_one_waiter(&mut moving.src);
     moving.move_key_mid_slot(&key);
     match waiter.reply_within(Duration::from_secs(10)) {
         Some(Resp::Items(items)) => assert_eq!(
@@ -1195,12 +1194,7 @@ fn a_waiter_timing_out_mid_move_gets_the_most_cautious_denial() {
     drain(&mut moving.src, &bucket, "5");
     let mut waiter = RawClient::connect(&cluster.node(moving.source).server);
     waiter.send(&["TB.BTAKE", &bucket, "5", RATE, "2", "1500"]);
-    wait_for("the waiter to queue", || {
-        match field(&info(&mut moving.src, "tb"), "tb_waiting") {
-            Some("1") => Ok(()),
-            other => Err(format!("tb_waiting {other:?}")),
-        }
-    });
+    wait_for_one_waiter(&mut moving.src);
     moving.move_key_mid_slot(&bucket);
     match waiter.reply_within(Duration::from_secs(10)) {
         Some(Resp::Ints(reply)) => {
