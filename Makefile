@@ -43,7 +43,7 @@ run: build ## Start redis-server in the foreground with the module (PORT=6379)
 
 lint: deps ## rustfmt check and clippy with warnings as errors
 	cd $(ROOT) && cargo fmt --all -- --check
-	cd $(ROOT) && cargo clippy --all-targets -- -D warnings
+	cd $(ROOT) && cargo clippy --workspace --all-targets -- -D warnings
 	cd $(ROOT) && cargo clippy --all-targets --features bench-floor -- -D warnings
 
 # `cargo test` does not rebuild the crate's cdylib, so build it first or the
@@ -51,14 +51,14 @@ lint: deps ## rustfmt check and clippy with warnings as errors
 # in the dev profile (overflow checks on, no LTO: minutes faster); they load
 # the release module, the one users run.
 # tests/write_failures.rs also needs the test-only fault-injection build
-# (src/fault.rs), kept in its own target directory so it never replaces the
+# (src/testing/fault.rs), kept in its own target directory so it never replaces the
 # module users run.
 FAULT_BUILD := cargo build --features fault-injection --target-dir target/fault
 
 test: deps lint ## Everything: lint, unit/property/integration tests on Redis and Valkey, client libraries
 	cd $(ROOT) && cargo build --release
 	cd $(ROOT) && $(FAULT_BUILD)
-	cd $(ROOT) && cargo test
+	cd $(ROOT) && cargo test --workspace
 	@$(MAKE) --no-print-directory test-valkey test-clients
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10
 

@@ -1,36 +1,18 @@
 //! Micro-benchmark of the pure part of TB.TAKE: argument and stored-number
 //! parsing, the bucket arithmetic, and formatting the stored token count.
 //!
-//! The crate's rlib cannot be linked here: its global allocator is the
-//! server's, which aborts outside a Redis process. So the pure files are
-//! compiled into this bench by path instead; they depend on nothing but each
-//! other (`crate::bucket`, `crate::number`, `crate::error`), hence the modules
-//! sit at the root of this bench crate under their own names.
+//! It uses the core crate as any user would.
 //!
-//! Run with `cargo bench --bench core`; the numbers guard against
+//! Run with `cargo bench -p redis-tb-core`; the numbers guard against
 //! regressions, the absolute values depend on the machine.
 
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 
-// Only part of each file is exercised here, and its unit tests (which come
-// along under `cargo clippy --all-targets`) are not run by this harness.
-#[allow(dead_code, unused_imports)]
-#[path = "../src/args.rs"]
-mod args;
-#[allow(dead_code, unused_imports)]
-#[path = "../src/bucket.rs"]
-mod bucket;
-#[allow(dead_code, unused_imports)]
-#[path = "../src/error.rs"]
-mod error;
-#[allow(dead_code, unused_imports)]
-#[path = "../src/number.rs"]
-mod number;
-
-use bucket::{Limit, State};
-use number::Sign;
+use redis_tb_core::args;
+use redis_tb_core::bucket::{self, Limit, State};
+use redis_tb_core::number::{self, Sign};
 
 const NOW_MS: i64 = 1_700_000_000_000;
 

@@ -3,7 +3,7 @@
 //! Nothing here knows about Redis or reads a clock. The caller passes the
 //! stored state (if any), the limit, the request and the current time, and
 //! gets back what to reply and what (if anything) to store. That keeps every
-//! rule testable without a server, and makes the glue in `store.rs` a
+//! rule testable without a server, and makes the glue in src/bucket/hash.rs a
 //! straight line.
 
 /// The longest wait we ever report or turn into a TTL: 2^53 ms, about

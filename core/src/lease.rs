@@ -1,5 +1,5 @@
 //! The rules of concurrency leases (TB.ACQUIRE, TB.RELEASE, TB.RENEW),
-//! pure: no Redis types, no clock of its own. `lease_store.rs` reads a
+//! pure: no Redis types, no clock of its own. src/lease/set.rs reads a
 //! lease set into a [`Seen`] and writes back what these functions decide.
 //!
 //! A lease is live while `now < deadline`. At most `limit` may be live at

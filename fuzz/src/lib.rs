@@ -1,20 +1,8 @@
-//! Shared code of the fuzz targets: the module's pure source files, the
+//! Shared code of the fuzz targets: the core crate's modules they fuzz, the
 //! reference grammar they are checked against, and a small reader that turns
 //! fuzzer bytes into numbers (raw bit patterns as well as everyday values).
-//!
-//! The module's files are included by path, with the same module names as in
-//! the module crate, so their `crate::bucket` / `crate::number` /
-//! `crate::error` paths resolve here exactly as they do there. Nothing else
-//! of the module (no Redis API, no allocator) is compiled in.
 
-#[path = "../../src/args.rs"]
-pub mod args;
-#[path = "../../src/bucket.rs"]
-pub mod bucket;
-#[path = "../../src/error.rs"]
-pub mod error;
-#[path = "../../src/number.rs"]
-pub mod number;
+pub use redis_tb_core::{args, bucket, error, number};
 
 use std::sync::OnceLock;
 

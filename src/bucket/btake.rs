@@ -1,27 +1,31 @@
 //! TB.BTAKE key capacity rate n timeout_ms: wait in the server, first come
 //! first served, until the bucket holds n.
 //!
-//! The command itself, and the server side of `kinds::Tokens`, the kind of
-//! wait it is (whose pure rules, what a waiter asks for and how a wake-up
-//! serves it, are in `kinds.rs`): how the bucket is read and written, the
-//! reply sent and the waits counted (`wait_glue::GlueKind`). The waiting itself is the
-//! state machine in `wait.rs`; blocking the client and every server
-//! callback are in `wait_glue.rs`, shared with TB.ACQUIRE.
+//! The command itself, and the server side of token wait, the kind of wait
+//! it is (whose pure rules, what a waiter asks for and how a wake-up serves
+//! it, are the core's `wait/tokens.rs`): how the bucket is read and written,
+//! the reply sent and the waits counted (`GlueKind`). The waiting itself is
+//! the core's state machine (`wait/mod.rs`); blocking the client and every
+//! server callback are in src/server/blocking.rs, shared with TB.ACQUIRE.
 
 use std::os::raw::c_int;
 use std::sync::atomic::Ordering::Relaxed;
 
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
-use crate::api::Api;
-use crate::args::{parse_request, parse_timeout, Request};
-use crate::bucket::Outcome;
-use crate::commands::{count_decision, run, send, shadow, Reply, Single};
-use crate::error::TbError;
-use crate::kinds::{Served, Tokens};
-use crate::metrics;
-use crate::store::{store, Access, BucketKey};
-use crate::wait_glue::{self, GlueKind};
+use redis_tb_core::args::{parse_request, parse_timeout, Request};
+use redis_tb_core::bucket::Outcome;
+use redis_tb_core::error::TbError;
+use redis_tb_core::wait::tokens::{Served, Tokens};
+
+use super::commands::{count_decision, shadow, Single};
+use super::hash::{store, BucketKey};
+use crate::server::api::Api;
+use crate::server::blocking::{self, GlueKind};
+use crate::server::config::SHADOW_MODE;
+use crate::server::keys::Access;
+use crate::server::metrics;
+use crate::server::reply::{run, send, Reply};
 
 /// TB.BTAKE key capacity rate n timeout_ms
 ///
@@ -47,20 +51,19 @@ fn btake(
     let outcome = single.charge.judge(single.now_ms);
     // `retry_after_ms = -1`: n exceeds the capacity and can never be granted.
     let would_wait = !outcome.allowed && outcome.retry_after_ms > 0;
-    if !would_wait || !wait_glue::may_block(api, ctx) || crate::commands::SHADOW_MODE.load(Relaxed)
-    {
+    if !would_wait || !blocking::may_block(api, ctx) || SHADOW_MODE.load(Relaxed) {
         store(&[(&single.bucket, &outcome)], single.now_ms)?;
         count_decision(outcome.allowed, request.n);
         return Ok(Reply::Decision(shadow(outcome)));
     }
     // SAFETY: a live context and argument.
     let (db, name) = unsafe { ((api.selected_db)(ctx), api.bytes(&key)) };
-    wait_glue::room::<Tokens>(db, name)?;
+    blocking::room::<Tokens>(db, name)?;
     // A denial writes nothing but a clock repair, stored before the wait.
     store(&[(&single.bucket, &outcome)], single.now_ms)?;
     drop(single);
 
-    wait_glue::block::<Tokens>(
+    blocking::block::<Tokens>(
         api,
         ctx,
         key,

@@ -13,27 +13,22 @@ use std::ptr;
 use redis_module::raw::{
     RedisModuleCtx, RedisModuleKey, RedisModuleString, REDISMODULE_HASH_NONE,
     REDISMODULE_KEYTYPE_EMPTY, REDISMODULE_KEYTYPE_HASH, REDISMODULE_NOTIFY_GENERIC,
-    REDISMODULE_NOTIFY_HASH, REDISMODULE_NO_EXPIRE, REDISMODULE_OK, REDISMODULE_READ,
-    REDISMODULE_WRITE,
+    REDISMODULE_NOTIFY_HASH, REDISMODULE_NO_EXPIRE, REDISMODULE_OK,
 };
 
-use crate::api::Api;
-use crate::bucket::{self, Outcome, State};
-use crate::error::TbError;
-use crate::fault;
-use crate::metrics;
-use crate::number::{format_integer, format_tokens, parse_decimal, Sign};
+use redis_tb_core::bucket::{self, Outcome, State};
+use redis_tb_core::error::TbError;
+use redis_tb_core::number::{format_integer, format_tokens, parse_decimal, Sign};
+
+use crate::server::api::Api;
+use crate::server::keys::{open_key, Access, ServerString};
+use crate::server::metrics;
+use crate::testing::fault;
 
 /// The key holds a hash that is not a bucket: `tokens` or `last_refill` is
 /// missing or not a finite number. The caller names the key in its error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Corrupt;
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    Read,
-    Write,
-}
 
 /// An open bucket key; closed when dropped.
 pub struct BucketKey<'a> {
@@ -69,37 +64,6 @@ pub enum Expiry {
 /// expiry failed). The key is as it was and nothing was propagated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WriteFailed;
-
-/// Opens `name` and checks that it is missing or of the type `wanted` (a
-/// `REDISMODULE_KEYTYPE_*`), so WRONGTYPE is answered before anything is
-/// touched; on that error the key is closed again. The key is null when a
-/// read-only open finds nothing: simply an empty bucket or lease set.
-///
-/// # Safety
-/// `ctx` and `name` must be a live context and key name.
-pub unsafe fn open_key(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    name: *mut RedisModuleString,
-    access: Access,
-    wanted: isize,
-) -> Result<*mut RedisModuleKey, TbError> {
-    let mode = match access {
-        Access::Read => REDISMODULE_READ,
-        Access::Write => REDISMODULE_READ | REDISMODULE_WRITE,
-    };
-    let key = (api.open_key)(ctx, name, mode as c_int);
-    if key.is_null() {
-        return Ok(key);
-    }
-    match (api.key_type)(key) as isize {
-        kind if kind == REDISMODULE_KEYTYPE_EMPTY || kind == wanted => Ok(key),
-        _ => {
-            (api.close_key)(key);
-            Err(TbError::WrongType)
-        }
-    }
-}
 
 impl<'a> BucketKey<'a> {
     /// Opens `name`, empty or a hash (see [`open_key`]).
@@ -144,9 +108,9 @@ impl<'a> BucketKey<'a> {
                 ptr::null::<RedisModuleString>(),
             );
         }
-        let tokens = ServerString::new(self.api, self.ctx, tokens);
-        let last_refill = ServerString::new(self.api, self.ctx, last_refill);
-        let state = match (tokens.number(), last_refill.number()) {
+        let tokens = ServerString::owned(self.api, self.ctx, tokens);
+        let last_refill = ServerString::owned(self.api, self.ctx, last_refill);
+        let state = match (number(&tokens), number(&last_refill)) {
             (Some(tokens), Some(last_refill_ms)) => State {
                 tokens,
                 last_refill_ms,
@@ -184,7 +148,7 @@ impl<'a> BucketKey<'a> {
         let now_text = format_integer(now_ms);
         let tokens = self.create_string(text.as_bytes());
         let last_refill = self.create_string(now_text.as_bytes());
-        if tokens.ptr.is_null() || last_refill.ptr.is_null() {
+        if tokens.ptr().is_null() || last_refill.ptr().is_null() {
             return Err(WriteFailed);
         }
         // RM_HashSet checks everything before it changes anything, so a
@@ -266,9 +230,9 @@ impl<'a> BucketKey<'a> {
                 c"sssss".as_ptr(),
                 self.name,
                 api.tokens_field.0,
-                applied.tokens.ptr,
+                applied.tokens.ptr(),
                 api.last_refill_field.0,
-                applied.last_refill.ptr,
+                applied.last_refill.ptr(),
             );
             (api.replicate)(
                 self.ctx,
@@ -323,9 +287,9 @@ impl<'a> BucketKey<'a> {
                 self.key,
                 REDISMODULE_HASH_NONE as c_int,
                 self.api.tokens_field.0,
-                tokens.ptr,
+                tokens.ptr(),
                 self.api.last_refill_field.0,
-                last_refill.ptr,
+                last_refill.ptr(),
                 ptr::null::<RedisModuleString>(),
             );
             let errno = *libc::__errno_location();
@@ -377,66 +341,9 @@ impl Drop for BucketKey<'_> {
     }
 }
 
-/// A server string this module created or was handed ownership of; freed
-/// when dropped.
-pub struct ServerString<'a> {
-    api: &'a Api,
-    ctx: *mut RedisModuleCtx,
-    ptr: *mut RedisModuleString,
-}
-
-impl<'a> ServerString<'a> {
-    fn new(api: &'a Api, ctx: *mut RedisModuleCtx, ptr: *mut RedisModuleString) -> Self {
-        ServerString { api, ctx, ptr }
-    }
-
-    fn from_bytes(api: &'a Api, ctx: *mut RedisModuleCtx, bytes: &[u8]) -> Self {
-        // SAFETY: a live context; the bytes are copied by the server.
-        let ptr = unsafe { (api.create_string)(ctx, bytes.as_ptr().cast(), bytes.len()) };
-        ServerString::new(api, ctx, ptr)
-    }
-
-    /// A copy of `bytes` (a key name), or `None` if the server could not
-    /// make one.
-    pub fn copy(api: &'a Api, ctx: *mut RedisModuleCtx, bytes: &[u8]) -> Option<Self> {
-        let string = ServerString::from_bytes(api, ctx, bytes);
-        (!string.ptr.is_null()).then_some(string)
-    }
-
-    /// Takes ownership of a string the server handed over (may be null).
-    pub fn owned(api: &'a Api, ctx: *mut RedisModuleCtx, ptr: *mut RedisModuleString) -> Self {
-        ServerString::new(api, ctx, ptr)
-    }
-
-    pub fn ptr(&self) -> *mut RedisModuleString {
-        self.ptr
-    }
-
-    pub fn bytes(&self) -> &[u8] {
-        if self.ptr.is_null() {
-            return &[];
-        }
-        // SAFETY: a live string owned by self, borrowed with it.
-        unsafe { self.api.bytes(&self.ptr) }
-    }
-
-    /// The value as a finite number, `None` if absent or not a number.
-    fn number(&self) -> Option<f64> {
-        if self.ptr.is_null() {
-            return None;
-        }
-        // SAFETY: a live string owned by self.
-        parse_decimal(unsafe { self.api.bytes(&self.ptr) }, Sign::Allowed)
-    }
-}
-
-impl Drop for ServerString<'_> {
-    fn drop(&mut self) {
-        if !self.ptr.is_null() {
-            // SAFETY: created for or handed to this module, freed once.
-            unsafe { (self.api.free_string)(self.ctx, self.ptr) };
-        }
-    }
+/// A stored field as a finite number, `None` if absent or not a number.
+fn number(field: &ServerString) -> Option<f64> {
+    parse_decimal(field.bytes(), Sign::Allowed)
 }
 
 /// Stores every outcome that writes, all or none.

@@ -1,29 +1,31 @@
 //! TB.ACQUIRE, TB.RELEASE and TB.RENEW: concurrency limits with leases
 //! that end on the server's clock. Each handler parses its arguments in
 //! order, opens the lease set, reads it once at one instant, decides with
-//! the pure rules of `lease.rs` and stores through `lease_set.rs`.
+//! the core's pure rules (`lease.rs`) and stores through set.rs.
 //!
 //! A TB.ACQUIRE with `timeout_ms` that cannot have a lease at once waits in
-//! the same state machine as TB.BTAKE (`wait.rs`, glue in `wait_glue.rs`),
-//! as the kind `kinds::Leases` (its server side, `GlueKind`, is here): first
-//! come first served per key, served at the wake-ups a release, a lease's
-//! end, a DEL or a flush brings.
+//! the same state machine as TB.BTAKE (the core's `wait/mod.rs`, glue in
+//! src/server/blocking.rs), as lease wait (the core's `wait/leases.rs`; its
+//! server side, `GlueKind`, is here): first come first served per key,
+//! served at the wake-ups a release, a lease's end, a DEL or a flush brings.
 
 use std::os::raw::c_int;
 
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
-use crate::api::Api;
-use crate::args::{parse_lease_ms, parse_limit, parse_timeout};
-use crate::commands::{now, run, send, Reply, KEY_ARG};
-use crate::error::TbError;
-use crate::kinds::{LeaseReply, Leases, LeasesServed};
-use crate::lease::{self, Acquire, LeaseLimit};
-use crate::lease_set::LeaseSet;
-use crate::metrics;
-use crate::store::Access;
-use crate::wait;
-use crate::wait_glue::{self, GlueKind};
+use redis_tb_core::args::{parse_lease_ms, parse_limit, parse_timeout};
+use redis_tb_core::error::TbError;
+use redis_tb_core::lease::{self, Acquire, LeaseLimit};
+use redis_tb_core::wait;
+use redis_tb_core::wait::leases::{LeaseReply, Leases, LeasesServed};
+
+use super::set::LeaseSet;
+use crate::server::api::Api;
+use crate::server::blocking::{self, GlueKind};
+use crate::server::keys::Access;
+use crate::server::machines::with_machine;
+use crate::server::metrics;
+use crate::server::reply::{now, run, send, Reply, KEY_ARG};
 
 /// TB.ACQUIRE key limit lease_ms [timeout_ms]
 fn acquire(
@@ -62,13 +64,13 @@ fn acquire(
             }
         }
         Acquire::Denied { retry_after_ms, .. }
-            if timeout_ms.is_some() && wait_glue::may_block(api, ctx) =>
+            if timeout_ms.is_some() && blocking::may_block(api, ctx) =>
         {
-            wait_glue::room::<Leases>(db, name)?;
+            blocking::room::<Leases>(db, name)?;
             drop(read);
             drop(set);
             let timeout_ms = timeout_ms.unwrap_or(0);
-            wait_glue::block::<Leases>(
+            blocking::block::<Leases>(
                 api,
                 ctx,
                 *key,
@@ -97,7 +99,7 @@ fn acquire(
 /// How many TB.ACQUIRE callers wait on `name` in `db`: a newcomer queues
 /// behind them. A lookup only when somebody waits somewhere.
 fn waiting_on(db: wait::Db, name: &[u8]) -> i64 {
-    wait::with_machine::<Leases, _>(|machine| {
+    with_machine::<Leases, _>(|machine| {
         if machine.is_empty() {
             return 0;
         }
@@ -176,7 +178,7 @@ fn live_deadline(
     if !lease::is_lease_id(unsafe { api.bytes(lease) }) {
         return None;
     }
-    let deadline_ms = crate::lease_set::whole_ms(set.score(*lease)?);
+    let deadline_ms = super::set::whole_ms(set.score(*lease)?);
     lease::is_live(deadline_ms, now_ms).then_some(deadline_ms)
 }
 

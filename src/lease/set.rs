@@ -17,12 +17,13 @@ use redis_module::raw::{
     REDISMODULE_KEYTYPE_ZSET, REDISMODULE_NOTIFY_GENERIC, REDISMODULE_NOTIFY_ZSET, REDISMODULE_OK,
 };
 
-use crate::api::Api;
-use crate::error::TbError;
-use crate::lease::{self, Grant, Seen, MAX_EXPIRED_REMOVED};
-use crate::metrics;
-use crate::number::format_integer;
-use crate::store::{open_key, Access, ServerString};
+use redis_tb_core::error::TbError;
+use redis_tb_core::lease::{self, Grant, Seen, MAX_EXPIRED_REMOVED};
+use redis_tb_core::number::format_integer;
+
+use crate::server::api::Api;
+use crate::server::keys::{open_key, Access, ServerString};
+use crate::server::metrics;
 
 /// The bookkeeping member's name (`Api::seq_member` as bytes).
 const SEQ: &[u8] = b"seq";

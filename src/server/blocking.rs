@@ -1,7 +1,8 @@
-//! The server side of waiting, for every kind of wait (`wait::Kind`):
+//! Blocking clients, for every kind of wait (the core's `wait::Kind`):
 //! blocking a client, and every server callback turned into an event of
-//! that kind's machine (`wait.rs`), its actions and requests into module
-//! API calls. TB.BTAKE (`btake.rs`) and TB.ACQUIRE use it alike.
+//! that kind's machine (the core's `wait/mod.rs`), its actions and requests
+//! into module API calls. TB.BTAKE (src/bucket/btake.rs) and TB.ACQUIRE
+//! (src/lease/commands.rs) use it alike.
 //!
 //! Which callbacks there are, and why:
 //! - The client is blocked with `RM_BlockClientOnKeys` on its key
@@ -33,7 +34,7 @@
 use std::os::raw::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use redis_module::raw::{
     RedisModuleBlockedClient, RedisModuleCtx, RedisModuleEvent, RedisModuleFlushInfo,
@@ -45,22 +46,23 @@ use redis_module::raw::{
     REDISMODULE_NOTIFY_SET, REDISMODULE_NOTIFY_STRING, REDISMODULE_NOTIFY_ZSET, REDISMODULE_OK,
 };
 
-use crate::api::{self, Api};
-use crate::error::TbError;
-use crate::metrics;
-use crate::store::ServerString;
-use crate::wait::{
-    self, Action, Arrival, Db, Event, Kind, Machine, Timer, TimerId, WaiterId, Writable,
+use redis_tb_core::error::TbError;
+use redis_tb_core::wait::leases::Leases;
+use redis_tb_core::wait::tokens::Tokens;
+use redis_tb_core::wait::{
+    self, Action, Arrival, Db, Event, Machine, Timer, TimerId, WaiterId, Writable,
 };
 
-/// `tb.max-waiters`: how many clients may wait on one key (per kind).
-pub const DEFAULT_MAX_WAITERS: i64 = 10_000;
-pub static MAX_WAITERS: AtomicI64 = AtomicI64::new(DEFAULT_MAX_WAITERS);
+use super::api::{self, Api};
+use super::config::MAX_WAITERS;
+use super::keys::ServerString;
+use super::machines::{with_machine, HasMachine};
+use super::metrics;
 
 /// What a kind of wait supplies on the server side. Every function gets a
 /// context that is on the key's database; none may block or call back
 /// into the module's waiting (`with_machine`).
-pub trait GlueKind: Kind {
+pub trait GlueKind: HasMachine {
     /// The key's state as [`wait::Server::read`] returns it: an error when
     /// the key holds a value of another type.
     fn read(
@@ -112,8 +114,8 @@ pub trait GlueKind: Kind {
 /// Every kind's machine gets `event`: keyspace events, flushes, SWAPDB,
 /// load and unload concern them all. A new kind is one more line here.
 fn every_kind(api: &Api, ctx: *mut RedisModuleCtx, event: Everyone<'_>) {
-    to_kind::<crate::kinds::Tokens>(api, ctx, event);
-    to_kind::<crate::kinds::Leases>(api, ctx, event);
+    to_kind::<Tokens>(api, ctx, event);
+    to_kind::<Leases>(api, ctx, event);
 }
 
 /// The events every kind's machine gets.
@@ -142,7 +144,7 @@ enum Everyone<'a> {
 fn to_kind<K: GlueKind>(api: &Api, ctx: *mut RedisModuleCtx, event: Everyone<'_>) {
     let event = match event {
         Everyone::Changed { db, key, now_ms } => {
-            let waited = wait::with_machine::<K, _>(|machine| machine.queued(db, key).is_some());
+            let waited = with_machine::<K, _>(|machine| machine.queued(db, key).is_some());
             if waited != Some(true) {
                 return;
             }
@@ -152,7 +154,7 @@ fn to_kind<K: GlueKind>(api: &Api, ctx: *mut RedisModuleCtx, event: Everyone<'_>
         Everyone::Swapped { a, b, now_ms } => Event::Swapped { a, b, now_ms },
         Everyone::Unload => Event::Unload,
         Everyone::Reset => {
-            wait::with_machine::<K, _>(|machine| *machine = Machine::default());
+            with_machine::<K, _>(|machine| *machine = Machine::default());
             K::waiting(0);
             return;
         }
@@ -173,8 +175,8 @@ pub fn may_block(api: &Api, ctx: *mut RedisModuleCtx) -> bool {
 
 /// Refuses one more waiter on a key that has `tb.max-waiters` of kind `K`.
 pub fn room<K: GlueKind>(db: Db, key: &[u8]) -> Result<(), TbError> {
-    let waiting = wait::with_machine::<K, _>(|machine| machine.waiting_on(db, key))
-        .ok_or(TbError::Internal)?;
+    let waiting =
+        with_machine::<K, _>(|machine| machine.waiting_on(db, key)).ok_or(TbError::Internal)?;
     if i64::try_from(waiting).unwrap_or(i64::MAX) >= MAX_WAITERS.load(Relaxed) {
         return Err(TbError::TooManyWaiters);
     }
@@ -195,7 +197,7 @@ pub fn block<K: GlueKind>(
     retry_after_ms: i64,
 ) -> Result<(), TbError> {
     listen_to_keyspace(ctx);
-    let id = wait::with_machine::<K, _>(Machine::reserve).ok_or(TbError::Internal)?;
+    let id = with_machine::<K, _>(Machine::reserve).ok_or(TbError::Internal)?;
     let mut keys = [key];
     // SAFETY: the command's context and key; the id travels as the private
     // data (never dereferenced: it is a number).
@@ -245,7 +247,7 @@ fn dispatch<K: GlueKind>(api: &Api, ctx: *mut RedisModuleCtx, event: Event<'_, K
         ctx,
         kind: std::marker::PhantomData,
     };
-    let Some((actions, waiting)) = wait::with_machine::<K, _>(|machine| {
+    let Some((actions, waiting)) = with_machine::<K, _>(|machine| {
         let actions = machine.on(event, &mut server);
         (actions, machine.waiting())
     }) else {

@@ -292,3 +292,105 @@ fn number_arg(
         flags,
     )
 }
+
+/// Every command the module registers, with its COMMAND DOCS and key specs.
+pub const COMMANDS: [CommandSpec; 8] = [
+    CommandSpec {
+        name: c"tb.take",
+        handler: Some(crate::bucket::commands::tb_take),
+        flags: c"write deny-oom fast",
+        acl_categories: c"write fast",
+        summary: c"Takes n tokens from a token bucket if it holds that many. Replies [allowed, remaining, retry_after_ms, reset_after_ms].",
+        complexity: c"O(1)",
+        arity: 5,
+        key_flags: READ_WRITE_UPDATE,
+        shape: Shape::Single { n_optional: false },
+    },
+    CommandSpec {
+        name: c"tb.peek",
+        handler: Some(crate::bucket::commands::tb_peek),
+        flags: c"readonly fast",
+        acl_categories: c"read fast",
+        summary: c"Replies what TB.TAKE would for n tokens (default 1), without taking or writing anything.",
+        complexity: c"O(1)",
+        arity: -4,
+        key_flags: KeySpecFlags::READ_ONLY.union(KeySpecFlags::ACCESS),
+        shape: Shape::Single { n_optional: true },
+    },
+    CommandSpec {
+        name: c"tb.refund",
+        handler: Some(crate::bucket::commands::tb_refund),
+        flags: c"write deny-oom fast",
+        acl_categories: c"write fast",
+        summary: c"Gives n tokens back to a bucket, capped at capacity. Replies like TB.TAKE.",
+        complexity: c"O(1)",
+        arity: 5,
+        key_flags: READ_WRITE_UPDATE,
+        shape: Shape::Single { n_optional: false },
+    },
+    CommandSpec {
+        name: c"tb.btake",
+        handler: Some(crate::bucket::btake::tb_btake),
+        flags: c"write deny-oom blocking",
+        acl_categories: c"write slow blocking",
+        summary: c"Like TB.TAKE, but waits up to timeout_ms (0: no limit) for the tokens, first come first served. Replies like TB.TAKE.",
+        complexity: c"O(1)",
+        arity: 6,
+        key_flags: READ_WRITE_UPDATE,
+        shape: Shape::Blocking,
+    },
+    CommandSpec {
+        name: c"tb.takeall",
+        handler: Some(crate::bucket::commands::tb_takeall),
+        // Not `fast`: its cost grows with the number of buckets, like MSET.
+        flags: c"write deny-oom",
+        acl_categories: c"write slow",
+        summary: c"Takes from every bucket if all hold enough, else from none. Replies [allowed, remaining, retry_after_ms, reset_after_ms, index] for the deciding bucket.",
+        complexity: c"O(N) where N is the number of buckets",
+        arity: -5,
+        key_flags: READ_WRITE_UPDATE,
+        shape: Shape::Repeated,
+    },
+    CommandSpec {
+        name: c"tb.acquire",
+        handler: Some(crate::lease::commands::tb_acquire),
+        // `blocking` as XREAD has it: it may wait, when given timeout_ms.
+        flags: c"write deny-oom blocking",
+        acl_categories: c"write slow blocking",
+        summary: c"Takes a lease if fewer than limit are live, ending after lease_ms unless released or renewed; with timeout_ms, waits first come first served. Replies [acquired, available, retry_after_ms, lease].",
+        complexity: c"O(log N) where N is the number of leases, plus O(log N) for each ended lease removed (at most 64)",
+        arity: -4,
+        key_flags: READ_WRITE_UPDATE,
+        shape: Shape::Acquire,
+    },
+    CommandSpec {
+        name: c"tb.release",
+        handler: Some(crate::lease::commands::tb_release),
+        // No deny-oom: giving a lease back must work when memory is short.
+        flags: c"write fast",
+        acl_categories: c"write fast",
+        summary: c"Releases a live lease. Replies 1 if it was live, 0 otherwise (released, expired or unknown).",
+        complexity: c"O(log N) where N is the number of leases, plus O(log N) for each ended lease removed (at most 64)",
+        arity: 3,
+        key_flags: KeySpecFlags::READ_WRITE
+            .union(KeySpecFlags::ACCESS)
+            .union(KeySpecFlags::DELETE),
+        shape: Shape::Release,
+    },
+    CommandSpec {
+        name: c"tb.renew",
+        handler: Some(crate::lease::commands::tb_renew),
+        // No deny-oom: a holder must be able to keep its lease.
+        flags: c"write fast",
+        acl_categories: c"write fast",
+        summary: c"Makes a live lease end lease_ms from now. Replies 1 if it was live, 0 otherwise.",
+        complexity: c"O(log N) where N is the number of leases, plus O(log N) for each ended lease removed (at most 64)",
+        arity: 4,
+        key_flags: READ_WRITE_UPDATE,
+        shape: Shape::Renew,
+    },
+];
+
+const READ_WRITE_UPDATE: KeySpecFlags = KeySpecFlags::READ_WRITE
+    .union(KeySpecFlags::ACCESS)
+    .union(KeySpecFlags::UPDATE);

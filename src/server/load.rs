@@ -1,21 +1,17 @@
-//! Loading: the server's entry point (`RedisModule_OnLoad`), the load
-//! arguments, the `tb.*` configs, the module options, and what is
-//! registered with the server (commands, INFO, events).
+//! Loading: the server's entry points (`RedisModule_OnLoad`,
+//! `RedisModule_OnUnload`), the module options, and what is registered with
+//! the server (configs from config.rs, the commands of command_table.rs,
+//! INFO, server events).
 
 use std::ffi::CStr;
-use std::os::raw::{c_char, c_int, c_longlong, c_void};
+use std::os::raw::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering::Relaxed;
 
-use redis_module::commands::KeySpecFlags;
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
-use crate::command_info::{CommandSpec, Shape};
-use crate::commands::SHADOW_MODE;
-#[cfg(feature = "fault-injection")]
-use crate::fault;
-use crate::wait_glue::{DEFAULT_MAX_WAITERS, MAX_WAITERS};
-use crate::{api, btake, command_info, commands, lease_commands, metrics, wait_glue};
+use super::command_table::{self, COMMANDS};
+use super::{api, blocking, config, metrics};
 
 /// The server's entry point on `loadmodule` / `MODULE LOAD`.
 ///
@@ -49,9 +45,9 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
     let loaded = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: the server hands over argc valid strings.
         let args = unsafe { load_args(argv, argc) };
-        let load_args = check_load_args(args.iter().copied())?;
+        let load_args = config::check_load_args(args.iter().copied())?;
         // SAFETY: OnLoad context, after Init.
-        unsafe { register_config(ctx, load_args) }?;
+        unsafe { config::register(ctx, load_args) }?;
         load(ctx)
     }));
     let failure = match loaded {
@@ -75,7 +71,7 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
 pub unsafe extern "C" fn RedisModule_OnUnload(ctx: *mut RedisModuleCtx) -> c_int {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         if let Some(api) = api::api() {
-            wait_glue::on_unload(api, ctx);
+            blocking::on_unload(api, ctx);
         }
     }));
     raw::REDISMODULE_OK as c_int
@@ -129,142 +125,6 @@ unsafe fn load_args<'a>(argv: *mut *mut RedisModuleString, argc: c_int) -> Vec<&
         .collect()
 }
 
-/// Registers the `tb.shadow-mode` config (`CONFIG GET/SET`, redis.conf),
-/// starting at the value the load arguments gave, then lets the server
-/// apply what its config file says.
-///
-/// # Safety
-/// OnLoad context, after Init.
-unsafe fn register_config(ctx: *mut RedisModuleCtx, load_args: LoadArgs) -> Result<(), String> {
-    SHADOW_MODE.store(load_args.shadow_mode, Relaxed);
-    MAX_WAITERS.store(load_args.max_waiters, Relaxed);
-    let (Some(register_bool), Some(register_numeric)) = (
-        raw::RedisModule_RegisterBoolConfig,
-        raw::RedisModule_RegisterNumericConfig,
-    ) else {
-        return Ok(()); // before 7.0: the load arguments alone set them
-    };
-    let status = register_bool(
-        ctx,
-        c"shadow-mode".as_ptr(),
-        c_int::from(load_args.shadow_mode),
-        raw::REDISMODULE_CONFIG_DEFAULT,
-        Some(get_shadow_mode),
-        Some(set_shadow_mode),
-        None,
-        std::ptr::null_mut(),
-    );
-    if status != raw::REDISMODULE_OK as c_int {
-        return Err("could not register the config tb.shadow-mode".into());
-    }
-    let status = register_numeric(
-        ctx,
-        c"max-waiters".as_ptr(),
-        load_args.max_waiters,
-        raw::REDISMODULE_CONFIG_DEFAULT,
-        1,
-        MAX_WAITERS_LIMIT,
-        Some(get_max_waiters),
-        Some(set_max_waiters),
-        None,
-        std::ptr::null_mut(),
-    );
-    if status != raw::REDISMODULE_OK as c_int {
-        return Err("could not register the config tb.max-waiters".into());
-    }
-    if let Some(load_configs) = raw::RedisModule_LoadConfigs {
-        if load_configs(ctx) != raw::REDISMODULE_OK as c_int {
-            return Err("the server refused the value of a tb.* config".into());
-        }
-    }
-    Ok(())
-}
-
-/// The largest `tb.max-waiters`.
-const MAX_WAITERS_LIMIT: i64 = 10_000_000;
-
-extern "C" fn get_shadow_mode(_name: *const c_char, _privdata: *mut c_void) -> c_int {
-    c_int::from(SHADOW_MODE.load(Relaxed))
-}
-
-extern "C" fn set_shadow_mode(
-    _name: *const c_char,
-    value: c_int,
-    _privdata: *mut c_void,
-    _err: *mut *mut RedisModuleString,
-) -> c_int {
-    SHADOW_MODE.store(value != 0, Relaxed);
-    raw::REDISMODULE_OK as c_int
-}
-
-extern "C" fn get_max_waiters(_name: *const c_char, _privdata: *mut c_void) -> c_longlong {
-    MAX_WAITERS.load(Relaxed)
-}
-
-extern "C" fn set_max_waiters(
-    _name: *const c_char,
-    value: c_longlong,
-    _privdata: *mut c_void,
-    _err: *mut *mut RedisModuleString,
-) -> c_int {
-    // The server has checked the range.
-    MAX_WAITERS.store(value, Relaxed);
-    raw::REDISMODULE_OK as c_int
-}
-
-/// What the load arguments set.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct LoadArgs {
-    shadow_mode: bool,
-    max_waiters: i64,
-}
-
-/// Load arguments are `name value` pairs of module configs:
-/// `shadow-mode yes|no` (default no) and `max-waiters N` (default 10000).
-/// Anything else is refused rather than ignored, so a typo in `loadmodule`
-/// fails loudly instead of silently running defaults.
-fn check_load_args<'a>(mut args: impl Iterator<Item = &'a [u8]>) -> Result<LoadArgs, String> {
-    let mut load_args = LoadArgs {
-        shadow_mode: false,
-        max_waiters: DEFAULT_MAX_WAITERS,
-    };
-    while let Some(name) = args.next() {
-        match name {
-            #[cfg(feature = "fault-injection")]
-            b"fault" => {
-                let step = args.next().unwrap_or_default();
-                fault::arm(step, args.next().unwrap_or_default())?;
-            }
-            #[cfg(feature = "fault-injection")]
-            b"fault-skip-rollback" => fault::arm_skip_rollback(args.next().unwrap_or_default())?,
-            b"shadow-mode" => {
-                load_args.shadow_mode = match args.next() {
-                    Some(b"yes") => true,
-                    Some(b"no") => false,
-                    _ => return Err("shadow-mode must be followed by yes or no".into()),
-                };
-            }
-            b"max-waiters" => {
-                load_args.max_waiters = args
-                    .next()
-                    .and_then(|text| std::str::from_utf8(text).ok())
-                    .and_then(|text| text.parse::<i64>().ok())
-                    .filter(|max| (1..=MAX_WAITERS_LIMIT).contains(max))
-                    .ok_or(format!(
-                        "max-waiters must be followed by a count from 1 to {MAX_WAITERS_LIMIT}"
-                    ))?;
-            }
-            _ => {
-                let name = String::from_utf8_lossy(name);
-                return Err(format!(
-                    "unknown load argument '{name}' (known: shadow-mode yes|no, max-waiters N)"
-                ));
-            }
-        }
-    }
-    Ok(load_args)
-}
-
 fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
     // SAFETY: called from OnLoad, after RedisModule_Init.
     let api =
@@ -280,7 +140,7 @@ fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
     }));
     set_module_options(ctx);
     metrics::CACHED_CLOCK.store(api.cached_microseconds.is_some(), Relaxed);
-    wait_glue::reset_at_load(api, ctx);
+    blocking::reset_at_load(api, ctx);
     // SAFETY: OnLoad context. This replaces the crate's default INFO callback.
     if let Some(register_info) = unsafe { raw::RedisModule_RegisterInfoFunc } {
         unsafe { register_info(ctx, Some(metrics::info)) };
@@ -299,8 +159,8 @@ fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
     // without a keyspace event.
     if let Some(subscribe) = unsafe { raw::RedisModule_SubscribeToServerEvent } {
         let events: [(u64, raw::RedisModuleEventCallback); 2] = [
-            (raw::REDISMODULE_EVENT_FLUSHDB, Some(wait_glue::on_flush)),
-            (raw::REDISMODULE_EVENT_SWAPDB, Some(wait_glue::on_swapdb)),
+            (raw::REDISMODULE_EVENT_FLUSHDB, Some(blocking::on_flush)),
+            (raw::REDISMODULE_EVENT_SWAPDB, Some(blocking::on_swapdb)),
         ];
         for (id, callback) in events {
             let event = raw::RedisModuleEvent { id, dataver: 1 };
@@ -310,11 +170,11 @@ fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
     }
     for spec in &COMMANDS {
         // SAFETY: OnLoad context.
-        unsafe { command_info::register(ctx, spec, module_category) }?;
+        unsafe { command_table::register(ctx, spec, module_category) }?;
     }
     #[cfg(feature = "bench-floor")]
     // SAFETY: OnLoad context.
-    unsafe { crate::floor::register(ctx) }?;
+    unsafe { crate::testing::bench_floor::register(ctx) }?;
     if api.set_abs_expire.is_none() {
         api.log(
             ctx,
@@ -368,105 +228,3 @@ fn valkey_major(ctx: *mut RedisModuleCtx) -> Option<u32> {
         version?.split('.').next()?.parse().ok()
     }
 }
-
-/// Every command the module registers, with its COMMAND DOCS and key specs.
-pub const COMMANDS: [CommandSpec; 8] = [
-    CommandSpec {
-        name: c"tb.take",
-        handler: Some(commands::tb_take),
-        flags: c"write deny-oom fast",
-        acl_categories: c"write fast",
-        summary: c"Takes n tokens from a token bucket if it holds that many. Replies [allowed, remaining, retry_after_ms, reset_after_ms].",
-        complexity: c"O(1)",
-        arity: 5,
-        key_flags: READ_WRITE_UPDATE,
-        shape: Shape::Single { n_optional: false },
-    },
-    CommandSpec {
-        name: c"tb.peek",
-        handler: Some(commands::tb_peek),
-        flags: c"readonly fast",
-        acl_categories: c"read fast",
-        summary: c"Replies what TB.TAKE would for n tokens (default 1), without taking or writing anything.",
-        complexity: c"O(1)",
-        arity: -4,
-        key_flags: KeySpecFlags::READ_ONLY.union(KeySpecFlags::ACCESS),
-        shape: Shape::Single { n_optional: true },
-    },
-    CommandSpec {
-        name: c"tb.refund",
-        handler: Some(commands::tb_refund),
-        flags: c"write deny-oom fast",
-        acl_categories: c"write fast",
-        summary: c"Gives n tokens back to a bucket, capped at capacity. Replies like TB.TAKE.",
-        complexity: c"O(1)",
-        arity: 5,
-        key_flags: READ_WRITE_UPDATE,
-        shape: Shape::Single { n_optional: false },
-    },
-    CommandSpec {
-        name: c"tb.btake",
-        handler: Some(btake::tb_btake),
-        flags: c"write deny-oom blocking",
-        acl_categories: c"write slow blocking",
-        summary: c"Like TB.TAKE, but waits up to timeout_ms (0: no limit) for the tokens, first come first served. Replies like TB.TAKE.",
-        complexity: c"O(1)",
-        arity: 6,
-        key_flags: READ_WRITE_UPDATE,
-        shape: Shape::Blocking,
-    },
-    CommandSpec {
-        name: c"tb.takeall",
-        handler: Some(commands::tb_takeall),
-        // Not `fast`: its cost grows with the number of buckets, like MSET.
-        flags: c"write deny-oom",
-        acl_categories: c"write slow",
-        summary: c"Takes from every bucket if all hold enough, else from none. Replies [allowed, remaining, retry_after_ms, reset_after_ms, index] for the deciding bucket.",
-        complexity: c"O(N) where N is the number of buckets",
-        arity: -5,
-        key_flags: READ_WRITE_UPDATE,
-        shape: Shape::Repeated,
-    },
-    CommandSpec {
-        name: c"tb.acquire",
-        handler: Some(lease_commands::tb_acquire),
-        // `blocking` as XREAD has it: it may wait, when given timeout_ms.
-        flags: c"write deny-oom blocking",
-        acl_categories: c"write slow blocking",
-        summary: c"Takes a lease if fewer than limit are live, ending after lease_ms unless released or renewed; with timeout_ms, waits first come first served. Replies [acquired, available, retry_after_ms, lease].",
-        complexity: c"O(log N) where N is the number of leases, plus O(log N) for each ended lease removed (at most 64)",
-        arity: -4,
-        key_flags: READ_WRITE_UPDATE,
-        shape: Shape::Acquire,
-    },
-    CommandSpec {
-        name: c"tb.release",
-        handler: Some(lease_commands::tb_release),
-        // No deny-oom: giving a lease back must work when memory is short.
-        flags: c"write fast",
-        acl_categories: c"write fast",
-        summary: c"Releases a live lease. Replies 1 if it was live, 0 otherwise (released, expired or unknown).",
-        complexity: c"O(log N) where N is the number of leases, plus O(log N) for each ended lease removed (at most 64)",
-        arity: 3,
-        key_flags: KeySpecFlags::READ_WRITE
-            .union(KeySpecFlags::ACCESS)
-            .union(KeySpecFlags::DELETE),
-        shape: Shape::Release,
-    },
-    CommandSpec {
-        name: c"tb.renew",
-        handler: Some(lease_commands::tb_renew),
-        // No deny-oom: a holder must be able to keep its lease.
-        flags: c"write fast",
-        acl_categories: c"write fast",
-        summary: c"Makes a live lease end lease_ms from now. Replies 1 if it was live, 0 otherwise.",
-        complexity: c"O(log N) where N is the number of leases, plus O(log N) for each ended lease removed (at most 64)",
-        arity: 4,
-        key_flags: READ_WRITE_UPDATE,
-        shape: Shape::Renew,
-    },
-];
-
-const READ_WRITE_UPDATE: KeySpecFlags = KeySpecFlags::READ_WRITE
-    .union(KeySpecFlags::ACCESS)
-    .union(KeySpecFlags::UPDATE);

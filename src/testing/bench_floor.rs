@@ -9,7 +9,7 @@
 //!   `expire_at_ms` is 0, the expiry; replies as TB.ACQUIRE does.
 //! - `TB.FLOOR.RELEASE key lease`: removes `lease`; replies 1 or 0.
 //!
-//! Both write and replicate through `lease_set.rs`, the real commands' own
+//! Both write and replicate through src/lease/set.rs, the real commands' own
 //! code, but read nothing and check nothing: the caller computed the values
 //! (the bench keeps each key's count and expiry).
 
@@ -17,14 +17,15 @@ use std::os::raw::c_int;
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
-use crate::api::Api;
-use crate::args::{parse_lease_ms, parse_timeout};
-use crate::commands::{run, Reply};
-use crate::error::TbError;
-use crate::kinds::LeaseReply;
-use crate::lease::{Grant, LeaseId};
-use crate::lease_set::{LeaseSet, Read};
-use crate::store::Access;
+use redis_tb_core::args::{parse_lease_ms, parse_timeout};
+use redis_tb_core::error::TbError;
+use redis_tb_core::lease::{Grant, LeaseId};
+use redis_tb_core::wait::leases::LeaseReply;
+
+use crate::lease::set::{LeaseSet, Read};
+use crate::server::api::Api;
+use crate::server::keys::Access;
+use crate::server::reply::{run, Reply};
 
 fn acquire(
     api: &Api,

@@ -9,9 +9,9 @@ use std::collections::{HashMap, HashSet};
 
 use proptest::prelude::*;
 
+use super::leases::{LeaseReply, Leases, LeasesServed};
 use super::sim_timers::{Key, Order, TimerFor, Timers};
 use super::*;
-use crate::kinds::{LeaseReply, Leases, LeasesServed};
 use crate::lease::{self, Acquire, Grant, LeaseId, LeaseLimit, Seen};
 
 type Machine = super::Machine<Leases>;

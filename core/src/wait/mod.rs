@@ -3,13 +3,13 @@
 //!
 //! Pure and the same on every server: no Redis types, no clock of its own.
 //! Generic over what is waited for, a [`Kind`]: TB.BTAKE waits for tokens
-//! (`kinds::Tokens`), TB.ACQUIRE for a lease (`kinds::Leases`). A kind says what a waiter
-//! asks for, what the key holds, how one head is served on it and what a
-//! waiter is told; the queues, timers, phases, deadlines, pauses, flushes
-//! and unload below are written once for every kind, and each kind has a
-//! machine of its own ([`Kind::machine`], [`with_machine`]).
+//! ([`tokens::Tokens`]), TB.ACQUIRE for a lease ([`leases::Leases`]). A kind
+//! says what a waiter asks for, what the key holds, how one head is served
+//! on it and what a waiter is told; the queues, timers, phases, deadlines,
+//! pauses, flushes and unload below are written once for every kind. The
+//! module keeps one machine per kind (src/server/machines.rs).
 //!
-//! The glue (`wait_glue.rs`) turns each server callback into an [`Event`],
+//! The glue (src/server/blocking.rs) turns each server callback into an [`Event`],
 //! gives the machine a [`Server`] to read and write the key's state and to
 //! arm and cancel timers with (calls that never call back into the module),
 //! and carries out the [`Action`]s it returns: unblocking a client, whose
@@ -38,6 +38,9 @@ use std::rc::Rc;
 
 use crate::error::TbError;
 
+pub mod leases;
+pub mod tokens;
+
 pub type Db = i32;
 /// A wait, numbered by the machine (never 0); the server hands it back as
 /// the blocked client's private data.
@@ -56,7 +59,7 @@ pub const MIGRATING_RECHECK_MS: i64 = 100;
 
 /// What is waited for: TB.BTAKE's tokens, TB.ACQUIRE's leases. Only
 /// types and pure functions; the server side of a kind is
-/// `wait_glue::GlueKind`.
+/// `GlueKind` in src/server/blocking.rs.
 pub trait Kind: Sized + Copy + Debug + PartialEq + 'static {
     /// What one waiter asks for (tokens: the limit and n).
     type Request: Copy + Debug + PartialEq;
@@ -68,9 +71,6 @@ pub trait Kind: Sized + Copy + Debug + PartialEq + 'static {
     type Grant: Copy + Debug + PartialEq;
     /// The reply value of a waiter's callback (tokens: `bucket::Outcome`).
     type Reply: Copy + Debug + PartialEq;
-
-    /// This kind's one machine.
-    fn machine() -> &'static MainThread<Self>;
 
     /// How much a waiter counts in [`Machine::queued`] (tokens: n).
     fn weight(request: &Self::Request) -> f64;
@@ -879,58 +879,11 @@ impl<K: Kind> Machine<K> {
     }
 }
 
-// --- Each kind's one machine --------------------------------------------------
-
-/// A kind's machine, reached only from the server's main thread (commands,
-/// timers, blocked-client and keyspace callbacks all run there). Each kind
-/// has one, in a static its [`Kind::machine`] returns:
-/// `static MACHINE: MainThread<MyKind> = MainThread::new();`.
-pub struct MainThread<K: Kind> {
-    machine: std::cell::UnsafeCell<Option<Machine<K>>>,
-    borrowed: std::sync::atomic::AtomicBool,
-}
-
-// SAFETY: see `with_machine`: one thread, and never two borrows at once.
-unsafe impl<K: Kind> Sync for MainThread<K> {}
-
-impl<K: Kind> MainThread<K> {
-    pub const fn new() -> Self {
-        MainThread {
-            machine: std::cell::UnsafeCell::new(None),
-            borrowed: std::sync::atomic::AtomicBool::new(false),
-        }
-    }
-}
-
-/// Runs `f` on the server's machine of kind `K`. The glue makes every
-/// server call that can call back into the module outside `f`; should one
-/// ever nest regardless (a bug), the inner call gets `None` instead of a
-/// second, aliasing borrow. The machines of two kinds are separate: each
-/// may be borrowed while the other is.
-pub fn with_machine<K: Kind, R>(f: impl FnOnce(&mut Machine<K>) -> R) -> Option<R> {
-    use std::sync::atomic::Ordering::Relaxed;
-    let main = K::machine();
-    if main.borrowed.swap(true, Relaxed) {
-        return None;
-    }
-    struct Release(&'static std::sync::atomic::AtomicBool);
-    impl Drop for Release {
-        fn drop(&mut self) {
-            self.0.store(false, Relaxed);
-        }
-    }
-    let _release = Release(&main.borrowed);
-    // SAFETY: main thread only, and the flag above rules out a second
-    // borrow while this one lives.
-    let machine = unsafe { &mut *main.machine.get() };
-    Some(f(machine.get_or_insert_with(Machine::default)))
-}
-
 #[cfg(test)]
 mod sim_timers;
 
 #[cfg(test)]
-mod tests;
+mod token_tests;
 
 #[cfg(test)]
 mod lease_tests;

@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 
 use super::sim_timers::{Key, Order, TimerFor, Timers};
+use super::tokens::{Served, Tokens};
 use super::*;
 use crate::args::Request;
 use crate::bucket::{self, Limit, Outcome, State};
-use crate::kinds::{Served, Tokens};
 
 // TB.BTAKE's machine: the kind these tests wait for.
 type Machine = super::Machine<Tokens>;
@@ -946,18 +946,12 @@ struct Slot {
     fails: bool,
 }
 
-static SLOTS: MainThread<Slots> = MainThread::new();
-
 impl Kind for Slots {
     type Request = Slot;
     /// Free slots, and how many were taken since the read.
     type State = (i64, i64);
     type Grant = i64;
     type Reply = Option<i64>;
-
-    fn machine() -> &'static MainThread<Slots> {
-        &SLOTS
-    }
 
     fn weight(_: &Slot) -> f64 {
         1.0
@@ -1020,8 +1014,7 @@ impl Server<Slots> for SlotServer {
 }
 
 /// The same machine serves another kind: heads in order, as many as the
-/// state allows, one write for all, a failing head ended alone; and each
-/// kind has a machine of its own.
+/// state allows, one write for all, a failing head ended alone.
 #[test]
 fn another_kind_waits_in_the_same_machine() {
     let mut server = SlotServer::default();
@@ -1093,8 +1086,4 @@ fn another_kind_waits_in_the_same_machine() {
     let last = machine.on(super::Event::Unblocked { id: ids[3], now_ms }, &mut server);
     assert_eq!(last, vec![reply(Ok(None))]);
     assert!(machine.is_empty());
-    // Each kind's machine is its own.
-    let slots_id = with_machine(|machine: &mut super::Machine<Slots>| machine.reserve());
-    let tokens_empty = with_machine(|machine: &mut Machine| machine.is_empty());
-    assert_eq!((slots_id, tokens_empty), (Some(1), Some(true)));
 }
