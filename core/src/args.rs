@@ -1,8 +1,8 @@
 //! Command arguments -> a typed, validated request.
 
-use crate::bucket::{Limit, MAX_TOKENS};
+use crate::bucket::Limit;
 use crate::error::TbError;
-use crate::number::{parse_decimal, Sign};
+use crate::number::{parse_decimal, Sign, MAX_EXACT_INTEGER};
 
 /// `capacity rate [n]` of TB.TAKE / TB.PEEK, validated.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -17,7 +17,7 @@ pub struct Request {
 /// names the first bad one.
 pub fn parse_request(capacity: &[u8], rate: &[u8], n: Option<&[u8]>) -> Result<Request, TbError> {
     let capacity = positive(capacity).ok_or(TbError::Capacity)?;
-    if capacity > MAX_TOKENS {
+    if capacity > MAX_EXACT_INTEGER as f64 {
         return Err(TbError::CapacityTooLarge);
     }
     let refill_per_sec = positive(rate).ok_or(TbError::Rate)?;
@@ -25,7 +25,7 @@ pub fn parse_request(capacity: &[u8], rate: &[u8], n: Option<&[u8]>) -> Result<R
         Some(text) => parse_decimal(text, Sign::Forbidden).ok_or(TbError::Count)?,
         None => 1.0,
     };
-    if n > MAX_TOKENS {
+    if n > MAX_EXACT_INTEGER as f64 {
         return Err(TbError::CountTooLarge);
     }
     Ok(Request {
@@ -37,11 +37,11 @@ pub fn parse_request(capacity: &[u8], rate: &[u8], n: Option<&[u8]>) -> Result<R
     })
 }
 
-/// TB.BTAKE's `timeout_ms`: how long to wait at most, in whole ms (a
-/// fraction rounds up), 0 for no limit, at most 2^53.
+/// The `timeout_ms` of TB.BTAKE and TB.ACQUIRE: how long to wait at most,
+/// in whole ms (a fraction rounds up), 0 for no limit, at most 2^53.
 pub fn parse_timeout(text: &[u8]) -> Result<i64, TbError> {
     let timeout_ms = parse_decimal(text, Sign::Forbidden)
-        .filter(|ms| *ms <= MAX_TOKENS)
+        .filter(|ms| *ms <= MAX_EXACT_INTEGER as f64)
         .ok_or(TbError::Timeout)?;
     // In [0, 2^53]: the conversion is exact.
     Ok(timeout_ms.ceil() as i64)
@@ -57,10 +57,6 @@ pub fn parse_lease_ms(text: &[u8]) -> Result<i64, TbError> {
     whole(text).ok_or(TbError::LeaseMs)
 }
 
-/// 2^53, as in `lease::MAX_WHOLE` (this file is also built into the
-/// benchmarks, without the rest of the crate).
-const MAX_WHOLE: i64 = 1 << 53;
-
 /// Plain decimal digits (leading zeros allowed, no sign, fraction or
 /// exponent), at most 64 bytes, valued from 1 to 2^53.
 fn whole(text: &[u8]) -> Option<i64> {
@@ -72,7 +68,7 @@ fn whole(text: &[u8]) -> Option<i64> {
         value = value
             .checked_mul(10)?
             .checked_add(i64::from(digit.wrapping_sub(b'0')))?;
-        if value > MAX_WHOLE {
+        if value > MAX_EXACT_INTEGER {
             return None;
         }
     }
@@ -209,7 +205,7 @@ mod tests {
                 prop_assert!(req.limit.capacity.is_finite() && req.limit.capacity > 0.0);
                 prop_assert!(req.limit.refill_per_sec.is_finite() && req.limit.refill_per_sec > 0.0);
                 prop_assert!(req.n.is_finite() && req.n >= 0.0);
-                prop_assert!(req.limit.capacity <= MAX_TOKENS && req.n <= MAX_TOKENS);
+                prop_assert!(req.limit.capacity <= MAX_EXACT_INTEGER as f64 && req.n <= MAX_EXACT_INTEGER as f64);
             }
         }
     }

@@ -6,19 +6,10 @@
 //! rule testable without a server, and makes the glue in src/bucket/hash.rs a
 //! straight line.
 
-/// The longest wait we ever report or turn into a TTL: 2^53 ms, about
-/// 285,000 years. Past this, f64 can no longer count single milliseconds,
-/// and every integer up to it survives a trip through a JavaScript client.
-pub const MAX_WAIT_MS: i64 = 1 << 53;
-
-/// The largest capacity and n a request may name: 2^53. Up to it, every
-/// whole number of tokens is exact in an f64, so taking one whole token
-/// always changes the count; past it `tokens - 1 == tokens` and a take would
-/// be granted while changing nothing.
-pub const MAX_TOKENS: f64 = 9_007_199_254_740_992.0;
+use crate::number::MAX_EXACT_INTEGER;
 
 /// A validated limit: both fields finite and strictly positive, the
-/// capacity at most `MAX_TOKENS` (`args.rs` guarantees it).
+/// capacity at most `MAX_EXACT_INTEGER as f64` (`args.rs` guarantees it).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Limit {
     /// Tokens the bucket holds when full: the largest burst.
@@ -325,8 +316,8 @@ pub fn take_all(charges: &[Charge], now_ms: i64) -> AllOutcome {
     }
 }
 
-/// The fewest whole ms `w` in `[0, MAX_WAIT_MS]` such that `state` holds at
-/// least `wanted` tokens at `now + w`, or `MAX_WAIT_MS` if none does.
+/// The fewest whole ms `w` in `[0, MAX_EXACT_INTEGER]` such that `state` holds at
+/// least `wanted` tokens at `now + w`, or `MAX_EXACT_INTEGER` if none does.
 ///
 /// A closed formula gives the answer up to rounding; because replies promise
 /// an exact wait ("one ms less would be denied"), the guess is then checked
@@ -362,8 +353,8 @@ fn first_ms_when(state: &State, limit: &Limit, now: f64, wanted: f64) -> i64 {
         let mut not_ready = guess;
         loop {
             let probe = not_ready.saturating_add(step);
-            if probe >= MAX_WAIT_MS {
-                break (not_ready, MAX_WAIT_MS);
+            if probe >= MAX_EXACT_INTEGER {
+                break (not_ready, MAX_EXACT_INTEGER);
             }
             if ready(probe) {
                 break (not_ready, probe);
@@ -384,11 +375,11 @@ fn first_ms_when(state: &State, limit: &Limit, now: f64, wanted: f64) -> i64 {
     is_ready
 }
 
-/// A wait in ms as an integer in `[0, MAX_WAIT_MS]`; NaN (impossible with
+/// A wait in ms as an integer in `[0, MAX_EXACT_INTEGER]`; NaN (impossible with
 /// validated inputs, but cheap to rule out) counts as the maximum.
 fn clamp_wait(ms: f64) -> i64 {
-    if ms.is_nan() || ms >= MAX_WAIT_MS as f64 {
-        MAX_WAIT_MS
+    if ms.is_nan() || ms >= MAX_EXACT_INTEGER as f64 {
+        MAX_EXACT_INTEGER
     } else if ms <= 0.0 {
         0
     } else {
@@ -459,7 +450,7 @@ mod tests {
             (18, None,      1000.0, 1e-3,  1.0,     0, [1, 999, 0, 1_000_000],       Some(999.0)),
             // Astronomic refill time is capped, never overflows.
             (19, None,       1e300, 1e-300, 1.0,    0, [1, i64::MAX, 0, 0],          Some(1e300)),
-            (20, Some(0.0),  1e300, 1e-300, 1.0,    0, [0, 0, MAX_WAIT_MS, MAX_WAIT_MS], None),
+            (20, Some(0.0),  1e300, 1e-300, 1.0,    0, [0, 0, MAX_EXACT_INTEGER, MAX_EXACT_INTEGER], None),
         ];
         println!("#   tokens       cap  rate  n  since -> [allowed remaining retry reset] stored");
         for &(row, tokens, capacity, rate, n, since_ms, expected, stored) in rows {
@@ -565,7 +556,7 @@ mod tests {
     fn a_bucket_expires_when_full_and_never_at_once() {
         assert_eq!(expire_at_ms(NOW, 1500), NOW + 1500);
         assert_eq!(expire_at_ms(NOW, 0), NOW + 1);
-        assert_eq!(expire_at_ms(i64::MAX - 1, MAX_WAIT_MS), i64::MAX);
+        assert_eq!(expire_at_ms(i64::MAX - 1, MAX_EXACT_INTEGER), i64::MAX);
     }
 
     #[test]
@@ -677,8 +668,8 @@ mod tests {
                 prop_assert!(written.tokens.is_finite());
             }
             prop_assert!(got.remaining >= 0);
-            prop_assert!(got.retry_after_ms >= -1 && got.retry_after_ms <= MAX_WAIT_MS);
-            prop_assert!(got.reset_after_ms >= 0 && got.reset_after_ms <= MAX_WAIT_MS);
+            prop_assert!(got.retry_after_ms >= -1 && got.retry_after_ms <= MAX_EXACT_INTEGER);
+            prop_assert!(got.reset_after_ms >= 0 && got.reset_after_ms <= MAX_EXACT_INTEGER);
         }
 
         #[test]
@@ -712,7 +703,7 @@ mod tests {
             let lim = limit(capacity, rate);
             let prior = state(tokens, NOW - since_ms);
             let got = take(prior, &lim, n, NOW);
-            if !got.allowed && got.retry_after_ms > 0 && got.retry_after_ms < MAX_WAIT_MS {
+            if !got.allowed && got.retry_after_ms > 0 && got.retry_after_ms < MAX_EXACT_INTEGER {
                 let wait = got.retry_after_ms;
                 prop_assert!(take(prior, &lim, n, NOW + wait).allowed);
                 prop_assert!(!take(prior, &lim, n, NOW + wait - 1).allowed);
@@ -796,8 +787,8 @@ mod tests {
             prop_assume!(rate.is_finite() && rate > 0.0 && n.is_finite());
             let prior = Some(State { tokens, last_refill_ms: last });
             let got = take(prior, &limit(capacity, rate), n, now_ms);
-            prop_assert!(got.reset_after_ms >= 0 && got.reset_after_ms <= MAX_WAIT_MS);
-            prop_assert!(got.retry_after_ms >= -1 && got.retry_after_ms <= MAX_WAIT_MS);
+            prop_assert!(got.reset_after_ms >= 0 && got.reset_after_ms <= MAX_EXACT_INTEGER);
+            prop_assert!(got.retry_after_ms >= -1 && got.retry_after_ms <= MAX_EXACT_INTEGER);
             if let Some(written) = got.write {
                 prop_assert!(written.tokens.is_finite() && written.tokens >= 0.0);
             }

@@ -26,9 +26,11 @@ pub enum TbError {
     /// The server refused to store a bucket; every key was left as it was
     /// and nothing was propagated.
     WriteFailed,
-    /// TB.BTAKE's `timeout_ms` is not a number of ms in [0, 2^53].
+    /// The `timeout_ms` of TB.BTAKE or TB.ACQUIRE is not a number of ms in
+    /// [0, 2^53].
     Timeout,
-    /// TB.BTAKE would wait on a key that already has `tb.max-waiters`.
+    /// A TB.BTAKE or TB.ACQUIRE would wait on a key that already has
+    /// `tb.max-waiters` waiters of its kind.
     TooManyWaiters,
     /// A TB.BTAKE waiter's bucket became unreadable (another type, or
     /// corrupt) while it waited.

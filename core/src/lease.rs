@@ -1,6 +1,6 @@
 //! The rules of concurrency leases (TB.ACQUIRE, TB.RELEASE, TB.RENEW),
 //! pure: no Redis types, no clock of its own. src/lease/set.rs reads a
-//! lease set into a [`Seen`] and writes back what these functions decide.
+//! lease set into a [`SetView`] and writes back what these functions decide.
 //!
 //! A lease is live while `now < deadline`. At most `limit` may be live at
 //! once; a lease that has ended never holds a slot, whether or not a call
@@ -9,11 +9,8 @@
 //! docs/leases.md for why that survives expiry, restarts and failovers).
 
 use crate::error::TbError;
-use crate::number::{format_integer, NumberText};
+use crate::number::{format_integer, NumberText, MAX_EXACT_INTEGER};
 
-/// The largest `limit`, `lease_ms`, deadline and count: 2^53, where every
-/// whole number is still exact as a sorted-set score.
-pub const MAX_WHOLE: i64 = 1 << 53;
 /// Ended leases a writing call removes at most, earliest first: the work of
 /// one call stays bounded however many leases ended unnoticed.
 pub const MAX_EXPIRED_REMOVED: usize = 64;
@@ -29,9 +26,9 @@ pub struct LeaseLimit {
     pub lease_ms: i64,
 }
 
-/// What a call sees of a lease set at its instant `now_ms`.
+/// A view of a lease set: what a call sees of it at its instant `now_ms`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct Seen {
+pub struct SetView {
     /// Leases with a deadline after now.
     pub live: i64,
     /// The earliest deadline among them.
@@ -83,7 +80,7 @@ pub struct Grant {
 /// When a lease taken or renewed at `now_ms` for `lease_ms` ends: capped at
 /// 2^53 ms, where a score stops being exact (the year 287,396).
 pub fn deadline_ms(now_ms: i64, lease_ms: i64) -> i64 {
-    now_ms.saturating_add(lease_ms).min(MAX_WHOLE)
+    now_ms.saturating_add(lease_ms).min(MAX_EXACT_INTEGER)
 }
 
 /// Whether a lease ending at `deadline_ms` still holds its slot at `now_ms`.
@@ -94,7 +91,7 @@ pub fn is_live(deadline_ms: i64, now_ms: i64) -> bool {
 /// The key's expiry after storing a lease that ends at `deadline_ms`, if it
 /// must change: the expiry only grows, so the key outlives every deadline
 /// it has handed out (which keeps ids unique, see the module docs).
-pub fn expiry_after(seen: &Seen, deadline_ms: i64) -> Option<i64> {
+pub fn expiry_after(seen: &SetView, deadline_ms: i64) -> Option<i64> {
     let wanted = match seen.expire_at_ms {
         Some(current) => current.max(deadline_ms),
         None => seen
@@ -108,7 +105,7 @@ pub fn expiry_after(seen: &Seen, deadline_ms: i64) -> Option<i64> {
 /// of this one: a lease if a slot is free and nobody is ahead, else a
 /// denial saying when the earliest live lease ends by itself.
 pub fn acquire(
-    seen: &Seen,
+    seen: &SetView,
     limit: &LeaseLimit,
     waiting: i64,
     now_ms: i64,
@@ -116,7 +113,7 @@ pub fn acquire(
     if waiting > 0 || seen.live >= limit.limit {
         return Ok(denial(seen, limit, waiting, now_ms));
     }
-    if seen.issued >= MAX_WHOLE {
+    if seen.issued >= MAX_EXACT_INTEGER {
         return Err(TbError::LeaseIdsExhausted);
     }
     let deadline_ms = deadline_ms(now_ms, limit.lease_ms);
@@ -135,7 +132,7 @@ pub fn acquire(
 /// A denial's figures at `now_ms`, with `waiting` callers queued ahead:
 /// the free slots left to a newcomer, and the time until the earliest live
 /// lease ends by itself (0 when none is live).
-pub fn denial(seen: &Seen, limit: &LeaseLimit, waiting: i64, now_ms: i64) -> Acquire {
+pub fn denial(seen: &SetView, limit: &LeaseLimit, waiting: i64, now_ms: i64) -> Acquire {
     let retry_after_ms = seen
         .earliest_deadline_ms
         .filter(|_| seen.live > 0)
@@ -148,8 +145,8 @@ pub fn denial(seen: &Seen, limit: &LeaseLimit, waiting: i64, now_ms: i64) -> Acq
 
 /// The lease set after `grant` was stored: what the next head in a queue
 /// is judged on.
-pub fn after_grant(seen: &Seen, grant: &Grant) -> Seen {
-    Seen {
+pub fn after_grant(seen: &SetView, grant: &Grant) -> SetView {
+    SetView {
         live: seen.live.saturating_add(1),
         earliest_deadline_ms: Some(
             seen.earliest_deadline_ms
@@ -170,7 +167,7 @@ pub fn after_grant(seen: &Seen, grant: &Grant) -> Seen {
 /// (`None`: not in the set): the new deadline and expiry, or `None` when the
 /// lease is not held, which writes nothing.
 pub fn renew(
-    seen: &Seen,
+    seen: &SetView,
     current_deadline_ms: Option<i64>,
     lease_ms: i64,
     now_ms: i64,
@@ -200,7 +197,7 @@ pub fn is_lease_id(bytes: &[u8]) -> bool {
 /// The count of ids handed out, from the `seq` member's score (minus the
 /// count); `None` if the score is not a whole number in [-2^53, 0].
 pub fn issued_from_score(score: f64) -> Option<i64> {
-    if !(score <= 0.0 && score >= -(MAX_WHOLE as f64)) || score.fract() != 0.0 {
+    if !(score <= 0.0 && score >= -(MAX_EXACT_INTEGER as f64)) || score.fract() != 0.0 {
         return None;
     }
     // A whole number within ±2^53: the conversion is exact.
@@ -231,7 +228,7 @@ mod tests {
 
     #[test]
     fn the_first_lease_on_a_missing_key_is_number_one_and_sets_the_expiry() {
-        let grant = granted(acquire(&Seen::default(), &limit(2, 30_000), 0, NOW));
+        let grant = granted(acquire(&SetView::default(), &limit(2, 30_000), 0, NOW));
         assert_eq!(grant.id.text().as_bytes(), b"1764633600000-1");
         assert_eq!(grant.deadline_ms, NOW + 30_000);
         assert_eq!(grant.available, 1);
@@ -240,7 +237,7 @@ mod tests {
 
     #[test]
     fn a_full_set_denies_with_the_wait_for_the_earliest_live_lease() {
-        let seen = Seen {
+        let seen = SetView {
             live: 2,
             earliest_deadline_ms: Some(NOW + 1_500),
             issued: 9,
@@ -258,11 +255,11 @@ mod tests {
 
     #[test]
     fn a_limit_below_the_live_leases_denies_and_revokes_nothing() {
-        let seen = Seen {
+        let seen = SetView {
             live: 5,
             earliest_deadline_ms: Some(NOW + 10),
             issued: 5,
-            ..Seen::default()
+            ..SetView::default()
         };
         assert!(matches!(
             acquire(&seen, &limit(3, 100), 0, NOW),
@@ -272,11 +269,11 @@ mod tests {
 
     #[test]
     fn callers_waiting_ahead_keep_a_free_slot_from_a_newcomer() {
-        let seen = Seen {
+        let seen = SetView {
             live: 1,
             earliest_deadline_ms: Some(NOW + 40),
             issued: 1,
-            ..Seen::default()
+            ..SetView::default()
         };
         assert_eq!(
             acquire(&seen, &limit(3, 100), 1, NOW),
@@ -287,7 +284,7 @@ mod tests {
         );
         // Nobody live: turned away only by the queue, so no wait to report.
         assert_eq!(
-            acquire(&Seen::default(), &limit(3, 100), 4, NOW),
+            acquire(&SetView::default(), &limit(3, 100), 4, NOW),
             Ok(Acquire::Denied {
                 available: 0,
                 retry_after_ms: 0
@@ -297,11 +294,11 @@ mod tests {
 
     #[test]
     fn ids_count_on_from_the_stored_count() {
-        let seen = Seen {
+        let seen = SetView {
             live: 0,
             issued: 41,
             expire_at_ms: Some(NOW + 5),
-            ..Seen::default()
+            ..SetView::default()
         };
         let grant = granted(acquire(&seen, &limit(1, 1), 0, NOW));
         assert_eq!(grant.id.n, 42);
@@ -311,10 +308,10 @@ mod tests {
 
     #[test]
     fn a_key_without_expiry_gets_the_latest_deadline_it_holds() {
-        let seen = Seen {
+        let seen = SetView {
             issued: 3,
             latest_deadline_ms: Some(NOW + 90_000),
-            ..Seen::default()
+            ..SetView::default()
         };
         let grant = granted(acquire(&seen, &limit(5, 1_000), 0, NOW));
         assert_eq!(grant.expire_at_ms, Some(NOW + 90_000));
@@ -322,9 +319,9 @@ mod tests {
 
     #[test]
     fn the_count_stops_at_2_pow_53() {
-        let seen = Seen {
-            issued: MAX_WHOLE,
-            ..Seen::default()
+        let seen = SetView {
+            issued: MAX_EXACT_INTEGER,
+            ..SetView::default()
         };
         assert_eq!(
             acquire(&seen, &limit(1, 1), 0, NOW),
@@ -334,8 +331,8 @@ mod tests {
 
     #[test]
     fn deadlines_stop_at_2_pow_53() {
-        assert_eq!(deadline_ms(NOW, MAX_WHOLE), MAX_WHOLE);
-        assert_eq!(deadline_ms(i64::MAX, 1), MAX_WHOLE);
+        assert_eq!(deadline_ms(NOW, MAX_EXACT_INTEGER), MAX_EXACT_INTEGER);
+        assert_eq!(deadline_ms(i64::MAX, 1), MAX_EXACT_INTEGER);
         assert_eq!(deadline_ms(NOW, 1), NOW + 1);
     }
 
@@ -347,9 +344,9 @@ mod tests {
 
     #[test]
     fn renewal_moves_a_live_lease_only() {
-        let seen = Seen {
+        let seen = SetView {
             expire_at_ms: Some(NOW + 100),
-            ..Seen::default()
+            ..SetView::default()
         };
         assert_eq!(
             renew(&seen, Some(NOW + 50), 1_000, NOW),
@@ -388,13 +385,16 @@ mod tests {
     fn the_count_is_minus_a_whole_score_down_to_minus_2_pow_53() {
         assert_eq!(issued_from_score(0.0), Some(0));
         assert_eq!(issued_from_score(-7.0), Some(7));
-        assert_eq!(issued_from_score(-(MAX_WHOLE as f64)), Some(MAX_WHOLE));
+        assert_eq!(
+            issued_from_score(-(MAX_EXACT_INTEGER as f64)),
+            Some(MAX_EXACT_INTEGER)
+        );
         for bad in [
             1.0,
             -0.5,
             f64::NAN,
             f64::NEG_INFINITY,
-            -(MAX_WHOLE as f64) * 2.0,
+            -(MAX_EXACT_INTEGER as f64) * 2.0,
         ] {
             assert_eq!(issued_from_score(bad), None, "{bad}");
         }
@@ -409,14 +409,14 @@ mod tests {
     }
 
     impl Model {
-        fn seen(&self, now_ms: i64) -> Seen {
+        fn seen(&self, now_ms: i64) -> SetView {
             let live: Vec<i64> = self
                 .leases
                 .iter()
                 .map(|(_, deadline)| *deadline)
                 .filter(|deadline| is_live(*deadline, now_ms))
                 .collect();
-            Seen {
+            SetView {
                 live: live.len() as i64,
                 earliest_deadline_ms: live.iter().copied().min(),
                 issued: self.issued,

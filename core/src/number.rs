@@ -63,8 +63,14 @@ const EXACT_POWERS_OF_TEN: [f64; 23] = [
     1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
 ];
 
-/// 2^53: every integer up to it is exactly representable as an f64.
-const MAX_EXACT_INTEGER: u64 = 1 << 53;
+/// 2^53, the one bound of every number the module takes, stores or reports:
+/// capacity and n, whole ms (timeouts, `lease_ms`, waits, deadlines) and
+/// counts. Every integer up to it is exact in an f64, so in a sorted-set
+/// score and a JavaScript number too: taking one whole token always changes
+/// the count (past it `tokens - 1 == tokens`, and a take would be granted
+/// while changing nothing), and a wait of 2^53 ms (about 285,000 years) is
+/// still counted in single milliseconds.
+pub const MAX_EXACT_INTEGER: i64 = 1 << 53;
 
 impl DecimalShape {
     /// The value when it can be had exactly with one operation: an integer
@@ -76,7 +82,9 @@ impl DecimalShape {
         if self.has_exponent {
             return None;
         }
-        let digits = self.digits.filter(|d| *d <= MAX_EXACT_INTEGER)?;
+        let digits = self
+            .digits
+            .filter(|d| *d <= MAX_EXACT_INTEGER.unsigned_abs())?;
         let scale = EXACT_POWERS_OF_TEN.get(self.frac_digits)?;
         // `digits` <= 2^53 converts exactly.
         let magnitude = digits as f64 / scale;

@@ -1,4 +1,4 @@
-//! Stored bucket data, as `store.rs` reads it from a hash that anyone may
+//! Stored bucket data, as src/bucket/hash.rs reads it from a hash anyone may
 //! have written (HSET of garbage, another client, an older version).
 //!
 //! On every input:

@@ -173,7 +173,8 @@ impl<'a> Reader<'a> {
 // panics (a fuzzer crash) naming the broken rule.
 // ---------------------------------------------------------------------------
 
-use bucket::{Limit, Outcome, State, MAX_WAIT_MS};
+use bucket::{Limit, Outcome, State};
+use number::MAX_EXACT_INTEGER;
 use number::{format_tokens, parse_decimal, Sign};
 
 /// Largest |ms| at which an i64 time converts to f64 exactly, so that
@@ -214,7 +215,7 @@ pub fn check_storage_round_trip(written: &State, now_ms: i64) {
 /// `reset` is the fewest whole ms until `state` is full (capped at 2^53).
 fn check_reset(state: &State, limit: &Limit, now_ms: i64, reset: i64, what: &str) {
     assert!(
-        (0..=MAX_WAIT_MS).contains(&reset),
+        (0..=MAX_EXACT_INTEGER).contains(&reset),
         "{what}: reset {reset} out of range"
     );
     let full_at = |t: f64| state.available_at(limit, t) >= limit.capacity;
@@ -226,7 +227,7 @@ fn check_reset(state: &State, limit: &Limit, now_ms: i64, reset: i64, what: &str
         !full_at(now_ms as f64),
         "{what}: reset {reset} but already full"
     );
-    if reset < MAX_WAIT_MS {
+    if reset < MAX_EXACT_INTEGER {
         if let Some(t) = exact_at(now_ms, reset) {
             assert!(full_at(t), "{what}: not full after reset {reset} ms");
         }
@@ -363,7 +364,7 @@ pub fn check_take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> O
         let state = got.write.or(state);
         let retry = got.retry_after_ms;
         assert!(
-            (1..=MAX_WAIT_MS).contains(&retry),
+            (1..=MAX_EXACT_INTEGER).contains(&retry),
             "retry {retry} out of range"
         );
         assert!(
@@ -372,7 +373,7 @@ pub fn check_take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> O
             got.reset_after_ms
         );
         let ready = |t: f64| current.available_at(limit, t) >= n;
-        if retry < MAX_WAIT_MS {
+        if retry < MAX_EXACT_INTEGER {
             if let Some(t) = exact_at(now_ms, retry) {
                 assert!(ready(t), "still denied after retry {retry} ms");
                 let same_call = bucket::take(state, limit, n, now_ms + retry);

@@ -19,7 +19,7 @@ use redis_tb_core::error::TbError;
 use redis_tb_core::wait::tokens::{Served, Tokens};
 
 use super::commands::{count_decision, shadow, Single};
-use super::hash::{store, BucketKey};
+use super::hash::{write_all, BucketKey};
 use crate::server::api::Api;
 use crate::server::blocking::{self, GlueKind};
 use crate::server::config::SHADOW_MODE;
@@ -52,7 +52,7 @@ fn btake(
     // `retry_after_ms = -1`: n exceeds the capacity and can never be granted.
     let would_wait = !outcome.allowed && outcome.retry_after_ms > 0;
     if !would_wait || !blocking::may_block(api, ctx) || SHADOW_MODE.load(Relaxed) {
-        store(&[(&single.bucket, &outcome)], single.now_ms)?;
+        write_all(&[(&single.bucket, &outcome)], single.now_ms)?;
         count_decision(outcome.allowed, request.n);
         return Ok(Reply::Decision(shadow(outcome)));
     }
@@ -60,7 +60,7 @@ fn btake(
     let (db, name) = unsafe { ((api.selected_db)(ctx), api.bytes(&key)) };
     blocking::room::<Tokens>(db, name)?;
     // A denial writes nothing but a clock repair, stored before the wait.
-    store(&[(&single.bucket, &outcome)], single.now_ms)?;
+    write_all(&[(&single.bucket, &outcome)], single.now_ms)?;
     drop(single);
 
     blocking::block::<Tokens>(

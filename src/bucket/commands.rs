@@ -14,7 +14,7 @@ use redis_tb_core::bucket::{self, Charge, Outcome};
 use redis_tb_core::error::TbError;
 use redis_tb_core::wait::tokens::TokenMachine;
 
-use super::hash::{store, BucketKey, Corrupt};
+use super::hash::{write_all, BucketKey, Corrupt};
 use crate::server::api::Api;
 use crate::server::config::SHADOW_MODE;
 use crate::server::keys::Access;
@@ -33,7 +33,7 @@ fn take(
 ) -> Result<Reply, TbError> {
     let single = Single::open(api, ctx, args, Access::Write)?;
     let outcome = single.charge.judge(single.now_ms);
-    store(&[(&single.bucket, &outcome)], single.now_ms)?;
+    write_all(&[(&single.bucket, &outcome)], single.now_ms)?;
     count_decision(outcome.allowed, single.charge.n);
     Ok(Reply::Decision(shadow(outcome)))
 }
@@ -66,7 +66,7 @@ fn refund(
     let single = Single::open(api, ctx, args, Access::Write)?;
     let charge = &single.charge;
     let refunded = bucket::refund(charge.state, &charge.limit, charge.n, single.now_ms);
-    store(&[(&single.bucket, &refunded.outcome)], single.now_ms)?;
+    write_all(&[(&single.bucket, &refunded.outcome)], single.now_ms)?;
     metrics::TOKENS_REFUNDED.add(refunded.added);
     Ok(Reply::Decision(refunded.outcome))
 }
@@ -215,7 +215,7 @@ fn take_all(
     let now_ms = now(api);
     let result = bucket::take_all(&charges, now_ms);
     let writes: Vec<(&BucketKey, &Outcome)> = buckets.iter().zip(&result.outcomes).collect();
-    store(&writes, now_ms)?;
+    write_all(&writes, now_ms)?;
     // The deciding bucket allows exactly when the whole call does: a
     // denial is decided by a denying bucket (see `bucket::take_all`).
     let outcome = result

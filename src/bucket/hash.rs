@@ -1,5 +1,5 @@
 //! A bucket's hash in the keyspace: type check, read, write with an
-//! absolute deadline, propagation of the effects, and `store`, which
+//! absolute deadline, propagation of the effects, and `write_all`, which
 //! writes several buckets all or nothing.
 //!
 //! Layout (shared with the Lua script it replaces, so either can take over
@@ -352,7 +352,7 @@ fn number(field: &ServerString) -> Option<f64> {
 /// refuses one, those already applied are taken back, nothing is
 /// propagated and the command fails, so no replica, AOF or watcher can see
 /// what the master does not hold. Only then is each write propagated.
-pub fn store(outcomes: &[(&BucketKey, &Outcome)], now_ms: i64) -> Result<(), TbError> {
+pub fn write_all(outcomes: &[(&BucketKey, &Outcome)], now_ms: i64) -> Result<(), TbError> {
     let deadline = |outcome: &Outcome| bucket::expire_at_ms(now_ms, outcome.reset_after_ms);
     // One bucket, the usual case: nothing to take back, so nothing to keep
     // (and no allocation on the hot path).
@@ -380,7 +380,7 @@ pub fn store(outcomes: &[(&BucketKey, &Outcome)], now_ms: i64) -> Result<(), TbE
         match bucket.apply(state, now_ms, deadline(outcome)) {
             Ok(done) => applied.push((index, done)),
             Err(WriteFailed) => {
-                // Test-only (`fault-skip-rollback yes`, src/fault.rs): shows that
+                // Test-only (`fault-skip-rollback yes`, src/testing/fault.rs): shows
                 // the rollback tests fail without the rollback, so they reach it.
                 if fault::rollback_skipped() {
                     return Err(TbError::WriteFailed);

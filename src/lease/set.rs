@@ -1,4 +1,4 @@
-//! A lease set in the keyspace: type check, read into a [`Seen`], and the
+//! A lease set in the keyspace: type check, read into a [`SetView`], and the
 //! writes of a grant, a release and a renewal with their propagation.
 //!
 //! Layout (shared with lua/tb.lua, so either can take over from the other):
@@ -18,7 +18,7 @@ use redis_module::raw::{
 };
 
 use redis_tb_core::error::TbError;
-use redis_tb_core::lease::{self, Grant, Seen, MAX_EXPIRED_REMOVED};
+use redis_tb_core::lease::{self, Grant, SetView, MAX_EXPIRED_REMOVED};
 use redis_tb_core::number::format_integer;
 
 use crate::server::api::Api;
@@ -47,7 +47,7 @@ enum Count {
 
 /// What a call read: the figures, and the ended leases a write removes.
 pub struct Read<'a> {
-    pub seen: Seen,
+    pub seen: SetView,
     pub expired: Vec<ServerString<'a>>,
     /// Whether `expired` holds every member scored <= now but `seq`: then
     /// any other member is a live lease, with no lookup.
@@ -59,7 +59,7 @@ impl Read<'_> {
     #[cfg(feature = "bench-floor")]
     pub fn nothing() -> Self {
         Read {
-            seen: Seen::default(),
+            seen: SetView::default(),
             expired: Vec::new(),
             all_ended_seen: false,
         }
@@ -135,7 +135,7 @@ impl<'a> LeaseSet<'a> {
     /// call's work stays bounded however many leases ended unnoticed.
     fn scan(&self, now_ms: i64, key_arg: usize, count: Count) -> Result<Read<'a>, TbError> {
         let mut read = Read {
-            seen: Seen::default(),
+            seen: SetView::default(),
             expired: Vec::new(),
             all_ended_seen: false,
         };

@@ -119,7 +119,7 @@ pub struct Api {
     /// name on every call.
     pub tokens_field: FieldName,
     pub last_refill_field: FieldName,
-    /// Leases (`lease_set.rs`): the sorted-set functions, and the name of
+    /// Leases (src/lease/set.rs): the sorted-set functions, and the name of
     /// the bookkeeping member, made once like the field names.
     pub zset: Zset,
     pub seq_member: FieldName,

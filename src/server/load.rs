@@ -190,7 +190,7 @@ fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
 const VALKEY_HANDLE_ATOMIC_SLOT_MIGRATION: c_int = 1 << 5;
 
 fn set_module_options(ctx: *mut RedisModuleCtx) {
-    // WATCH/tracking are signalled by `store.rs` only when a bucket is
+    // WATCH/tracking are signalled by src/bucket/hash.rs only when a bucket is
     // written; by default every write-open would signal, even for a denied
     // request that changes nothing.
     let mut options = raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED as c_int;

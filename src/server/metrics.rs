@@ -92,9 +92,9 @@ pub static WAITS_TIMED_OUT: Counter = Counter::new();
 pub static WAITS_ABANDONED: Counter = Counter::new();
 /// Milliseconds waited in all, over every wait that ended.
 pub static WAIT_MS: Sum = Sum::new();
-/// TB.BTAKE: clients whose wait has not ended, set by `btake.rs`.
+/// TB.BTAKE: clients whose wait has not ended, set by src/bucket/btake.rs.
 pub static WAITING: Gauge = Gauge::new();
-/// TB.ACQUIRE: the same, set by `lease_commands.rs`.
+/// TB.ACQUIRE: the same, set by src/lease/commands.rs.
 pub static LEASE_WAITING: Gauge = Gauge::new();
 /// TB.ACQUIRE: leases granted (at once or after a wait), and denials
 /// (timed-out waits included).

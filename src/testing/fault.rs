@@ -7,7 +7,7 @@
 //! directory), the load argument `fault hash-set|expire EVERY` makes every
 //! EVERY-th attempt at that step fail as the server would, so the tests can
 //! check that a failed write replies an error, propagates nothing and
-//! leaves the key as it was. `fault-skip-rollback yes` also makes `store`
+//! leaves the key as it was. `fault-skip-rollback yes` also makes `write_all`
 //! leave in place the writes a refused TB.TAKEALL had already applied, so
 //! the tests can show that their rollback checks fail without the rollback
 //! (they would pass vacuously if the fault never reached it). Without the

@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use super::leases::{LeaseReply, Leases, LeasesServed};
 use super::sim_timers::{Key, Order, TimerFor, Timers};
 use super::*;
-use crate::lease::{self, Acquire, Grant, LeaseId, LeaseLimit, Seen};
+use crate::lease::{self, Acquire, Grant, LeaseId, LeaseLimit, SetView};
 
 type Machine = super::Machine<Leases>;
 type Event<'a> = super::Event<'a, Leases>;
@@ -69,13 +69,13 @@ impl Set {
     }
 
     /// What `LeaseSet::read` returns for it at `now_ms`.
-    fn seen(&self, now_ms: i64) -> Seen {
+    fn seen(&self, now_ms: i64) -> SetView {
         let live = self
             .leases
             .values()
             .copied()
             .filter(|d| lease::is_live(*d, now_ms));
-        Seen {
+        SetView {
             live: self.live(now_ms),
             earliest_deadline_ms: live.min(),
             issued: self.issued,

@@ -4,7 +4,7 @@
 //! reply sent, is the module's (src/lease/commands.rs).
 
 use crate::error::TbError;
-use crate::lease::{self, Acquire, Grant, LeaseId, LeaseLimit, Seen};
+use crate::lease::{self, Acquire, Grant, LeaseId, LeaseLimit, SetView};
 use crate::wait::{self, Kind, Unserved};
 
 /// What TB.ACQUIRE answers: `[acquired, available, retry_after_ms, lease]`.
@@ -22,7 +22,7 @@ pub struct Leases;
 /// The lease set as a wake-up serves it: as read, then with the leases
 /// granted so far, which the write stores in one ZADD.
 pub struct LeasesServed {
-    pub seen: Seen,
+    pub seen: SetView,
     pub grants: Vec<Grant>,
 }
 
@@ -30,7 +30,7 @@ pub struct LeasesServed {
 impl LeasesServed {
     /// A lease set as a server read it, nothing granted yet (the tests'
     /// simulated server).
-    pub(crate) fn read_as(seen: Seen) -> LeasesServed {
+    pub(crate) fn read_as(seen: SetView) -> LeasesServed {
         LeasesServed {
             seen,
             grants: Vec::new(),
