@@ -17,7 +17,7 @@ PORT ?= 6379
 export TB_MODULE ?= $(MODULE)
 export TB_SERVER ?= redis-server
 
-.PHONY: help deps build run lint test test-valkey test-clients servers bench profile fuzz sanitize clean
+.PHONY: help deps build run check-paths lint test test-valkey test-clients servers bench profile fuzz sanitize clean
 
 help: ## List the targets
 	@echo "usage: make <target> [PORT=6379]"
@@ -41,6 +41,11 @@ run: build ## Start redis-server in the foreground with the module (PORT=6379)
 	@echo "redis-server on 127.0.0.1:$(PORT) with $(MODULE); Ctrl-C to stop"
 	cd $(ROOT) && exec redis-server redis.conf.example --port $(PORT)
 
+# Python 3 standard library only: runs before anything is built or installed.
+check-paths: ## Fail if the docs or a comment name a path that does not exist, or the README's map misses a src/ file
+	cd $(ROOT) && python3 scripts/check-paths.py --self-test
+	cd $(ROOT) && python3 scripts/check-paths.py
+
 lint: deps ## rustfmt check and clippy with warnings as errors
 	cd $(ROOT) && cargo fmt --all -- --check
 	cd $(ROOT) && cargo clippy --workspace --all-targets -- -D warnings
@@ -55,7 +60,7 @@ lint: deps ## rustfmt check and clippy with warnings as errors
 # module users run.
 FAULT_BUILD := cargo build --features fault-injection --target-dir target/fault
 
-test: deps lint ## Everything: lint, unit/property/integration tests on Redis and Valkey, client libraries
+test: check-paths deps lint ## Everything: path check, lint, unit/property/integration tests on Redis and Valkey, client libraries
 	cd $(ROOT) && cargo build --release
 	cd $(ROOT) && $(FAULT_BUILD)
 	cd $(ROOT) && cargo test --workspace
