@@ -20,8 +20,8 @@ Rows are interleaved (every row once, then every row again, ...) so slow
 phases of a noisy machine hit all rows alike, and every ratio is computed
 within one repetition, then summarised by its median.
 
-Python 3.11 standard library only. Results go to bench/results.json,
-bench/results.md and bench/chart.svg.
+Python 3.11 standard library only. Results go to bench/results/results.json,
+bench/results/results.md and bench/results/chart.svg.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Callable
 
 # The client, the servers and the tables every bench script shares.
-from harness import ROOT, BENCH_DIR, Conn, ReplyError, Server, commandstats, md_table, stop_all, text_table
+from harness import ROOT, BENCH_DIR, RESULTS_DIR, Conn, ReplyError, Server, commandstats, md_table, stop_all, text_table
 from harness import git_rev as harness_git_rev
 
 LUA_PATH = BENCH_DIR / "reference_token_bucket.lua"
@@ -876,7 +876,7 @@ def main() -> int:
                     help="multiplies the request counts (0.1 for a quick smoke run)")  # fmt: skip
     ap.add_argument("--server", default=os.environ.get("TB_SERVER", "redis-server"))
     ap.add_argument("--module", default=os.environ.get("TB_MODULE", str(ROOT / "target/release/libredis_tb.so")))
-    ap.add_argument("--out", default=str(BENCH_DIR), help="where results.json/.md and chart.svg go")
+    ap.add_argument("--out", default=str(RESULTS_DIR), help="where results.json/.md and chart.svg go")
     ap.add_argument("--no-aof", action="store_true", help="skip the AOF rows")
     ap.add_argument("--peer-module", default=os.environ.get("TB_PEER_MODULE", ""),
                     help="redis-cell's .so (scripts/build-redis-cell.sh), loaded beside the module "

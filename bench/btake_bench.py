@@ -39,7 +39,7 @@ connected over the same span of time (the floor); memory per waiter
 
 Python 3.11 standard library only. Exit status 1 only on a correctness
 failure (lost, early, out of order); missed performance targets are
-printed and recorded, not fatal. Results: bench/btake-results.md/.json.
+printed and recorded, not fatal. Results: bench/results/btake-results.md/.json.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import (ROOT, BENCH_DIR, Conn, Incomplete, ReplyError, Server, built_module, cpu_seconds, encode,
+from harness import (ROOT, RESULTS_DIR, Conn, Incomplete, ReplyError, Server, built_module, cpu_seconds, encode,
                      finish, fmt, generated_by, git_rev, log, md_blocks, md_table, parse_one, raise_nofile,
                      run_head, stop_all, version_of)  # fmt: skip
 
@@ -877,7 +877,7 @@ def main() -> int:
     ap.add_argument("--module", default=os.environ.get("TB_MODULE", str(ROOT / "target/release/libredis_tb.so")))
     ap.add_argument("--take-requests", type=int, default=100_000, help="TB.TAKE baseline calls per rep")
     ap.add_argument("--reps", type=int, default=3, help="TB.TAKE baseline repetitions (median)")
-    ap.add_argument("--out", default=str(BENCH_DIR), help="where btake-results.md/.json go")
+    ap.add_argument("--out", default=str(RESULTS_DIR), help="where btake-results.md/.json go")
     ap.add_argument("--profile", choices=["perf", "perf-stat", "strace"],
                     help="attach perf record -g, perf stat (events from $BTAKE_PERF_EVENTS) or "
                     "strace -c to the server for each serving phase (skews its CPU figures; "

@@ -33,7 +33,7 @@ blocked_clients are back to 0, the bucket is empty and the list gone.
 
 Python 3.11 standard library only. Exit status 1 only on a correctness failure;
 a missed target is printed and recorded, not fatal. Results:
-bench/handoff-results.md and bench/handoff-results.json.
+bench/results/handoff-results.md and bench/results/handoff-results.json.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import (ROOT, BENCH_DIR, Conn, Incomplete, ReplyError, Server, ServerStartError, built_module,
+from harness import (ROOT, RESULTS_DIR, Conn, Incomplete, ReplyError, Server, ServerStartError, built_module,
                      discover_servers, encode, finish, fmt, generated_by, git_rev, log, md_blocks, md_table,
                      parse_one, raise_nofile, run_head, stop_all, version_of)  # fmt: skip
 
@@ -483,7 +483,7 @@ def main() -> int:
     ap.add_argument("--servers", help="comma list: only these servers (names such as redis, "
                     "valkey-9.1, or a substring of a TB_BENCH_SERVERS path)")
     ap.add_argument("--module", default=os.environ.get("TB_MODULE", str(ROOT / "target/release/libredis_tb.so")))
-    ap.add_argument("--out", default=str(BENCH_DIR), help="where handoff-results.md/.json go")
+    ap.add_argument("--out", default=str(RESULTS_DIR), help="where handoff-results.md/.json go")
     args = ap.parse_args()  # fmt: skip
 
     module = built_module(args.module)

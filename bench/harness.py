@@ -24,6 +24,9 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = ROOT / "bench"
+# Where the scripts write their results by default: generated files apart
+# from the scripts that generate them.
+RESULTS_DIR = BENCH_DIR / "results"
 
 
 # --------------------------------------------------------------------------

@@ -28,7 +28,7 @@ scenario; printed MET or MISSED (a miss is recorded, not fatal).
 
 Python 3.11 standard library; helpers imported from bench/harness.py and
 bench/bench.py. Results:
-bench/lease-results.md and bench/lease-results.json. Exit status 1 only on a
+bench/results/lease-results.md and bench/results/lease-results.json. Exit status 1 only on a
 correctness failure.
 """
 
@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench  # noqa: E402  (bench/bench.py: summary, fmt, median, git_rev)
 from bench import summary  # noqa: E402
-from harness import (ROOT, BENCH_DIR, ReplyError, Server, built_module, commandstats, cpu_seconds,  # noqa: E402
+from harness import (ROOT, BENCH_DIR, RESULTS_DIR, ReplyError, Server, built_module, commandstats, cpu_seconds,  # noqa: E402
                      discover_servers, finish, generated_by, log, md_blocks, md_table, run_head, stop_all,
                      version_of)  # fmt: skip
 
@@ -408,7 +408,7 @@ def main() -> int:
     default_module = FLOOR_BUILD if fresh else ROOT / "target/release/libredis_tb.so"
     ap.add_argument("--module", default=os.environ.get("TB_LEASE_MODULE", str(default_module)),
                     help="module to load (default: the bench-floor build if built, which adds TB.FLOOR.*)")  # fmt: skip
-    ap.add_argument("--out", default=str(BENCH_DIR), help="where lease-results.md/.json go")
+    ap.add_argument("--out", default=str(RESULTS_DIR), help="where lease-results.md/.json go")
     args = ap.parse_args()
     module = built_module(args.module)
 
