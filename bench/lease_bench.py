@@ -301,9 +301,8 @@ def result_rows(results):
             by_command = ", ".join(
                 f"{name} {bench.fmt(bench.median([rep[key]['usec_per_call'][name] for rep in run['per_rep']]))}"
                 for name in run["per_rep"][0][key]["usec_per_call"])  # fmt: skip
-            rows.append([run["version"], scenario, impl, bench.fmt(us["median"]),
-                         f"{bench.fmt(us['min'])}-{bench.fmt(us['max'])}", by_command, bench.fmt(cpu["median"]),
-                         f"{bench.fmt(cpu['min'])}-{bench.fmt(cpu['max'])}", bench.fmt(kps["median"], 1)])  # fmt: skip
+            rows.append([run["version"], scenario, impl, *bench.median_range(us), by_command,
+                         *bench.median_range(cpu), bench.fmt(kps["median"], 1)])  # fmt: skip
     return head, rows
 
 
@@ -316,8 +315,7 @@ def target_rows(results):
             primary = t["measure"] == "usec_per_pair"
             verdict = ("MET" if t["met"] else "MISSED") if primary else ("(met)" if t["met"] else "(missed)")
             rows.append([verdict, run["version"], t["scenario"], MEASURES[t["measure"]],
-                         f"{bench.fmt(r['median'], 3)}x", f"{bench.fmt(r['min'], 3)}-{bench.fmt(r['max'], 3)}",
-                         f"<= {TARGET_RATIO}x"])  # fmt: skip
+                         *bench.median_range(r, 3, "x"), f"<= {TARGET_RATIO}x"])  # fmt: skip
     return head, rows
 
 
