@@ -62,7 +62,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import RESULTS_DIR, ROOT, Server, commandstats, git_rev
+from harness import RESULTS_DIR, ROOT, Server, commandstats, git_rev, md_table
 
 APPS = ROOT / "bench" / "middleware"
 CACHE = ROOT / ".cache" / "mw-bench"
@@ -577,10 +577,8 @@ def markdown(results: dict) -> str:
         "path; the ratio is computed per round (median, min-max over the rounds). Target: the "
         "module ratio <= 1.5.",
         "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
+        md_table(head, rows),
     ]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
     head, rows = cpu_table(results)
     if rows:
         lines += [
@@ -590,10 +588,8 @@ def markdown(results: dict) -> str:
             "Time spent waiting for a CPU is not in it, so these hold on a loaded machine where "
             "the latencies above scatter.",
             "",
-            "| " + " | ".join(head) + " |",
-            "|" + "---|" * len(head),
+            md_table(head, rows),
         ]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", "| framework | server and client | versions |", "|---|---|---|"]
     for name, res in results["frameworks"].items():
         if "skipped" in res:
