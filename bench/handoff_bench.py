@@ -382,42 +382,38 @@ def span(s: dict, digits=1) -> str:
     return f"{fmt(s['median'], digits)} ({fmt(s['min'], digits)}-{fmt(s['max'], digits)})"
 
 
+def measured(results) -> list[tuple[dict, dict]]:
+    """The runs that were measured, each with its medians (an aborted run has
+    none, only its failure)."""
+    return [(r, r["median"]) for r in results["runs"] if "median" in r]
+
+
 def main_rows(results):
     head = [
         "server", "AOF", "N", "TB.BTAKE last reply ms", "BLPOP last reply ms",
         "time ratio", f"<= {TARGET_RATIO}x", "TB.BTAKE CPU us/waiter", "BLPOP CPU us/waiter",
         "CPU ratio", f"<= {TARGET_RATIO}x", "load avg",
     ]  # fmt: skip
-    rows = []
-    for r in results["runs"]:
-        if "median" not in r:
-            continue
-        m = r["median"]
-        rows.append([
-            r["version"], "no" if r["config"] == "plain" else "yes (fsync no)", fmt(r["n"]),
-            span(m["TB.BTAKE"]["last_ms"]), span(m["BLPOP"]["last_ms"]),
-            fmt(r["time_ratio"]) + "x", met(r["time_met"]),
-            span(m["TB.BTAKE"]["cpu_us_per_waiter"], 2), span(m["BLPOP"]["cpu_us_per_waiter"], 2),
-            fmt(r["cpu_ratio"]) + "x", met(r["cpu_met"]),
-            fmt(r["loadavg_start"][0], 1),
-        ])  # fmt: skip
+    rows = [[
+        r["version"], "no" if r["config"] == "plain" else "yes (fsync no)", fmt(r["n"]),
+        span(m["TB.BTAKE"]["last_ms"]), span(m["BLPOP"]["last_ms"]),
+        fmt(r["time_ratio"]) + "x", met(r["time_met"]),
+        span(m["TB.BTAKE"]["cpu_us_per_waiter"], 2), span(m["BLPOP"]["cpu_us_per_waiter"], 2),
+        fmt(r["cpu_ratio"]) + "x", met(r["cpu_met"]),
+        fmt(r["loadavg_start"][0], 1),
+    ] for r, m in measured(results)]  # fmt: skip
     return head, rows
 
 
 def first_rows(results):
     head = ["server", "AOF", "TB.BTAKE first reply ms", "BLPOP first reply ms",
             "time ratios per round", "CPU ratios per round"]
-    rows = []
-    for r in results["runs"]:
-        if "median" not in r:
-            continue
-        m = r["median"]
-        rows.append([
-            r["version"], "no" if r["config"] == "plain" else "yes",
-            span(m["TB.BTAKE"]["first_ms"], 2), span(m["BLPOP"]["first_ms"], 2),
-            ", ".join(fmt(x) for x in r["time_ratio_per_round"]),
-            ", ".join(fmt(x) for x in r["cpu_ratio_per_round"]),
-        ])  # fmt: skip
+    rows = [[
+        r["version"], "no" if r["config"] == "plain" else "yes",
+        span(m["TB.BTAKE"]["first_ms"], 2), span(m["BLPOP"]["first_ms"], 2),
+        ", ".join(fmt(x) for x in r["time_ratio_per_round"]),
+        ", ".join(fmt(x) for x in r["cpu_ratio_per_round"]),
+    ] for r, m in measured(results)]  # fmt: skip
     return head, rows
 
 
