@@ -51,7 +51,7 @@ from pathlib import Path
 
 from harness import (ROOT, RESULTS_DIR, Conn, Incomplete, ReplyError, Server, ServerStartError, built_module,
                      discover_servers, encode, finish, fmt, generated_by, git_rev, log, md_blocks, md_table,
-                     parse_one, raise_nofile, run_head, stop_all, version_of)  # fmt: skip
+                     parse_one, raise_nofile, run_head, timed_run, version_of)  # fmt: skip
 
 RATE = "0.000001"  # tokens per second: nothing refills during a run
 TB_KEY = "handoff:tb"
@@ -507,9 +507,8 @@ def main() -> int:
         "skipped": skipped,
         "runs": [],
     }
-    t_start = time.monotonic()
     failed = False
-    try:
+    with timed_run(results):
         for name, binary in servers:
             for cfg in configs:
                 try:
@@ -530,10 +529,6 @@ def main() -> int:
                 failed |= bool(run["failures"])
                 log(f"  => time {fmt(run['time_ratio'])}x ({met(run['time_met'])}), "
                     f"CPU {fmt(run['cpu_ratio'])}x ({met(run['cpu_met'])})")
-    finally:
-        stop_all()
-    results["seconds"] = time.monotonic() - t_start
-    results["loadavg_end"] = os.getloadavg()
     return finish(results, args.out, write_outputs, ("handoff-results.md", "handoff-results.json"), failed,
                   tables=(main_rows, first_rows), right=True)  # fmt: skip
 

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402  (bench/bench.py: summary, fmt, median, git_rev)
 from bench import summary  # noqa: E402
 from harness import (ROOT, BENCH_DIR, RESULTS_DIR, ReplyError, Server, built_module, commandstats, cpu_seconds,  # noqa: E402
-                     discover_servers, finish, generated_by, log, md_blocks, md_table, run_head, stop_all,
+                     discover_servers, finish, generated_by, log, md_blocks, md_table, run_head, timed_run,
                      version_of)  # fmt: skip
 
 SEMAPHORE_PATH = BENCH_DIR / "lease_semaphore.lua"
@@ -425,8 +425,7 @@ def main() -> int:
         "failures": [],
         "runs": [],
     }
-    t0 = time.monotonic()
-    try:
+    with timed_run(results):
         for name, binary in servers:
             log(f"== {name}: {binary}")
             try:
@@ -440,10 +439,6 @@ def main() -> int:
                 if t["measure"] == "usec_per_pair":
                     log(f"  => {t['scenario']}: {t['ratio']['median']:.3f}x "
                         f"({'MET' if t['met'] else 'MISSED'}, target <= {TARGET_RATIO}x)")
-    finally:
-        stop_all()
-    results["seconds"] = time.monotonic() - t0
-    results["loadavg_end"] = os.getloadavg()
     return finish(results, args.out, write_outputs, ("lease-results.md", "lease-results.json"),
                   bool(results["failures"]), tables=(target_rows, floor_rows, result_rows))  # fmt: skip
 
