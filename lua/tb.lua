@@ -322,26 +322,22 @@ local function parse_request(capacity_text, rate_text, n_text)
   return {capacity = capacity, rate = rate, n = n}
 end
 
--- Whether `key` holds a value of the type `expected` ('hash' for a bucket,
--- 'zset' for a lease set): true, false for a missing key, or false and the
--- WRONGTYPE error reply. Checked before any other read, as the module does.
-local function holds(key, expected)
+-- The value at `key` as `decode(key)` reads it, once `key` is known to hold
+-- the type `expected` (the type is checked before any other read, as the
+-- module does): nil for a missing key, or (second value) an error reply.
+local function read_key(key, expected, decode)
   local kind = redis.call('TYPE', key)['ok']
   if kind == 'none' then
-    return false
+    return nil
   elseif kind ~= expected then
-    return false, redis.error_reply(ERR_WRONGTYPE)
+    return nil, redis.error_reply(ERR_WRONGTYPE)
   end
-  return true
+  return decode(key)
 end
 
--- The bucket stored at `key`: nil for a missing key (a full bucket), a
--- table {tokens, last_refill}, or (second value) an error reply.
-local function read_bucket(key)
-  local present, err = holds(key, 'hash')
-  if not present then
-    return nil, err
-  end
+-- The bucket stored at the hash `key`, for read_key: a table
+-- {tokens, last_refill}, or (second value) an error reply.
+local function decode_bucket(key)
   local fields = redis.call('HMGET', key, 'tokens', 'last_refill')
   local tokens = parse_decimal(fields[1], true)
   local last_refill = parse_decimal(fields[2], true)
@@ -448,7 +444,7 @@ local function single(command, keys, args, n_optional, read_only, judge)
   if err then
     return err
   end
-  local bucket, read_err = read_bucket(keys[1])
+  local bucket, read_err = read_key(keys[1], 'hash', decode_bucket)
   if read_err then
     return read_err
   end
@@ -502,7 +498,7 @@ local function tb_takeall(keys, args)
   end
   local buckets = {}
   for i = 1, #keys do
-    local bucket, read_err = read_bucket(keys[i])
+    local bucket, read_err = read_key(keys[i], 'hash', decode_bucket)
     if read_err then
       return read_err
     end
@@ -584,13 +580,9 @@ local function fmt_int(x)
   return string.format('%d', x)
 end
 
--- The lease set at `key`: nil for a missing key, else the count of ids it
+-- The lease set at the sorted set `key`, for read_key: the count of ids it
 -- has handed out; or (second value) an error reply.
-local function read_leases(key)
-  local present, err = holds(key, 'zset')
-  if not present then
-    return nil, err
-  end
+local function decode_leases(key)
   local score = tonumber(redis.call('ZSCORE', key, 'seq'))
   if score == nil or not (score >= -MAX_LEASE and score <= 0) or score ~= math.floor(score) then
     return nil, redis.error_reply('ERR corrupt lease set \'' .. show_key(key)
@@ -703,7 +695,7 @@ local function open_leases(command, keys, args, names)
     end
     call[name] = value
   end
-  local count, err = read_leases(call.key)
+  local count, err = read_key(call.key, 'zset', decode_leases)
   if err then
     return nil, err
   end
