@@ -53,18 +53,11 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+# shellcheck source=scripts/bench-common.sh
+source scripts/bench-common.sh
 
-for tool in python3 redis-benchmark "${TB_SERVER:-redis-server}"; do
-    if ! command -v "$tool" >/dev/null 2>&1; then
-        echo "bench: $tool not found (make deps installs the redis tools)" >&2
-        exit 1
-    fi
-done
-
-# Always go through cargo: it rebuilds only when a source changed.
-if [[ -z "${TB_MODULE:-}" ]]; then
-    cargo build --release --quiet
-fi
+require_tools bench "make deps installs the redis tools" python3 redis-benchmark "${TB_SERVER:-redis-server}"
+build_module
 # The lease race loads the bench-only build with TB.FLOOR.* (src/floor.rs),
 # kept in its own target directory so it never replaces the module users run.
 if [[ "${BENCH_LEASE:-1}" != 0 && -z "${TB_LEASE_MODULE:-}" ]]; then
