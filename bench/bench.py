@@ -20,8 +20,8 @@ Rows are interleaved (every row once, then every row again, ...) so slow
 phases of a noisy machine hit all rows alike, and every ratio is computed
 within one repetition, then summarised by its median.
 
-Python 3.11 standard library only. Results go to bench/results.json,
-bench/results.md and bench/chart.svg.
+Python 3.11 standard library only. Results go to bench/results/results.json,
+bench/results/results.md and bench/results/chart.svg.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Callable
 
 # The client, the servers and the tables every bench script shares.
-from harness import ROOT, BENCH_DIR, Conn, ReplyError, Server, commandstats, md_table, stop_all, text_table
+from harness import ROOT, BENCH_DIR, RESULTS_DIR, Conn, ReplyError, Server, commandstats, md_table, stop_all, text_table
 from harness import git_rev as harness_git_rev
 
 LUA_PATH = BENCH_DIR / "reference_token_bucket.lua"
@@ -373,10 +373,9 @@ def scaling_rows(scaling) -> list[list[str]]:
         u = summary([e["usec_per_call"] / 1000 for e in entries])
         k = summary([e["usec_per_key"] for e in entries])
         cl = summary([e["client_ms_per_call"] for e in entries])
-        out.append([name, str(entries[0]["calls"]), fmt(u["median"], 2), f"{fmt(u['min'], 2)}-{fmt(u['max'], 2)}",
-                    fmt(k["median"], 3), fmt(cl["median"], 1)])  # fmt: skip
+        out.append([name, str(entries[0]["calls"]), *median_range(u), fmt(k["median"], 3), fmt(cl["median"], 1)])
     for name, r in scaling["ratios"].items():
-        out.append([name, "", f"{fmt(r['median'], 2)}x", f"{fmt(r['min'], 2)}-{fmt(r['max'], 2)}", "", ""])
+        out.append([name, "", *median_range(r, unit="x"), "", ""])
     return out
 
 
@@ -552,6 +551,22 @@ def ratio_summary(per_rep: list[dict], num: str, den: str, key: str) -> dict:
     return summary(values)
 
 
+def target(name: str, ratio: dict, limit: float, how: str, *, higher_is_better: bool = False,
+           met: bool | None = None, unit: str | None = None) -> dict:  # fmt: skip
+    """One row of the targets table: met when the ratio's median is at most
+    `limit` (at least, where higher is better), unless `met` is given. The
+    keys keep the order results.json has always had them in."""
+    if met is None:
+        met = ratio["median"] >= limit if higher_is_better else ratio["median"] <= limit
+    row = {"target": name, "ratio": ratio, "limit": limit, "met": met}
+    if higher_is_better:
+        row["higher_is_better"] = True
+    if unit is not None:
+        row["unit"] = unit
+    row["how"] = how
+    return row
+
+
 def evaluate_targets(configs: dict, memory: dict, repl: dict, scaling: dict | None, peer: bool) -> list[dict]:
     targets = []
     tb = "TB.TAKE / random / allowed"
@@ -560,70 +575,49 @@ def evaluate_targets(configs: dict, memory: dict, repl: dict, scaling: dict | No
     for cfg_name, per_rep in configs.items():
         suffix = "" if cfg_name == "plain" else f" [{cfg_name}]"
         if peer:
-            vs_peer = ratio_summary(per_rep, tb, cl, "usec_per_call")
-            targets.append({
-                "target": f"TB.TAKE no costlier than CL.THROTTLE (redis-cell){suffix}",
-                "ratio": vs_peer, "limit": 1.0, "met": vs_peer["median"] <= 1.0,
-                "how": "TB.TAKE usec_per_call / CL.THROTTLE usec_per_call, random keys, allowed",
-            })  # fmt: skip
+            targets.append(target(f"TB.TAKE no costlier than CL.THROTTLE (redis-cell){suffix}",
+                                  ratio_summary(per_rep, tb, cl, "usec_per_call"), 1.0,
+                                  "TB.TAKE usec_per_call / CL.THROTTLE usec_per_call, random keys, allowed"))  # fmt: skip
         # Against the cheaper Lua variant of each repetition: the stricter test.
         cost_vs_lua = summary([max(rep[tb]["usec_per_call"] / rep[l]["usec_per_call"] for l in luas) for rep in per_rep])
-        targets.append({
-            "target": f"TB.TAKE us/call <= 1/4 of Lua's{suffix}",
-            "ratio": cost_vs_lua, "limit": 0.25, "met": cost_vs_lua["median"] <= 0.25,
-            "how": "TB.TAKE usec_per_call / the cheaper Lua variant's, random keys, allowed",
-        })  # fmt: skip
+        targets.append(target(f"TB.TAKE us/call <= 1/4 of Lua's{suffix}", cost_vs_lua, 0.25,
+                              "TB.TAKE usec_per_call / the cheaper Lua variant's, random keys, allowed"))  # fmt: skip
         tput = summary([min(rep[tb]["rps"] / rep[l]["rps"] for l in luas) for rep in per_rep])
-        targets.append({
-            "target": f"TB.TAKE throughput >= 3x Lua's (-P {PIPELINE}){suffix}",
-            "ratio": tput, "limit": 3.0, "met": tput["median"] >= 3.0, "higher_is_better": True,
-            "how": "TB.TAKE rps / the faster Lua variant's rps, random keys, allowed",
-        })  # fmt: skip
+        targets.append(target(f"TB.TAKE throughput >= 3x Lua's (-P {PIPELINE}){suffix}", tput, 3.0,
+                              "TB.TAKE rps / the faster Lua variant's rps, random keys, allowed",
+                              higher_is_better=True))  # fmt: skip
     denied = repl["cases"]["TB.TAKE / denied"]["bytes_per_call"]
     lua_denied = repl["cases"]["Lua (TIME) / denied"]["bytes_per_call"]
     others = f"Lua: {lua_denied['median']:.1f} B/call"
     if "CL.THROTTLE / denied" in repl["cases"]:
         others += f", CL.THROTTLE: {repl['cases']['CL.THROTTLE / denied']['bytes_per_call']['median']:.1f} B/call"
-    targets.append({
-        "target": "Denied TB.TAKE: 0 replication bytes",
-        "ratio": denied, "limit": 0.0, "met": denied["max"] == 0.0, "unit": "B/call",
-        "how": f"master_repl_offset growth per denied call ({others})",
-    })  # fmt: skip
+    # Every repetition, not the median: one denied byte replicated is a bug.
+    targets.append(target("Denied TB.TAKE: 0 replication bytes", denied, 0.0,
+                          f"master_repl_offset growth per denied call ({others})",
+                          met=denied["max"] == 0.0, unit="B/call"))  # fmt: skip
     tb_mem = memory["impls"]["TB.TAKE"]
     lua_mem = memory["impls"]["Lua (TIME)"]
     mem_ratio = summary([a / b for a, b in zip(tb_mem["delta"]["values"], lua_mem["delta"]["values"])])
-    targets.append({
-        "target": "Memory per bucket <= Lua's (used_memory delta)",
-        "ratio": mem_ratio, "limit": 1.0, "met": mem_ratio["median"] <= 1.0,
-        "how": f"TB {tb_mem['delta']['median']:.1f} B vs Lua {lua_mem['delta']['median']:.1f} B per bucket",
-    })  # fmt: skip
+    targets.append(target("Memory per bucket <= Lua's (used_memory delta)", mem_ratio, 1.0,
+                          f"TB {tb_mem['delta']['median']:.1f} B vs Lua {lua_mem['delta']['median']:.1f} B per bucket"))  # fmt: skip
     usage_ratio = tb_mem["usage"]["median"] / lua_mem["usage"]["median"]
-    targets.append({
-        "target": "MEMORY USAGE of one bucket <= Lua's",
-        "ratio": summary([usage_ratio]), "limit": 1.0, "met": usage_ratio <= 1.0,
-        "how": f"TB {tb_mem['usage']['median']:.0f} B vs Lua {lua_mem['usage']['median']:.0f} B",
-    })  # fmt: skip
+    targets.append(target("MEMORY USAGE of one bucket <= Lua's", summary([usage_ratio]), 1.0,
+                          f"TB {tb_mem['usage']['median']:.0f} B vs Lua {lua_mem['usage']['median']:.0f} B"))  # fmt: skip
     if scaling:
         small, big = scaling["sizes"]
-        r = scaling["ratios"][f"TB.TAKEALL {big} / {small} keys"]
-        limit = 1.2 * big / small
-        targets.append({
-            "target": f"TB.TAKEALL of {big:,} keys costs about {big // small}x {small:,} keys (linear)",
-            "ratio": r, "limit": limit, "met": r["median"] <= limit,
-            "how": f"server us/call of TB.TAKEALL over {big} keys / over {small} keys "
-                   f"(MSET: {scaling['ratios'][f'MSET {big} / {small} keys']['median']:.2f}x)",
-        })  # fmt: skip
+        targets.append(target(f"TB.TAKEALL of {big:,} keys costs about {big // small}x {small:,} keys (linear)",
+                              scaling["ratios"][f"TB.TAKEALL {big} / {small} keys"], 1.2 * big / small,
+                              f"server us/call of TB.TAKEALL over {big} keys / over {small} keys "
+                              f"(MSET: {scaling['ratios'][f'MSET {big} / {small} keys']['median']:.2f}x)"))  # fmt: skip
         per_rep = scaling["per_rep"]
         multiple = lambda r, n: r[f"TB.TAKEALL {n} keys"]["usec_per_call"] / r[f"MSET {n} keys"]["usec_per_call"]  # noqa: E731
         growth = summary([multiple(r, big) / multiple(r, small) for r in per_rep])
         m_small = scaling["ratios"][f"TB.TAKEALL / MSET, {small} keys"]["median"]
         m_big = scaling["ratios"][f"TB.TAKEALL / MSET, {big} keys"]["median"]
-        targets.append({
-            "target": f"TB.TAKEALL stays the same multiple of MSET from {small:,} to {big:,} keys",
-            "ratio": growth, "limit": SCALING_MSET_GROWTH_LIMIT, "met": growth["median"] <= SCALING_MSET_GROWTH_LIMIT,
-            "how": f"(TB.TAKEALL / MSET at {big} keys) / (the same at {small} keys); "
-                   f"the multiples: {m_small:.1f}x at {small}, {m_big:.1f}x at {big}",
-        })  # fmt: skip
+        targets.append(target(f"TB.TAKEALL stays the same multiple of MSET from {small:,} to {big:,} keys",
+                              growth, SCALING_MSET_GROWTH_LIMIT,
+                              f"(TB.TAKEALL / MSET at {big} keys) / (the same at {small} keys); "
+                              f"the multiples: {m_small:.1f}x at {small}, {m_big:.1f}x at {big}"))  # fmt: skip
     return targets
 
 
@@ -642,11 +636,8 @@ def peer_rows(configs: dict) -> list[list[str]]:
                 rps = ratio_summary(per_rep, tb, cl, "rps")
                 tb_us = median([rep[tb]["usec_per_call"] for rep in per_rep])
                 cl_us = median([rep[cl]["usec_per_call"] for rep in per_rep])
-                out.append([
-                    cfg_name, keys, path, fmt(tb_us), fmt(cl_us),
-                    f"{fmt(us['median'], 3)}x", f"{fmt(us['min'], 3)}-{fmt(us['max'], 3)}",
-                    f"{fmt(rps['median'], 3)}x", f"{fmt(rps['min'], 3)}-{fmt(rps['max'], 3)}",
-                ])  # fmt: skip
+                out.append([cfg_name, keys, path, fmt(tb_us), fmt(cl_us),
+                            *median_range(us, 3, "x"), *median_range(rps, 3, "x")])  # fmt: skip
     return out
 
 
@@ -664,6 +655,12 @@ def fmt(x, digits=2):
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def median_range(s: dict, digits: int = 2, unit: str = "") -> list[str]:
+    """A summary's two cells, the median (with its unit) and the min-max
+    range: every table here shows a figure that way."""
+    return [f"{fmt(s['median'], digits)}{unit}", f"{fmt(s['min'], digits)}-{fmt(s['max'], digits)}"]
+
+
 def row_table(configs: dict, rows: list[Row]) -> list[list[str]]:
     table = []
     for cfg_name, per_rep in configs.items():
@@ -673,8 +670,8 @@ def row_table(configs: dict, rows: list[Row]) -> list[list[str]]:
             allowed = median([rep[row.name]["allowed_share"] for rep in per_rep if rep[row.name]["allowed_share"] is not None])
             table.append([
                 cfg_name, row.impl, row.keys, row.path, str(per_rep[0][row.name]["n"]),
-                fmt(usec["median"]), f"{fmt(usec['min'])}-{fmt(usec['max'])}", f"{usec['spread_pct']:.0f}%",
-                fmt(kops["median"], 1), f"{fmt(kops['min'], 1)}-{fmt(kops['max'], 1)}", f"{kops['spread_pct']:.0f}%",
+                *median_range(usec), f"{usec['spread_pct']:.0f}%",
+                *median_range(kops, 1), f"{kops['spread_pct']:.0f}%",
                 "-" if allowed is None else f"{allowed:.0%}",
             ])  # fmt: skip
     return table
@@ -687,30 +684,26 @@ ROW_HEAD = ["config", "command", "keys", "path", "n", "us/call", "range", "sprea
 def target_rows(targets) -> list[list[str]]:
     out = []
     for t in targets:
-        r = t["ratio"]
         unit = t.get("unit", "x")
         op = ">=" if t.get("higher_is_better") else "<="
-        out.append([
-            "met" if t["met"] else "MISSED", t["target"],
-            f"{fmt(r['median'], 3)}{unit}", f"{fmt(r['min'], 3)}-{fmt(r['max'], 3)}",
-            f"{op} {t['limit']}{unit}", t["how"],
-        ])  # fmt: skip
+        out.append(["met" if t["met"] else "MISSED", t["target"], *median_range(t["ratio"], 3, unit),
+                    f"{op} {t['limit']}{unit}", t["how"]])  # fmt: skip
     return out
 
 
 TARGET_HEAD = ["", "target", "median", "range", "limit", "measured as"]
 
 
+def sample_text(sample: dict) -> str:
+    """A sampled bucket's stored value: its tokens text, or every field of a
+    value that has none (redis-cell's)."""
+    fields = sample["fields"]
+    return fields.get("tokens") or " ".join(f"{k}={v}" for k, v in fields.items())
+
+
 def memory_rows(memory) -> list[list[str]]:
-    out = []
-    for name, m in memory["impls"].items():
-        out.append([
-            name, fmt(m["delta"]["median"], 1), f"{fmt(m['delta']['min'], 1)}-{fmt(m['delta']['max'], 1)}",
-            fmt(m["usage"]["median"], 0),
-            m["sample"]["fields"].get("tokens") or " ".join(f"{k}={v}" for k, v in m["sample"]["fields"].items()),
-            str(m["sample"]["pttl_ms"]),
-        ])  # fmt: skip
-    return out
+    return [[name, *median_range(m["delta"], 1), fmt(m["usage"]["median"], 0), sample_text(m["sample"]),
+             str(m["sample"]["pttl_ms"])] for name, m in memory["impls"].items()]  # fmt: skip
 
 
 MEM_HEAD = ["impl", "used_memory B/bucket", "range", "MEMORY USAGE B", "sample tokens text (or value)", "sample PTTL ms"]
@@ -719,13 +712,9 @@ MEM_HEAD = ["impl", "used_memory B/bucket", "range", "MEMORY USAGE B", "sample t
 def repl_rows(repl) -> list[list[str]]:
     out = []
     for name, e in repl["cases"].items():
-        b = e["bytes_per_call"]
-        u = e["usec_per_call_with_replica"]
         a = e["allowed_share"]
-        out.append([
-            name, fmt(b["median"], 1), f"{fmt(b['min'], 1)}-{fmt(b['max'], 1)}",
-            fmt(u["median"]), "-" if a is None else f"{a:.0%}", f"{e['replica_keys_share']:.0%}",
-        ])  # fmt: skip
+        out.append([name, *median_range(e["bytes_per_call"], 1), fmt(e["usec_per_call_with_replica"]["median"]),
+                    "-" if a is None else f"{a:.0%}", f"{e['replica_keys_share']:.0%}"])  # fmt: skip
     return out
 
 
@@ -876,7 +865,7 @@ def main() -> int:
                     help="multiplies the request counts (0.1 for a quick smoke run)")  # fmt: skip
     ap.add_argument("--server", default=os.environ.get("TB_SERVER", "redis-server"))
     ap.add_argument("--module", default=os.environ.get("TB_MODULE", str(ROOT / "target/release/libredis_tb.so")))
-    ap.add_argument("--out", default=str(BENCH_DIR), help="where results.json/.md and chart.svg go")
+    ap.add_argument("--out", default=str(RESULTS_DIR), help="where results.json/.md and chart.svg go")
     ap.add_argument("--no-aof", action="store_true", help="skip the AOF rows")
     ap.add_argument("--peer-module", default=os.environ.get("TB_PEER_MODULE", ""),
                     help="redis-cell's .so (scripts/build-redis-cell.sh), loaded beside the module "

@@ -39,7 +39,7 @@ connected over the same span of time (the floor); memory per waiter
 
 Python 3.11 standard library only. Exit status 1 only on a correctness
 failure (lost, early, out of order); missed performance targets are
-printed and recorded, not fatal. Results: bench/btake-results.md/.json.
+printed and recorded, not fatal. Results: bench/results/btake-results.md/.json.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import (ROOT, BENCH_DIR, Conn, Incomplete, ReplyError, Server, built_module, cpu_seconds, encode,
+from harness import (ROOT, RESULTS_DIR, Conn, Incomplete, ReplyError, Server, built_module, cpu_seconds, encode,
                      finish, fmt, generated_by, git_rev, log, md_blocks, md_table, parse_one, raise_nofile,
                      run_head, stop_all, version_of)  # fmt: skip
 
@@ -691,66 +691,67 @@ def runs_of(results):
             yield srv, run
 
 
+def run_rows(results, head: list[str], cells) -> tuple[list[str], list[list]]:
+    """A table with a row per run on each server: the server and N, then
+    `cells(srv, run)` under the rest of `head`."""
+    rows = [[srv["version"], fmt(run["n"]), *cells(srv, run)] for srv, run in runs_of(results)]
+    return ["server", "N", *head], rows
+
+
 def result_rows(results):
-    head = [
-        "server", "N", "arrival order", "lost", "early", "duplicates",
-        "wake p50 ms", "wake p99 ms", "wake max ms",
-        "client p50 ms", "client p99 ms", "client max ms", "last reply after t0 ms",
-        "load avg",
-    ]  # fmt: skip
-    rows = []
-    for srv, run in runs_of(results):
+    def cells(srv, run):
         w, cw = run["wake_ms"], run["client_wake_ms"]
-        rows.append([
-            srv["version"], fmt(run["n"]), "kept" if run["in_order"] else "BROKEN",
-            run["lost"], run["early"], run["duplicates"],
+        return [
+            "kept" if run["in_order"] else "BROKEN", run["lost"], run["early"], run["duplicates"],
             fmt(w["p50"]), fmt(w["p99"]), fmt(w["max"]),
             fmt(cw["p50"]), fmt(cw["p99"]), fmt(cw["max"]), fmt(run["serve_wall_ms"], 0),
             fmt(run["loadavg_1m"], 1),
-        ])  # fmt: skip
-    return head, rows
+        ]  # fmt: skip
+
+    return run_rows(results, [
+        "arrival order", "lost", "early", "duplicates",
+        "wake p50 ms", "wake p99 ms", "wake max ms",
+        "client p50 ms", "client p99 ms", "client max ms", "last reply after t0 ms",
+        "load avg",
+    ], cells)  # fmt: skip
 
 
 def cpu_rows(results):
-    head = [
-        "server", "N", "CPU us/served waiter", "user/sys", "idle floor us/waiter",
-        "over floor", "TB.TAKE us/call (-c 50)", "ratio (target <= 2x)",
-        "paced TB.TAKE us/call (1/ms)", "ratio to paced",
-        "tb.btake usec_per_call", "tb.take usec_per_call",
-    ]  # fmt: skip
-    rows = []
-    for srv, run in runs_of(results):
+    def cells(srv, run):
         cpu = run["cpu"]
         cs = run["commandstats"].get("tb.btake") or {}
-        rows.append([
-            srv["version"], fmt(run["n"]), fmt(cpu["us_per_waiter"], 1),
-            f"{cpu['user_us_per_waiter']:.1f}/{cpu['sys_us_per_waiter']:.1f}",
+        return [
+            fmt(cpu["us_per_waiter"], 1), f"{cpu['user_us_per_waiter']:.1f}/{cpu['sys_us_per_waiter']:.1f}",
             fmt(cpu["idle_floor_s"] / run["n"] * 1e6, 1), fmt(cpu["us_per_waiter_over_floor"], 1),
             fmt(srv["take"]["cpu_us_per_call"], 1), fmt(cpu["ratio_to_take"]) + "x",
             fmt(srv["paced_take"]["cpu_us_per_call"], 1), fmt(cpu["ratio_to_paced_take"]) + "x",
             fmt(cs.get("usec_per_call")), fmt(srv["take"]["usec_per_call"]),
-        ])  # fmt: skip
-    return head, rows
+        ]  # fmt: skip
+
+    return run_rows(results, [
+        "CPU us/served waiter", "user/sys", "idle floor us/waiter",
+        "over floor", "TB.TAKE us/call (-c 50)", "ratio (target <= 2x)",
+        "paced TB.TAKE us/call (1/ms)", "ratio to paced",
+        "tb.btake usec_per_call", "tb.take usec_per_call",
+    ], cells)  # fmt: skip
 
 
 def memory_rows(results):
-    head = [
-        "server", "N", "B/waiter vs idle conn", "same, after 3 s", "B/waiting conn",
-        "B/waiting conn, after 3 s", "CLIENT LIST tot-mem: waiting", "idle",
-        "native BLPOP: B/blocked conn, after 3 s",
-    ]  # fmt: skip
-    rows = []
-    for srv, run in runs_of(results):
+    def cells(srv, run):
         m = run["memory"]
         cl = m["client_list"]
-        rows.append([
-            srv["version"], fmt(run["n"]),
+        return [
             fmt(m["per_waiter_over_idle"], 0), fmt(m["per_waiter_over_idle_settled"], 0),
             fmt(m["per_waiting_connection"], 0), fmt(m["per_waiting_connection_settled"], 0),
             fmt(cl["blocked_tot_mem"], 0), fmt(cl.get("idle_tot_mem"), 0),
             fmt(m["blpop_reference"]["per_blocked_connection_settled"], 0) if m.get("blpop_reference") else "-",
-        ])  # fmt: skip
-    return head, rows
+        ]  # fmt: skip
+
+    return run_rows(results, [
+        "B/waiter vs idle conn", "same, after 3 s", "B/waiting conn",
+        "B/waiting conn, after 3 s", "CLIENT LIST tot-mem: waiting", "idle",
+        "native BLPOP: B/blocked conn, after 3 s",
+    ], cells)  # fmt: skip
 
 
 def target_rows(results):
@@ -877,7 +878,7 @@ def main() -> int:
     ap.add_argument("--module", default=os.environ.get("TB_MODULE", str(ROOT / "target/release/libredis_tb.so")))
     ap.add_argument("--take-requests", type=int, default=100_000, help="TB.TAKE baseline calls per rep")
     ap.add_argument("--reps", type=int, default=3, help="TB.TAKE baseline repetitions (median)")
-    ap.add_argument("--out", default=str(BENCH_DIR), help="where btake-results.md/.json go")
+    ap.add_argument("--out", default=str(RESULTS_DIR), help="where btake-results.md/.json go")
     ap.add_argument("--profile", choices=["perf", "perf-stat", "strace"],
                     help="attach perf record -g, perf stat (events from $BTAKE_PERF_EVENTS) or "
                     "strace -c to the server for each serving phase (skews its CPU figures; "

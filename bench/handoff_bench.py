@@ -33,7 +33,7 @@ blocked_clients are back to 0, the bucket is empty and the list gone.
 
 Python 3.11 standard library only. Exit status 1 only on a correctness failure;
 a missed target is printed and recorded, not fatal. Results:
-bench/handoff-results.md and bench/handoff-results.json.
+bench/results/handoff-results.md and bench/results/handoff-results.json.
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ import sys
 import time
 from pathlib import Path
 
-from harness import (ROOT, BENCH_DIR, Conn, Incomplete, ReplyError, Server, ServerStartError, built_module,
+from harness import (ROOT, RESULTS_DIR, Conn, Incomplete, ReplyError, Server, ServerStartError, built_module,
                      discover_servers, encode, finish, fmt, generated_by, git_rev, log, md_blocks, md_table,
-                     parse_one, raise_nofile, run_head, stop_all, version_of)  # fmt: skip
+                     parse_one, raise_nofile, run_head, timed_run, version_of)  # fmt: skip
 
 RATE = "0.000001"  # tokens per second: nothing refills during a run
 TB_KEY = "handoff:tb"
@@ -382,42 +382,38 @@ def span(s: dict, digits=1) -> str:
     return f"{fmt(s['median'], digits)} ({fmt(s['min'], digits)}-{fmt(s['max'], digits)})"
 
 
+def measured(results) -> list[tuple[dict, dict]]:
+    """The runs that were measured, each with its medians (an aborted run has
+    none, only its failure)."""
+    return [(r, r["median"]) for r in results["runs"] if "median" in r]
+
+
 def main_rows(results):
     head = [
         "server", "AOF", "N", "TB.BTAKE last reply ms", "BLPOP last reply ms",
         "time ratio", f"<= {TARGET_RATIO}x", "TB.BTAKE CPU us/waiter", "BLPOP CPU us/waiter",
         "CPU ratio", f"<= {TARGET_RATIO}x", "load avg",
     ]  # fmt: skip
-    rows = []
-    for r in results["runs"]:
-        if "median" not in r:
-            continue
-        m = r["median"]
-        rows.append([
-            r["version"], "no" if r["config"] == "plain" else "yes (fsync no)", fmt(r["n"]),
-            span(m["TB.BTAKE"]["last_ms"]), span(m["BLPOP"]["last_ms"]),
-            fmt(r["time_ratio"]) + "x", met(r["time_met"]),
-            span(m["TB.BTAKE"]["cpu_us_per_waiter"], 2), span(m["BLPOP"]["cpu_us_per_waiter"], 2),
-            fmt(r["cpu_ratio"]) + "x", met(r["cpu_met"]),
-            fmt(r["loadavg_start"][0], 1),
-        ])  # fmt: skip
+    rows = [[
+        r["version"], "no" if r["config"] == "plain" else "yes (fsync no)", fmt(r["n"]),
+        span(m["TB.BTAKE"]["last_ms"]), span(m["BLPOP"]["last_ms"]),
+        fmt(r["time_ratio"]) + "x", met(r["time_met"]),
+        span(m["TB.BTAKE"]["cpu_us_per_waiter"], 2), span(m["BLPOP"]["cpu_us_per_waiter"], 2),
+        fmt(r["cpu_ratio"]) + "x", met(r["cpu_met"]),
+        fmt(r["loadavg_start"][0], 1),
+    ] for r, m in measured(results)]  # fmt: skip
     return head, rows
 
 
 def first_rows(results):
     head = ["server", "AOF", "TB.BTAKE first reply ms", "BLPOP first reply ms",
             "time ratios per round", "CPU ratios per round"]
-    rows = []
-    for r in results["runs"]:
-        if "median" not in r:
-            continue
-        m = r["median"]
-        rows.append([
-            r["version"], "no" if r["config"] == "plain" else "yes",
-            span(m["TB.BTAKE"]["first_ms"], 2), span(m["BLPOP"]["first_ms"], 2),
-            ", ".join(fmt(x) for x in r["time_ratio_per_round"]),
-            ", ".join(fmt(x) for x in r["cpu_ratio_per_round"]),
-        ])  # fmt: skip
+    rows = [[
+        r["version"], "no" if r["config"] == "plain" else "yes",
+        span(m["TB.BTAKE"]["first_ms"], 2), span(m["BLPOP"]["first_ms"], 2),
+        ", ".join(fmt(x) for x in r["time_ratio_per_round"]),
+        ", ".join(fmt(x) for x in r["cpu_ratio_per_round"]),
+    ] for r, m in measured(results)]  # fmt: skip
     return head, rows
 
 
@@ -483,7 +479,7 @@ def main() -> int:
     ap.add_argument("--servers", help="comma list: only these servers (names such as redis, "
                     "valkey-9.1, or a substring of a TB_BENCH_SERVERS path)")
     ap.add_argument("--module", default=os.environ.get("TB_MODULE", str(ROOT / "target/release/libredis_tb.so")))
-    ap.add_argument("--out", default=str(BENCH_DIR), help="where handoff-results.md/.json go")
+    ap.add_argument("--out", default=str(RESULTS_DIR), help="where handoff-results.md/.json go")
     args = ap.parse_args()  # fmt: skip
 
     module = built_module(args.module)
@@ -511,9 +507,8 @@ def main() -> int:
         "skipped": skipped,
         "runs": [],
     }
-    t_start = time.monotonic()
     failed = False
-    try:
+    with timed_run(results):
         for name, binary in servers:
             for cfg in configs:
                 try:
@@ -534,10 +529,6 @@ def main() -> int:
                 failed |= bool(run["failures"])
                 log(f"  => time {fmt(run['time_ratio'])}x ({met(run['time_met'])}), "
                     f"CPU {fmt(run['cpu_ratio'])}x ({met(run['cpu_met'])})")
-    finally:
-        stop_all()
-    results["seconds"] = time.monotonic() - t_start
-    results["loadavg_end"] = os.getloadavg()
     return finish(results, args.out, write_outputs, ("handoff-results.md", "handoff-results.json"), failed,
                   tables=(main_rows, first_rows), right=True)  # fmt: skip
 

@@ -9,6 +9,7 @@ every script at once. Python 3.11 standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import platform
@@ -24,6 +25,9 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = ROOT / "bench"
+# Where the scripts write their results by default: generated files apart
+# from the scripts that generate them.
+RESULTS_DIR = BENCH_DIR / "results"
 
 
 # --------------------------------------------------------------------------
@@ -305,6 +309,21 @@ class Server:
 def stop_all():
     for server in list(Server.live):
         server.stop()
+
+
+@contextlib.contextmanager
+def timed_run(results: dict):
+    """Around a script's measuring loop: every server still running is
+    stopped at the end, also after an error (a stray server would hold its
+    port and its memory); after a run that ends normally, how long it took
+    and the load average at its end go into `results`."""
+    t_start = time.monotonic()
+    try:
+        yield
+    finally:
+        stop_all()
+    results["seconds"] = time.monotonic() - t_start
+    results["loadavg_end"] = os.getloadavg()
 
 
 def discover_servers(only: str | None) -> tuple[list[tuple[str, str]], list[str]]:

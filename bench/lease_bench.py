@@ -28,7 +28,7 @@ scenario; printed MET or MISSED (a miss is recorded, not fatal).
 
 Python 3.11 standard library; helpers imported from bench/harness.py and
 bench/bench.py. Results:
-bench/lease-results.md and bench/lease-results.json. Exit status 1 only on a
+bench/results/lease-results.md and bench/results/lease-results.json. Exit status 1 only on a
 correctness failure.
 """
 
@@ -46,8 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench  # noqa: E402  (bench/bench.py: summary, fmt, median, git_rev)
 from bench import summary  # noqa: E402
-from harness import (ROOT, BENCH_DIR, ReplyError, Server, built_module, commandstats, cpu_seconds,  # noqa: E402
-                     discover_servers, finish, generated_by, log, md_blocks, md_table, run_head, stop_all,
+from harness import (ROOT, BENCH_DIR, RESULTS_DIR, ReplyError, Server, built_module, commandstats, cpu_seconds,  # noqa: E402
+                     discover_servers, finish, generated_by, log, md_blocks, md_table, run_head, timed_run,
                      version_of)  # fmt: skip
 
 SEMAPHORE_PATH = BENCH_DIR / "lease_semaphore.lua"
@@ -301,9 +301,8 @@ def result_rows(results):
             by_command = ", ".join(
                 f"{name} {bench.fmt(bench.median([rep[key]['usec_per_call'][name] for rep in run['per_rep']]))}"
                 for name in run["per_rep"][0][key]["usec_per_call"])  # fmt: skip
-            rows.append([run["version"], scenario, impl, bench.fmt(us["median"]),
-                         f"{bench.fmt(us['min'])}-{bench.fmt(us['max'])}", by_command, bench.fmt(cpu["median"]),
-                         f"{bench.fmt(cpu['min'])}-{bench.fmt(cpu['max'])}", bench.fmt(kps["median"], 1)])  # fmt: skip
+            rows.append([run["version"], scenario, impl, *bench.median_range(us), by_command,
+                         *bench.median_range(cpu), bench.fmt(kps["median"], 1)])  # fmt: skip
     return head, rows
 
 
@@ -316,8 +315,7 @@ def target_rows(results):
             primary = t["measure"] == "usec_per_pair"
             verdict = ("MET" if t["met"] else "MISSED") if primary else ("(met)" if t["met"] else "(missed)")
             rows.append([verdict, run["version"], t["scenario"], MEASURES[t["measure"]],
-                         f"{bench.fmt(r['median'], 3)}x", f"{bench.fmt(r['min'], 3)}-{bench.fmt(r['max'], 3)}",
-                         f"<= {TARGET_RATIO}x"])  # fmt: skip
+                         *bench.median_range(r, 3, "x"), f"<= {TARGET_RATIO}x"])  # fmt: skip
     return head, rows
 
 
@@ -408,7 +406,7 @@ def main() -> int:
     default_module = FLOOR_BUILD if fresh else ROOT / "target/release/libredis_tb.so"
     ap.add_argument("--module", default=os.environ.get("TB_LEASE_MODULE", str(default_module)),
                     help="module to load (default: the bench-floor build if built, which adds TB.FLOOR.*)")  # fmt: skip
-    ap.add_argument("--out", default=str(BENCH_DIR), help="where lease-results.md/.json go")
+    ap.add_argument("--out", default=str(RESULTS_DIR), help="where lease-results.md/.json go")
     args = ap.parse_args()
     module = built_module(args.module)
 
@@ -427,8 +425,7 @@ def main() -> int:
         "failures": [],
         "runs": [],
     }
-    t0 = time.monotonic()
-    try:
+    with timed_run(results):
         for name, binary in servers:
             log(f"== {name}: {binary}")
             try:
@@ -442,10 +439,6 @@ def main() -> int:
                 if t["measure"] == "usec_per_pair":
                     log(f"  => {t['scenario']}: {t['ratio']['median']:.3f}x "
                         f"({'MET' if t['met'] else 'MISSED'}, target <= {TARGET_RATIO}x)")
-    finally:
-        stop_all()
-    results["seconds"] = time.monotonic() - t0
-    results["loadavg_end"] = os.getloadavg()
     return finish(results, args.out, write_outputs, ("lease-results.md", "lease-results.json"),
                   bool(results["failures"]), tables=(target_rows, floor_rows, result_rows))  # fmt: skip
 

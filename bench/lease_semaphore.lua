@@ -10,9 +10,11 @@
 -- Returns  1 acquired, 0 full
 -- Release: ZREM KEYS[1] holder
 
-local key = KEYS[1]
-local limit = tonumber(ARGV[1])
-local lease_ms = tonumber(ARGV[2])
+local key, holder = KEYS[1], ARGV[3]
+local limit, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
+-- The caller's clock, else the server's, read as bench/reference_token_bucket.lua
+-- reads it. Each script is sent alone (SCRIPT LOAD) and cannot include the
+-- other, so these five lines stand in both.
 local now = tonumber(ARGV[4])
 if now == nil then
   local time = redis.call('TIME')
@@ -21,7 +23,7 @@ end
 
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
 if redis.call('ZCARD', key) < limit then
-  redis.call('ZADD', key, now + lease_ms, ARGV[3])
+  redis.call('ZADD', key, now + lease_ms, holder)
   redis.call('PEXPIRE', key, lease_ms)
   return 1
 end

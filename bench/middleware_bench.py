@@ -40,7 +40,7 @@ node_modules (.cache/mw-bench/node, bench/middleware/package.json plus the
 .cache/mw-bench/axum-target). A framework whose install or start fails is
 reported as skipped, with the reason; that is not a failure.
 
-Writes bench/middleware-results.json and bench/middleware-results.md.
+Writes bench/results/middleware-results.json and bench/results/middleware-results.md.
 Exits 1 only when a route answered wrongly (not 200, no RateLimit header
 behind the limiter, or the backend's command not seen by the server).
 """
@@ -62,7 +62,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import ROOT, Server, commandstats, git_rev
+from harness import RESULTS_DIR, ROOT, Server, commandstats, git_rev, md_table
 
 APPS = ROOT / "bench" / "middleware"
 CACHE = ROOT / ".cache" / "mw-bench"
@@ -577,10 +577,8 @@ def markdown(results: dict) -> str:
         "path; the ratio is computed per round (median, min-max over the rounds). Target: the "
         "module ratio <= 1.5.",
         "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
+        md_table(head, rows),
     ]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
     head, rows = cpu_table(results)
     if rows:
         lines += [
@@ -590,10 +588,8 @@ def markdown(results: dict) -> str:
             "Time spent waiting for a CPU is not in it, so these hold on a loaded machine where "
             "the latencies above scatter.",
             "",
-            "| " + " | ".join(head) + " |",
-            "|" + "---|" * len(head),
+            md_table(head, rows),
         ]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", "| framework | server and client | versions |", "|---|---|---|"]
     for name, res in results["frameworks"].items():
         if "skipped" in res:
@@ -666,8 +662,8 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="300 requests x 3 rounds, for a smoke run")
     p.add_argument("--no-breakdown", action="store_true", help="skip the in-process GET/take breakdown")
     p.add_argument("--only", default="", help="comma-separated framework names (e.g. axum,Express)")
-    p.add_argument("--out", default=str(ROOT / "bench" / "middleware-results"),
-                   help="output path without extension (default bench/middleware-results)")
+    p.add_argument("--out", default=str(RESULTS_DIR / "middleware-results"),
+                   help="output path without extension (default bench/results/middleware-results)")
     args = p.parse_args()
     if args.quick:
         args.requests, args.rounds, args.warmup = 300, 3, 100
@@ -734,7 +730,7 @@ def main() -> int:
     results["meta"] = {
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         # Changes anywhere but in this bench's own output files.
-        "git": git_rev(".", ":(exclude)bench/middleware-results.*", mark="+changes"),
+        "git": git_rev(".", ":(exclude)bench/results/middleware-results.*", mark="+changes"),
         "server": f"{Path(binary).name} {server_version}",
         "cpus": os.cpu_count(),
         "platform": platform.platform(),

@@ -322,15 +322,22 @@ local function parse_request(capacity_text, rate_text, n_text)
   return {capacity = capacity, rate = rate, n = n}
 end
 
--- The bucket stored at `key`: nil for a missing key (a full bucket), a
--- table {tokens, last_refill}, or (second value) an error reply.
-local function read_bucket(key)
+-- The value at `key` as `decode(key)` reads it, once `key` is known to hold
+-- the type `expected` (the type is checked before any other read, as the
+-- module does): nil for a missing key, or (second value) an error reply.
+local function read_key(key, expected, decode)
   local kind = redis.call('TYPE', key)['ok']
   if kind == 'none' then
     return nil
-  elseif kind ~= 'hash' then
+  elseif kind ~= expected then
     return nil, redis.error_reply(ERR_WRONGTYPE)
   end
+  return decode(key)
+end
+
+-- The bucket stored at the hash `key`, for read_key: a table
+-- {tokens, last_refill}, or (second value) an error reply.
+local function decode_bucket(key)
   local fields = redis.call('HMGET', key, 'tokens', 'last_refill')
   local tokens = parse_decimal(fields[1], true)
   local last_refill = parse_decimal(fields[2], true)
@@ -437,7 +444,7 @@ local function single(command, keys, args, n_optional, read_only, judge)
   if err then
     return err
   end
-  local bucket, read_err = read_bucket(keys[1])
+  local bucket, read_err = read_key(keys[1], 'hash', decode_bucket)
   if read_err then
     return read_err
   end
@@ -491,7 +498,7 @@ local function tb_takeall(keys, args)
   end
   local buckets = {}
   for i = 1, #keys do
-    local bucket, read_err = read_bucket(keys[i])
+    local bucket, read_err = read_key(keys[i], 'hash', decode_bucket)
     if read_err then
       return read_err
     end
@@ -573,15 +580,9 @@ local function fmt_int(x)
   return string.format('%d', x)
 end
 
--- The lease set at `key`: nil for a missing key, else the count of ids it
+-- The lease set at the sorted set `key`, for read_key: the count of ids it
 -- has handed out; or (second value) an error reply.
-local function read_leases(key)
-  local kind = redis.call('TYPE', key)['ok']
-  if kind == 'none' then
-    return nil
-  elseif kind ~= 'zset' then
-    return nil, redis.error_reply(ERR_WRONGTYPE)
-  end
+local function decode_leases(key)
   local score = tonumber(redis.call('ZSCORE', key, 'seq'))
   if score == nil or not (score >= -MAX_LEASE and score <= 0) or score ~= math.floor(score) then
     return nil, redis.error_reply('ERR corrupt lease set \'' .. show_key(key)
@@ -670,42 +671,48 @@ local function live_deadline(key, lease, now)
   return nil
 end
 
--- For TB.RELEASE and TB.RENEW: `now` if `lease` is live at `key`; nil if the
--- set is missing or the lease not held; nil and an error reply if `key` is not
--- a lease set.
-local function held_now(key, lease)
-  local count, err = read_leases(key)
+-- The arguments that are positive integers, and the error for each.
+local LEASE_INTEGER_ERRORS = {limit = ERR_LIMIT, lease_ms = ERR_LEASE_MS}
+
+-- The shared start of TB.ACQUIRE, TB.RELEASE and TB.RENEW, checked in the
+-- module's order: the arity, the arguments `names` one by one, the key's type,
+-- then the clock, read once. Returns a table of the arguments by name, `key`,
+-- `count` (of ids handed out; nil for a missing key) and `now`; or nil and an
+-- error reply.
+local function open_leases(command, keys, args, names)
+  if #keys ~= 1 or #args ~= #names then
+    return nil, arity_error(command)
+  end
+  local call = {key = keys[1]}
+  for i, name in ipairs(names) do
+    local value = args[i]
+    local integer_error = LEASE_INTEGER_ERRORS[name]
+    if integer_error ~= nil then
+      value = parse_positive_integer(value)
+      if value == nil then
+        return nil, redis.error_reply(integer_error)
+      end
+    end
+    call[name] = value
+  end
+  local count, err = read_key(call.key, 'zset', decode_leases)
   if err then
     return nil, err
   end
-  local now = server_now()
-  if count == nil or live_deadline(key, lease, now) == nil then
-    return nil
-  end
-  return now
+  call.count = count
+  call.now = server_now()
+  return call
 end
 
 -- TB.ACQUIRE key limit lease_ms (no timeout_ms: a script cannot wait).
 local function tb_acquire(keys, args)
-  if #keys ~= 1 or #args ~= 2 then
-    return arity_error('tb.acquire')
-  end
-  local limit = parse_positive_integer(args[1])
-  if limit == nil then
-    return redis.error_reply(ERR_LIMIT)
-  end
-  local lease_ms = parse_positive_integer(args[2])
-  if lease_ms == nil then
-    return redis.error_reply(ERR_LEASE_MS)
-  end
-  local key = keys[1]
-  local count, err = read_leases(key)
+  local call, err = open_leases('tb.acquire', keys, args, {'limit', 'lease_ms'})
   if err then
     return err
   end
-  local now = server_now()
+  local key, now, limit = call.key, call.now, call.limit
   local live = 0
-  if count ~= nil then
+  if call.count ~= nil then
     live = redis.call('ZCOUNT', key, '(' .. fmt_int(now), '+inf')
   end
   if live >= limit then
@@ -714,52 +721,47 @@ local function tb_acquire(keys, args)
       'LIMIT', 0, 1)
     return {0, 0, math.ceil(tonumber(first[2])) - now, false}
   end
-  count = count or 0
+  local count = call.count or 0
   if count >= MAX_LEASE then
     return redis.error_reply(ERR_EXHAUSTED)
   end
   local n = count + 1
   local id = fmt_int(now) .. '-' .. fmt_int(n)
-  local deadline = deadline_of(now, lease_ms)
+  local deadline = deadline_of(now, call.lease_ms)
   write_leases(key, now, deadline, {fmt_int(deadline), id, fmt_int(-n), 'seq'}, nil)
   return {1, limit - live - 1, 0, id}
 end
 
--- TB.RELEASE key lease
-local function tb_release(keys, args)
-  if #keys ~= 1 or #args ~= 1 then
-    return arity_error('tb.release')
-  end
-  local key = keys[1]
-  local now, err = held_now(key, args[1])
+-- The shared path of TB.RELEASE and TB.RENEW (they differ only in the
+-- write): 0, writing nothing, if the set is missing or `lease` is not live;
+-- else 1, after removing the lease or, given `lease_ms`, moving its deadline
+-- to lease_ms from now.
+local function release_or_renew(command, keys, args, names)
+  local call, err = open_leases(command, keys, args, names)
   if err then
     return err
-  elseif now == nil then
+  end
+  local key, lease, now = call.key, call.lease, call.now
+  if call.count == nil or live_deadline(key, lease, now) == nil then
     return 0
   end
-  write_leases(key, now, nil, nil, args[1])
+  if call.lease_ms == nil then
+    write_leases(key, now, nil, nil, lease)
+  else
+    local deadline = deadline_of(now, call.lease_ms)
+    write_leases(key, now, deadline, {fmt_int(deadline), lease}, nil)
+  end
   return 1
+end
+
+-- TB.RELEASE key lease
+local function tb_release(keys, args)
+  return release_or_renew('tb.release', keys, args, {'lease'})
 end
 
 -- TB.RENEW key lease lease_ms
 local function tb_renew(keys, args)
-  if #keys ~= 1 or #args ~= 2 then
-    return arity_error('tb.renew')
-  end
-  local lease_ms = parse_positive_integer(args[2])
-  if lease_ms == nil then
-    return redis.error_reply(ERR_LEASE_MS)
-  end
-  local key = keys[1]
-  local now, err = held_now(key, args[1])
-  if err then
-    return err
-  elseif now == nil then
-    return 0
-  end
-  local deadline = deadline_of(now, lease_ms)
-  write_leases(key, now, deadline, {fmt_int(deadline), args[1]}, nil)
-  return 1
+  return release_or_renew('tb.renew', keys, args, {'lease', 'lease_ms'})
 end
 
 if redis.register_function then

@@ -5,19 +5,21 @@
 # directories, removed afterwards).
 #
 # Prints a table and the ratios the performance targets are about, and writes
-# bench/results.json, bench/results.md and bench/chart.svg. Then TB.BTAKE with
-# 1,000 and 10,000 waiters on one key (bench/btake_bench.py: order, losses,
-# wake latency, CPU and memory per waiter; bench/btake-results.md). Last, the
+# bench/results/results.json, bench/results/results.md and
+# bench/results/chart.svg (every part writes under bench/results/, apart from
+# the scripts). Then TB.BTAKE with 1,000 and 10,000 waiters on one key
+# (bench/btake_bench.py: order, losses, wake latency, CPU and memory per
+# waiter; bench/results/btake-results.md). Last, the
 # hand-off race (bench/handoff_bench.py): 4,000 clients blocked on one key in
 # TB.BTAKE, then in BLPOP, one supply each, time to the last reply and server
 # CPU per served waiter on Redis, every fetched Valkey and the binaries in
-# TB_BENCH_SERVERS (bench/handoff-results.md). Then the lease race
+# TB_BENCH_SERVERS (bench/results/handoff-results.md). Then the lease race
 # (bench/lease_bench.py): TB.ACQUIRE + TB.RELEASE against the Lua sorted-set
 # semaphore (EVALSHA + ZREM) and our own tb.lua, server time per pair, on the
-# same servers (bench/lease-results.md). Last, the client libraries'
+# same servers (bench/results/lease-results.md). Last, the client libraries'
 # middleware (bench/middleware_bench.py): the limiter's cost per request against
 # a bare route and one plain GET, under uvicorn/Starlette, gunicorn/Flask,
-# Express, Fastify and axum (bench/middleware-results.md; the frameworks are
+# Express, Fastify and axum (bench/results/middleware-results.md; the frameworks are
 # installed on first use under .cache/mw-bench; one that cannot be installed is
 # reported as skipped).
 #
@@ -51,18 +53,11 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+# shellcheck source=scripts/bench-common.sh
+source scripts/bench-common.sh
 
-for tool in python3 redis-benchmark "${TB_SERVER:-redis-server}"; do
-    if ! command -v "$tool" >/dev/null 2>&1; then
-        echo "bench: $tool not found (make deps installs the redis tools)" >&2
-        exit 1
-    fi
-done
-
-# Always go through cargo: it rebuilds only when a source changed.
-if [[ -z "${TB_MODULE:-}" ]]; then
-    cargo build --release --quiet
-fi
+require_tools bench "make deps installs the redis tools" python3 redis-benchmark "${TB_SERVER:-redis-server}"
+build_module
 # The lease race loads the bench-only build with TB.FLOOR.* (src/floor.rs),
 # kept in its own target directory so it never replaces the module users run.
 if [[ "${BENCH_LEASE:-1}" != 0 && -z "${TB_LEASE_MODULE:-}" ]]; then

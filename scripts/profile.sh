@@ -19,16 +19,11 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+# shellcheck source=scripts/bench-common.sh
+source scripts/bench-common.sh
 
-for tool in python3 valgrind callgrind_control callgrind_annotate redis-benchmark "${TB_SERVER:-redis-server}"; do
-    if ! command -v "$tool" >/dev/null 2>&1; then
-        echo "profile: $tool not found (apt-get install valgrind redis-tools redis-server)" >&2
-        exit 1
-    fi
-done
-
-if [[ -z "${TB_MODULE:-}" ]]; then
-    cargo build --release --quiet
-fi
+require_tools profile "apt-get install valgrind redis-tools redis-server" \
+    python3 valgrind callgrind_control callgrind_annotate redis-benchmark "${TB_SERVER:-redis-server}"
+build_module
 
 exec python3 bench/callgrind_profile.py "$@"

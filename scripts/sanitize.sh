@@ -251,6 +251,18 @@ phase_suite() {
     summary+=("suite: $(( $(now) - start )) s, ${servers} servers, tests exit ${rc}, $(grep -c '^\[MODULE\]' "$dir/errors.txt" || true) module errors, $(grep -c '^\[redis\]' "$dir/errors.txt" || true) others")
 }
 
+# workload_rounds PORT DIR: the workload (kept in DIR/workload.txt for a
+# later run) LEAK_ROUNDS times against the server on PORT, its replies
+# appended to DIR/replies.txt: how both leak checks, valgrind's (leaks) and
+# LeakSanitizer's (asan), drive their server.
+workload_rounds() {
+    local i
+    workload > "$2/workload.txt"
+    for (( i = 0; i < LEAK_ROUNDS; i++ )); do
+        redis-cli -p "$1" < "$2/workload.txt" >> "$2/replies.txt" 2>&1
+    done
+}
+
 # ---------------------------------------------------------------------------
 phase_leaks() {
     local dir=$OUT/valgrind-leaks port pid start i rc
@@ -267,10 +279,7 @@ phase_leaks() {
     pid=$!
     STARTED+=("$pid")
     wait_ping "$port" "$pid" 180
-    workload > "$dir/workload.txt"
-    for (( i = 0; i < LEAK_ROUNDS; i++ )); do
-        redis-cli -p "$port" < "$dir/workload.txt" >> "$dir/replies.txt" 2>&1
-    done
+    workload_rounds "$port" "$dir"
     if grep -q "internal error" "$dir/replies.txt"; then
         failures+=("leaks: a handler panicked (ERR tb: internal error), see $dir/replies.txt")
     fi
@@ -453,7 +462,7 @@ EOF
     grep -E "^test result|FAILED|panicked" "$dir/cargo-test.log" | head -n 20 || true
     # The harness SIGKILLs its servers, so LeakSanitizer (which runs at exit)
     # gets one server of its own: the leak workload, then a clean SHUTDOWN.
-    local port pid i
+    local port pid
     port=$(free_port)
     LD_PRELOAD=$runtime \
     ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:log_path=$dir/lsan \
@@ -463,10 +472,7 @@ EOF
     pid=$!
     STARTED+=("$pid")
     wait_ping "$port" "$pid" 30
-    workload > "$dir/workload.txt"
-    for (( i = 0; i < LEAK_ROUNDS; i++ )); do
-        redis-cli -p "$port" < "$dir/workload.txt" >> "$dir/replies.txt" 2>&1
-    done
+    workload_rounds "$port" "$dir"
     redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
     wait "$pid" || true
     local leaks
