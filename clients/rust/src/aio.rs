@@ -9,7 +9,7 @@ use crate::core::{self, Awaited, BackendState, Exchange, Learned, Step};
 use crate::decision::{Decision, Limit};
 use crate::error::{self, Error, FailureClass, Result};
 use crate::lease::{self, AcquireCall, FlagCall, LeaseDecision, LeaseId, Permit, Renewal};
-use crate::sync::{wait_read_bound, Options};
+use crate::limiter::{wait_read_bound, Options};
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
