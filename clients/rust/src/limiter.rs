@@ -92,13 +92,17 @@ pub(crate) fn wait_read_bound(timeouts: &Timeouts, timeout_ms: u64) -> Option<Du
 /// and `impl AsyncRateLimiter<C>` (`receiver: [&], asyncness: [async],
 /// dot_await: [.await]`).
 ///
+/// A macro rather than a trait: the two differ in the receiver and in
+/// `async`, which one trait cannot cover without boxing every future.
+///
 /// They rest on what each driver has of its own: the field `opts`
 /// ([`Options`]), `opts_mut`, `backend`, `run` (one call under the failure
 /// rule), `learn`, `btake` (a wait in the server on a dedicated
-/// connection), `first_poll` (true once, when a wait first polls although
-/// the module is there) and `sleep`. The doc lines that differ between the
-/// two come in as arguments: `blocking_client` (which constructors set one,
-/// a sentence), and `lease_fail_open` (appended to that method's doc).
+/// connection) and `first_poll` (true once, when a wait first polls
+/// although the module is there). The rest comes in as arguments: `sleep`
+/// (the driver's sleep function), and the doc lines that differ between the
+/// two, `blocking_client` (a sentence on which constructors set one) and
+/// `lease_fail_open` (appended to that method's doc).
 macro_rules! limiter_methods {
     (
         receiver: [$($recv:tt)+],
@@ -304,10 +308,10 @@ pub(crate) use limiter_methods;
 
 /// The lease methods of both limiters (docs/leases.md), expanded as
 /// [`limiter_methods!`] is. Beyond what that one needs, they rest on the
-/// driver's `guard` (a `Result<LeaseDecision>` turned into a
-/// `Permit<guard>`, the lease renewed from the given instant); `guard`
-/// names the guard type, and the doc line `guard_does` says what it does
-/// while held and when dropped.
+/// driver's method `guard` (an acquire's outcome and when it was sent,
+/// turned into a `Permit` of the guard type); the argument
+/// `guard` names that type, and the doc line `guard_does` says what the
+/// guard does while held and when dropped.
 macro_rules! lease_methods {
     (
         receiver: [$($recv:tt)+],
