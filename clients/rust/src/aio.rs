@@ -4,12 +4,11 @@
 //! this crate makes (a `ConnectionManager` made at the first call, so that
 //! a limiter can be created while the server is down).
 
-use crate::backend::{emit, emit_line, Backend, Blocking, Call, Logger, Op, Request, Timeouts};
-use crate::core::{self, Awaited, BackendState, Exchange, Learned, Step};
-use crate::decision::{Decision, Limit};
-use crate::error::{self, Error, FailureClass, Result};
-use crate::lease::{self, AcquireCall, FlagCall, LeaseDecision, LeaseId, Permit, Renewal};
-use crate::sync::{wait_read_bound, Options};
+use crate::backend::{emit, emit_line, Backend, Blocking, Logger, Request, Timeouts};
+use crate::core::{self, BackendState, Exchange, Learned, Step};
+use crate::error::{self, Error, Result};
+use crate::lease::{self, LeaseDecision, Permit, Renewal};
+use crate::limiter::{wait_read_bound, Options};
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
@@ -157,7 +156,6 @@ pub struct AsyncRateLimiter<C> {
     con: C,
     opts: Arc<Options>,
     state: Arc<State>,
-    blocking: Option<redis::Client>,
     /// Closes the connection the limiter made itself (none for `new`).
     closer: Option<Arc<dyn Fn() + Send + Sync>>,
 }
@@ -168,7 +166,6 @@ impl<C: Clone> Clone for AsyncRateLimiter<C> {
             con: self.con.clone(),
             opts: self.opts.clone(),
             state: self.state.clone(),
-            blocking: self.blocking.clone(),
             closer: self.closer.clone(),
         }
     }
@@ -217,7 +214,6 @@ where
             con,
             opts: Arc::new(Options::default()),
             state: Arc::new(State::default()),
-            blocking: None,
             closer: None,
         }
     }
@@ -247,19 +243,6 @@ where
         self
     }
 
-    /// Sends the log lines to `logger` instead of the `log` crate.
-    pub fn with_logger(mut self, logger: Logger) -> Self {
-        self.opts_mut().logger = Some(logger);
-        self
-    }
-
-    /// The policy name of single-limit decisions (default `"default"`;
-    /// printable ASCII, or every call is refused).
-    pub fn with_policy_name(mut self, name: impl Into<String>) -> Self {
-        self.opts_mut().policy_name = name.into();
-        self
-    }
-
     /// The per-command timeout (`command`) and the connect timeout of the
     /// connections `wait_take` makes.
     pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
@@ -267,42 +250,19 @@ where
         self
     }
 
-    /// How often a limiter that fell back to Lua after the module went away
-    /// looks for the module again (default 30 s).
-    pub fn with_module_recheck(mut self, every: Duration) -> Self {
-        self.opts_mut().recheck = every;
-        self
-    }
-
-    /// A client for the dedicated connections `wait_take` uses for TB.BTAKE
-    /// (a blocking command on a shared multiplexed connection would hold up
-    /// every command queued behind it). Without one, `wait_take` polls.
-    pub fn with_blocking_client(mut self, client: redis::Client) -> Self {
-        self.blocking = Some(client);
-        self
-    }
-
-    /// `true`: when the limiter is unavailable, [`acquire`](Self::acquire)
-    /// and [`wait_acquire`](Self::wait_acquire) answer a [`LeaseDecision`]
-    /// with `acquired` true, `lease` `None` and `failed_open` true, and
-    /// [`acquire_guard`](Self::acquire_guard) and
-    /// [`wait_acquire_guard`](Self::wait_acquire_guard) answer
-    /// [`Permit::FailedOpen`]: go ahead WITHOUT a lease (nothing is held,
-    /// counted or released). Default `false` (fail closed):
-    /// [`Error::Unavailable`], like every call. The
-    /// [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) has its own
-    /// `fail_open` setting and ignores this one.
-    pub fn with_lease_fail_open(mut self, fail_open: bool) -> Self {
-        self.opts_mut().lease_fail_open = fail_open;
-        self
-    }
-
-    /// The longest sleep between two tries of a polling
-    /// [`wait_acquire`](Self::wait_acquire) (`poll_ms`, default 100 ms, at
-    /// least 1 ms): it sleeps `min(retry_after_ms, poll)`.
-    pub fn with_lease_poll(mut self, poll: Duration) -> Self {
-        self.opts_mut().lease_poll = poll.max(Duration::from_millis(1));
-        self
+    crate::limiter::limiter_methods! {
+        receiver: [&],
+        asyncness: [async],
+        dot_await: [.await],
+        sleep: tokio::time::sleep,
+        /// [`connect_url`](AsyncRateLimiter::connect_url) and
+        /// [`from_client`](AsyncRateLimiter::from_client) set the blocking
+        /// client; for other constructors, see
+        /// [`with_blocking_client`](Self::with_blocking_client).
+        blocking_client;
+        /// The [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) has
+        /// its own `fail_open` setting and ignores this one.
+        lease_fail_open;
     }
 
     /// The backend in use, once chosen.
@@ -315,20 +275,17 @@ where
         &self.opts.logger
     }
 
-    /// Chooses the backend now instead of at the first call: a peek of a
-    /// key that is never written.
-    pub async fn connect(&self) -> Result<Backend> {
-        self.peek("redis-tb:connect", 1, 1, 0).await?;
-        self.backend()
-            .ok_or_else(|| Error::Other("no backend chosen".into()))
-    }
-
     fn learn(&self, learned: Vec<Learned>) {
         if let Ok(mut state) = self.state.backend.lock() {
             for l in learned {
                 emit_line(&self.opts.logger, state.learn(l, Instant::now()));
             }
         }
+    }
+
+    /// True the first time a wait polls although the module is there.
+    fn first_poll(&self) -> bool {
+        !self.state.polling_logged.swap(true, Ordering::SeqCst)
     }
 
     async fn run<R: Request>(&self, call: &R) -> Result<R::Output> {
@@ -355,105 +312,6 @@ where
         };
         self.learn(std::mem::take(&mut exchange.learned));
         outcome
-    }
-
-    /// Takes `n` tokens from the bucket at `key` (burst `capacity`, refilled
-    /// at `rate` tokens per second) if it holds them.
-    pub async fn take(
-        &self,
-        key: &str,
-        capacity: impl Into<f64>,
-        rate: impl Into<f64>,
-        n: impl Into<f64>,
-    ) -> Result<Decision> {
-        let call = self.opts.single(Op::Take, key, capacity, rate, n)?;
-        self.run(&call).await
-    }
-
-    /// What `take` would answer now; writes nothing.
-    pub async fn peek(
-        &self,
-        key: &str,
-        capacity: impl Into<f64>,
-        rate: impl Into<f64>,
-        n: impl Into<f64>,
-    ) -> Result<Decision> {
-        let call = self.opts.single(Op::Peek, key, capacity, rate, n)?;
-        self.run(&call).await
-    }
-
-    /// Gives `n` tokens back (capped at `capacity`).
-    pub async fn refund(
-        &self,
-        key: &str,
-        capacity: impl Into<f64>,
-        rate: impl Into<f64>,
-        n: impl Into<f64>,
-    ) -> Result<Decision> {
-        let call = self.opts.single(Op::Refund, key, capacity, rate, n)?;
-        self.run(&call).await
-    }
-
-    /// Several limits, all or nothing; the decision names the deciding one
-    /// (`index`). In a cluster the keys must share a hash slot.
-    pub async fn take_all(&self, limits: &[Limit]) -> Result<Decision> {
-        self.run(&Call::all(limits)?).await
-    }
-
-    /// Takes `n` tokens, waiting up to `timeout_ms` (0: no limit); on
-    /// timeout the last denial.
-    ///
-    /// Module backend with a blocking client (set by [`AsyncRateLimiter::connect_url`]
-    /// or [`with_blocking_client`](Self::with_blocking_client)): TB.BTAKE on
-    /// a dedicated connection with a response timeout of `timeout_ms` plus a
-    /// margin; the server serves waiters first come, first served.
-    ///
-    /// **Otherwise this polls** (take, sleep `min(retry_after_ms, time
-    /// left)`, again): NOT first come, first served.
-    pub async fn wait_take(
-        &self,
-        key: &str,
-        capacity: impl Into<f64>,
-        rate: impl Into<f64>,
-        n: impl Into<f64>,
-        timeout_ms: u64,
-    ) -> Result<Decision> {
-        let call = self.opts.single(Op::Take, key, capacity, rate, n)?;
-        let probe = Call::probe(key)?;
-        self.wait(&call, &probe, timeout_ms).await
-    }
-
-    /// A wait for `call`: its blocking form on a dedicated connection with
-    /// the module and a blocking client, else polling (`probe` chooses the
-    /// backend first).
-    pub(crate) async fn wait<R>(&self, call: &R, probe: &Call, timeout_ms: u64) -> Result<R::Output>
-    where
-        R: Blocking,
-        R::Output: Awaited,
-    {
-        if self.backend().is_none() {
-            self.run(probe).await?;
-        }
-        if self.backend() == Some(Backend::Module) {
-            if let Some(client) = &self.blocking {
-                match self.btake(client, call, timeout_ms).await {
-                    Err(Error::Reply(r))
-                        if error::classify_reply(&r) == FailureClass::ServerChanged =>
-                    {
-                        // The module went away: detect again, then poll on Lua.
-                        self.learn(vec![Learned::Stale]);
-                    }
-                    other => return other,
-                }
-            } else if !self.state.polling_logged.swap(true, Ordering::SeqCst) {
-                emit(
-                    &self.opts.logger,
-                    log::Level::Info,
-                    crate::core::POLLING_NOTE,
-                );
-            }
-        }
-        self.poll(call, timeout_ms).await
     }
 
     async fn btake<R: Blocking>(
@@ -565,21 +423,6 @@ where
             }
         }
     }
-
-    async fn poll<R>(&self, call: &R, timeout_ms: u64) -> Result<R::Output>
-    where
-        R: Blocking,
-        R::Output: Awaited,
-    {
-        let deadline = core::deadline_after(timeout_ms);
-        loop {
-            let decision = self.run(call).await?;
-            match core::poll_wait(&decision, call.poll_cap(), deadline, Instant::now()) {
-                None => return Ok(decision),
-                Some(wait) => tokio::time::sleep(wait).await,
-            }
-        }
-    }
 }
 
 /// Concurrency leases (docs/leases.md).
@@ -587,16 +430,14 @@ impl<C> AsyncRateLimiter<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// Takes a lease on the lease set at `key` if fewer than `limit` are
-    /// live; it ends by itself `lease_ms` after it was granted (server
-    /// clock) unless released or renewed. An unavailable limiter is
-    /// [`Error::Unavailable`], or, with
-    /// [`with_lease_fail_open(true)`](Self::with_lease_fail_open), a
-    /// failed-open decision (`acquired`, no `lease`, `failed_open`).
-    pub async fn acquire(&self, key: &str, limit: u64, lease_ms: u64) -> Result<LeaseDecision> {
-        let call = self.opts.acquire_call(key, limit, lease_ms)?;
-        let outcome = self.run(&call).await;
-        self.opts.lease_fail_open(&call, outcome)
+    crate::limiter::lease_methods! {
+        receiver: [&],
+        asyncness: [async],
+        dot_await: [.await],
+        guard: AsyncLeaseGuard,
+        /// The guard ([`AsyncLeaseGuard`]) renews the lease in a task while
+        /// held, and releases it when dropped.
+        guard_does;
     }
 
     /// The acquire without this limiter's lease fail-open (the guards and
@@ -609,84 +450,6 @@ where
     ) -> Result<LeaseDecision> {
         let call = self.opts.acquire_call(key, limit, lease_ms)?;
         self.run(&call).await
-    }
-
-    /// Releases `lease` (an id, a [`LeaseDecision`], or an `Option` of
-    /// one): `true` if it was live, `false` if it was not (released
-    /// already, expired, never handed out). Safe to repeat. No id (`None`:
-    /// a denial's or a failed-open decision's) answers `false` without a call.
-    pub async fn release(&self, key: &str, lease: impl LeaseId) -> Result<bool> {
-        match FlagCall::release(key, lease.lease_id())? {
-            Some(call) => self.run(&call).await,
-            None => Ok(false),
-        }
-    }
-
-    /// Makes the live `lease` end `lease_ms` from now: `true`, or `false`
-    /// if it is not held (an expired lease cannot come back). No id answers
-    /// `false` without a call.
-    pub async fn renew(&self, key: &str, lease: impl LeaseId, lease_ms: u64) -> Result<bool> {
-        match FlagCall::renew(key, lease.lease_id(), lease_ms)? {
-            Some(call) => self.run(&call).await,
-            None => Ok(false),
-        }
-    }
-
-    /// Takes a lease, waiting up to `timeout_ms` (0: no limit); on timeout
-    /// the last denial. With the module and a blocking client:
-    /// `TB.ACQUIRE key limit lease_ms timeout_ms` on a dedicated connection
-    /// to the slot owner, first come, first served. **Otherwise this polls**
-    /// (every `min(retry_after_ms, poll_ms)`, `poll_ms` from
-    /// [`with_lease_poll`](Self::with_lease_poll), default 100 ms): NOT
-    /// first come, first served. Fails open as [`acquire`](Self::acquire) does.
-    pub async fn wait_acquire(
-        &self,
-        key: &str,
-        limit: u64,
-        lease_ms: u64,
-        timeout_ms: u64,
-    ) -> Result<LeaseDecision> {
-        let call = self.opts.acquire_call(key, limit, lease_ms)?;
-        let outcome = self.wait_acquire_call(&call, timeout_ms).await;
-        self.opts.lease_fail_open(&call, outcome)
-    }
-
-    async fn wait_acquire_call(
-        &self,
-        call: &AcquireCall,
-        timeout_ms: u64,
-    ) -> Result<LeaseDecision> {
-        let probe = Call::probe("redis-tb:connect")?;
-        self.wait(call, &probe, timeout_ms).await
-    }
-
-    /// [`acquire`](Self::acquire) as an [`AsyncLeaseGuard`] that renews the
-    /// lease in a task while held: [`Permit::Held`], [`Permit::Denied`], or,
-    /// when unavailable and [`with_lease_fail_open(true)`](Self::with_lease_fail_open),
-    /// [`Permit::FailedOpen`].
-    pub async fn acquire_guard(
-        &self,
-        key: &str,
-        limit: u64,
-        lease_ms: u64,
-    ) -> Result<Permit<AsyncLeaseGuard>> {
-        let started = Instant::now();
-        let outcome = self.acquire_strict(key, limit, lease_ms).await;
-        self.guard(outcome, started)
-    }
-
-    /// [`wait_acquire`](Self::wait_acquire) as an [`AsyncLeaseGuard`].
-    pub async fn wait_acquire_guard(
-        &self,
-        key: &str,
-        limit: u64,
-        lease_ms: u64,
-        timeout_ms: u64,
-    ) -> Result<Permit<AsyncLeaseGuard>> {
-        let call = self.opts.acquire_call(key, limit, lease_ms)?;
-        let outcome = self.wait_acquire_call(&call, timeout_ms).await;
-        // Granted during the wait, at most a round trip before its reply.
-        self.guard(outcome, Instant::now())
     }
 
     fn guard(

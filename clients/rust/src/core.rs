@@ -441,23 +441,15 @@ mod tests {
 
     #[test]
     fn ids_are_escaped_as_the_spec_says() {
-        assert_eq!(
-            bucket_key("ratelimit:", "alice", "sec"),
-            "ratelimit:{alice}:sec"
-        );
-        assert_eq!(
-            bucket_key("ratelimit:", "}x", "sec"),
-            "ratelimit:{%7Dx}:sec"
-        );
-        assert_eq!(
-            bucket_key("ratelimit:", "{}", "sec"),
-            "ratelimit:{%7B%7D}:sec"
-        );
-        assert_eq!(
-            bucket_key("ratelimit:", "50%", "sec"),
-            "ratelimit:{50%25}:sec"
-        );
-        assert_eq!(bucket_key("ratelimit:", "", "sec"), "ratelimit:{%}:sec");
+        for (id, key) in [
+            ("alice", "ratelimit:{alice}:sec"),
+            ("}x", "ratelimit:{%7Dx}:sec"),
+            ("{}", "ratelimit:{%7B%7D}:sec"),
+            ("50%", "ratelimit:{50%25}:sec"),
+            ("", "ratelimit:{%}:sec"),
+        ] {
+            assert_eq!(bucket_key("ratelimit:", id, "sec"), key, "id {id:?}");
+        }
     }
 
     #[test]

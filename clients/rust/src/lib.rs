@@ -43,6 +43,7 @@ mod core;
 mod decision;
 mod error;
 mod lease;
+mod limiter;
 #[cfg(feature = "tower")]
 mod middleware;
 mod sync;

@@ -180,6 +180,142 @@ impl Common {
     }
 }
 
+/// The settings both layers take the same way, on their `common` part
+/// (the layer's `shared` state, changed through its `edit`): one text, so
+/// that the two layers' settings and docs cannot drift apart.
+macro_rules! common_settings {
+    () => {
+        /// Calls the limiter could not make because it was unavailable, so far.
+        pub fn unavailable_count(&self) -> u64 {
+            self.shared.common.unavailable_count()
+        }
+
+        /// The caller's identity (default: the client IP, see [`client_ip`]);
+        /// `None` lets the request through unlimited. Per user:
+        /// `|p| p.headers.get("x-user").and_then(|v| v.to_str().ok()).map(String::from)`;
+        /// per route and IP: `|p| client_ip(p).map(|ip| format!("{ip}:{}", p.uri.path()))`.
+        pub fn key_fn(self, f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
+            self.edit(|s| s.common.key_fn = Arc::new(f))
+        }
+
+        /// The key prefix (default `"ratelimit:"`): the keys are
+        /// `<prefix>{<escaped id>}:<name>`.
+        pub fn prefix(self, prefix: impl Into<String>) -> Self {
+            let prefix = prefix.into();
+            self.edit(|s| s.common.prefix = prefix)
+        }
+
+        /// `false` (fail closed): answer 503 when the limiter is unavailable.
+        /// `true` (the default, fail open): let the request through
+        /// unlimited: without rate-limit headers, and in the in-flight layer
+        /// without a lease.
+        pub fn fail_open(self, fail_open: bool) -> Self {
+            self.edit(|s| s.common.fail_open = fail_open)
+        }
+
+        /// Where the outage lines go (default: the limiter's logger, else `log`).
+        pub fn logger(self, logger: Logger) -> Self {
+            self.edit(|s| s.common.logger = Some(logger))
+        }
+
+        /// The response to an error that is a bug, not an outage (the error is
+        /// logged first either way). Default: 500 with a problem+json body.
+        pub fn on_error(
+            self,
+            handler: impl Fn(&Error) -> Response<String> + Send + Sync + 'static,
+        ) -> Self {
+            self.edit(|s| s.common.on_error = Arc::new(handler))
+        }
+    };
+}
+
+/// A layer's `Clone` and `Layer` impls, and the service it wraps around
+/// the inner one, whose request path is the same for both layers: the
+/// layer's `judge` gives the verdict; a pass runs the inner service while
+/// it holds what `judge` passed (a dropped future drops it), and the
+/// layer's `through` adds what an allowed response carries; a denial is the
+/// layer's `denied`; an outage and a bug follow the failure rule.
+/// `body` is the service's response body type, around the inner one's
+/// (`ResBody`).
+macro_rules! layer_service {
+    (layer $layer:ident, service $service:ident, state $shared:ident, body $body:ty) => {
+        impl<C> Clone for $layer<C> {
+            fn clone(&self) -> Self {
+                $layer {
+                    shared: self.shared.clone(),
+                }
+            }
+        }
+
+        impl<S, C> Layer<S> for $layer<C> {
+            type Service = $service<S, C>;
+
+            fn layer(&self, inner: S) -> Self::Service {
+                $service {
+                    inner,
+                    shared: self.shared.clone(),
+                }
+            }
+        }
+
+        #[doc = concat!("The service [`", stringify!($layer), "`] wraps around the inner one.")]
+        pub struct $service<S, C> {
+            inner: S,
+            shared: Arc<$shared<C>>,
+        }
+
+        impl<S: Clone, C> Clone for $service<S, C> {
+            fn clone(&self) -> Self {
+                $service {
+                    inner: self.inner.clone(),
+                    shared: self.shared.clone(),
+                }
+            }
+        }
+
+        impl<S, C, B, ResBody> Service<Request<B>> for $service<S, C>
+        where
+            S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
+            S::Future: Send,
+            S::Error: Send,
+            B: Send + 'static,
+            ResBody: From<String> + Send + 'static,
+            C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+        {
+            type Response = Response<$body>;
+            type Error = S::Error;
+            type Future = BoxFuture<std::result::Result<Self::Response, Self::Error>>;
+
+            fn poll_ready(
+                &mut self,
+                cx: &mut Context<'_>,
+            ) -> Poll<std::result::Result<(), Self::Error>> {
+                self.inner.poll_ready(cx)
+            }
+
+            fn call(&mut self, request: Request<B>) -> Self::Future {
+                let mut inner = take_ready(&mut self.inner);
+                let shared = self.shared.clone();
+                Box::pin(async move {
+                    let (parts, body) = request.into_parts();
+                    let verdict = shared.judge(&parts).await;
+                    let request = Request::from_parts(parts, body);
+                    let passed = match verdict {
+                        Verdict::Pass(passed) => passed,
+                        Verdict::Deny(denial) => return Ok(shared.denied(denial)),
+                        Verdict::Unavailable if shared.common.fail_open => None,
+                        Verdict::Unavailable => return Ok(unavailable_response()),
+                        Verdict::Bug(e) => return Ok(shared.common.bug_response(&e)),
+                    };
+                    // Held across the inner call: a dropped future drops it.
+                    let response = inner.call(request).await?;
+                    Ok(shared.through(passed, response))
+                })
+            }
+        }
+    };
+}
+
 #[derive(Clone)]
 struct Shared<C> {
     limiter: AsyncRateLimiter<C>,
@@ -210,14 +346,6 @@ struct Shared<C> {
 /// it is logged at error level and answered 500 (or by [`on_error`](Self::on_error)).
 pub struct RateLimitLayer<C> {
     shared: Arc<Shared<C>>,
-}
-
-impl<C> Clone for RateLimitLayer<C> {
-    fn clone(&self) -> Self {
-        RateLimitLayer {
-            shared: self.shared.clone(),
-        }
-    }
 }
 
 fn default_key(parts: &Parts) -> Option<String> {
@@ -268,10 +396,7 @@ where
         })
     }
 
-    /// Calls the limiter could not make because it was unavailable, so far.
-    pub fn unavailable_count(&self) -> u64 {
-        self.shared.common.unavailable_count()
-    }
+    common_settings!();
 
     fn edit(mut self, f: impl FnOnce(&mut Shared<C>)) -> Self {
         // A layer cloned before this call keeps its own settings.
@@ -279,42 +404,9 @@ where
         self
     }
 
-    /// The caller's identity (default: client IP). Per user:
-    /// `|p| p.headers.get("x-user").and_then(|v| v.to_str().ok()).map(String::from)`;
-    /// per route and IP: `|p| client_ip(p).map(|ip| format!("{ip}:{}", p.uri.path()))`.
-    pub fn key_fn(self, f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
-        self.edit(|s| s.common.key_fn = Arc::new(f))
-    }
-
     /// The request's cost in tokens (default 1), taken from every limit.
     pub fn cost_fn(self, f: impl Fn(&Parts) -> f64 + Send + Sync + 'static) -> Self {
         self.edit(|s| s.cost_fn = Arc::new(f))
-    }
-
-    /// The bucket key prefix (default `"ratelimit:"`).
-    pub fn prefix(self, prefix: impl Into<String>) -> Self {
-        let prefix = prefix.into();
-        self.edit(|s| s.common.prefix = prefix)
-    }
-
-    /// `false`: answer 503 when the limiter is unavailable, instead of
-    /// letting the request through.
-    pub fn fail_open(self, fail_open: bool) -> Self {
-        self.edit(|s| s.common.fail_open = fail_open)
-    }
-
-    /// Where the outage lines go (default: the limiter's logger, else `log`).
-    pub fn logger(self, logger: Logger) -> Self {
-        self.edit(|s| s.common.logger = Some(logger))
-    }
-
-    /// The response to an error that is a bug, not an outage (the error is
-    /// logged first either way). Default: 500 with a problem+json body.
-    pub fn on_error(
-        self,
-        handler: impl Fn(&Error) -> Response<String> + Send + Sync + 'static,
-    ) -> Self {
-        self.edit(|s| s.common.on_error = Arc::new(handler))
     }
 }
 
@@ -360,31 +452,7 @@ where
     }
 }
 
-impl<S, C> Layer<S> for RateLimitLayer<C> {
-    type Service = RateLimitService<S, C>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        RateLimitService {
-            inner,
-            shared: self.shared.clone(),
-        }
-    }
-}
-
-/// The service [`RateLimitLayer`] wraps around the inner one.
-pub struct RateLimitService<S, C> {
-    inner: S,
-    shared: Arc<Shared<C>>,
-}
-
-impl<S: Clone, C> Clone for RateLimitService<S, C> {
-    fn clone(&self) -> Self {
-        RateLimitService {
-            inner: self.inner.clone(),
-            shared: self.shared.clone(),
-        }
-    }
-}
+layer_service!(layer RateLimitLayer, service RateLimitService, state Shared, body ResBody);
 
 impl<C> Shared<C>
 where
@@ -418,6 +486,21 @@ where
             Ok(decision) => Verdict::Deny(decision),
             Err(verdict) => verdict,
         }
+    }
+
+    /// 429 with the problem document and the headers.
+    fn denied<B: From<String>>(&self, decision: Decision) -> Response<B> {
+        let mut response = problem_response(StatusCode::TOO_MANY_REQUESTS, problem_body(&decision));
+        response.headers_mut().extend(decision.header_map());
+        response
+    }
+
+    /// An allowed response gets the decision's headers (none without one).
+    fn through<B>(&self, decision: Option<Decision>, mut response: Response<B>) -> Response<B> {
+        if let Some(decision) = decision {
+            append_headers(&mut response, decision.header_map());
+        }
+        response
     }
 }
 
@@ -504,52 +587,6 @@ fn take_ready<S: Clone>(inner: &mut S) -> S {
     std::mem::replace(inner, clone)
 }
 
-impl<S, C, B, ResBody> Service<Request<B>> for RateLimitService<S, C>
-where
-    S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send,
-    S::Error: Send,
-    B: Send + 'static,
-    ResBody: From<String> + Send + 'static,
-    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
-{
-    type Response = Response<ResBody>;
-    type Error = S::Error;
-    type Future = BoxFuture<std::result::Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::result::Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<B>) -> Self::Future {
-        let mut inner = take_ready(&mut self.inner);
-        let shared = self.shared.clone();
-        Box::pin(async move {
-            let (parts, body) = request.into_parts();
-            let verdict = shared.judge(&parts).await;
-            let request = Request::from_parts(parts, body);
-            match verdict {
-                Verdict::Pass(decision) => {
-                    let mut response = inner.call(request).await?;
-                    if let Some(decision) = decision {
-                        append_headers(&mut response, decision.header_map());
-                    }
-                    Ok(response)
-                }
-                Verdict::Deny(decision) => {
-                    let mut response =
-                        problem_response(StatusCode::TOO_MANY_REQUESTS, problem_body(&decision));
-                    response.headers_mut().extend(decision.header_map());
-                    Ok(response)
-                }
-                Verdict::Unavailable if shared.common.fail_open => inner.call(request).await,
-                Verdict::Unavailable => Ok(unavailable_response()),
-                Verdict::Bug(e) => Ok(shared.common.bug_response(&e)),
-            }
-        })
-    }
-}
-
 /// The in-flight limit: at most `limit` requests of one caller at once
 /// (TB.ACQUIRE / TB.RELEASE, docs/leases.md).
 ///
@@ -587,14 +624,6 @@ struct InFlight<C> {
     lease_ms: u64,
     deny_status: StatusCode,
     common: Common,
-}
-
-impl<C> Clone for ConcurrencyLimitLayer<C> {
-    fn clone(&self) -> Self {
-        ConcurrencyLimitLayer {
-            shared: self.shared.clone(),
-        }
-    }
 }
 
 impl<C> ConcurrencyLimitLayer<C>
@@ -638,77 +667,25 @@ where
         })
     }
 
+    common_settings!();
+
     fn edit(mut self, f: impl FnOnce(&mut InFlight<C>)) -> Self {
         f(Arc::make_mut(&mut self.shared));
         self
-    }
-
-    /// Calls the limiter could not make because it was unavailable, so far.
-    pub fn unavailable_count(&self) -> u64 {
-        self.shared.common.unavailable_count()
-    }
-
-    /// The caller's identity (default: client IP); `None` is not limited.
-    pub fn key_fn(self, f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
-        self.edit(|s| s.common.key_fn = Arc::new(f))
-    }
-
-    /// The key prefix (default `"ratelimit:"`).
-    pub fn prefix(self, prefix: impl Into<String>) -> Self {
-        let prefix = prefix.into();
-        self.edit(|s| s.common.prefix = prefix)
-    }
-
-    /// `false`: answer 503 when the limiter is unavailable, instead of
-    /// letting the request through without a lease.
-    pub fn fail_open(self, fail_open: bool) -> Self {
-        self.edit(|s| s.common.fail_open = fail_open)
     }
 
     /// The status of a denial: 429 (default) or, e.g., 503.
     pub fn deny_status(self, status: StatusCode) -> Self {
         self.edit(|s| s.deny_status = status)
     }
-
-    /// Where the outage lines go (default: the limiter's logger, else `log`).
-    pub fn logger(self, logger: Logger) -> Self {
-        self.edit(|s| s.common.logger = Some(logger))
-    }
-
-    /// The response to an error that is a bug (default: 500, problem+json).
-    pub fn on_error(
-        self,
-        handler: impl Fn(&Error) -> Response<String> + Send + Sync + 'static,
-    ) -> Self {
-        self.edit(|s| s.common.on_error = Arc::new(handler))
-    }
 }
 
-impl<S, C> Layer<S> for ConcurrencyLimitLayer<C> {
-    type Service = ConcurrencyLimitService<S, C>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        ConcurrencyLimitService {
-            inner,
-            shared: self.shared.clone(),
-        }
-    }
-}
-
-/// The service [`ConcurrencyLimitLayer`] wraps around the inner one.
-pub struct ConcurrencyLimitService<S, C> {
-    inner: S,
-    shared: Arc<InFlight<C>>,
-}
-
-impl<S: Clone, C> Clone for ConcurrencyLimitService<S, C> {
-    fn clone(&self) -> Self {
-        ConcurrencyLimitService {
-            inner: self.inner.clone(),
-            shared: self.shared.clone(),
-        }
-    }
-}
+layer_service!(
+    layer ConcurrencyLimitLayer,
+    service ConcurrencyLimitService,
+    state InFlight,
+    body LeaseBody<ResBody>
+);
 
 /// Through with the lease and its decision, or denied.
 type Admission = Verdict<(AsyncLeaseGuard, LeaseDecision), LeaseDecision>;
@@ -717,7 +694,7 @@ impl<C> InFlight<C>
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
-    async fn admit(&self, parts: &Parts) -> Admission {
+    async fn judge(&self, parts: &Parts) -> Admission {
         let Some(id) = (self.common.key_fn)(parts) else {
             return Verdict::Pass(None);
         };
@@ -741,6 +718,29 @@ where
             Ok(Permit::FailedOpen(e)) => Verdict::Bug(e),
             Err(verdict) => verdict,
         }
+    }
+
+    /// `deny_status` with the problem document and the headers.
+    fn denied<B: From<String>>(&self, decision: LeaseDecision) -> Response<B> {
+        let body = lease_problem_body(&decision, self.deny_status);
+        let mut response = problem_response(self.deny_status, body);
+        response.headers_mut().extend(decision.header_map());
+        response
+    }
+
+    /// The body holds the lease until it is sent (none without one), and
+    /// the response gets the decision's headers.
+    fn through<B>(
+        &self,
+        held: Option<(AsyncLeaseGuard, LeaseDecision)>,
+        response: Response<B>,
+    ) -> Response<LeaseBody<B>> {
+        let (guard, decision) = held.unzip();
+        let mut response = response.map(|b| LeaseBody::new(b, guard));
+        if let Some(decision) = decision {
+            append_headers(&mut response, decision.header_map());
+        }
+        response
     }
 }
 
@@ -823,61 +823,5 @@ impl<B: http_body::Body> http_body::Body for LeaseBody<B> {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
-    }
-}
-
-impl<S, C, B, ResBody> Service<Request<B>> for ConcurrencyLimitService<S, C>
-where
-    S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send,
-    S::Error: Send,
-    B: Send + 'static,
-    ResBody: From<String> + Send + 'static,
-    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
-{
-    type Response = Response<LeaseBody<ResBody>>;
-    type Error = S::Error;
-    type Future = BoxFuture<std::result::Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::result::Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<B>) -> Self::Future {
-        let mut inner = take_ready(&mut self.inner);
-        let shared = self.shared.clone();
-        Box::pin(async move {
-            let (parts, body) = request.into_parts();
-            let admission = shared.admit(&parts).await;
-            let request = Request::from_parts(parts, body);
-            match admission {
-                Verdict::Pass(held) => {
-                    // Held across the inner call: a dropped future drops it.
-                    let (guard, headers) = match held {
-                        Some((guard, decision)) => (Some(guard), Some(decision.header_map())),
-                        None => (None, None),
-                    };
-                    let response = inner.call(request).await?;
-                    let mut response = response.map(|b| LeaseBody::new(b, guard));
-                    if let Some(headers) = headers {
-                        append_headers(&mut response, headers);
-                    }
-                    Ok(response)
-                }
-                Verdict::Deny(decision) => {
-                    let mut response = problem_response(
-                        shared.deny_status,
-                        lease_problem_body(&decision, shared.deny_status),
-                    );
-                    response.headers_mut().extend(decision.header_map());
-                    Ok(response)
-                }
-                Verdict::Unavailable if shared.common.fail_open => {
-                    Ok(inner.call(request).await?.map(|b| LeaseBody::new(b, None)))
-                }
-                Verdict::Unavailable => Ok(unavailable_response()),
-                Verdict::Bug(e) => Ok(shared.common.bug_response(&e)),
-            }
-        })
     }
 }

@@ -2,88 +2,15 @@
 //! `redis::Connection`, a `redis::cluster::ClusterConnection`, or the
 //! [`ManagedConnection`] this crate makes with short timeouts).
 
-use crate::backend::{emit, emit_line, Backend, Blocking, Call, Logger, Op, Request, Timeouts};
-use crate::core::{Awaited, BackendState, Exchange, Learned, Step, MODULE_RECHECK};
-use crate::decision::{Decision, Limit};
+use crate::backend::{emit, emit_line, Backend, Blocking, Request, Timeouts};
+use crate::core::{BackendState, Exchange, Learned, Step};
 use crate::error::{is_connection_problem, Error, Result};
-use crate::lease::{self, AcquireCall, FlagCall, LeaseDecision, LeaseId, Permit, Renewal};
+use crate::lease::{self, LeaseDecision, Permit, Renewal};
+use crate::limiter::{wait_read_bound, Options};
 use redis::{ConnectionLike, IntoConnectionInfo, RedisResult, Value};
 use std::io;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
-
-/// Settings shared by both limiters.
-#[derive(Clone)]
-pub(crate) struct Options {
-    pub logger: Option<Logger>,
-    pub timeouts: Timeouts,
-    pub policy_name: String,
-    pub recheck: Duration,
-    /// Leases: an unavailable limiter gives a failed-open `LeaseDecision`
-    /// (plain calls) or `Permit::FailedOpen` (guards).
-    pub lease_fail_open: bool,
-    /// The longest sleep of a polling `wait_acquire` (`poll_ms`).
-    pub lease_poll: Duration,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            logger: None,
-            timeouts: Timeouts::default(),
-            policy_name: "default".into(),
-            recheck: MODULE_RECHECK,
-            lease_fail_open: false,
-            lease_poll: lease::LEASE_POLL_DEFAULT,
-        }
-    }
-}
-
-/// The calls both limiters build, from their settings alone: the pure part
-/// of each limiter method, so that only the I/O differs between sync and async.
-impl Options {
-    /// A one-bucket call (`take`, `peek`, `refund`, `wait_take`) under the
-    /// limiter's policy name.
-    pub fn single(
-        &self,
-        op: Op,
-        key: &str,
-        capacity: impl Into<f64>,
-        rate: impl Into<f64>,
-        n: impl Into<f64>,
-    ) -> Result<Call> {
-        let (capacity, rate, n) = (capacity.into(), rate.into(), n.into());
-        Call::single(op, key, capacity, rate, n, &self.policy_name)
-    }
-
-    /// An acquire under the limiter's policy name and polling cap.
-    pub fn acquire_call(&self, key: &str, limit: u64, lease_ms: u64) -> Result<AcquireCall> {
-        Ok(AcquireCall::new(key, limit, lease_ms, &self.policy_name)?.poll(self.lease_poll))
-    }
-
-    /// An acquire's `outcome`, an outage turned into a failed-open decision
-    /// when leases fail open.
-    pub fn lease_fail_open(
-        &self,
-        call: &AcquireCall,
-        outcome: Result<LeaseDecision>,
-    ) -> Result<LeaseDecision> {
-        match outcome {
-            Err(e) if self.lease_fail_open && e.is_unavailable() => {
-                Ok(LeaseDecision::failed_open(call))
-            }
-            other => other,
-        }
-    }
-}
-
-/// How long the reply of a wait in the server (TB.BTAKE, TB.ACQUIRE with a
-/// timeout) may take: its own `timeout_ms` plus a margin; `None` for a wait
-/// without a limit (0).
-pub(crate) fn wait_read_bound(timeouts: &Timeouts, timeout_ms: u64) -> Option<Duration> {
-    let margin = timeouts.command + Duration::from_secs(1);
-    (timeout_ms > 0).then(|| Duration::from_millis(timeout_ms) + margin)
-}
 
 /// A `redis::Connection` made with bounded connect, handshake, read and
 /// write timeouts, dropped after any I/O error or timeout (so a late reply
@@ -223,7 +150,6 @@ pub struct RateLimiter<C = ManagedConnection> {
     con: C,
     opts: Options,
     state: BackendState,
-    blocking: Option<redis::Client>,
     /// The wait connection of each node (`None`: the blocking client's own).
     waits: std::collections::HashMap<Option<String>, ManagedConnection>,
     polling_logged: bool,
@@ -245,7 +171,7 @@ impl RateLimiter<ManagedConnection> {
     pub fn from_client(client: redis::Client, timeouts: Timeouts) -> Self {
         let mut limiter = RateLimiter::new(ManagedConnection::new(client.clone(), timeouts));
         limiter.opts.timeouts = timeouts;
-        limiter.blocking = Some(client);
+        limiter.opts.blocking = Some(client);
         limiter
     }
 }
@@ -260,7 +186,6 @@ impl<C: ConnectionLike> RateLimiter<C> {
             con,
             opts: Options::default(),
             state: BackendState::default(),
-            blocking: None,
             waits: Default::default(),
             polling_logged: false,
         }
@@ -272,19 +197,6 @@ impl<C: ConnectionLike> RateLimiter<C> {
         self
     }
 
-    /// Sends the log lines to `logger` instead of the `log` crate.
-    pub fn with_logger(mut self, logger: Logger) -> Self {
-        self.opts.logger = Some(logger);
-        self
-    }
-
-    /// The policy name of `take`/`peek`/`refund`/`wait_take` decisions
-    /// (default `"default"`; printable ASCII, or every call is refused).
-    pub fn with_policy_name(mut self, name: impl Into<String>) -> Self {
-        self.opts.policy_name = name.into();
-        self
-    }
-
     /// Timeouts for the connections `wait_take` makes (`command` is also
     /// the margin added to a TB.BTAKE's own timeout).
     pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
@@ -292,41 +204,20 @@ impl<C: ConnectionLike> RateLimiter<C> {
         self
     }
 
-    /// How often a limiter that fell back to Lua after the module went away
-    /// looks for the module again (default 30 s).
-    pub fn with_module_recheck(mut self, every: Duration) -> Self {
-        self.opts.recheck = every;
-        self
+    crate::limiter::limiter_methods! {
+        receiver: [&mut],
+        asyncness: [],
+        dot_await: [],
+        sleep: std::thread::sleep,
+        /// [`open`](RateLimiter::open) and [`from_client`](RateLimiter::from_client)
+        /// set the blocking client; for other constructors, see
+        /// [`with_blocking_client`](Self::with_blocking_client).
+        blocking_client;
+        lease_fail_open;
     }
 
-    /// A client for the dedicated connections `wait_take` and `wait_acquire`
-    /// use for TB.BTAKE and TB.ACQUIRE with a timeout (a blocking command
-    /// must not share a connection, and needs a read timeout above its own).
-    /// Without one, they poll.
-    pub fn with_blocking_client(mut self, client: redis::Client) -> Self {
-        self.blocking = Some(client);
-        self
-    }
-
-    /// `true`: when the limiter is unavailable, [`acquire`](Self::acquire)
-    /// and [`wait_acquire`](Self::wait_acquire) answer a [`LeaseDecision`]
-    /// with `acquired` true, `lease` `None` and `failed_open` true, and
-    /// [`acquire_guard`](Self::acquire_guard) and
-    /// [`wait_acquire_guard`](Self::wait_acquire_guard) answer
-    /// [`Permit::FailedOpen`]: go ahead WITHOUT a lease (nothing is held,
-    /// counted or released). Default `false` (fail closed):
-    /// [`Error::Unavailable`], like every call.
-    pub fn with_lease_fail_open(mut self, fail_open: bool) -> Self {
-        self.opts.lease_fail_open = fail_open;
-        self
-    }
-
-    /// The longest sleep between two tries of a polling
-    /// [`wait_acquire`](Self::wait_acquire) (`poll_ms`, default 100 ms, at
-    /// least 1 ms): it sleeps `min(retry_after_ms, poll)`.
-    pub fn with_lease_poll(mut self, poll: Duration) -> Self {
-        self.opts.lease_poll = poll.max(Duration::from_millis(1));
-        self
+    fn opts_mut(&mut self) -> &mut Options {
+        &mut self.opts
     }
 
     /// The backend in use, once chosen.
@@ -345,15 +236,6 @@ impl<C: ConnectionLike> RateLimiter<C> {
         &mut self.con
     }
 
-    /// Chooses the backend now (loading the Lua library or script if
-    /// needed) instead of at the first call: a peek of a key that is never
-    /// written.
-    pub fn connect(&mut self) -> Result<Backend> {
-        self.peek("redis-tb:connect", 1, 1, 0)?;
-        self.backend()
-            .ok_or_else(|| Error::Other("no backend chosen".into()))
-    }
-
     fn run<R: Request>(&mut self, call: &R) -> Result<R::Output> {
         let plan = self.state.plan(Instant::now(), self.opts.recheck);
         let (mut exchange, mut step) = Exchange::start(call, self.state.forced, plan);
@@ -363,111 +245,19 @@ impl<C: ConnectionLike> RateLimiter<C> {
                 Step::Done(outcome) => break outcome,
             }
         };
-        for learned in exchange.learned {
-            emit_line(&self.opts.logger, self.state.learn(learned, Instant::now()));
-        }
+        self.learn(exchange.learned);
         outcome
     }
 
-    /// Takes `n` tokens from the bucket at `key` (burst `capacity`, refilled
-    /// at `rate` tokens per second) if it holds them.
-    pub fn take(
-        &mut self,
-        key: &str,
-        capacity: impl Into<f64>,
-        rate: impl Into<f64>,
-        n: impl Into<f64>,
-    ) -> Result<Decision> {
-        let call = self.opts.single(Op::Take, key, capacity, rate, n)?;
-        self.run(&call)
-    }
-
-    /// What `take` would answer now; writes nothing.
-    pub fn peek(
-        &mut self,
-        key: &str,
-        capacity: impl Into<f64>,
-        rate: impl Into<f64>,
-        n: impl Into<f64>,
-    ) -> Result<Decision> {
-        let call = self.opts.single(Op::Peek, key, capacity, rate, n)?;
-        self.run(&call)
-    }
-
-    /// Gives `n` tokens back (capped at `capacity`).
-    pub fn refund(
-        &mut self,
-        key: &str,
-        capacity: impl Into<f64>,
-        rate: impl Into<f64>,
-        n: impl Into<f64>,
-    ) -> Result<Decision> {
-        let call = self.opts.single(Op::Refund, key, capacity, rate, n)?;
-        self.run(&call)
-    }
-
-    /// Several limits, all or nothing; the decision names the deciding one
-    /// (`index`). In a cluster the keys must share a hash slot.
-    pub fn take_all(&mut self, limits: &[Limit]) -> Result<Decision> {
-        self.run(&Call::all(limits)?)
-    }
-
-    /// Takes `n` tokens, waiting up to `timeout_ms` (0: no limit) for them;
-    /// on timeout the last denial.
-    ///
-    /// Module backend with a blocking client (see [`with_blocking_client`](Self::with_blocking_client);
-    /// [`open`](RateLimiter::open) sets one): TB.BTAKE on a dedicated
-    /// connection whose read timeout is `timeout_ms` plus a margin; waiters
-    /// are served first come, first served by the server.
-    ///
-    /// **Otherwise this polls**: take, sleep `min(retry_after_ms, time left)`,
-    /// again. Polling waiters are NOT served in arrival order.
-    pub fn wait_take(
-        &mut self,
-        key: &str,
-        capacity: impl Into<f64>,
-        rate: impl Into<f64>,
-        n: impl Into<f64>,
-        timeout_ms: u64,
-    ) -> Result<Decision> {
-        let call = self.opts.single(Op::Take, key, capacity, rate, n)?;
-        let probe = Call::probe(key)?;
-        self.wait(&call, &probe, timeout_ms)
-    }
-
-    /// A wait for `call`: its blocking form on a dedicated connection with
-    /// the module and a blocking client, else polling (`probe` chooses the
-    /// backend first).
-    fn wait<R>(&mut self, call: &R, probe: &Call, timeout_ms: u64) -> Result<R::Output>
-    where
-        R: Blocking,
-        R::Output: Awaited,
-    {
-        if self.backend().is_none() {
-            self.run(probe)?;
+    fn learn(&mut self, learned: Vec<Learned>) {
+        for l in learned {
+            emit_line(&self.opts.logger, self.state.learn(l, Instant::now()));
         }
-        if self.backend() == Some(Backend::Module) {
-            if let Some(client) = self.blocking.clone() {
-                match self.btake(client, call, timeout_ms) {
-                    Err(Error::Reply(r))
-                        if crate::error::classify_reply(&r)
-                            == crate::error::FailureClass::ServerChanged =>
-                    {
-                        // The module went away: detect again, then poll on Lua.
-                        self.state.learn(Learned::Stale, Instant::now());
-                    }
-                    other => return other,
-                }
-            } else if !self.polling_logged {
-                self.polling_logged = true;
-                emit(
-                    &self.opts.logger,
-                    log::Level::Info,
-                    crate::core::POLLING_NOTE,
-                );
-            }
-        }
-        self.poll(call, timeout_ms)
+    }
+
+    /// True the first time a wait polls although the module is there.
+    fn first_poll(&mut self) -> bool {
+        !std::mem::replace(&mut self.polling_logged, true)
     }
 
     /// TB.BTAKE on the node that owns the key's slot, found by following
@@ -475,7 +265,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
     /// the next wait on that node.
     fn btake<R: Blocking>(
         &mut self,
-        client: redis::Client,
+        client: &redis::Client,
         call: &R,
         timeout_ms: u64,
     ) -> Result<R::Output> {
@@ -486,7 +276,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
             let mut con = match self.waits.remove(&addr) {
                 Some(con) => con,
                 None => ManagedConnection::with_read_timeout(
-                    crate::core::client_at(&client, addr.as_deref())?,
+                    crate::core::client_at(client, addr.as_deref())?,
                     self.opts.timeouts,
                     read,
                 ),
@@ -523,117 +313,18 @@ impl<C: ConnectionLike> RateLimiter<C> {
             crate::core::MAX_REDIRECTS
         )))
     }
-
-    fn poll<R>(&mut self, call: &R, timeout_ms: u64) -> Result<R::Output>
-    where
-        R: Blocking,
-        R::Output: Awaited,
-    {
-        let deadline = crate::core::deadline_after(timeout_ms);
-        loop {
-            let decision = self.run(call)?;
-            match crate::core::poll_wait(&decision, call.poll_cap(), deadline, Instant::now()) {
-                None => return Ok(decision),
-                Some(wait) => std::thread::sleep(wait),
-            }
-        }
-    }
 }
 
 /// Concurrency leases (docs/leases.md).
 impl<C: ConnectionLike> RateLimiter<C> {
-    /// Takes a lease on the lease set at `key` if fewer than `limit` are
-    /// live; it ends by itself `lease_ms` after it was granted (server
-    /// clock) unless released or renewed. The denial says when the earliest
-    /// live lease ends by itself. An unavailable limiter is
-    /// [`Error::Unavailable`], or, with
-    /// [`with_lease_fail_open(true)`](Self::with_lease_fail_open), a
-    /// failed-open decision (`acquired`, no `lease`, `failed_open`).
-    pub fn acquire(&mut self, key: &str, limit: u64, lease_ms: u64) -> Result<LeaseDecision> {
-        let call = self.opts.acquire_call(key, limit, lease_ms)?;
-        let outcome = self.run(&call);
-        self.opts.lease_fail_open(&call, outcome)
-    }
-
-    /// Releases `lease` (an id, a [`LeaseDecision`], or an `Option` of
-    /// one): `true` if it was live, `false` if it was not (released
-    /// already, expired, never handed out). Safe to repeat. No id (`None`:
-    /// a denial's or a failed-open decision's) answers `false` without a call.
-    pub fn release(&mut self, key: &str, lease: impl LeaseId) -> Result<bool> {
-        match FlagCall::release(key, lease.lease_id())? {
-            Some(call) => self.run(&call),
-            None => Ok(false),
-        }
-    }
-
-    /// Makes the live `lease` end `lease_ms` from now: `true`, or `false`
-    /// if it is not held (an expired lease cannot come back). No id answers
-    /// `false` without a call.
-    pub fn renew(&mut self, key: &str, lease: impl LeaseId, lease_ms: u64) -> Result<bool> {
-        match FlagCall::renew(key, lease.lease_id(), lease_ms)? {
-            Some(call) => self.run(&call),
-            None => Ok(false),
-        }
-    }
-
-    /// Takes a lease, waiting up to `timeout_ms` (0: no limit) for one; on
-    /// timeout the last denial.
-    ///
-    /// Module backend with a blocking client: `TB.ACQUIRE key limit lease_ms
-    /// timeout_ms` on a dedicated connection (on the node that owns the
-    /// key's slot), served first come, first served by the server.
-    ///
-    /// **Otherwise this polls**: acquire, sleep `min(retry_after_ms,
-    /// poll_ms, time left)` (`poll_ms`: [`with_lease_poll`](Self::with_lease_poll),
-    /// default 100 ms), again. Polling waiters are NOT served in arrival
-    /// order, and a caller that never waits can take a freed slot first.
-    /// Fails open as [`acquire`](Self::acquire) does.
-    pub fn wait_acquire(
-        &mut self,
-        key: &str,
-        limit: u64,
-        lease_ms: u64,
-        timeout_ms: u64,
-    ) -> Result<LeaseDecision> {
-        let call = self.opts.acquire_call(key, limit, lease_ms)?;
-        let outcome = self.wait_acquire_call(&call, timeout_ms);
-        self.opts.lease_fail_open(&call, outcome)
-    }
-
-    fn wait_acquire_call(&mut self, call: &AcquireCall, timeout_ms: u64) -> Result<LeaseDecision> {
-        let probe = Call::probe("redis-tb:connect")?;
-        self.wait(call, &probe, timeout_ms)
-    }
-
-    /// [`acquire`](Self::acquire) as a guard that releases the lease when
-    /// dropped (also on an early return or a panic): [`Permit::Held`],
-    /// [`Permit::Denied`], or, when the limiter is unavailable and
-    /// [`with_lease_fail_open(true)`](Self::with_lease_fail_open),
-    /// [`Permit::FailedOpen`].
-    pub fn acquire_guard(
-        &mut self,
-        key: &str,
-        limit: u64,
-        lease_ms: u64,
-    ) -> Result<Permit<LeaseGuard<'_, C>>> {
-        let started = Instant::now();
-        let call = self.opts.acquire_call(key, limit, lease_ms)?;
-        let outcome = self.run(&call);
-        self.guard(outcome, started)
-    }
-
-    /// [`wait_acquire`](Self::wait_acquire) as a guard, as [`acquire_guard`](Self::acquire_guard).
-    pub fn wait_acquire_guard(
-        &mut self,
-        key: &str,
-        limit: u64,
-        lease_ms: u64,
-        timeout_ms: u64,
-    ) -> Result<Permit<LeaseGuard<'_, C>>> {
-        let call = self.opts.acquire_call(key, limit, lease_ms)?;
-        let outcome = self.wait_acquire_call(&call, timeout_ms);
-        // Granted during the wait, at most a round trip before its reply.
-        self.guard(outcome, Instant::now())
+    crate::limiter::lease_methods! {
+        receiver: [&mut],
+        asyncness: [],
+        dot_await: [],
+        guard: LeaseGuard<'_, C>,
+        /// The guard releases the lease when dropped (also on an early
+        /// return or a panic).
+        guard_does;
     }
 
     fn guard(

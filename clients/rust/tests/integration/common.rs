@@ -218,6 +218,13 @@ impl Lines {
     pub fn all(&self) -> Vec<(log::Level, String)> {
         self.0.lock().unwrap().clone()
     }
+    /// How many lines at `level` contain `text`.
+    pub fn count(&self, level: log::Level, text: &str) -> usize {
+        self.all()
+            .iter()
+            .filter(|(l, m)| *l == level && m.contains(text))
+            .count()
+    }
 }
 
 /// A slow bucket: nothing refills while a test runs (1 token per 1000 s).

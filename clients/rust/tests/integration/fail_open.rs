@@ -37,14 +37,6 @@ fn first_ok<T>(mut f: impl FnMut() -> redis_tb_client::Result<T>) -> T {
     }
 }
 
-fn count(lines: &Lines, level: log::Level, text: &str) -> usize {
-    lines
-        .all()
-        .iter()
-        .filter(|(l, m)| *l == level && m.contains(text))
-        .count()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn middleware_fails_open_while_stopped_and_logs_once() {
     let mut server = Server::with_module();
@@ -67,7 +59,7 @@ async fn middleware_fails_open_while_stopped_and_logs_once() {
         assert!(!r.has_rate_limit_headers(), "{:?}", r.headers);
     }
     assert_eq!(
-        count(&lines, log::Level::Warn, "unavailable"),
+        lines.count(log::Level::Warn, "unavailable"),
         1,
         "{:?}",
         lines.all()
@@ -76,12 +68,12 @@ async fn middleware_fails_open_while_stopped_and_logs_once() {
     server.restart();
     until_headers(addr).await;
     assert_eq!(
-        count(&lines, log::Level::Info, "available again"),
+        lines.count(log::Level::Info, "available again"),
         1,
         "{:?}",
         lines.all()
     );
-    assert_eq!(count(&lines, log::Level::Warn, "unavailable"), 1);
+    assert_eq!(lines.count(log::Level::Warn, "unavailable"), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,14 +115,14 @@ async fn middleware_fails_open_while_hung_and_closed_when_asked() {
     server.signal(libc::SIGCONT);
     result.unwrap();
     assert_eq!(
-        count(&lines, log::Level::Warn, "unavailable"),
+        lines.count(log::Level::Warn, "unavailable"),
         1,
         "{:?}",
         lines.all()
     );
 
     until_headers(open).await;
-    assert_eq!(count(&lines, log::Level::Info, "available again"), 1);
+    assert_eq!(lines.count(log::Level::Info, "available again"), 1);
 }
 
 #[test]

@@ -4,17 +4,9 @@
 
 use crate::api::GENEROUS;
 use crate::common::*;
-use crate::web::{get, get_with, serve};
+use crate::web::{get, get_with, serve, x_user};
 use redis_tb_client::{AsyncRateLimiter, Backend, Error, Policy, RateLimitLayer, RateLimiter};
 use std::time::{Duration, Instant};
-
-fn count(lines: &Lines, level: log::Level, text: &str) -> usize {
-    lines
-        .all()
-        .iter()
-        .filter(|(l, m)| *l == level && m.contains(text))
-        .count()
-}
 
 /// The first answer of `f` that is not an outage (a restarted server drops
 /// the old connection: the first call after it is unavailable).
@@ -50,7 +42,7 @@ fn a_limiter_goes_on_with_lua_when_the_module_is_gone_and_moves_back_when_it_ret
     );
     assert_eq!(l.backend(), Some(Backend::Function));
     assert_eq!(
-        count(&lines, log::Level::Warn, "the module is gone"),
+        lines.count(log::Level::Warn, "the module is gone"),
         1,
         "{:?}",
         lines.all()
@@ -61,7 +53,7 @@ fn a_limiter_goes_on_with_lua_when_the_module_is_gone_and_moves_back_when_it_ret
     assert_eq!(d.remaining, 4);
     assert_eq!(l.backend(), Some(Backend::Module));
     assert_eq!(
-        count(&lines, log::Level::Info, "the module is back"),
+        lines.count(log::Level::Info, "the module is back"),
         1,
         "{:?}",
         lines.all()
@@ -88,7 +80,7 @@ async fn an_async_limiter_goes_on_with_lua_when_the_module_is_gone() {
     assert_eq!(d.remaining, 4);
     assert_eq!(l.backend(), Some(Backend::Function));
     assert_eq!(
-        count(&lines, log::Level::Warn, "the module is gone"),
+        lines.count(log::Level::Warn, "the module is gone"),
         1,
         "{:?}",
         lines.all()
@@ -142,12 +134,7 @@ async fn a_bug_is_answered_500_and_logged_every_time_never_let_through() {
         1,
     )
     .unwrap()
-    .key_fn(|p| {
-        p.headers
-            .get("x-user")
-            .and_then(|v| v.to_str().ok())
-            .map(String::from)
-    })
+    .key_fn(x_user)
     .cost_fn(|p| if p.uri.path() == "/search" { 1e30 } else { 1.0 })
     .logger(lines.logger());
     let addr = serve(layer.clone()).await;
@@ -158,19 +145,19 @@ async fn a_bug_is_answered_500_and_logged_every_time_never_let_through() {
         assert_eq!(r.status, 500, "a cost of 1e30: {}", r.body);
     }
     assert_eq!(
-        count(&lines, log::Level::Error, "WRONGTYPE"),
+        lines.count(log::Level::Error, "WRONGTYPE"),
         2,
         "{:?}",
         lines.all()
     );
     assert_eq!(
-        count(&lines, log::Level::Error, "invalid argument"),
+        lines.count(log::Level::Error, "invalid argument"),
         2,
         "{:?}",
         lines.all()
     );
     assert_eq!(
-        count(&lines, log::Level::Warn, "unavailable"),
+        lines.count(log::Level::Warn, "unavailable"),
         0,
         "{:?}",
         lines.all()
@@ -229,7 +216,7 @@ async fn a_refused_connection_fails_at_once_and_is_counted_and_logged_once() {
     }
     assert_eq!(layer.unavailable_count(), 4);
     assert_eq!(
-        count(&lines, log::Level::Warn, "unavailable"),
+        lines.count(log::Level::Warn, "unavailable"),
         1,
         "{:?}",
         lines.all()

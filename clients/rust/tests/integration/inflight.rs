@@ -6,7 +6,7 @@
 use crate::api::GENEROUS;
 use crate::common::*;
 use crate::leases::lease_servers;
-use crate::web::{get, get_with, serve_app};
+use crate::web::{get, get_with, serve_app, x_user};
 use axum::routing::get as route_get;
 use axum::Router;
 use redis_tb_client::{
@@ -64,12 +64,7 @@ fn layer_for(
     let limiter = AsyncRateLimiter::from_client(server.client(), GENEROUS);
     ConcurrencyLimitLayer::new(limiter, 1, lease_ms)
         .unwrap()
-        .key_fn(|p| {
-            p.headers
-                .get("x-user")
-                .and_then(|v| v.to_str().ok())
-                .map(String::from)
-        })
+        .key_fn(x_user)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,7 @@
 
 use crate::api::GENEROUS;
 use crate::common::*;
-use crate::web::{get_with, serve};
+use crate::web::{get_with, serve, x_user};
 use redis_tb_client::{bucket_key, key_slot, AsyncRateLimiter, Policy, RateLimitLayer};
 
 const HOSTILE: [&str; 8] = ["}", "}x", "}{", "{}", "{", "", "50%", "%7D"];
@@ -42,12 +42,7 @@ async fn hostile_ids_keep_every_bucket_of_a_caller_in_one_slot_and_are_limited()
         vec![Policy::new("sec", 2, SLOW), Policy::new("day", 3, SLOW)],
     )
     .unwrap()
-    .key_fn(|p| {
-        p.headers
-            .get("x-user")
-            .and_then(|v| v.to_str().ok())
-            .map(String::from)
-    });
+    .key_fn(x_user);
     let addr = serve(layer).await;
     for id in HOSTILE.iter().filter(|id| !id.is_empty()) {
         let mut statuses = Vec::new();

@@ -1,6 +1,7 @@
 //! An axum app behind the layer, served on a free loopback port, and a
 //! minimal HTTP/1.1 client for it.
 
+use axum::http::request::Parts;
 use axum::routing::get as route_get;
 use axum::Router;
 use redis_tb_client::RateLimitLayer;
@@ -21,6 +22,15 @@ impl Reply {
     pub fn has_rate_limit_headers(&self) -> bool {
         self.header("ratelimit").is_some() || self.header("ratelimit-policy").is_some()
     }
+}
+
+/// The key function of tests that name the caller in an `x-user` header.
+pub fn x_user(parts: &Parts) -> Option<String> {
+    parts
+        .headers
+        .get("x-user")
+        .and_then(|v| v.to_str().ok())
+        .map(String::from)
 }
 
 pub async fn serve<C>(layer: RateLimitLayer<C>) -> SocketAddr

@@ -1,0 +1,438 @@
+//! What the blocking and the async limiter share: their settings
+//! ([`Options`]), the pure part of their calls, and (the macros
+//! [`limiter_methods!`] and [`lease_methods!`]) the public methods whose
+//! only difference between the two is `&mut self` or `&self`, `async` and
+//! `.await`: written once, so that their code and docs cannot drift apart.
+
+use crate::backend::{Call, Logger, Op, Timeouts};
+use crate::core::MODULE_RECHECK;
+use crate::error::Result;
+use crate::lease::{self, AcquireCall, LeaseDecision};
+use std::time::Duration;
+
+/// Settings shared by both limiters.
+#[derive(Clone)]
+pub(crate) struct Options {
+    pub logger: Option<Logger>,
+    pub timeouts: Timeouts,
+    pub policy_name: String,
+    pub recheck: Duration,
+    /// Leases: an unavailable limiter gives a failed-open `LeaseDecision`
+    /// (plain calls) or `Permit::FailedOpen` (guards).
+    pub lease_fail_open: bool,
+    /// The longest sleep of a polling `wait_acquire` (`poll_ms`).
+    pub lease_poll: Duration,
+    /// Where `wait_take` and `wait_acquire` open their dedicated
+    /// connections; `None`: they poll.
+    pub blocking: Option<redis::Client>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            logger: None,
+            timeouts: Timeouts::default(),
+            policy_name: "default".into(),
+            recheck: MODULE_RECHECK,
+            lease_fail_open: false,
+            lease_poll: lease::LEASE_POLL_DEFAULT,
+            blocking: None,
+        }
+    }
+}
+
+/// The calls both limiters build, from their settings alone: the pure part
+/// of each limiter method, so that only the I/O differs between sync and async.
+impl Options {
+    /// A one-bucket call (`take`, `peek`, `refund`, `wait_take`) under the
+    /// limiter's policy name.
+    pub fn single(
+        &self,
+        op: Op,
+        key: &str,
+        capacity: impl Into<f64>,
+        rate: impl Into<f64>,
+        n: impl Into<f64>,
+    ) -> Result<Call> {
+        let (capacity, rate, n) = (capacity.into(), rate.into(), n.into());
+        Call::single(op, key, capacity, rate, n, &self.policy_name)
+    }
+
+    /// An acquire under the limiter's policy name and polling cap.
+    pub fn acquire_call(&self, key: &str, limit: u64, lease_ms: u64) -> Result<AcquireCall> {
+        Ok(AcquireCall::new(key, limit, lease_ms, &self.policy_name)?.poll(self.lease_poll))
+    }
+
+    /// An acquire's `outcome`, an outage turned into a failed-open decision
+    /// when leases fail open.
+    pub fn lease_fail_open(
+        &self,
+        call: &AcquireCall,
+        outcome: Result<LeaseDecision>,
+    ) -> Result<LeaseDecision> {
+        match outcome {
+            Err(e) if self.lease_fail_open && e.is_unavailable() => {
+                Ok(LeaseDecision::failed_open(call))
+            }
+            other => other,
+        }
+    }
+}
+
+/// How long the reply of a wait in the server (TB.BTAKE, TB.ACQUIRE with a
+/// timeout) may take: its own `timeout_ms` plus a margin; `None` for a wait
+/// without a limit (0).
+pub(crate) fn wait_read_bound(timeouts: &Timeouts, timeout_ms: u64) -> Option<Duration> {
+    let margin = timeouts.command + Duration::from_secs(1);
+    (timeout_ms > 0).then(|| Duration::from_millis(timeout_ms) + margin)
+}
+
+/// The methods of both limiters other than leases, expanded inside
+/// `impl RateLimiter<C>` (`receiver: [&mut], asyncness: [], dot_await: []`)
+/// and `impl AsyncRateLimiter<C>` (`receiver: [&], asyncness: [async],
+/// dot_await: [.await]`).
+///
+/// A macro rather than a trait: the two differ in the receiver and in
+/// `async`, which one trait cannot cover without boxing every future.
+///
+/// They rest on what each driver has of its own: the field `opts`
+/// ([`Options`]), `opts_mut`, `backend`, `run` (one call under the failure
+/// rule), `learn`, `btake` (a wait in the server on a dedicated
+/// connection) and `first_poll` (true once, when a wait first polls
+/// although the module is there). The rest comes in as arguments: `sleep`
+/// (the driver's sleep function), and the doc lines that differ between the
+/// two, `blocking_client` (a sentence on which constructors set one) and
+/// `lease_fail_open` (appended to that method's doc).
+macro_rules! limiter_methods {
+    (
+        receiver: [$($recv:tt)+],
+        asyncness: [$($asy:ident)?],
+        dot_await: [$($aw:tt)*],
+        sleep: $sleep:path,
+        $(#[$blocking_client:meta])* blocking_client;
+        $(#[$lease_fail_open:meta])* lease_fail_open;
+    ) => {
+        /// Sends the log lines to `logger` instead of the `log` crate.
+        pub fn with_logger(mut self, logger: $crate::backend::Logger) -> Self {
+            self.opts_mut().logger = Some(logger);
+            self
+        }
+
+        /// The policy name of the decisions on one bucket or lease set
+        /// (`take`, `peek`, `refund`, `wait_take`, `acquire`,
+        /// `wait_acquire`; `take_all` names its limits itself). Default
+        /// `"default"`; a name that is not printable ASCII makes those calls
+        /// fail with [`Error::InvalidArgument`](crate::Error::InvalidArgument).
+        pub fn with_policy_name(mut self, name: impl Into<String>) -> Self {
+            self.opts_mut().policy_name = name.into();
+            self
+        }
+
+        /// How often a limiter that fell back to Lua after the module went away
+        /// looks for the module again (default 30 s).
+        pub fn with_module_recheck(mut self, every: std::time::Duration) -> Self {
+            self.opts_mut().recheck = every;
+            self
+        }
+
+        /// A client for the dedicated connections `wait_take` and
+        /// `wait_acquire` use for TB.BTAKE and TB.ACQUIRE with a timeout: a
+        /// blocking command holds its connection until it is answered, so
+        /// it must not share one (on a multiplexed connection it would hold
+        /// up every command queued behind it), and its reply is awaited for
+        /// longer than its own timeout. Without one, they poll.
+        pub fn with_blocking_client(mut self, client: redis::Client) -> Self {
+            self.opts_mut().blocking = Some(client);
+            self
+        }
+
+        /// `true`: when the limiter is unavailable, [`acquire`](Self::acquire)
+        /// and [`wait_acquire`](Self::wait_acquire) answer a
+        /// [`LeaseDecision`](crate::LeaseDecision) with `acquired` true,
+        /// `lease` `None` and `failed_open` true, and
+        /// [`acquire_guard`](Self::acquire_guard) and
+        /// [`wait_acquire_guard`](Self::wait_acquire_guard) answer
+        /// [`Permit::FailedOpen`](crate::Permit::FailedOpen): go ahead
+        /// WITHOUT a lease (nothing is held, counted or released). Default
+        /// `false` (fail closed): [`Error::Unavailable`](crate::Error::Unavailable),
+        /// like every call.
+        $(#[$lease_fail_open])*
+        pub fn with_lease_fail_open(mut self, fail_open: bool) -> Self {
+            self.opts_mut().lease_fail_open = fail_open;
+            self
+        }
+
+        /// The longest sleep between two tries of a polling
+        /// [`wait_acquire`](Self::wait_acquire) (`poll_ms`, default 100 ms, at
+        /// least 1 ms): it sleeps `min(retry_after_ms, poll)`.
+        pub fn with_lease_poll(mut self, poll: std::time::Duration) -> Self {
+            self.opts_mut().lease_poll = poll.max(std::time::Duration::from_millis(1));
+            self
+        }
+
+        /// Chooses the backend now (loading the Lua library or script if
+        /// needed) instead of at the first call: a peek of a key that is never
+        /// written.
+        pub $($asy)? fn connect($($recv)+ self) -> $crate::error::Result<$crate::backend::Backend> {
+            self.peek("redis-tb:connect", 1, 1, 0) $($aw)* ?;
+            self.backend()
+                .ok_or_else(|| $crate::error::Error::Other("no backend chosen".into()))
+        }
+
+        $crate::limiter::limiter_methods!(@bucket [$($recv)+] [$($asy)?] [$($aw)*]
+            /// Takes `n` tokens from the bucket at `key` (burst `capacity`, refilled
+            /// at `rate` tokens per second) if it holds them.
+            take Take);
+        $crate::limiter::limiter_methods!(@bucket [$($recv)+] [$($asy)?] [$($aw)*]
+            /// What `take` would answer now; writes nothing.
+            peek Peek);
+        $crate::limiter::limiter_methods!(@bucket [$($recv)+] [$($asy)?] [$($aw)*]
+            /// Gives `n` tokens back (capped at `capacity`).
+            refund Refund);
+
+        /// Several limits, all or nothing; the decision names the deciding one
+        /// (`index`). In a cluster the keys must share a hash slot.
+        pub $($asy)? fn take_all(
+            $($recv)+ self,
+            limits: &[$crate::decision::Limit],
+        ) -> $crate::error::Result<$crate::decision::Decision> {
+            self.run(&$crate::backend::Call::all(limits)?) $($aw)*
+        }
+
+        /// Takes `n` tokens, waiting up to `timeout_ms` (0: no limit) for them;
+        /// on timeout the last denial.
+        ///
+        /// Module backend with a blocking client: TB.BTAKE on a dedicated
+        /// connection (on the node that owns the key's slot) whose reply is
+        /// awaited for `timeout_ms` plus a margin; waiters are served first
+        /// come, first served by the server.
+        $(#[$blocking_client])*
+        ///
+        /// **Otherwise this polls**: take, sleep `min(retry_after_ms, time left)`,
+        /// again. Polling waiters are NOT served in arrival order.
+        pub $($asy)? fn wait_take(
+            $($recv)+ self,
+            key: &str,
+            capacity: impl Into<f64>,
+            rate: impl Into<f64>,
+            n: impl Into<f64>,
+            timeout_ms: u64,
+        ) -> $crate::error::Result<$crate::decision::Decision> {
+            let call = self.opts.single($crate::backend::Op::Take, key, capacity, rate, n)?;
+            let probe = $crate::backend::Call::probe(key)?;
+            self.wait(&call, &probe, timeout_ms) $($aw)*
+        }
+
+        /// A wait for `call`: its blocking form on a dedicated connection with
+        /// the module and a blocking client, else polling (`probe` chooses the
+        /// backend first).
+        $($asy)? fn wait<R>(
+            $($recv)+ self,
+            call: &R,
+            probe: &$crate::backend::Call,
+            timeout_ms: u64,
+        ) -> $crate::error::Result<R::Output>
+        where
+            R: $crate::backend::Blocking,
+            R::Output: $crate::core::Awaited,
+        {
+            use $crate::backend::Backend;
+            use $crate::error::{classify_reply, Error, FailureClass};
+            if self.backend().is_none() {
+                self.run(probe) $($aw)* ?;
+            }
+            if self.backend() == Some(Backend::Module) {
+                if let Some(client) = self.opts.blocking.clone() {
+                    match self.btake(&client, call, timeout_ms) $($aw)* {
+                        Err(Error::Reply(r))
+                            if classify_reply(&r) == FailureClass::ServerChanged =>
+                        {
+                            // The module went away: detect again, then poll on Lua.
+                            self.learn(vec![$crate::core::Learned::Stale]);
+                        }
+                        other => return other,
+                    }
+                } else if self.first_poll() {
+                    $crate::backend::emit(
+                        &self.opts.logger,
+                        log::Level::Info,
+                        $crate::core::POLLING_NOTE,
+                    );
+                }
+            }
+            self.poll(call, timeout_ms) $($aw)*
+        }
+
+        /// Repeats `call` until it is done or the time is out, sleeping as
+        /// its answer says.
+        $($asy)? fn poll<R>(
+            $($recv)+ self,
+            call: &R,
+            timeout_ms: u64,
+        ) -> $crate::error::Result<R::Output>
+        where
+            R: $crate::backend::Blocking,
+            R::Output: $crate::core::Awaited,
+        {
+            let deadline = $crate::core::deadline_after(timeout_ms);
+            loop {
+                let decision = self.run(call) $($aw)* ?;
+                let now = std::time::Instant::now();
+                match $crate::core::poll_wait(&decision, call.poll_cap(), deadline, now) {
+                    None => return Ok(decision),
+                    Some(wait) => $sleep(wait) $($aw)*,
+                }
+            }
+        }
+    };
+
+    // One of the calls on one bucket under the limiter's policy name.
+    (
+        @bucket [$($recv:tt)+] [$($asy:ident)?] [$($aw:tt)*]
+        $(#[$doc:meta])* $name:ident $op:ident
+    ) => {
+        $(#[$doc])*
+        pub $($asy)? fn $name(
+            $($recv)+ self,
+            key: &str,
+            capacity: impl Into<f64>,
+            rate: impl Into<f64>,
+            n: impl Into<f64>,
+        ) -> $crate::error::Result<$crate::decision::Decision> {
+            let call = self.opts.single($crate::backend::Op::$op, key, capacity, rate, n)?;
+            self.run(&call) $($aw)*
+        }
+    };
+}
+pub(crate) use limiter_methods;
+
+/// The lease methods of both limiters (docs/leases.md), expanded as
+/// [`limiter_methods!`] is. Beyond what that one needs, they rest on the
+/// driver's method `guard` (an acquire's outcome and when it was sent,
+/// turned into a `Permit` of the guard type); the argument
+/// `guard` names that type, and the doc line `guard_does` says what the
+/// guard does while held and when dropped.
+macro_rules! lease_methods {
+    (
+        receiver: [$($recv:tt)+],
+        asyncness: [$($asy:ident)?],
+        dot_await: [$($aw:tt)*],
+        guard: $guard:ty,
+        $(#[$guard_does:meta])* guard_does;
+    ) => {
+        /// Takes a lease on the lease set at `key` if fewer than `limit` are
+        /// live; it ends by itself `lease_ms` after it was granted (server
+        /// clock) unless released or renewed. The denial says when the earliest
+        /// live lease ends by itself. An unavailable limiter is
+        /// [`Error::Unavailable`](crate::Error::Unavailable), or, with
+        /// [`with_lease_fail_open(true)`](Self::with_lease_fail_open), a
+        /// failed-open decision (`acquired`, no `lease`, `failed_open`).
+        pub $($asy)? fn acquire(
+            $($recv)+ self,
+            key: &str,
+            limit: u64,
+            lease_ms: u64,
+        ) -> $crate::error::Result<$crate::lease::LeaseDecision> {
+            let call = self.opts.acquire_call(key, limit, lease_ms)?;
+            let outcome = self.run(&call) $($aw)*;
+            self.opts.lease_fail_open(&call, outcome)
+        }
+
+        /// Releases `lease` (an id, a [`LeaseDecision`](crate::LeaseDecision),
+        /// or an `Option` of one): `true` if it was live, `false` if it was not
+        /// (released already, expired, never handed out). Safe to repeat. No
+        /// id (`None`: a denial's or a failed-open decision's) answers `false`
+        /// without a call.
+        pub $($asy)? fn release(
+            $($recv)+ self,
+            key: &str,
+            lease: impl $crate::lease::LeaseId,
+        ) -> $crate::error::Result<bool> {
+            match $crate::lease::FlagCall::release(key, lease.lease_id())? {
+                Some(call) => self.run(&call) $($aw)*,
+                None => Ok(false),
+            }
+        }
+
+        /// Makes the live `lease` end `lease_ms` from now: `true`, or `false`
+        /// if it is not held (an expired lease cannot come back). No id answers
+        /// `false` without a call.
+        pub $($asy)? fn renew(
+            $($recv)+ self,
+            key: &str,
+            lease: impl $crate::lease::LeaseId,
+            lease_ms: u64,
+        ) -> $crate::error::Result<bool> {
+            match $crate::lease::FlagCall::renew(key, lease.lease_id(), lease_ms)? {
+                Some(call) => self.run(&call) $($aw)*,
+                None => Ok(false),
+            }
+        }
+
+        /// Takes a lease, waiting up to `timeout_ms` (0: no limit) for one; on
+        /// timeout the last denial.
+        ///
+        /// Module backend with a blocking client: `TB.ACQUIRE key limit lease_ms
+        /// timeout_ms` on a dedicated connection (on the node that owns the
+        /// key's slot), served first come, first served by the server.
+        ///
+        /// **Otherwise this polls**: acquire, sleep `min(retry_after_ms,
+        /// poll_ms, time left)` (`poll_ms`: [`with_lease_poll`](Self::with_lease_poll),
+        /// default 100 ms), again. Polling waiters are NOT served in arrival
+        /// order, and a caller that never waits can take a freed slot first.
+        /// Fails open as [`acquire`](Self::acquire) does.
+        pub $($asy)? fn wait_acquire(
+            $($recv)+ self,
+            key: &str,
+            limit: u64,
+            lease_ms: u64,
+            timeout_ms: u64,
+        ) -> $crate::error::Result<$crate::lease::LeaseDecision> {
+            let call = self.opts.acquire_call(key, limit, lease_ms)?;
+            let outcome = self.wait_acquire_call(&call, timeout_ms) $($aw)*;
+            self.opts.lease_fail_open(&call, outcome)
+        }
+
+        $($asy)? fn wait_acquire_call(
+            $($recv)+ self,
+            call: &$crate::lease::AcquireCall,
+            timeout_ms: u64,
+        ) -> $crate::error::Result<$crate::lease::LeaseDecision> {
+            let probe = $crate::backend::Call::probe("redis-tb:connect")?;
+            self.wait(call, &probe, timeout_ms) $($aw)*
+        }
+
+        /// [`acquire`](Self::acquire) as a guard: [`Permit::Held`](crate::Permit::Held),
+        /// [`Permit::Denied`](crate::Permit::Denied), or, when the limiter is
+        /// unavailable and [`with_lease_fail_open(true)`](Self::with_lease_fail_open),
+        /// [`Permit::FailedOpen`](crate::Permit::FailedOpen).
+        $(#[$guard_does])*
+        pub $($asy)? fn acquire_guard(
+            $($recv)+ self,
+            key: &str,
+            limit: u64,
+            lease_ms: u64,
+        ) -> $crate::error::Result<$crate::lease::Permit<$guard>> {
+            let started = std::time::Instant::now();
+            let call = self.opts.acquire_call(key, limit, lease_ms)?;
+            let outcome = self.run(&call) $($aw)*;
+            self.guard(outcome, started)
+        }
+
+        /// [`wait_acquire`](Self::wait_acquire) as a guard, as
+        /// [`acquire_guard`](Self::acquire_guard).
+        pub $($asy)? fn wait_acquire_guard(
+            $($recv)+ self,
+            key: &str,
+            limit: u64,
+            lease_ms: u64,
+            timeout_ms: u64,
+        ) -> $crate::error::Result<$crate::lease::Permit<$guard>> {
+            let call = self.opts.acquire_call(key, limit, lease_ms)?;
+            let outcome = self.wait_acquire_call(&call, timeout_ms) $($aw)*;
+            // Granted during the wait, at most a round trip before its reply.
+            self.guard(outcome, std::time::Instant::now())
+        }
+    };
+}
+pub(crate) use lease_methods;
