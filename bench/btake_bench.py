@@ -539,7 +539,7 @@ def run_size(server: Server, c: Conn, n: int, take: dict, paced: dict, log,
         if i is not None:
             resets.setdefault(i, []).append(reset)
     # One wake-up serves every head the bucket can serve with one write (the
-    # state after the last of them: src/wait.rs), so the AOF names the last
+    # state after the last of them: core/src/wait/mod.rs), so the AOF names the last
     # waiter of each batch. In arrival order, those names only grow and end
     # with the last waiter; the waiters between them are covered by their
     # replies below.

@@ -129,7 +129,7 @@ def floor_impl() -> Impl:
 
 def module_floor_impl() -> Impl:
     """The same writes by the bench-only commands of the `bench-floor` build
-    (src/floor.rs): TB.ACQUIRE's own write, replication and reply code, with
+    (src/testing/bench_floor.rs): TB.ACQUIRE's own write, replication and reply code, with
     the values from the client, so no read and no check. The least a module
     command can spend on an acquire and a release with this layout."""
     state = FloorState()
@@ -340,7 +340,7 @@ TB.ACQUIRE and TB.RELEASE make and replicate, sent as `ZADD key <deadline> <id> 
 zadd + pexpireat + zrem / pairs): what the stored layout costs the server by itself; the
 server propagates a plain command without rebuilding it. **Module command** ("{MODULE_FLOOR}"):
 `TB.FLOOR.ACQUIRE key <deadline> <ms> <n> <expire_at>` and `TB.FLOOR.RELEASE key <id>` of the
-bench-only `bench-floor` build (src/floor.rs; `make bench` builds it into target/bench-floor and
+bench-only `bench-floor` build (src/testing/bench_floor.rs; `make bench` builds it into target/bench-floor and
 this script loads it): TB.ACQUIRE's own write, `RM_Replicate` and reply code: the least a
 module command can spend per pair with this layout and effects replication. "Left at
 {TARGET_RATIO}x" is the target's time less a floor: what is left for reading the set and the expiry,

@@ -27,7 +27,7 @@
 --     EVALSHA <sha> 1 key release lease
 --     EVALSHA <sha> 1 key renew lease lease_ms
 --
--- Each step mirrors src/bucket.rs and src/number.rs operation for
+-- Each step mirrors core/src/bucket.rs and core/src/number.rs operation for
 -- operation, so both produce the same doubles, the same waits to the ms and
 -- byte-identical `tokens` text (tests/lua_fallback.rs compares them). The
 -- leases (docs/leases.md) store the module's sorted set, members, scores and
@@ -50,13 +50,13 @@
 --   module's). Without PEXPIREAT the script fails after its write, and a
 --   script is not rolled back.
 
--- The longest wait ever reported or turned into a TTL: 2^53 ms.
-local MAX_WAIT_MS = 9007199254740992
+-- 2^53, the one bound of every number taken, stored or reported: capacity
+-- and n, whole ms (waits, TTLs, lease_ms, deadlines) and counts; every
+-- integer up to it is exact in a double (core/src/number.rs
+-- MAX_EXACT_INTEGER).
+local MAX_EXACT_INTEGER = 9007199254740992
 -- Arguments and stored fields longer than this are refused.
 local MAX_LEN = 64
-
--- The largest capacity and n a request may name (src/bucket.rs MAX_TOKENS).
-local MAX_TOKENS = 9007199254740992
 
 local ERR_CAPACITY = 'ERR capacity must be a positive finite number'
 local ERR_CAPACITY_TOO_LARGE = 'ERR capacity must be at most 9007199254740992 (2^53)'
@@ -106,24 +106,24 @@ local function show_key(key)
   return shown
 end
 
--- src/bucket.rs State::available_at, same operations in the same order.
+-- core/src/bucket.rs State::available_at, same operations in the same order.
 local function available_at(tokens, last_refill, capacity, rate, now)
   local elapsed = math.max(now - last_refill, 0)
   local refilled = math.max(tokens, 0) + elapsed / 1000 * rate
   return math.min(refilled, capacity)
 end
 
--- src/bucket.rs clamp_wait.
+-- core/src/bucket.rs clamp_wait.
 local function clamp_wait(ms)
-  if ms ~= ms or ms >= MAX_WAIT_MS then
-    return MAX_WAIT_MS
+  if ms ~= ms or ms >= MAX_EXACT_INTEGER then
+    return MAX_EXACT_INTEGER
   elseif ms <= 0 then
     return 0
   end
   return ms
 end
 
--- src/bucket.rs first_ms_when: the fewest whole ms w in [0, 2^53] such that
+-- core/src/bucket.rs first_ms_when: the fewest whole ms w in [0, 2^53] such that
 -- the bucket holds `wanted` at now + w. A closed-form guess, then a galloping
 -- search around it and a bisection, exactly as the module does, so the answer
 -- is the module's to the ms. All values stay integers <= 2^54, exact in doubles.
@@ -157,8 +157,8 @@ local function first_ms_when(tokens, last_refill, capacity, rate, now, wanted)
     not_ready = guess
     while true do
       local probe = not_ready + step
-      if probe >= MAX_WAIT_MS then
-        is_ready = MAX_WAIT_MS
+      if probe >= MAX_EXACT_INTEGER then
+        is_ready = MAX_EXACT_INTEGER
         break
       end
       if ready(probe) then
@@ -238,7 +238,7 @@ local function shortest_digits(x)
   return split_exponent_form(string.format('%.16e', x))
 end
 
--- src/number.rs format_tokens: the shortest text that reads back as the same
+-- core/src/number.rs format_tokens: the shortest text that reads back as the same
 -- double; plain for 0 and 1e-4 <= |x| < 1e15 (Rust's `{}`), else exponent
 -- form without '+' or leading zeros (Rust's `{:e}`: 1e300, 1.5e-7).
 local function format_tokens(x)
@@ -302,7 +302,7 @@ local function parse_request(capacity_text, rate_text, n_text)
   if capacity == nil or not (capacity > 0) then
     return nil, redis.error_reply(ERR_CAPACITY)
   end
-  if capacity > MAX_TOKENS then
+  if capacity > MAX_EXACT_INTEGER then
     return nil, redis.error_reply(ERR_CAPACITY_TOO_LARGE)
   end
   local rate = parse_decimal(rate_text, false)
@@ -316,7 +316,7 @@ local function parse_request(capacity_text, rate_text, n_text)
       return nil, redis.error_reply(ERR_N)
     end
   end
-  if n > MAX_TOKENS then
+  if n > MAX_EXACT_INTEGER then
     return nil, redis.error_reply(ERR_N_TOO_LARGE)
   end
   return {capacity = capacity, rate = rate, n = n}
@@ -355,7 +355,7 @@ local function server_now()
   return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 end
 
--- src/bucket.rs seen_at: a missing key is a full bucket; a last_refill
+-- core/src/bucket.rs seen_at: a missing key is a full bucket; a last_refill
 -- later than now (the clock stepped back) counts as now, and is repaired to
 -- now by the first write command that sees it, allowed or denied.
 local function seen_at(bucket, request, now)
@@ -374,7 +374,7 @@ local function time_to_full(state, request, now)
     request.capacity)
 end
 
--- src/bucket.rs take, with n as given (n = 0: a look). Returns the reply's
+-- core/src/bucket.rs take, with n as given (n = 0: a look). Returns the reply's
 -- four figures and the state to write (nil: nothing).
 local function judge_take(bucket, request, n, now)
   local current, repair = seen_at(bucket, request, now)
@@ -398,7 +398,7 @@ local function judge_take(bucket, request, n, now)
     reset = time_to_full(write or current, request, now), write = write}
 end
 
--- src/bucket.rs refund: refill, then add n, capped at the capacity.
+-- core/src/bucket.rs refund: refill, then add n, capped at the capacity.
 local function judge_refund(bucket, request, now)
   if bucket == nil then
     return judge_take(nil, request, 0, now)
@@ -417,7 +417,7 @@ end
 
 -- Stores an outcome's write. The key expires exactly when the bucket is
 -- full again, at an absolute instant, so replicas and a reloaded AOF drop it
--- at the same ms (src/bucket.rs expire_at_ms).
+-- at the same ms (core/src/bucket.rs expire_at_ms).
 local function store(key, outcome, now)
   if outcome.write == nil then
     return
@@ -475,7 +475,7 @@ local function tb_refund(keys, args)
   return single('tb.refund', keys, args, false, false, judge_refund)
 end
 
--- TB.TAKEALL: every bucket or none (src/bucket.rs take_all). Keys come as
+-- TB.TAKEALL: every bucket or none (core/src/bucket.rs take_all). Keys come as
 -- KEYS, the numbers as capacity rate n per key, in the keys' order.
 local function tb_takeall(keys, args)
   if #keys == 0 or #args ~= 3 * #keys then
@@ -551,8 +551,6 @@ end
 -- and ms are whole numbers <= 2^53, exact in doubles, and reach the server
 -- as '%d' text, so ZADD and PEXPIREAT get the module's numbers exactly.
 
--- The largest limit, lease_ms, deadline and count: 2^53.
-local MAX_LEASE = 9007199254740992
 -- How many expired leases one writing call removes, earliest first.
 local EXPIRED_PER_CALL = 64
 
@@ -584,7 +582,7 @@ end
 -- has handed out; or (second value) an error reply.
 local function decode_leases(key)
   local score = tonumber(redis.call('ZSCORE', key, 'seq'))
-  if score == nil or not (score >= -MAX_LEASE and score <= 0) or score ~= math.floor(score) then
+  if score == nil or not (score >= -MAX_EXACT_INTEGER and score <= 0) or score ~= math.floor(score) then
     return nil, redis.error_reply('ERR corrupt lease set \'' .. show_key(key)
       .. '\': no seq member scored from -2^53 to 0')
   end
@@ -634,7 +632,7 @@ end
 -- now + lease_ms, capped at 2^53 (exact: both are integers <= 2^53, and a
 -- sum past 2^53 rounds to at least 2^53).
 local function deadline_of(now, lease_ms)
-  return math.min(now + lease_ms, MAX_LEASE)
+  return math.min(now + lease_ms, MAX_EXACT_INTEGER)
 end
 
 -- Stores a lease's deadline (ZADD `members`, a list of score, member) after
@@ -722,7 +720,7 @@ local function tb_acquire(keys, args)
     return {0, 0, math.ceil(tonumber(first[2])) - now, false}
   end
   local count = call.count or 0
-  if count >= MAX_LEASE then
+  if count >= MAX_EXACT_INTEGER then
     return redis.error_reply(ERR_EXHAUSTED)
   end
   local n = count + 1

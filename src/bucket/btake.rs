@@ -3,9 +3,9 @@
 //!
 //! The command itself, and the server side of token wait, the kind of wait
 //! it is (whose pure rules, what a waiter asks for and how a wake-up serves
-//! it, are the core's `wait/tokens.rs`): how the bucket is read and written,
+//! it, are core/src/wait/tokens.rs): how the bucket is read and written,
 //! the reply sent and the waits counted (`GlueKind`). The waiting itself is
-//! the core's state machine (`wait/mod.rs`); blocking the client and every
+//! the core's state machine (core/src/wait/mod.rs); blocking the client and every
 //! server callback are in src/server/blocking.rs, shared with TB.ACQUIRE.
 
 use std::os::raw::c_int;

@@ -4,8 +4,8 @@
 //! the core's pure rules (`lease.rs`) and stores through set.rs.
 //!
 //! A TB.ACQUIRE with `timeout_ms` that cannot have a lease at once waits in
-//! the same state machine as TB.BTAKE (the core's `wait/mod.rs`, glue in
-//! src/server/blocking.rs), as lease wait (the core's `wait/leases.rs`; its
+//! the same state machine as TB.BTAKE (core/src/wait/mod.rs, glue in
+//! src/server/blocking.rs), as lease wait (core/src/wait/leases.rs; its
 //! server side, `GlueKind`, is here): first come first served per key,
 //! served at the wake-ups a release, a lease's end, a DEL or a flush brings.
 

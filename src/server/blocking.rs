@@ -1,6 +1,6 @@
 //! Blocking clients, for every kind of wait (the core's `wait::Kind`):
 //! blocking a client, and every server callback turned into an event of
-//! that kind's machine (the core's `wait/mod.rs`), its actions and requests
+//! that kind's machine (core/src/wait/mod.rs), its actions and requests
 //! into module API calls. TB.BTAKE (src/bucket/btake.rs) and TB.ACQUIRE
 //! (src/lease/commands.rs) use it alike.
 //!

@@ -15,7 +15,7 @@ const { rateLimitHeaders, sfString, sfInteger } = require('./headers');
 // reach the server").
 // ---------------------------------------------------------------------------------------
 
-// The largest capacity and n the module accepts (src/bucket.rs MAX_TOKENS).
+// The largest capacity and n the module accepts (core/src/bucket.rs MAX_TOKENS).
 const MAX_TOKENS = 2 ** 53;
 
 function isNumber(value) {

@@ -1,5 +1,5 @@
 //! What the two simulated servers of the machine's property tests share
-//! (`tests.rs` for TB.BTAKE, `lease_tests.rs` for TB.ACQUIRE): the callback
+//! (`token_tests.rs` for TB.BTAKE, `lease_tests.rs` for TB.ACQUIRE): the callback
 //! orders and the server's timers, with the checks every timer must pass.
 
 use std::collections::BTreeMap;
