@@ -108,21 +108,32 @@ fn waiting_on(db: wait::Db, name: &[u8]) -> i64 {
     .unwrap_or(0)
 }
 
+/// `key lease`, TB.RELEASE's arguments: the lease set, open for writing,
+/// and the lease named.
+pub fn open_for_release<'a>(
+    api: &'a Api,
+    ctx: *mut RedisModuleCtx,
+    args: &[*mut RedisModuleString],
+) -> Result<(LeaseSet<'a>, *mut RedisModuleString), TbError> {
+    let [_, key, lease] = args else {
+        return Err(TbError::WrongArity);
+    };
+    // SAFETY: the command's context and key.
+    let set = unsafe { LeaseSet::open(api, ctx, *key, Access::Write) }?;
+    Ok((set, *lease))
+}
+
 /// TB.RELEASE key lease
 fn release(
     api: &Api,
     ctx: *mut RedisModuleCtx,
     args: &[*mut RedisModuleString],
 ) -> Result<Reply, TbError> {
-    let [_, key, lease] = args else {
-        return Err(TbError::WrongArity);
-    };
-    // SAFETY: the command's context and key.
-    let set = unsafe { LeaseSet::open(api, ctx, *key, Access::Write) }?;
+    let (set, lease) = open_for_release(api, ctx, args)?;
     let now_ms = now(api);
     let read = set.read_ended(now_ms, KEY_ARG)?;
     // SAFETY: an argv string.
-    let id = unsafe { api.bytes(lease) };
+    let id = unsafe { api.bytes(&lease) };
     let live = if !lease::is_lease_id(id) {
         false
     } else if read.all_ended_seen {
@@ -131,9 +142,9 @@ fn release(
         // searched once, not twice.
         !read.expired.iter().any(|ended| ended.bytes() == id)
     } else {
-        live_deadline(api, &set, lease, now_ms).is_some()
+        live_deadline(api, &set, &lease, now_ms).is_some()
     };
-    if !live || !set.release(&read, *lease)? {
+    if !live || !set.release(&read, lease)? {
         return Ok(Reply::Flag(false));
     }
     metrics::LEASES_RELEASED.bump();

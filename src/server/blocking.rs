@@ -591,16 +591,13 @@ pub extern "C" fn on_flush(
     _subevent: u64,
     data: *mut c_void,
 ) {
-    guarded(|api| {
-        if data.is_null() {
-            return;
-        }
-        // SAFETY: the server passes a RedisModuleFlushInfo for this event.
-        let dbnum = unsafe { (*data.cast::<RedisModuleFlushInfo>()).dbnum };
-        let db = (dbnum >= 0).then_some(dbnum);
-        let now_ms = api.wall_ms();
-        every_kind(api, ctx, Everyone::Flushed { db, now_ms });
-    });
+    // SAFETY: the server passes a RedisModuleFlushInfo for this event.
+    unsafe {
+        to_every_kind(ctx, data, |info: RedisModuleFlushInfo, now_ms| {
+            let db = (info.dbnum >= 0).then_some(info.dbnum);
+            Everyone::Flushed { db, now_ms }
+        })
+    };
 }
 
 /// SWAPDB (subscribed at load; it fires no keyspace event).
@@ -610,19 +607,35 @@ pub extern "C" fn on_swapdb(
     _subevent: u64,
     data: *mut c_void,
 ) {
+    // SAFETY: the server passes a RedisModuleSwapDbInfo for this event.
+    unsafe {
+        to_every_kind(ctx, data, |info: RedisModuleSwapDbInfo, now_ms| {
+            Everyone::Swapped {
+                a: info.dbnum_first,
+                b: info.dbnum_second,
+                now_ms,
+            }
+        })
+    };
+}
+
+/// A server event's `data`, read as the `Info` the server passes with it,
+/// becomes `event` for every kind's machine, at the wall clock's now.
+///
+/// # Safety
+/// `data` must be null or point to an `Info`.
+unsafe fn to_every_kind<Info: Copy>(
+    ctx: *mut RedisModuleCtx,
+    data: *mut c_void,
+    event: impl FnOnce(Info, i64) -> Everyone<'static>,
+) {
     guarded(|api| {
         if data.is_null() {
             return;
         }
-        // SAFETY: the server passes a RedisModuleSwapDbInfo for this event.
-        let info = unsafe { *data.cast::<RedisModuleSwapDbInfo>() };
-        let now_ms = api.wall_ms();
-        let event = Everyone::Swapped {
-            a: info.dbnum_first,
-            b: info.dbnum_second,
-            now_ms,
-        };
-        every_kind(api, ctx, event);
+        // SAFETY: as the caller promises.
+        let info = unsafe { *data.cast::<Info>() };
+        every_kind(api, ctx, event(info, api.wall_ms()));
     });
 }
 

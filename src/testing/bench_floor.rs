@@ -22,6 +22,7 @@ use redis_tb_core::error::TbError;
 use redis_tb_core::lease::{Grant, LeaseId};
 use redis_tb_core::wait::leases::LeaseReply;
 
+use crate::lease::commands::open_for_release;
 use crate::lease::set::{LeaseSet, Read};
 use crate::server::api::Api;
 use crate::server::keys::Access;
@@ -62,12 +63,8 @@ fn release(
     ctx: *mut RedisModuleCtx,
     args: &[*mut RedisModuleString],
 ) -> Result<Reply, TbError> {
-    let [_, key, lease] = args else {
-        return Err(TbError::WrongArity);
-    };
-    // SAFETY: the command's context and key.
-    let set = unsafe { LeaseSet::open(api, ctx, *key, Access::Write) }?;
-    Ok(Reply::Flag(set.release(&Read::nothing(), *lease)?))
+    let (set, lease) = open_for_release(api, ctx, args)?;
+    Ok(Reply::Flag(set.release(&Read::nothing(), lease)?))
 }
 
 extern "C" fn tb_floor_acquire(
