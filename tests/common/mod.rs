@@ -1,0 +1,35 @@
+//! Shared integration-test harness: real servers with the built module loaded, and the
+//! helpers the test files share, one part per job:
+//!
+//! - [`server`]: starting, stopping and restarting a server, connecting, cleaning up;
+//! - [`commands`]: calling the TB.* commands and reading the keys they write;
+//! - [`raw_client`]: a bare RESP client for blocking commands (a waiter with no reply yet);
+//! - [`replication`]: replicas, replication offsets, a server turned replica under a waiter;
+//! - [`aof`]: the commands in the append-only file;
+//! - [`twin`]: the Lua twin (`lua/tb.lua`) and the differential harness against the module;
+//! - [`rng`]: a small seeded generator for test inputs.
+//!
+//! Nothing here is mocked: replies, errors and timings come from the server itself.
+//!
+//! Environment:
+//! - `TB_MODULE`: path of the module to load (default `target/release/libredis_tb.so`).
+//! - `TB_FAULT_MODULE`: the fault-injection build (default `target/fault/debug/libredis_tb.so`).
+//! - `TB_SERVER`: server binary (default `redis-server` from `PATH`).
+//! - `TB_START_TIMEOUT_MS`: how long a starting server may take to answer PING (default
+//!   10000); raised by `scripts/sanitize.sh`, whose server runs under valgrind.
+
+// Each test file compiles its own copy of this module and uses only part of it.
+#![allow(dead_code)]
+
+pub mod aof;
+pub mod commands;
+pub mod raw_client;
+pub mod replication;
+pub mod rng;
+pub mod server;
+pub mod twin;
+
+// Every test file takes what it needs from one flat namespace (`use common::*`); a file that
+// needs no twin or AOF helper would otherwise warn about the glob it does not use.
+#[allow(unused_imports)]
+pub use self::{aof::*, commands::*, raw_client::*, replication::*, rng::*, server::*, twin::*};
