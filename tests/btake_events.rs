@@ -181,8 +181,6 @@ fn wait_for_server_time(server: &Server, con: &mut redis::Connection, at_ms: i64
     );
 }
 
-const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
-
 /// A master with AOF (fsync at every write) whose replication offset moves only with writes.
 /// FAILOVER refuses a target the master does not list as `state=online` yet
 /// (a replica that has only just synced, on a loaded machine).
@@ -194,7 +192,7 @@ fn wait_until_online(con: &mut redis::Connection) {
 
 fn quiet_master_with_aof() -> Server {
     let mut args = QUIET_MASTER_ARGS.to_vec();
-    args.extend_from_slice(AOF_ALWAYS);
+    args.extend_from_slice(AOF_ARGS);
     Server::start_with(&args)
 }
 
@@ -276,7 +274,7 @@ fn stays_paused(
 /// CLIENT UNPAUSE ends the pause.
 #[test]
 fn client_pause_write_with_aof_takes_nothing_and_serves_the_waiter_after_unpause() {
-    let server = Server::start_with(AOF_ALWAYS);
+    let server = Server::start_with(AOF_ARGS);
     let mut con = server.conn();
     // One token per second, drained: the waiter's 2 tokens exist 2 s after the drain.
     let (drained_at, mut waiter) = drained_k_with_a_waiter(&server, &mut con, "1", "2");
@@ -402,7 +400,7 @@ fn a_bucket_whose_ttl_runs_out_during_a_pause_serves_its_waiter_after_the_pause(
 /// outside: its process and its AOF files). The waiter is served when the pause times out.
 #[test]
 fn client_pause_all_takes_nothing_and_serves_the_waiter_after_it_ends() {
-    let server = Server::start_with(AOF_ALWAYS);
+    let server = Server::start_with(AOF_ARGS);
     let mut con = server.conn();
     let (drained_at, mut waiter) = drained_k_with_a_waiter(&server, &mut con, "1", "1");
     let hsets = aof_hsets(&server, "k");
@@ -446,7 +444,7 @@ fn client_pause_all_takes_nothing_and_serves_the_waiter_after_it_ends() {
 /// writes nothing, so the pause does not hold it), and is never served after it.
 #[test]
 fn a_waiter_whose_timeout_passes_during_a_pause_is_denied_on_time_and_takes_nothing() {
-    let server = Server::start_with(AOF_ALWAYS);
+    let server = Server::start_with(AOF_ARGS);
     let mut con = server.conn();
     // The token exists 1 s after the drain, the timeout is at 2 s: both inside the pause.
     let drained_at = drain(&mut con, "k", "10", "1");

@@ -372,23 +372,6 @@ fn refunds_that_write_nothing_do_not_move_the_replication_offset() {
 
 // --- AOF ---------------------------------------------------------------------------------------
 
-const AOF_ARGS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
-
-/// The AOF's commands without SELECT (which the server adds whenever it likes).
-fn aof_without_select(server: &Server, con: &mut redis::Connection) -> Vec<Vec<Vec<u8>>> {
-    // With `appendfsync always` the AOF is written before any reply: after this PING every
-    // earlier command is on disk.
-    assert!(common::ping(con));
-    aof_commands(&server.dir)
-        .into_iter()
-        .filter(|argv| !argv[0].eq_ignore_ascii_case(b"SELECT"))
-        .collect()
-}
-
-fn argv(args: &[&str]) -> Vec<Vec<u8>> {
-    args.iter().map(|a| a.as_bytes().to_vec()).collect()
-}
-
 #[test]
 fn the_aof_holds_hset_and_pexpireat_for_a_refund_and_never_tb_refund() {
     let server = Server::start_with(AOF_ARGS);

@@ -749,23 +749,6 @@ fn a_denied_takeall_does_not_move_the_replication_offset() {
 
 // --- AOF ---------------------------------------------------------------------------------------
 
-const AOF_ARGS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
-
-/// The AOF's commands without SELECT (which the server adds whenever it likes).
-fn aof_without_select(server: &Server, con: &mut redis::Connection) -> Vec<Vec<Vec<u8>>> {
-    // With `appendfsync always` the AOF is written before any reply: after this PING every
-    // earlier command is on disk.
-    assert!(common::ping(con));
-    aof_commands(&server.dir)
-        .into_iter()
-        .filter(|argv| !argv[0].eq_ignore_ascii_case(b"SELECT"))
-        .collect()
-}
-
-fn argv(args: &[&str]) -> Vec<Vec<u8>> {
-    args.iter().map(|a| a.as_bytes().to_vec()).collect()
-}
-
 /// Slow rates: deadlines 100 s or more away, so nothing expires across a restart.
 const SLOW_GROUPS: [Group; 3] = [
     ("{t}a", "10", "0.01", "3"),

@@ -4,6 +4,9 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use super::commands::ping;
+use super::server::Server;
+
 /// Every command in the incremental AOF files (`<dir>/appendonlydir/*.incr.aof`), in order,
 /// each as its argv (MULTI and EXEC included). Call it after a reply from the server when
 /// running with `appendfsync always`: the server fsyncs the AOF before it replies.
@@ -72,4 +75,25 @@ fn resp_line<'a>(bytes: &'a [u8], prefix: u8, path: &Path) -> (String, &'a [u8])
         String::from_utf8_lossy(&bytes[1..end]).into_owned(),
         &bytes[end + 2..],
     )
+}
+
+/// Server arguments for an AOF that is written and fsynced before every reply, so what a test
+/// reads from it after a reply is complete.
+pub const AOF_ARGS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
+
+/// The AOF's commands without SELECT (which the server adds whenever it likes), complete up to
+/// now: `server` runs with `AOF_ARGS`, and `con` is a connection to it.
+pub fn aof_without_select(server: &Server, con: &mut redis::Connection) -> Vec<Vec<Vec<u8>>> {
+    // With `appendfsync always` the AOF is written before any reply: after this PING every
+    // earlier command is on disk.
+    assert!(ping(con));
+    aof_commands(&server.dir)
+        .into_iter()
+        .filter(|argv| !argv[0].eq_ignore_ascii_case(b"SELECT"))
+        .collect()
+}
+
+/// A command as the AOF holds it: each argument as bytes.
+pub fn argv(args: &[&str]) -> Vec<Vec<u8>> {
+    args.iter().map(|a| a.as_bytes().to_vec()).collect()
 }
