@@ -153,6 +153,26 @@ pub fn reply_value(con: &mut redis::Connection, cmd: &redis::Cmd) -> redis::Valu
     redis::ConnectionLike::req_command(con, cmd).expect("connection error")
 }
 
+/// The server's error for a call with the wrong number of arguments (`command` as the server
+/// names it: in lower case, `tb.take`).
+pub fn arity_error(command: &str) -> String {
+    format!("ERR wrong number of arguments for '{command}' command")
+}
+
+/// Each of `calls` (whole command lines, the name first) is refused with the arity error of
+/// its command.
+pub fn assert_arity_errors(con: &mut redis::Connection, calls: &[&[&[u8]]]) {
+    for args in calls {
+        let command = String::from_utf8_lossy(args[0]).to_lowercase();
+        assert_eq!(
+            expect_error(con, args),
+            arity_error(&command),
+            "{} arguments",
+            args.len()
+        );
+    }
+}
+
 /// The exact error line the server sent (`CODE detail`), rebuilt from a client error.
 pub fn error_text(e: &redis::RedisError) -> String {
     match (e.code(), e.detail()) {
