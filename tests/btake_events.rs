@@ -570,6 +570,21 @@ fn a_failover_that_completes_answers_the_waiter_unblocked_and_takes_nothing() {
 
 // --- 2. SWAPDB ------------------------------------------------------------------------------
 
+/// Starts a waiter in `db` for 2 tokens of `k` (capacity 5, `SLOW`), waits until it waits, then
+/// swaps db 0 and db 1 under it; returns the waiter, its reply still to come.
+fn swap_dbs_under_a_waiter(server: &Server, con: &mut redis::Connection, db: i64) -> RawClient {
+    let waiter = btake_in_db(server, db, &["k", "5", SLOW, "2", "0"]);
+    wait_for_waiting(con, 1);
+    ok(con, &["SWAPDB", "0", "1"]);
+    waiter
+}
+
+/// `k` in `db` is still as `before` was taken (SELECTs `db` on `con`).
+fn assert_untouched_in_db(con: &mut redis::Connection, db: i64, before: &KeySnapshot) {
+    ok(con, &["SELECT", &db.to_string()]);
+    assert_eq!(&snapshot(con, b"k"), before, "k in db {db} was touched");
+}
+
 /// Waiters stay on their database number, as BLPOP's do: after SWAPDB they wait on the
 /// swapped-in data. With no `k` there, theirs is a full bucket, which serves them at once.
 #[test]
@@ -577,19 +592,13 @@ fn swapdb_serves_a_db_0_waiter_whose_key_is_missing_in_the_swapped_in_db() {
     let server = Server::start();
     let mut con = server.conn();
     drain(&mut con, "k", "5", SLOW);
-    let drained = bucket(&mut con, "k");
-    let mut waiter = btake(&server, &["k", "5", SLOW, "2", "0"]);
-    wait_for_waiting(&mut con, 1);
-    ok(&mut con, &["SWAPDB", "0", "1"]);
+    let drained = snapshot(&mut con, b"k");
+    let mut waiter = swap_dbs_under_a_waiter(&server, &mut con, 0);
     let reply = ints(reply_of(&server, &mut waiter, DUE, "after SWAPDB"));
     assert_eq!(reply[..3], [1, 3, 0], "2 of a full bucket of 5");
     assert_eq!(stored_tokens(&mut con, "k"), 3.0, "taken in db 0");
-    ok(&mut con, &["SELECT", "1"]);
-    assert_eq!(
-        bucket(&mut con, "k"),
-        drained,
-        "db 1 holds the old bucket, untouched"
-    );
+    // db 1 holds the old bucket, untouched.
+    assert_untouched_in_db(&mut con, 1, &drained);
     assert_eq!(tb_count(&mut con, "tb_waiting"), 0);
 }
 
@@ -601,19 +610,13 @@ fn swapdb_serves_a_db_1_waiter_whose_key_is_missing_in_the_swapped_in_db() {
     let mut con = server.conn();
     ok(&mut con, &["SELECT", "1"]);
     drain(&mut con, "k", "5", SLOW);
-    let drained = bucket(&mut con, "k");
-    let mut waiter = btake_in_db(&server, 1, &["k", "5", SLOW, "2", "0"]);
-    wait_for_waiting(&mut con, 1);
-    ok(&mut con, &["SWAPDB", "0", "1"]);
+    let drained = snapshot(&mut con, b"k");
+    let mut waiter = swap_dbs_under_a_waiter(&server, &mut con, 1);
     let reply = ints(reply_of(&server, &mut waiter, DUE, "after SWAPDB"));
     assert_eq!(reply[..3], [1, 3, 0], "2 of a full bucket of 5");
     assert_eq!(stored_tokens(&mut con, "k"), 3.0, "taken in db 1");
-    ok(&mut con, &["SELECT", "0"]);
-    assert_eq!(
-        bucket(&mut con, "k"),
-        drained,
-        "db 0 holds the old bucket, untouched"
-    );
+    // db 0 holds the old bucket, untouched.
+    assert_untouched_in_db(&mut con, 0, &drained);
 }
 
 /// A swapped-in `k` that is not a bucket fails the waiter with an error, and is left alone.
@@ -626,21 +629,14 @@ fn swapdb_bringing_in_a_string_fails_the_waiter_and_touches_nothing() {
     ok(&mut con, &["SET", "k", "not a bucket"]);
     ok(&mut con, &["SELECT", "0"]);
     let drained = snapshot(&mut con, b"k");
-    let mut waiter = btake(&server, &["k", "5", SLOW, "2", "0"]);
-    wait_for_waiting(&mut con, 1);
-    ok(&mut con, &["SWAPDB", "0", "1"]);
+    let mut waiter = swap_dbs_under_a_waiter(&server, &mut con, 0);
     match reply_of(&server, &mut waiter, DUE, "after SWAPDB") {
         Resp::Error(text) => assert!(text.starts_with("ERR"), "{text}"),
         other => panic!("expected an error, got {other:?}"),
     }
     let value: String = redis::cmd("GET").arg("k").query(&mut con).expect("GET");
     assert_eq!(value, "not a bucket");
-    ok(&mut con, &["SELECT", "1"]);
-    assert_eq!(
-        snapshot(&mut con, b"k"),
-        drained,
-        "the bucket, untouched in db 1"
-    );
+    assert_untouched_in_db(&mut con, 1, &drained);
     assert_eq!(tb_count(&mut con, "tb_waiting"), 0);
 }
 
@@ -654,9 +650,7 @@ fn swapdb_bringing_in_a_drained_bucket_keeps_the_waiter_until_a_refund() {
     ok(&mut con, &["SELECT", "1"]);
     drain(&mut con, "k", "4", SLOW);
     ok(&mut con, &["SELECT", "0"]);
-    let mut waiter = btake(&server, &["k", "5", SLOW, "2", "0"]);
-    wait_for_waiting(&mut con, 1);
-    ok(&mut con, &["SWAPDB", "0", "1"]);
+    let mut waiter = swap_dbs_under_a_waiter(&server, &mut con, 0);
     stays_quiet(&server, &mut waiter, QUICK, "a drained bucket swapped in");
     assert_eq!(tb_count(&mut con, "tb_waiting"), 1);
     refund(&mut con, "k", "5", SLOW, "3");

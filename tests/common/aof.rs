@@ -4,7 +4,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::commands::ping;
+use super::commands::{hgetall, pexpiretime, ping};
 use super::server::Server;
 
 /// Every command in the incremental AOF files (`<dir>/appendonlydir/*.incr.aof`), in order,
@@ -96,4 +96,32 @@ pub fn aof_without_select(server: &Server, con: &mut redis::Connection) -> Vec<V
 /// A command as the AOF holds it: each argument as bytes.
 pub fn argv(args: &[&str]) -> Vec<Vec<u8>> {
     args.iter().map(|a| a.as_bytes().to_vec()).collect()
+}
+
+/// What the AOF must hold for a bucket the module wrote: `HSET key tokens .. last_refill ..`
+/// and `PEXPIREAT key <deadline>`, with the values `key` holds now.
+pub fn bucket_write(con: &mut redis::Connection, key: &str) -> [Vec<Vec<u8>>; 2] {
+    let fields = hgetall(con, key);
+    let deadline_ms = pexpiretime(con, key).to_string();
+    [
+        argv(&[
+            "HSET",
+            key,
+            "tokens",
+            &fields["tokens"],
+            "last_refill",
+            &fields["last_refill"],
+        ]),
+        argv(&["PEXPIREAT", key, &deadline_ms]),
+    ]
+}
+
+/// Asserts that no TB.* command reached the AOF: the module appends its effects only.
+pub fn assert_no_tb_command(logged: &[Vec<Vec<u8>>]) {
+    assert!(
+        !logged
+            .iter()
+            .any(|argv| argv[0].to_ascii_uppercase().starts_with(b"TB.")),
+        "a TB.* command reached the AOF"
+    );
 }

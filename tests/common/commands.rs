@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use std::thread;
 use std::time::Duration;
 
+use redis::Connection;
+
 use super::server::{info_field, wait_until, Server};
 
 /// The reference Lua token bucket (our own version of the seeds' algorithm), the same file
@@ -33,9 +35,14 @@ pub fn tb(
     rate: &str,
     n: &str,
 ) -> Vec<i64> {
-    tb_cmd(command, key, capacity, rate, n)
-        .query(con)
-        .unwrap_or_else(|e| panic!("{command} {key} {capacity} {rate} {n} failed: {e}"))
+    let shown = format!("{command} {key} {capacity} {rate} {n}");
+    ints(con, &tb_cmd(command, key, capacity, rate, n), &shown)
+}
+
+/// The reply of `cmd` as integers; panics, naming the call (`shown`), on an error reply.
+fn ints(con: &mut redis::Connection, cmd: &redis::Cmd, shown: &str) -> Vec<i64> {
+    cmd.query(con)
+        .unwrap_or_else(|e| panic!("{shown} failed: {e}"))
 }
 
 /// The exact error text of `TB.<COMMAND> key capacity rate n`; panics if the call succeeds.
@@ -54,13 +61,7 @@ pub fn tb_error(
 }
 
 /// `TB.TAKE key capacity rate n`; panics (naming the call) on an error reply.
-pub fn take(
-    con: &mut redis::Connection,
-    key: &str,
-    capacity: &str,
-    rate: &str,
-    n: &str,
-) -> Vec<i64> {
+pub fn take(con: &mut Connection, key: &str, capacity: &str, rate: &str, n: &str) -> Vec<i64> {
     tb(con, "TB.TAKE", key, capacity, rate, n)
 }
 
@@ -90,13 +91,7 @@ pub fn watched_transaction_runs(con: &mut redis::Connection) -> bool {
 }
 
 /// `TB.PEEK key capacity rate n`; panics (naming the call) on an error reply.
-pub fn peek(
-    con: &mut redis::Connection,
-    key: &str,
-    capacity: &str,
-    rate: &str,
-    n: &str,
-) -> Vec<i64> {
+pub fn peek(con: &mut Connection, key: &str, capacity: &str, rate: &str, n: &str) -> Vec<i64> {
     tb(con, "TB.PEEK", key, capacity, rate, n)
 }
 
@@ -107,12 +102,9 @@ pub fn peek_default_n(
     capacity: &str,
     rate: &str,
 ) -> Vec<i64> {
-    redis::cmd("TB.PEEK")
-        .arg(key)
-        .arg(capacity)
-        .arg(rate)
-        .query(con)
-        .unwrap_or_else(|e| panic!("TB.PEEK {key} {capacity} {rate} failed: {e}"))
+    let mut cmd = redis::cmd("TB.PEEK");
+    cmd.arg(key).arg(capacity).arg(rate);
+    ints(con, &cmd, &format!("TB.PEEK {key} {capacity} {rate}"))
 }
 
 /// One call of the reference Lua script (`EVAL`), with `now_ms` as the script's clock.

@@ -38,45 +38,14 @@ impl RawClient {
 
     /// Sends one command; does not wait for its reply.
     pub fn send(&mut self, args: &[&str]) {
-        let mut out = format!("*{}\r\n", args.len()).into_bytes();
-        for arg in args {
-            out.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
-        }
-        self.stream.write_all(&out).expect("send");
+        self.stream.write_all(&encode(args)).expect("send");
     }
 
-    /// The next reply, if one arrives within `within`.
+    /// The next reply, if one arrives within `within`; panics if the server closes the
+    /// connection first.
     pub fn reply_within(&mut self, within: Duration) -> Option<Resp> {
-        use std::io::Read;
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some((reply, used)) = parse_resp(&self.buffer) {
-                self.buffer.drain(..used);
-                return Some(reply);
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            // Even with no time left, what has already arrived is read once.
-            self.stream
-                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
-                .expect("read timeout");
-            let mut chunk = [0u8; 4096];
-            match self.stream.read(&mut chunk) {
-                Ok(0) => panic!("the server closed the connection"),
-                Ok(read) => self.buffer.extend_from_slice(&chunk[..read]),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) => {}
-                Err(e) => panic!("read: {e}"),
-            }
-            if Instant::now() >= deadline {
-                return parse_resp(&self.buffer).map(|(reply, used)| {
-                    self.buffer.drain(..used);
-                    reply
-                });
-            }
-        }
+        self.try_reply_within(within)
+            .unwrap_or_else(|ConnectionClosed| panic!("the server closed the connection"))
     }
 
     /// The next reply; panics if none comes within 10 s.
@@ -103,6 +72,15 @@ impl RawClient {
         }
         false
     }
+}
+
+/// One command as RESP: an array of bulk strings.
+fn encode(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
+    }
+    out
 }
 
 /// One complete reply at the start of `bytes`, and how many bytes it used.
@@ -171,23 +149,15 @@ pub struct ConnectionClosed;
 impl RawClient {
     /// Sends several commands in one write, so the server reads (and runs) them together.
     pub fn send_all(&mut self, commands: &[&[&str]]) {
-        let mut out = Vec::new();
-        for args in commands {
-            out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
-            for arg in *args {
-                out.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
-            }
-        }
+        let out: Vec<u8> = commands.iter().flat_map(|args| encode(args)).collect();
         self.stream.write_all(&out).expect("send");
     }
 
     /// Like `send`, but a connection the server has closed is an `Err`, not a panic.
     pub fn try_send(&mut self, args: &[&str]) -> Result<(), ConnectionClosed> {
-        let mut out = format!("*{}\r\n", args.len()).into_bytes();
-        for arg in args {
-            out.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
-        }
-        self.stream.write_all(&out).map_err(|_| ConnectionClosed)
+        self.stream
+            .write_all(&encode(args))
+            .map_err(|_| ConnectionClosed)
     }
 
     /// Like `reply_within`, but a connection the server has closed (with no complete reply
@@ -201,6 +171,7 @@ impl RawClient {
                 return Ok(Some(reply));
             }
             let left = deadline.saturating_duration_since(Instant::now());
+            // Even with no time left, what has already arrived is read once.
             self.stream
                 .set_read_timeout(Some(left.max(Duration::from_millis(1))))
                 .expect("read timeout");

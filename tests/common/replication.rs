@@ -4,7 +4,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::commands::{tb_field, wait_for_waiting};
+use super::commands::{bucket, tb_field, wait_for_waiting};
 use super::raw_client::{RawClient, Resp};
 use super::server::{info_field, wait_until, Server};
 
@@ -81,4 +81,33 @@ pub fn turn_replica_under_waiter(server: &Server, other: &Server, waiter: &mut R
     }
     wait_for_waiting(&mut con, 0);
     assert_eq!(tb_field(&mut con, "tb_waits_abandoned"), "1");
+}
+
+/// Waits until `replica` has caught up with `master`, then asserts that each of `keys` is a
+/// bucket with a deadline on the master and byte-identical on the replica (fields and absolute
+/// expiry).
+pub fn assert_replica_holds_the_same_buckets(master: &Server, replica: &Server, keys: &[&str]) {
+    wait_for_replica(master, replica);
+    let (mut m, mut r) = (master.conn(), replica.conn());
+    for key in keys {
+        let on_master = bucket(&mut m, key);
+        assert!(
+            on_master.fields.contains_key(b"tokens".as_slice()),
+            "{key}: {on_master:?}"
+        );
+        assert!(
+            on_master.expire_at_ms > 0,
+            "{key} has a deadline: {on_master:?}"
+        );
+        assert_eq!(bucket(&mut r, key), on_master, "{key} on the replica");
+    }
+}
+
+/// `REPLICAOF NO ONE` on `con`: the replica becomes a master and keeps its data.
+pub fn promote(con: &mut redis::Connection) {
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(con)
+        .expect("REPLICAOF NO ONE");
 }

@@ -326,6 +326,24 @@ struct StartFailure {
     message: String,
 }
 
+/// A server with the module and `cluster-enabled yes`, its cluster bus on `bus_port` (given
+/// explicitly: the default, port + 10000, can pass 65535 for the ephemeral ports picked here),
+/// its node file in its own directory; `extra` follows.
+pub fn start_cluster_node(bus_port: u16, extra: &[&str]) -> Server {
+    let bus_port = bus_port.to_string();
+    let mut args = vec![
+        "--cluster-enabled",
+        "yes",
+        // Relative to the server's --dir (its own test directory).
+        "--cluster-config-file",
+        "nodes.conf",
+        "--cluster-port",
+        &bus_port,
+    ];
+    args.extend_from_slice(extra);
+    Server::start_with(&args)
+}
+
 /// The module to load: `TB_MODULE`, else `<crate>/target/release/libredis_tb.so`. Panics when
 /// the file does not exist.
 pub fn module_path() -> PathBuf {
