@@ -483,7 +483,7 @@ fn bad_arguments_are_refused_in_order_before_anything_waits() {
 
 #[test]
 fn replicas_and_the_aof_hold_the_masters_buckets_after_a_run_with_waiters() {
-    let master = Server::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let master = Server::start_with(AOF_ARGS);
     let replica = start_replica_of(&master);
     let mut con = master.conn();
     // Capacity 1000: the bucket stays far from full (and its key from expiring) while the

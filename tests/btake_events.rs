@@ -181,8 +181,6 @@ fn wait_for_server_time(server: &Server, con: &mut redis::Connection, at_ms: i64
     );
 }
 
-const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
-
 /// A master with AOF (fsync at every write) whose replication offset moves only with writes.
 /// FAILOVER refuses a target the master does not list as `state=online` yet
 /// (a replica that has only just synced, on a loaded machine).
@@ -194,7 +192,7 @@ fn wait_until_online(con: &mut redis::Connection) {
 
 fn quiet_master_with_aof() -> Server {
     let mut args = QUIET_MASTER_ARGS.to_vec();
-    args.extend_from_slice(AOF_ALWAYS);
+    args.extend_from_slice(AOF_ARGS);
     Server::start_with(&args)
 }
 
@@ -276,7 +274,7 @@ fn stays_paused(
 /// CLIENT UNPAUSE ends the pause.
 #[test]
 fn client_pause_write_with_aof_takes_nothing_and_serves_the_waiter_after_unpause() {
-    let server = Server::start_with(AOF_ALWAYS);
+    let server = Server::start_with(AOF_ARGS);
     let mut con = server.conn();
     // One token per second, drained: the waiter's 2 tokens exist 2 s after the drain.
     let (drained_at, mut waiter) = drained_k_with_a_waiter(&server, &mut con, "1", "2");
@@ -402,7 +400,7 @@ fn a_bucket_whose_ttl_runs_out_during_a_pause_serves_its_waiter_after_the_pause(
 /// outside: its process and its AOF files). The waiter is served when the pause times out.
 #[test]
 fn client_pause_all_takes_nothing_and_serves_the_waiter_after_it_ends() {
-    let server = Server::start_with(AOF_ALWAYS);
+    let server = Server::start_with(AOF_ARGS);
     let mut con = server.conn();
     let (drained_at, mut waiter) = drained_k_with_a_waiter(&server, &mut con, "1", "1");
     let hsets = aof_hsets(&server, "k");
@@ -446,7 +444,7 @@ fn client_pause_all_takes_nothing_and_serves_the_waiter_after_it_ends() {
 /// writes nothing, so the pause does not hold it), and is never served after it.
 #[test]
 fn a_waiter_whose_timeout_passes_during_a_pause_is_denied_on_time_and_takes_nothing() {
-    let server = Server::start_with(AOF_ALWAYS);
+    let server = Server::start_with(AOF_ARGS);
     let mut con = server.conn();
     // The token exists 1 s after the drain, the timeout is at 2 s: both inside the pause.
     let drained_at = drain(&mut con, "k", "10", "1");
@@ -572,6 +570,21 @@ fn a_failover_that_completes_answers_the_waiter_unblocked_and_takes_nothing() {
 
 // --- 2. SWAPDB ------------------------------------------------------------------------------
 
+/// Starts a waiter in `db` for 2 tokens of `k` (capacity 5, `SLOW`), waits until it waits, then
+/// swaps db 0 and db 1 under it; returns the waiter, its reply still to come.
+fn swap_dbs_under_a_waiter(server: &Server, con: &mut redis::Connection, db: i64) -> RawClient {
+    let waiter = btake_in_db(server, db, &["k", "5", SLOW, "2", "0"]);
+    wait_for_waiting(con, 1);
+    ok(con, &["SWAPDB", "0", "1"]);
+    waiter
+}
+
+/// `k` in `db` is still as `before` was taken (SELECTs `db` on `con`).
+fn assert_untouched_in_db(con: &mut redis::Connection, db: i64, before: &KeySnapshot) {
+    ok(con, &["SELECT", &db.to_string()]);
+    assert_eq!(&snapshot(con, b"k"), before, "k in db {db} was touched");
+}
+
 /// Waiters stay on their database number, as BLPOP's do: after SWAPDB they wait on the
 /// swapped-in data. With no `k` there, theirs is a full bucket, which serves them at once.
 #[test]
@@ -579,19 +592,13 @@ fn swapdb_serves_a_db_0_waiter_whose_key_is_missing_in_the_swapped_in_db() {
     let server = Server::start();
     let mut con = server.conn();
     drain(&mut con, "k", "5", SLOW);
-    let drained = bucket(&mut con, "k");
-    let mut waiter = btake(&server, &["k", "5", SLOW, "2", "0"]);
-    wait_for_waiting(&mut con, 1);
-    ok(&mut con, &["SWAPDB", "0", "1"]);
+    let drained = snapshot(&mut con, b"k");
+    let mut waiter = swap_dbs_under_a_waiter(&server, &mut con, 0);
     let reply = ints(reply_of(&server, &mut waiter, DUE, "after SWAPDB"));
     assert_eq!(reply[..3], [1, 3, 0], "2 of a full bucket of 5");
     assert_eq!(stored_tokens(&mut con, "k"), 3.0, "taken in db 0");
-    ok(&mut con, &["SELECT", "1"]);
-    assert_eq!(
-        bucket(&mut con, "k"),
-        drained,
-        "db 1 holds the old bucket, untouched"
-    );
+    // db 1 holds the old bucket, untouched.
+    assert_untouched_in_db(&mut con, 1, &drained);
     assert_eq!(tb_count(&mut con, "tb_waiting"), 0);
 }
 
@@ -603,19 +610,13 @@ fn swapdb_serves_a_db_1_waiter_whose_key_is_missing_in_the_swapped_in_db() {
     let mut con = server.conn();
     ok(&mut con, &["SELECT", "1"]);
     drain(&mut con, "k", "5", SLOW);
-    let drained = bucket(&mut con, "k");
-    let mut waiter = btake_in_db(&server, 1, &["k", "5", SLOW, "2", "0"]);
-    wait_for_waiting(&mut con, 1);
-    ok(&mut con, &["SWAPDB", "0", "1"]);
+    let drained = snapshot(&mut con, b"k");
+    let mut waiter = swap_dbs_under_a_waiter(&server, &mut con, 1);
     let reply = ints(reply_of(&server, &mut waiter, DUE, "after SWAPDB"));
     assert_eq!(reply[..3], [1, 3, 0], "2 of a full bucket of 5");
     assert_eq!(stored_tokens(&mut con, "k"), 3.0, "taken in db 1");
-    ok(&mut con, &["SELECT", "0"]);
-    assert_eq!(
-        bucket(&mut con, "k"),
-        drained,
-        "db 0 holds the old bucket, untouched"
-    );
+    // db 0 holds the old bucket, untouched.
+    assert_untouched_in_db(&mut con, 0, &drained);
 }
 
 /// A swapped-in `k` that is not a bucket fails the waiter with an error, and is left alone.
@@ -628,21 +629,14 @@ fn swapdb_bringing_in_a_string_fails_the_waiter_and_touches_nothing() {
     ok(&mut con, &["SET", "k", "not a bucket"]);
     ok(&mut con, &["SELECT", "0"]);
     let drained = snapshot(&mut con, b"k");
-    let mut waiter = btake(&server, &["k", "5", SLOW, "2", "0"]);
-    wait_for_waiting(&mut con, 1);
-    ok(&mut con, &["SWAPDB", "0", "1"]);
+    let mut waiter = swap_dbs_under_a_waiter(&server, &mut con, 0);
     match reply_of(&server, &mut waiter, DUE, "after SWAPDB") {
         Resp::Error(text) => assert!(text.starts_with("ERR"), "{text}"),
         other => panic!("expected an error, got {other:?}"),
     }
     let value: String = redis::cmd("GET").arg("k").query(&mut con).expect("GET");
     assert_eq!(value, "not a bucket");
-    ok(&mut con, &["SELECT", "1"]);
-    assert_eq!(
-        snapshot(&mut con, b"k"),
-        drained,
-        "the bucket, untouched in db 1"
-    );
+    assert_untouched_in_db(&mut con, 1, &drained);
     assert_eq!(tb_count(&mut con, "tb_waiting"), 0);
 }
 
@@ -656,9 +650,7 @@ fn swapdb_bringing_in_a_drained_bucket_keeps_the_waiter_until_a_refund() {
     ok(&mut con, &["SELECT", "1"]);
     drain(&mut con, "k", "4", SLOW);
     ok(&mut con, &["SELECT", "0"]);
-    let mut waiter = btake(&server, &["k", "5", SLOW, "2", "0"]);
-    wait_for_waiting(&mut con, 1);
-    ok(&mut con, &["SWAPDB", "0", "1"]);
+    let mut waiter = swap_dbs_under_a_waiter(&server, &mut con, 0);
     stays_quiet(&server, &mut waiter, QUICK, "a drained bucket swapped in");
     assert_eq!(tb_count(&mut con, "tb_waiting"), 1);
     refund(&mut con, "k", "5", SLOW, "3");

@@ -28,7 +28,7 @@ use std::net::TcpListener;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::{hgetall_bytes, members, pexpiretime, RawClient, Resp, Server};
+use common::{hgetall_bytes, members, pexpiretime, start_cluster_node, RawClient, Resp, Server};
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::{ConnectionLike, Value};
 
@@ -76,27 +76,16 @@ impl Node {
     }
 
     fn start_on(bus_port: u16) -> Node {
-        let bus_port = bus_port.to_string();
-        let server = Server::start_with(&[
-            "--cluster-enabled",
-            "yes",
-            // Relative to the server's --dir (its own test directory).
-            "--cluster-config-file",
-            "nodes.conf",
-            "--cluster-port",
-            &bus_port,
-            // Only manual failovers happen here; a short timeout just makes a lost node
-            // noticed sooner. 5 s leaves room for a loaded 2-core machine.
-            "--cluster-node-timeout",
-            "5000",
-        ]);
+        // Only manual failovers happen here; a short timeout just makes a lost node noticed
+        // sooner. 5 s leaves room for a loaded 2-core machine.
+        let server = start_cluster_node(bus_port, &["--cluster-node-timeout", "5000"]);
         let id: String = redis::cmd("CLUSTER")
             .arg("MYID")
             .query(&mut server.conn())
             .expect("CLUSTER MYID");
         Node {
             server,
-            bus_port: bus_port.parse().expect("port"),
+            bus_port,
             id,
         }
     }

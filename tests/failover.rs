@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::{
     aof_commands, error_text, exists, hgetall_bytes, info_field, module_path, peek, pexpiretime,
-    take, wait_for_replica, wait_until, Server, QUIET_MASTER_ARGS, SYNC_TIMEOUT,
+    promote, take, wait_for_replica, wait_until, Server, QUIET_MASTER_ARGS, SYNC_TIMEOUT,
 };
 
 /// Upper bound for a background rewrite or save.
@@ -141,11 +141,7 @@ fn a_replica_promoted_with_replicaof_no_one_continues_from_the_replicated_tokens
 
     // The master goes away; the replica takes over.
     master.stop();
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("NO")
-        .arg("ONE")
-        .query(&mut rcon)
-        .expect("REPLICAOF NO ONE");
+    promote(&mut rcon);
     assert_eq!(role(&mut rcon), "master");
     assert_eq!(
         snapshot(&mut rcon, &all),
@@ -389,11 +385,7 @@ fn a_replica_without_the_module_holds_the_buckets_byte_identical() {
 
     // Promote it and load the module at runtime: the buckets continue where they were.
     master.stop();
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("NO")
-        .arg("ONE")
-        .query(&mut rcon)
-        .expect("REPLICAOF NO ONE");
+    promote(&mut rcon);
     ok(
         &mut rcon,
         redis::cmd("MODULE")

@@ -42,30 +42,8 @@ fn corrupt_lease_error(shown_key: &str) -> String {
     format!("ERR corrupt lease set '{shown_key}': no seq member scored from -2^53 to 0")
 }
 
-fn arity_error(command: &str) -> String {
-    format!("ERR wrong number of arguments for '{command}' command")
-}
-
-/// TB.<COMMAND> key args...
-fn module_cmd(command: &str, key: &[u8], args: &[&[u8]]) -> redis::Cmd {
-    let mut cmd = redis::cmd(&format!("TB.{}", command.to_uppercase()));
-    cmd.arg(key);
-    for arg in args {
-        cmd.arg(*arg);
-    }
-    cmd
-}
-
-/// A reply, or the exact error text.
-fn outcome(con: &mut redis::Connection, cmd: &redis::Cmd) -> Result<Value, String> {
-    cmd.query::<Value>(con).map_err(|e| error_text(&e))
-}
-
 fn seed() -> u64 {
-    std::env::var("TB_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(DEFAULT_SEED)
+    seed_or(DEFAULT_SEED)
 }
 
 /// `ZRANGE key 0 -1 WITHSCORES` as sent: member, score, member, score ...
@@ -73,14 +51,6 @@ type Members = Vec<Vec<u8>>;
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn show_members(members: &Members) -> String {
-    members
-        .chunks(2)
-        .map(|kv| format!("{}={}", text(&kv[0]), text(&kv[1])))
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// (member, score) pairs; scores parsed as doubles (whole ms, exact).
@@ -99,165 +69,6 @@ fn score_of(members: &Members, member: &str) -> Option<f64> {
         .into_iter()
         .find(|(m, _)| m == member)
         .map(|(_, s)| s)
-}
-
-/// Keys whose `last_refill` shows the module's clock before and after each pair.
-const PROBE_BEFORE: &str = "probe:before";
-const PROBE_AFTER: &str = "probe:after";
-
-/// What one transaction showed.
-struct Observed {
-    /// TIME before and after, and the module's clock before and after (the probes).
-    clocks_ms: [i64; 4],
-    before_a: Members,
-    before_b: Members,
-    expire_before_a: i64,
-    expire_before_b: i64,
-    module: Value,
-    twin: Value,
-    after_a: Members,
-    after_b: Members,
-    expire_a: i64,
-    expire_b: i64,
-}
-
-fn time_ms((secs, micros): (i64, i64)) -> i64 {
-    secs * 1000 + micros / 1000
-}
-
-/// Runs `module` (on key `a`) and `twin` (on key `b`) in one transaction between two clock
-/// probes, with both sets and expiries before and after.
-fn run_step(
-    con: &mut redis::Connection,
-    module: redis::Cmd,
-    twin: redis::Cmd,
-    a: &str,
-    b: &str,
-) -> Result<Observed, String> {
-    let probe: [&[u8]; 3] = [b"1e15", b"1", b"1"];
-    let probe_cmd = |key: &str| module_cmd("take", key.as_bytes(), &probe);
-    let mut pipe = redis::pipe();
-    pipe.atomic();
-    pipe.cmd("TIME")
-        .add_command(probe_cmd(PROBE_BEFORE))
-        .ignore();
-    for key in [a, b] {
-        pipe.cmd("ZRANGE").arg(key).arg(0).arg(-1).arg("WITHSCORES");
-    }
-    for key in [a, b] {
-        pipe.cmd("PEXPIRETIME").arg(key);
-    }
-    pipe.add_command(module)
-        .add_command(twin)
-        .add_command(probe_cmd(PROBE_AFTER))
-        .ignore()
-        .cmd("TIME")
-        .cmd("HGET")
-        .arg(PROBE_BEFORE)
-        .arg("last_refill")
-        .cmd("HGET")
-        .arg(PROBE_AFTER)
-        .arg("last_refill");
-    for key in [a, b] {
-        pipe.cmd("ZRANGE").arg(key).arg(0).arg(-1).arg("WITHSCORES");
-    }
-    for key in [a, b] {
-        pipe.cmd("PEXPIRETIME").arg(key);
-    }
-    let values: Vec<Value> = pipe.query(con).map_err(|e| error_text(&e))?;
-    let get = |i: usize| values[i].clone();
-    let from = |i: usize| -> Result<Members, String> {
-        redis::from_redis_value(&values[i]).map_err(|e| e.to_string())
-    };
-    let int = |i: usize| -> Result<i64, String> {
-        redis::from_redis_value(&values[i]).map_err(|e| e.to_string())
-    };
-    let time = |i: usize| -> Result<i64, String> {
-        redis::from_redis_value::<(i64, i64)>(&values[i])
-            .map(time_ms)
-            .map_err(|e| e.to_string())
-    };
-    Ok(Observed {
-        clocks_ms: [time(0)?, time(7)?, int(8)?, int(9)?],
-        before_a: from(1)?,
-        before_b: from(2)?,
-        expire_before_a: int(3)?,
-        expire_before_b: int(4)?,
-        module: get(5),
-        twin: get(6),
-        after_a: from(10)?,
-        after_b: from(11)?,
-        expire_a: int(12)?,
-        expire_b: int(13)?,
-    })
-}
-
-impl Observed {
-    /// Every clock showed the same ms, and no key was still there past its expiry (Redis 7.0
-    /// fixes the expiry clock when EXEC starts, a script takes its own when it starts, so such
-    /// a key may have been judged a ms apart by the two).
-    fn comparable(&self) -> bool {
-        let now = self.clocks_ms[0];
-        let stale = |expire: i64| (0..=now).contains(&expire);
-        self.clocks_ms.iter().all(|&ms| ms == now)
-            && ![
-                self.expire_before_a,
-                self.expire_before_b,
-                self.expire_a,
-                self.expire_b,
-            ]
-            .into_iter()
-            .any(stale)
-    }
-
-    fn context(&self) -> String {
-        format!(
-            "now {}:\n  before   A [{}] expire {}\n  module   {:?}\n  after    A [{}] expire {}\
-             \n  before   B [{}] expire {}\n  twin     {:?}\n  after    B [{}] expire {}",
-            self.clocks_ms[0],
-            show_members(&self.before_a),
-            self.expire_before_a,
-            self.module,
-            show_members(&self.after_a),
-            self.expire_a,
-            show_members(&self.before_b),
-            self.expire_before_b,
-            self.twin,
-            show_members(&self.after_b),
-            self.expire_b,
-        )
-    }
-
-    fn assert_twins(&self, what: &str) {
-        let context = || format!("{what}: {}", self.context());
-        assert_eq!(
-            self.before_a,
-            self.before_b,
-            "not twins before: {}",
-            context()
-        );
-        assert_eq!(self.module, self.twin, "replies differ: {}", context());
-        assert_eq!(self.after_a, self.after_b, "sets differ: {}", context());
-        assert_eq!(
-            self.expire_a,
-            self.expire_b,
-            "expiries differ: {}",
-            context()
-        );
-    }
-}
-
-/// B := A, expiry included, atomically.
-fn resync(con: &mut redis::Connection, a: &str, b: &str) {
-    let _: Value = redis::pipe()
-        .atomic()
-        .cmd("DEL")
-        .arg(b)
-        .cmd("COPY")
-        .arg(a)
-        .arg(b)
-        .query(con)
-        .expect("DEL + COPY");
 }
 
 /// How often one step is tried before it is given up as never compared.
@@ -290,6 +101,20 @@ impl Call {
         fallback.cmd(self.command, key.as_bytes(), &self.arg_refs())
     }
 
+    /// The call through the module on `a`, and through `twin` on `b` (the module again when
+    /// `twin` is None).
+    fn on_twins(&self, twin: Option<&Fallback>, a: &str, b: &str) -> TwinCall {
+        TwinCall {
+            module: self.module(a),
+            twin: match twin {
+                Some(fallback) => self.twin(fallback, b),
+                None => self.module(b),
+            },
+            keys: vec![(a.to_string(), b.to_string())],
+            view: View::SortedSet,
+        }
+    }
+
     fn show(&self) -> String {
         format!(
             "TB.{} {}",
@@ -300,36 +125,19 @@ impl Call {
 }
 
 /// Runs `call` on `a` (module) and `b` (`twin`, or the module when `twin` is None) until one
-/// run is comparable (re-syncing B from A after each that is not); `setup` makes both keys
-/// before each attempt, if given. None when no attempt was comparable.
+/// run is comparable (see `compared_call`); `remake` makes both keys before each attempt, if
+/// given. None when no attempt was comparable.
 fn compared_step(
     con: &mut redis::Connection,
     twin: Option<&Fallback>,
     call: &Call,
     a: &str,
     b: &str,
-    setup: Option<&dyn Fn(&mut redis::Connection)>,
-    resynced: &mut usize,
+    remake: Option<&dyn Fn(&mut redis::Connection)>,
+    tally: &mut Tally,
 ) -> Option<Observed> {
-    for _ in 0..STEP_ATTEMPTS {
-        if let Some(setup) = setup {
-            setup(con);
-        }
-        let twin_cmd = match twin {
-            Some(fallback) => call.twin(fallback, b),
-            None => call.module(b),
-        };
-        let observed = run_step(con, call.module(a), twin_cmd, a, b)
-            .unwrap_or_else(|e| panic!("{}: the transaction failed: {e}", call.show()));
-        if observed.comparable() {
-            return Some(observed);
-        }
-        if setup.is_none() {
-            resync(con, a, b);
-        }
-        *resynced += 1;
-    }
-    None
+    let twins = call.on_twins(twin, a, b);
+    compared_call(con, &twins, &call.show(), STEP_ATTEMPTS, remake, tally)
 }
 
 /// The contract, checked on one compared call (B's side; A's is equal by then): the reply's
@@ -338,11 +146,11 @@ fn compared_step(
 fn check_contract(seen: &Observed, call: &Call, what: &str) -> Outcome {
     let now = seen.clocks_ms[0];
     let context = || format!("{what}: {}", seen.context());
-    let before = pairs(&seen.before_b);
-    let after = pairs(&seen.after_b);
+    let before = pairs(&seen.before[0].b);
+    let after = pairs(&seen.after[0].b);
     let arg = |i: usize| text(&call.args[i]);
     let int = |i: usize| -> i64 { arg(i).parse().expect("a valid integer argument") };
-    let seq_before = score_of(&seen.before_b, "seq").map_or(0, |s| -s as i64);
+    let seq_before = score_of(&seen.before[0].b, "seq").map_or(0, |s| -s as i64);
     let live_before = before
         .iter()
         .filter(|(m, s)| m != "seq" && *s > now as f64)
@@ -371,7 +179,7 @@ fn check_contract(seen: &Observed, call: &Call, what: &str) -> Outcome {
     // The expiry after a write of `deadline`: grows only; a key without one gets the latest
     // deadline it holds.
     let expect_expiry = |written: i64, held_before: &[(String, f64)]| {
-        let expected = match seen.expire_before_b {
+        let expected = match seen.before[0].expire_b {
             -2 => written,
             -1 => held_before
                 .iter()
@@ -379,18 +187,23 @@ fn check_contract(seen: &Observed, call: &Call, what: &str) -> Outcome {
                 .fold(written, i64::max),
             at => at.max(written),
         };
-        assert_eq!(seen.expire_b, expected, "the expiry: {}", context());
+        assert_eq!(
+            seen.after[0].expire_b,
+            expected,
+            "the expiry: {}",
+            context()
+        );
     };
     let unchanged = || {
         assert_eq!(
-            seen.after_b,
-            seen.before_b,
+            seen.after[0].b,
+            seen.before[0].b,
             "a call that writes nothing wrote: {}",
             context()
         );
         assert_eq!(
-            seen.expire_b,
-            seen.expire_before_b,
+            seen.after[0].expire_b,
+            seen.before[0].expire_b,
             "the expiry moved: {}",
             context()
         );
@@ -444,8 +257,8 @@ fn check_contract(seen: &Observed, call: &Call, what: &str) -> Outcome {
             if call.command == "release" {
                 expect_set(pruned.into_iter().filter(|(m, _)| *m != lease).collect());
                 assert_eq!(
-                    seen.expire_b,
-                    seen.expire_before_b,
+                    seen.after[0].expire_b,
+                    seen.before[0].expire_b,
                     "release moved the expiry: {}",
                     context()
                 );
@@ -480,22 +293,6 @@ enum Outcome {
     Released { removed_expired: bool },
     Renewed { removed_expired: bool },
     NotHeld,
-}
-
-/// How a differential run went, for the final assertions.
-#[derive(Default, Debug)]
-struct Tally {
-    compared: usize,
-    resynced: usize,
-    granted: usize,
-    denied: usize,
-    released: usize,
-    renewed: usize,
-    not_held: usize,
-    removed_expired: usize,
-    fresh_keys: usize,
-    by_lua: usize,
-    by_module: usize,
 }
 
 /// limit: mostly small, so denials happen; sometimes spelled with leading zeros or huge.
@@ -633,33 +430,42 @@ fn differential(
             },
             a
         );
-        if let Some(seen) = compared_step(con, twin, &call, a, b, None, &mut tally.resynced) {
+        if let Some(seen) = compared_step(con, twin, &call, a, b, None, &mut tally) {
             seen.assert_twins(&what);
             let outcome = check_contract(&seen, &call, &what);
             tally.compared += 1;
-            if use_lua {
-                tally.by_lua += 1;
+            tally.saw(if use_lua {
+                "call by lua"
             } else {
-                tally.by_module += 1;
-            }
-            match outcome {
+                "call by the module"
+            });
+            let removed_expired = match outcome {
                 Outcome::Granted { removed_expired } => {
-                    tally.granted += 1;
-                    tally.removed_expired += removed_expired as usize;
-                    if seen.before_b.is_empty() {
-                        tally.fresh_keys += 1;
+                    tally.saw("grant");
+                    if seen.before[0].b.is_empty() {
+                        tally.saw("grant on a new key");
                     }
+                    removed_expired
                 }
-                Outcome::Denied => tally.denied += 1,
+                Outcome::Denied => {
+                    tally.saw("denial");
+                    false
+                }
                 Outcome::Released { removed_expired } => {
-                    tally.released += 1;
-                    tally.removed_expired += removed_expired as usize;
+                    tally.saw("release");
+                    removed_expired
                 }
                 Outcome::Renewed { removed_expired } => {
-                    tally.renewed += 1;
-                    tally.removed_expired += removed_expired as usize;
+                    tally.saw("renewal");
+                    removed_expired
                 }
-                Outcome::NotHeld => tally.not_held += 1,
+                Outcome::NotHeld => {
+                    tally.saw("call on a lease not held");
+                    false
+                }
+            };
+            if removed_expired {
+                tally.saw("write that removed expired leases");
             }
             if let Value::Array(items) = &seen.module {
                 if let Some(Value::BulkString(id)) = items.get(3) {
@@ -678,24 +484,16 @@ fn differential(
     tally
 }
 
-fn assert_well_covered(tally: &Tally, steps: usize) {
-    assert!(
-        tally.compared * 2 > steps,
-        "only {} of {steps} steps ran within one millisecond: {tally:?}",
-        tally.compared
-    );
-    for (count, what) in [
-        (tally.granted, "grant"),
-        (tally.denied, "denial"),
-        (tally.released, "release"),
-        (tally.renewed, "renewal"),
-        (tally.not_held, "call on a lease not held"),
-        (tally.removed_expired, "write that removed expired leases"),
-        (tally.fresh_keys, "grant on a new key"),
-    ] {
-        assert!(count > 0, "no {what} compared: {tally:?}");
-    }
-}
+/// What a lease run must have compared at least once.
+const LEASE_OUTCOMES: [&str; 7] = [
+    "grant",
+    "denial",
+    "release",
+    "renewal",
+    "call on a lease not held",
+    "write that removed expired leases",
+    "grant on a new key",
+];
 
 const STEPS: usize = 400;
 
@@ -705,7 +503,7 @@ fn the_script_matches_the_module_call_for_call() {
     let mut con = server.conn();
     let fallback = Fallback::script(&mut con);
     let tally = differential(&mut con, &fallback, Driver::Twin, STEPS, seed());
-    assert_well_covered(&tally, STEPS);
+    tally.assert_well_covered(STEPS, &LEASE_OUTCOMES);
 }
 
 #[test]
@@ -714,7 +512,7 @@ fn the_function_library_matches_the_module_call_for_call() {
     let mut con = server.conn();
     let fallback = Fallback::function(&mut con);
     let tally = differential(&mut con, &fallback, Driver::Twin, STEPS, seed() ^ 1);
-    assert_well_covered(&tally, STEPS);
+    tally.assert_well_covered(STEPS, &LEASE_OUTCOMES);
 }
 
 /// One key written by the Lua twin and by the module in turn, against a key only the module
@@ -725,8 +523,11 @@ fn the_module_and_the_library_take_over_each_others_keys() {
     let mut con = server.conn();
     let fallback = Fallback::function(&mut con);
     let tally = differential(&mut con, &fallback, Driver::Mixed, STEPS, seed() ^ 2);
-    assert_well_covered(&tally, STEPS);
-    assert!(tally.by_lua > 0 && tally.by_module > 0, "{tally:?}");
+    tally.assert_well_covered(STEPS, &LEASE_OUTCOMES);
+    assert!(
+        tally.count("call by lua") > 0 && tally.count("call by the module") > 0,
+        "{tally:?}"
+    );
 
     // And by hand: leases from one are released and renewed by the other, and the count goes on.
     for (first, second) in [(Some(&fallback), None), (None, Some(&fallback))] {
@@ -869,7 +670,7 @@ fn hand_made_cases(con: &mut redis::Connection, fallback: &Fallback) {
         (vec![seq(1.0), ("7-1".into(), Score::AheadHalf(50_000))], Expiry::None, Call::new("acquire", &[b"2", b"10"])),
         (vec![seq(1.0), ("7-1".into(), Score::AheadHalf(50_000))], Expiry::None, Call::new("renew", &[b"7-1", b"10"])),
     ];
-    let mut resynced = 0;
+    let mut tally = Tally::default();
     let mut errors_compared = 0;
     for (i, (members, expiry, call)) in cases.iter().enumerate() {
         let what = format!("{} case {i}: {}", fallback.name(), call.show());
@@ -922,7 +723,7 @@ fn hand_made_cases(con: &mut redis::Connection, fallback: &Fallback) {
             errors_compared += 1;
             continue;
         }
-        let seen = compared_step(con, Some(fallback), call, a, b, Some(&setup), &mut resynced)
+        let seen = compared_step(con, Some(fallback), call, a, b, Some(&setup), &mut tally)
             .unwrap_or_else(|| panic!("{what}: never ran within one ms"));
         seen.assert_twins(&what);
         check_contract(&seen, call, &what);
@@ -932,9 +733,10 @@ fn hand_made_cases(con: &mut redis::Connection, fallback: &Fallback) {
         "only a grant on a count of 2^53 fails: on a full set it is a denial"
     );
     println!(
-        "{}: {} cases, {resynced} retried",
+        "{}: {} cases, {} retried",
         fallback.name(),
-        cases.len()
+        cases.len(),
+        tally.resynced
     );
 }
 
@@ -984,23 +786,6 @@ fn good_integers() -> Vec<Vec<u8>> {
     cases
 }
 
-/// `module` and `twin` give the same error text, and the key is untouched.
-fn assert_same_error(
-    con: &mut redis::Connection,
-    key: &[u8],
-    module: &redis::Cmd,
-    twin: &redis::Cmd,
-    expected: &str,
-    what: &str,
-) {
-    let before = snapshot(con, key);
-    let from_module = outcome(con, module);
-    let from_twin = outcome(con, twin);
-    assert_eq!(from_module, Err(expected.to_string()), "{what}: the module");
-    assert_eq!(from_twin, Err(expected.to_string()), "{what}: the twin");
-    assert_eq!(snapshot(con, key), before, "{what}: key touched");
-}
-
 fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
     let key: &[u8] = b"le:ok";
     let _: Value = module_cmd("acquire", key, &[b"5", b"60000"])
@@ -1013,14 +798,14 @@ fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
               args: &[&[u8]],
               expected: &str,
               what: &str| {
-        assert_same_error(
+        let error = assert_same_error(
             con,
             key,
             &module_cmd(command, key, args),
             &fallback.cmd(command, key, args),
-            expected,
             &format!("{} {what}", fallback.name()),
         );
+        assert_eq!(error, expected, "{} {what}", fallback.name());
     };
 
     // Bad numbers, in order, before the key is looked at (also on a key of another type).
@@ -1127,31 +912,24 @@ fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
         if command == "acquire" {
             module.arg("0");
         }
-        assert_same_error(
+        let what = format!("{} two keys for {command}", fallback.name());
+        let error = assert_same_error(
             con,
             key,
             &module,
             &fallback.cmd_for(command, &[key, b"le:other"], &args),
-            &arity_error(&format!("tb.{command}")),
-            &format!("{} two keys for {command}", fallback.name()),
+            &what,
         );
+        assert_eq!(error, arity_error(&format!("tb.{command}")), "{what}");
     }
 
     // Other types, then sorted sets that are not lease sets, under keys that need escaping.
-    let foreign: [(&[u8], &[&[u8]]); 5] = [
-        (b"t:string", &[b"SET", b"t:string", b"1"]),
-        (b"t:hash", &[b"HSET", b"t:hash", b"tokens", b"1"]),
-        (b"t:list", &[b"RPUSH", b"t:list", b"1"]),
-        (b"t:set", &[b"SADD", b"t:set", b"1"]),
-        (b"t:stream", &[b"XADD", b"t:stream", b"*", b"f", b"v"]),
-    ];
     let calls: [(&str, Vec<&[u8]>); 3] = [
         ("acquire", vec![b"5", b"1000"]),
         ("release", vec![b"1-1"]),
         ("renew", vec![b"1-1", b"1000"]),
     ];
-    for (foreign_key, create) in foreign {
-        raw(con, create).expect("create a foreign value");
+    for foreign_key in foreign_values(con, "zset") {
         for (command, args) in &calls {
             on(
                 con,
@@ -1163,15 +941,6 @@ fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
             );
         }
     }
-    let long_key = [b"le:".to_vec(), vec![b'k'; 100]].concat();
-    let keys: Vec<(Vec<u8>, String)> = vec![
-        (b"le:corrupt".to_vec(), "le:corrupt".to_string()),
-        (
-            b"a\r\n\0'\\\x7f\xff".to_vec(),
-            "a\\x0d\\x0a\\x00\\'\\\\\\x7f\\xff".to_string(),
-        ),
-        (long_key, format!("le:{}...", "k".repeat(61))),
-    ];
     let corrupt: [&[(&str, &str)]; 9] = [
         &[("1", "1-1")],
         &[("1", "seq")],
@@ -1183,7 +952,7 @@ fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
         &[("+inf", "seq")],
         &[("5", "SEQ"), ("99999999999999", "1-1")],
     ];
-    for (bad_key, shown) in &keys {
+    for (bad_key, shown) in &keys_that_need_escaping("le:") {
         for members in corrupt {
             let _: i64 = redis::cmd("DEL").arg(bad_key).query(con).unwrap();
             let mut zadd = redis::cmd("ZADD");
@@ -1208,18 +977,12 @@ fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
 
 #[test]
 fn the_script_refuses_bad_input_in_the_module_words() {
-    let server = Server::start();
-    let mut con = server.conn();
-    let fallback = Fallback::script(&mut con);
-    check_errors(&fallback, &mut con);
+    with_twin(Fallback::script, check_errors);
 }
 
 #[test]
 fn the_function_library_refuses_bad_input_in_the_module_words() {
-    let server = Server::start();
-    let mut con = server.conn();
-    let fallback = Fallback::function(&mut con);
-    check_errors(&fallback, &mut con);
+    with_twin(Fallback::function, check_errors);
 }
 
 /// ACL applies to the commands a script calls: a restricted user of the leases needs FCALL
@@ -1335,11 +1098,11 @@ fn the_twins_append_the_same_commands() {
         Fallback::script as fn(&mut redis::Connection) -> Fallback,
         Fallback::function,
     ] {
-        let server = Server::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+        let server = Server::start_with(AOF_ARGS);
         let mut con = server.conn();
         let fallback = make_fallback(&mut con);
         let (a, b) = ("aof:a", "aof:b");
-        let mut resynced = 0;
+        let mut tally = Tally::default();
         let mut attempts = 0;
         // (index of the compared attempt among all attempts, whether the call writes)
         let mut compared: Vec<(usize, bool, String)> = Vec::new();
@@ -1365,7 +1128,7 @@ fn the_twins_append_the_same_commands() {
                 }
                 let _: () = pipe.query(con).expect("RESTORE");
             };
-            let before = resynced;
+            let before = tally.resynced;
             let seen = compared_step(
                 con,
                 Some(&fallback),
@@ -1373,11 +1136,11 @@ fn the_twins_append_the_same_commands() {
                 a,
                 b,
                 Some(&restore),
-                &mut resynced,
+                &mut tally,
             )
             .unwrap_or_else(|| panic!("{}: never ran within one ms", call.show()));
             seen.assert_twins(&call.show());
-            attempts += resynced - before + 1;
+            attempts += tally.resynced - before + 1;
             let id = match &seen.module {
                 Value::Array(items) => match items.get(3) {
                     Some(Value::BulkString(id)) => Some(text(id)),
@@ -1385,7 +1148,8 @@ fn the_twins_append_the_same_commands() {
                 },
                 _ => None,
             };
-            let wrote = seen.after_a != seen.before_a || seen.expire_a != seen.expire_before_a;
+            let (before, after) = (&seen.before[0], &seen.after[0]);
+            let wrote = after.a != before.a || after.expire_a != before.expire_a;
             if let Some(writes) = writes {
                 assert_eq!(wrote, writes, "{}: {}", call.show(), seen.context());
             }

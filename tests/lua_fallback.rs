@@ -31,15 +31,6 @@ const DEFAULT_SEED: u64 = 0x7b5e_ed00_2024_0006;
 /// The largest capacity and n either accepts: 2^53.
 const MAX_TOKENS: &str = "9007199254740992";
 
-fn module_cmd(key: &[u8], args: &[&[u8]]) -> redis::Cmd {
-    let mut cmd = redis::cmd("TB.TAKE");
-    cmd.arg(key);
-    for arg in args {
-        cmd.arg(*arg);
-    }
-    cmd
-}
-
 /// `HSET key field value ...` as a command (for a pipeline or a raw key).
 fn hset_cmd(key: &[u8], fields: &[(&str, impl redis::ToRedisArgs)]) -> redis::Cmd {
     let mut cmd = redis::cmd("HSET");
@@ -50,16 +41,8 @@ fn hset_cmd(key: &[u8], fields: &[(&str, impl redis::ToRedisArgs)]) -> redis::Cm
     cmd
 }
 
-/// A reply, or the exact error text.
-fn outcome(con: &mut redis::Connection, cmd: &redis::Cmd) -> Result<Value, String> {
-    cmd.query::<Value>(con).map_err(|e| error_text(&e))
-}
-
 fn seed() -> u64 {
-    std::env::var("TB_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(DEFAULT_SEED)
+    seed_or(DEFAULT_SEED)
 }
 
 /// A capacity in every accepted spelling: integers, fractions, `.5`, `7.`, exponents.
@@ -148,52 +131,14 @@ fn seed_states(now_ms: i64) -> Vec<Vec<(String, String)>> {
     ]
 }
 
-/// Keys whose `last_refill` shows the module's clock before and after each pair.
-const PROBE_BEFORE: &str = "probe:before";
-const PROBE_AFTER: &str = "probe:after";
-
-type Reply4 = Vec<i64>;
-type Hash = Vec<Vec<u8>>;
-
-/// What one transaction showed: the clocks, both replies, both hashes, both expiries (of the
-/// first pair; `others` holds the rest of a TAKEALL's pairs).
-struct Observed {
-    /// TIME before and after, and the real clock before and after (the probes).
-    clocks_ms: [i64; 4],
-    module: Reply4,
-    fallback: Reply4,
-    hash_a: Hash,
-    hash_b: Hash,
-    expire_a: i64,
-    expire_b: i64,
-    others: Vec<(Hash, Hash, i64, i64)>,
-}
-
-fn time_ms((secs, micros): (i64, i64)) -> i64 {
-    secs * 1000 + micros / 1000
-}
-
-/// Runs one TB.TAKE pair in a transaction; `setup` commands run first, inside it.
-fn run_pair(
-    con: &mut redis::Connection,
-    fallback: &Fallback,
-    pair: &Pair,
-    n: &str,
-    setup: &[redis::Cmd],
-) -> Result<Observed, String> {
-    run_call(con, fallback, "take", &[pair], &[Some(n)], setup)
-}
-
-/// Runs TB.<COMMAND> on the `a` keys of `pairs` and its twin on their `b` keys in one
-/// transaction, between two clock probes; `ns[i]` is pair i's n (`None`: left out, TB.PEEK).
-fn run_call(
-    con: &mut redis::Connection,
+/// TB.<COMMAND> on the `a` keys of `pairs` and its twin on their `b` keys; `ns[i]` is pair
+/// i's n (`None`: left out, TB.PEEK).
+fn bucket_call(
     fallback: &Fallback,
     command: &str,
     pairs: &[&Pair],
     ns: &[Option<&str>],
-    setup: &[redis::Cmd],
-) -> Result<Observed, String> {
+) -> TwinCall {
     let mut module = redis::cmd(&format!("TB.{}", command.to_uppercase()));
     let mut fallback_args: Vec<&[u8]> = Vec::new();
     for (pair, n) in pairs.iter().zip(ns) {
@@ -205,99 +150,37 @@ fn run_call(
         }
     }
     let b_keys: Vec<&[u8]> = pairs.iter().map(|pair| pair.b.as_bytes()).collect();
-    // Always allowed, always written: `last_refill` is the module's clock.
-    let probe: [&[u8]; 3] = [b"1e15", b"1", b"1"];
-    let mut pipe = redis::pipe();
-    pipe.atomic();
-    for cmd in setup {
-        pipe.add_command(cmd.clone()).ignore();
-    }
-    pipe.cmd("TIME")
-        .add_command(module_cmd(PROBE_BEFORE.as_bytes(), &probe))
-        .ignore()
-        .add_command(module)
-        .add_command(fallback.cmd_for(command, &b_keys, &fallback_args))
-        .add_command(module_cmd(PROBE_AFTER.as_bytes(), &probe))
-        .ignore()
-        .cmd("TIME")
-        .cmd("HGET")
-        .arg(PROBE_BEFORE)
-        .arg("last_refill")
-        .cmd("HGET")
-        .arg(PROBE_AFTER)
-        .arg("last_refill");
-    for pair in pairs {
-        pipe.cmd("HGETALL")
-            .arg(&pair.a)
-            .cmd("HGETALL")
-            .arg(&pair.b)
-            .cmd("PEXPIRETIME")
-            .arg(&pair.a)
-            .cmd("PEXPIRETIME")
-            .arg(&pair.b);
-    }
-    let mut values: Vec<Value> = pipe.query(con).map_err(|e| e.to_string())?;
-    let rest = values.split_off(6);
-    let (t1, module, fallback_reply, t2, p1, p2): (
-        (i64, i64),
-        Reply4,
-        Reply4,
-        (i64, i64),
-        i64,
-        i64,
-    ) = redis::from_redis_value(&Value::Array(values)).map_err(|e| e.to_string())?;
-    let mut keys: Vec<(Hash, Hash, i64, i64)> = rest
-        .chunks(4)
-        .map(|chunk| redis::from_redis_value(&Value::Array(chunk.to_vec())))
-        .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())?;
-    let (hash_a, hash_b, expire_a, expire_b) = keys.remove(0);
-    Ok(Observed {
-        clocks_ms: [time_ms(t1), time_ms(t2), p1, p2],
+    TwinCall {
         module,
-        fallback: fallback_reply,
-        hash_a,
-        hash_b,
-        expire_a,
-        expire_b,
-        others: keys,
-    })
+        twin: fallback.cmd_for(command, &b_keys, &fallback_args),
+        keys: pairs
+            .iter()
+            .map(|pair| (pair.a.clone(), pair.b.clone()))
+            .collect(),
+        view: View::Hash,
+    }
 }
 
-/// B := A, expiry included, atomically.
-fn resync(con: &mut redis::Connection, pair: &Pair) {
-    let _: Value = redis::pipe()
-        .atomic()
-        .cmd("DEL")
-        .arg(&pair.b)
-        .cmd("COPY")
-        .arg(&pair.a)
-        .arg(&pair.b)
-        .query(con)
-        .expect("DEL + COPY");
-}
-
-fn show_hash(hash: &Hash) -> String {
-    hash.iter()
-        .map(|b| String::from_utf8_lossy(b).into_owned())
-        .collect::<Vec<_>>()
-        .join(" ")
+/// The reply of a compared call: the four integers every bucket command replies first.
+fn reply4(seen: &Observed) -> Vec<i64> {
+    redis::from_redis_value(&seen.twin)
+        .unwrap_or_else(|e| panic!("not a bucket reply ({e}): {}", seen.context()))
 }
 
 /// How often one differential step is run before it is given up as never compared.
 const STEP_ATTEMPTS: usize = 4;
 
-/// How a differential run went, for the final assertions.
-#[derive(Default, Debug)]
-struct Tally {
-    compared: usize,
-    commands: std::collections::BTreeMap<&'static str, usize>,
-    resynced: usize,
-    allowed_writes: usize,
-    allowed_without_write: usize,
-    denied: usize,
-    never: usize,
-}
+/// What a bucket run must have compared at least once: each command, and each outcome.
+const BUCKET_OUTCOMES: [&str; 8] = [
+    "take",
+    "peek",
+    "refund",
+    "takeall",
+    "allowed write",
+    "allowed without write",
+    "denial",
+    "n above capacity",
+];
 
 /// Runs `steps` random calls through the module (keys `a:*`) and `fallback` (keys `b:*`) and
 /// asserts that every pair seen in one millisecond agrees on reply, hash bytes and expiry.
@@ -379,97 +262,33 @@ fn differential(
         // A pair whose calls straddled a millisecond cannot be compared: the two keys are made
         // equal again and the same step is tried again, a few times, so that how many steps
         // get compared does not depend on how busy the machine is.
-        let mut seen = None;
-        for _attempt in 0..STEP_ATTEMPTS {
-            let observed = run_call(con, fallback, command, &call_pairs, &n_args, &[])
-                .unwrap_or_else(|e| {
-                    panic!(
-                        "seed {seed} step {step}: TB.{command}/{} {} {} {n} failed: {e}",
-                        fallback.name(),
-                        pair.capacity,
-                        pair.rate
-                    )
-                });
-            // A key still there past its deadline was read by a command that
-            // saw an earlier instant than the clocks (Redis 7.0 fixes the
-            // expiry clock when EXEC starts, a script takes its own when it
-            // starts), so the two keys may have been judged a ms apart.
-            let now_ms = observed.clocks_ms[0];
-            let stale = |expire: i64| (0..=now_ms).contains(&expire);
-            let straddled_expiry = stale(observed.expire_a)
-                || stale(observed.expire_b)
-                || observed
-                    .others
-                    .iter()
-                    .any(|(_, _, expire_a, expire_b)| stale(*expire_a) || stale(*expire_b));
-            if !straddled_expiry && observed.clocks_ms.iter().all(|&ms| ms == now_ms) {
-                seen = Some(observed);
-                break;
-            }
-            for pair in &call_pairs {
-                resync(con, pair);
-            }
-            tally.resynced += 1;
-        }
-        if let Some(seen) = seen {
-            let context = || {
-                format!(
-                    "seed {seed} step {step} (TB.{command} {}), key pairs {chosen:?}, capacity {} rate {} n {n}, \
-                     now {}:\n  module   {:?}  hash [{}]  expire {}\n  fallback {:?}  hash [{}]  expire {}",
-                    fallback.name(),
-                    pair.capacity,
-                    pair.rate,
-                    seen.clocks_ms[0],
-                    seen.module,
-                    show_hash(&seen.hash_a),
-                    seen.expire_a,
-                    seen.fallback,
-                    show_hash(&seen.hash_b),
-                    seen.expire_b,
-                )
-            };
-            assert_eq!(seen.module, seen.fallback, "replies differ: {}", context());
-            assert_eq!(seen.hash_a, seen.hash_b, "hashes differ: {}", context());
-            assert_eq!(
-                seen.expire_a,
-                seen.expire_b,
-                "expiries differ: {}",
-                context()
-            );
-            for (i, (hash_a, hash_b, expire_a, expire_b)) in seen.others.iter().enumerate() {
-                assert_eq!(
-                    hash_a,
-                    hash_b,
-                    "hashes of pair {} differ: {}",
-                    i + 1,
-                    context()
-                );
-                assert_eq!(
-                    expire_a,
-                    expire_b,
-                    "expiries of pair {} differ: {}",
-                    i + 1,
-                    context()
-                );
-            }
+        let call = bucket_call(fallback, command, &call_pairs, &n_args);
+        let what = format!(
+            "seed {seed} step {step} (TB.{command} {}), key pairs {chosen:?}, capacity {} rate {} n {n}",
+            fallback.name(),
+            pair.capacity,
+            pair.rate
+        );
+        if let Some(seen) = compared_call(con, &call, &what, STEP_ATTEMPTS, None, &mut tally) {
+            seen.assert_twins(&what);
             tally.compared += 1;
-            *tally.commands.entry(command).or_default() += 1;
-            let reply = &seen.fallback;
+            tally.saw(command);
+            let reply = reply4(&seen);
             match (reply[0], reply[2]) {
                 (1, _) if command == "take" && n.parse::<f64>().unwrap() > 0.0 => {
-                    tally.allowed_writes += 1;
+                    tally.saw("allowed write");
                     // The TTL rule, checked on the script's own write: last_refill + max(1, reset).
-                    let last_refill = hash_field(&seen.hash_b, b"last_refill");
+                    let last_refill = hash_field(&seen.first().b, b"last_refill");
                     assert_eq!(
-                        seen.expire_b,
+                        seen.first().expire_b,
                         last_refill + reply[3].max(1),
-                        "deadline rule: {}",
-                        context()
+                        "deadline rule: {what}: {}",
+                        seen.context()
                     );
                 }
-                (1, _) => tally.allowed_without_write += 1,
-                (_, -1) => tally.never += 1,
-                _ => tally.denied += 1,
+                (1, _) => tally.saw("allowed without write"),
+                (_, -1) => tally.saw("n above capacity"),
+                _ => tally.saw("denial"),
             }
         }
         // Sometimes let time pass, so refills (and expiries) happen between calls.
@@ -483,38 +302,14 @@ fn differential(
     tally
 }
 
-fn hash_field(hash: &Hash, field: &[u8]) -> i64 {
+fn hash_field(hash: &[Vec<u8>], field: &[u8]) -> i64 {
     let at = hash
         .chunks(2)
         .find(|kv| kv[0] == field)
-        .unwrap_or_else(|| panic!("no {:?} in [{}]", field, show_hash(hash)));
+        .unwrap_or_else(|| panic!("no {:?} in [{}]", field, View::Hash.show(hash)));
     String::from_utf8_lossy(&at[1])
         .parse()
         .expect("integer field")
-}
-
-fn assert_well_covered(tally: &Tally, steps: usize) {
-    assert!(
-        tally.compared * 2 > steps,
-        "only {} of {steps} pairs ran within one millisecond: {tally:?}",
-        tally.compared
-    );
-    assert!(
-        tally.allowed_writes > 0,
-        "no allowed take compared: {tally:?}"
-    );
-    assert!(
-        tally.allowed_without_write > 0,
-        "no n = 0 compared: {tally:?}"
-    );
-    assert!(tally.denied > 0, "no denial compared: {tally:?}");
-    assert!(tally.never > 0, "no n > capacity compared: {tally:?}");
-    for command in ["take", "peek", "refund", "takeall"] {
-        assert!(
-            tally.commands.get(command).is_some_and(|&count| count > 0),
-            "no TB.{command} compared: {tally:?}"
-        );
-    }
 }
 
 /// Extreme limits and hand-edited states, each compared once (retried until the clocks
@@ -568,11 +363,12 @@ fn the_script_matches_the_module_at_the_extremes() {
                 setup.push(hset_cmd(key.as_bytes(), fields));
             }
         }
+        let call = bucket_call(&fallback, "take", &[&pair], &[Some(n)]);
         let mut attempts = 0;
         let seen = loop {
-            let seen = run_pair(&mut con, &fallback, &pair, n, &setup)
-                .unwrap_or_else(|e| panic!("row {row}: {e}"));
-            if seen.clocks_ms.iter().all(|&ms| ms == seen.clocks_ms[0]) {
+            let seen =
+                run_twin_call(&mut con, &call, &setup).unwrap_or_else(|e| panic!("row {row}: {e}"));
+            if seen.clocks_agree() {
                 break seen;
             }
             attempts += 1;
@@ -581,11 +377,15 @@ fn the_script_matches_the_module_at_the_extremes() {
         println!(
             "row {row}: {fields:?} {capacity} {rate} {n} -> {:?} [{}]",
             seen.module,
-            show_hash(&seen.hash_a)
+            View::Hash.show(&seen.first().a)
         );
-        assert_eq!(seen.fallback, seen.module, "row {row}: replies");
-        assert_eq!(seen.hash_a, seen.hash_b, "row {row}: hashes");
-        assert_eq!(seen.expire_a, seen.expire_b, "row {row}: expiries");
+        assert_eq!(seen.twin, seen.module, "row {row}: replies");
+        assert_eq!(seen.first().a, seen.first().b, "row {row}: hashes");
+        assert_eq!(
+            seen.first().expire_a,
+            seen.first().expire_b,
+            "row {row}: expiries"
+        );
     }
 }
 
@@ -605,7 +405,7 @@ fn the_script_matches_the_module_call_for_call() {
     let fallback = Fallback::script(&mut con);
     let steps = 400;
     let tally = differential(&mut con, &fallback, steps, seed());
-    assert_well_covered(&tally, steps);
+    tally.assert_well_covered(steps, &BUCKET_OUTCOMES);
 }
 
 #[test]
@@ -615,7 +415,7 @@ fn the_function_library_matches_the_module_call_for_call() {
     let fallback = Fallback::function(&mut con);
     let steps = 200;
     let tally = differential(&mut con, &fallback, steps, seed() ^ 0xf);
-    assert_well_covered(&tally, steps);
+    tally.assert_well_covered(steps, &BUCKET_OUTCOMES);
 }
 
 #[test]
@@ -754,7 +554,8 @@ fn the_script_writes_tokens_as_the_module_does() {
                     .ignore();
             }
             let args: [&[u8]; 3] = [capacity.as_bytes(), b"1", paid.as_bytes()];
-            pipe.add_command(module_cmd(a.as_bytes(), &args)).ignore();
+            pipe.add_command(module_cmd("take", a.as_bytes(), &args))
+                .ignore();
             pipe.add_command(fallback.cmd("take", b.as_bytes(), &args))
                 .ignore();
             pipe.cmd("HGET").arg(&a).arg("tokens");
@@ -797,7 +598,7 @@ fn the_script_refuses_capacity_and_n_above_2_pow_53_as_the_module_does() {
         ),
     ] {
         let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
-        let module = module_cmd(b"big:a", &args).query::<Value>(&mut con);
+        let module = module_cmd("take", b"big:a", &args).query::<Value>(&mut con);
         let script = fallback
             .cmd("take", b"big:b", &args)
             .query::<Value>(&mut con);
@@ -807,7 +608,7 @@ fn the_script_refuses_capacity_and_n_above_2_pow_53_as_the_module_does() {
         }
     }
     let args: [&[u8]; 3] = [MAX_TOKENS.as_bytes(), b"1", b"1"];
-    let module: Vec<i64> = module_cmd(b"max:a", &args).query(&mut con).unwrap();
+    let module: Vec<i64> = module_cmd("take", b"max:a", &args).query(&mut con).unwrap();
     let script: Vec<i64> = fallback
         .cmd("take", b"max:b", &args)
         .query(&mut con)
@@ -860,29 +661,6 @@ fn bad_numbers() -> Vec<Vec<u8>> {
     cases
 }
 
-fn assert_same_error(
-    con: &mut redis::Connection,
-    fallback: &Fallback,
-    key: &[u8],
-    module: &redis::Cmd,
-    script: &redis::Cmd,
-    what: &str,
-) {
-    let before = snapshot(con, key);
-    let from_module = outcome(con, module);
-    let from_script = outcome(con, script);
-    let Err(module_error) = from_module else {
-        panic!("{what}: the module accepted it: {from_module:?}");
-    };
-    assert_eq!(
-        from_script,
-        Err(module_error),
-        "{what}: {} disagrees",
-        fallback.name()
-    );
-    assert_eq!(snapshot(con, key), before, "{what}: key touched");
-}
-
 /// TB.TAKE `args` on `key` through the module and through `fallback`: the same error text,
 /// nothing touched.
 fn assert_same_take_error(
@@ -892,15 +670,21 @@ fn assert_same_take_error(
     args: &[&[u8]],
     what: &str,
 ) {
-    let module = module_cmd(key, args);
+    let module = module_cmd("take", key, args);
     let script = fallback.cmd("take", key, args);
-    assert_same_error(con, fallback, key, &module, &script, what);
+    assert_same_error(
+        con,
+        key,
+        &module,
+        &script,
+        &format!("{} {what}", fallback.name()),
+    );
 }
 
 fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
     let key: &[u8] = b"rl:err";
     // A real bucket, so an error that wrote anything would show.
-    let _: Value = module_cmd(key, &[b"10", b"0.001", b"3"])
+    let _: Value = module_cmd("take", key, &[b"10", b"0.001", b"3"])
         .query(con)
         .unwrap();
 
@@ -949,27 +733,18 @@ fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
         );
     }
     let args: [&[u8]; 3] = [b"10", b"1", b"1"];
-    let mut two_keys = module_cmd(key, &args);
+    let mut two_keys = module_cmd("take", key, &args);
     two_keys.arg("extra");
     assert_same_error(
         con,
-        fallback,
         key,
         &two_keys,
         &fallback.cmd_for("take", &[key, b"other"], &args),
-        "two keys",
+        &format!("{} two keys", fallback.name()),
     );
 
     // Foreign values.
-    let foreign: [(&[u8], &[&[u8]]); 5] = [
-        (b"t:string", &[b"SET", b"t:string", b"1"]),
-        (b"t:list", &[b"RPUSH", b"t:list", b"1"]),
-        (b"t:set", &[b"SADD", b"t:set", b"1"]),
-        (b"t:zset", &[b"ZADD", b"t:zset", b"1", b"m"]),
-        (b"t:stream", &[b"XADD", b"t:stream", b"*", b"f", b"v"]),
-    ];
-    for (foreign_key, create) in foreign {
-        raw(con, create).expect("create a foreign value");
+    for foreign_key in foreign_values(con, "hash") {
         assert_same_take_error(
             con,
             fallback,
@@ -980,12 +755,6 @@ fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
     }
 
     // Hashes that are not buckets, under keys that need escaping in the message.
-    let long_key = [b"rl:".to_vec(), vec![b'k'; 100]].concat();
-    let keys: Vec<Vec<u8>> = vec![
-        b"rl:corrupt".to_vec(),
-        b"a\r\n\0'\\\x7f\xff".to_vec(),
-        long_key,
-    ];
     let long_text = format!("1.{}", "0".repeat(63));
     let corrupt: Vec<Vec<(&str, &str)>> = vec![
         vec![("foo", "1")],
@@ -1003,7 +772,7 @@ fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
         vec![("tokens", "1"), ("last_refill", "-inf")],
         vec![("tokens", "1"), ("last_refill", "1e99999")],
     ];
-    for bad_key in &keys {
+    for (bad_key, _) in &keys_that_need_escaping("rl:") {
         for fields in &corrupt {
             let _: i64 = redis::cmd("DEL").arg(bad_key).query(con).unwrap();
             let _: i64 = hset_cmd(bad_key, fields).query(con).unwrap();
@@ -1022,7 +791,9 @@ fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
 /// counts, bad numbers, duplicate keys, foreign values and corrupt buckets (named by key).
 fn check_other_command_errors(fallback: &Fallback, con: &mut redis::Connection) {
     let ok: &[u8] = b"rl:ok";
-    let _: Value = module_cmd(ok, &[b"10", b"0.001", b"3"]).query(con).unwrap();
+    let _: Value = module_cmd("take", ok, &[b"10", b"0.001", b"3"])
+        .query(con)
+        .unwrap();
     let _: () = redis::cmd("SET").arg("rl:str").arg("1").query(con).unwrap();
     hset(con, "rl:bad", &[("tokens", "nan"), ("last_refill", "1")]);
     let module = |command: &str, args: &[&[u8]]| {
@@ -1061,31 +832,27 @@ fn check_other_command_errors(fallback: &Fallback, con: &mut redis::Connection) 
     for (command, args, twin, keys, twin_args) in &cases {
         assert_same_error(
             con,
-            fallback,
             ok,
             &module(command, args),
             &fallback.cmd_for(twin, keys, twin_args),
-            &format!("{command} {}", show_args(args)),
+            &format!("{} {command} {}", fallback.name(), show_args(args)),
         );
     }
 }
 
+fn check_all_errors(fallback: &Fallback, con: &mut redis::Connection) {
+    check_errors(fallback, con);
+    check_other_command_errors(fallback, con);
+}
+
 #[test]
 fn the_script_refuses_bad_input_in_the_module_words() {
-    let server = Server::start();
-    let mut con = server.conn();
-    let fallback = Fallback::script(&mut con);
-    check_errors(&fallback, &mut con);
-    check_other_command_errors(&fallback, &mut con);
+    with_twin(Fallback::script, check_all_errors);
 }
 
 #[test]
 fn the_function_library_refuses_bad_input_in_the_module_words() {
-    let server = Server::start();
-    let mut con = server.conn();
-    let fallback = Fallback::function(&mut con);
-    check_errors(&fallback, &mut con);
-    check_other_command_errors(&fallback, &mut con);
+    with_twin(Fallback::function, check_all_errors);
 }
 
 /// `n` = 0 and an `n` that underflows to 0 are fine for both, and write nothing.
@@ -1096,7 +863,7 @@ fn zero_n_spellings_are_accepted_by_both() {
     let fallback = Fallback::script(&mut con);
     for n in ["0", "0.0", ".0", "0e5", "1e-400"] {
         let args: [&[u8]; 3] = [b"5", b"1", n.as_bytes()];
-        let module: Vec<i64> = module_cmd(b"z:a", &args).query(&mut con).unwrap();
+        let module: Vec<i64> = module_cmd("take", b"z:a", &args).query(&mut con).unwrap();
         let script: Vec<i64> = fallback.cmd("take", b"z:b", &args).query(&mut con).unwrap();
         assert_eq!(module, vec![1, 5, 0, 0], "n = {n}");
         assert_eq!(script, module, "n = {n}");

@@ -10,9 +10,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{aof_commands, hgetall_bytes, pexpiretime, take, Server};
-
-const AOF_ARGS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
+use common::{aof_commands, hgetall_bytes, pexpiretime, take, Server, AOF_ARGS};
 
 /// Fields and absolute deadline of each key.
 type Snapshot = Vec<(BTreeMap<Vec<u8>, Vec<u8>>, i64)>;

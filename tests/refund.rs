@@ -188,18 +188,14 @@ fn refund_leaves_other_fields_alone() {
 fn refund_with_the_wrong_number_of_arguments_gets_the_server_arity_error() {
     let server = Server::start();
     let mut con = server.conn();
-    for args in [
-        &[b"TB.REFUND".as_slice(), b"tb:r", b"10", b"1"][..],
-        &[b"TB.REFUND", b"tb:r", b"10", b"1", b"1", b"1"],
-        &[b"TB.REFUND"],
-    ] {
-        assert_eq!(
-            expect_error(&mut con, args),
-            "ERR wrong number of arguments for 'tb.refund' command",
-            "{} arguments",
-            args.len()
-        );
-    }
+    assert_arity_errors(
+        &mut con,
+        &[
+            &[b"TB.REFUND", b"tb:r", b"10", b"1"],
+            &[b"TB.REFUND", b"tb:r", b"10", b"1", b"1", b"1"],
+            &[b"TB.REFUND"],
+        ],
+    );
     assert!(!exists(&mut con, "tb:r"));
 }
 
@@ -329,21 +325,7 @@ fn refunds_leave_the_replica_byte_identical() {
     ] {
         refund(&mut m, key, capacity, rate, n);
     }
-    wait_for_replica(&master, &replica);
-
-    let mut r = replica.conn();
-    for key in ["tb:a", "tb:b"] {
-        let on_master = bucket(&mut m, key);
-        assert!(
-            on_master.fields.contains_key(b"tokens".as_slice()),
-            "{key}: {on_master:?}"
-        );
-        assert!(
-            on_master.expire_at_ms > 0,
-            "{key} has a deadline: {on_master:?}"
-        );
-        assert_eq!(bucket(&mut r, key), on_master, "{key} on the replica");
-    }
+    assert_replica_holds_the_same_buckets(&master, &replica, &["tb:a", "tb:b"]);
 }
 
 #[test]
@@ -372,23 +354,6 @@ fn refunds_that_write_nothing_do_not_move_the_replication_offset() {
 
 // --- AOF ---------------------------------------------------------------------------------------
 
-const AOF_ARGS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
-
-/// The AOF's commands without SELECT (which the server adds whenever it likes).
-fn aof_without_select(server: &Server, con: &mut redis::Connection) -> Vec<Vec<Vec<u8>>> {
-    // With `appendfsync always` the AOF is written before any reply: after this PING every
-    // earlier command is on disk.
-    assert!(common::ping(con));
-    aof_commands(&server.dir)
-        .into_iter()
-        .filter(|argv| !argv[0].eq_ignore_ascii_case(b"SELECT"))
-        .collect()
-}
-
-fn argv(args: &[&str]) -> Vec<Vec<u8>> {
-    args.iter().map(|a| a.as_bytes().to_vec()).collect()
-}
-
 #[test]
 fn the_aof_holds_hset_and_pexpireat_for_a_refund_and_never_tb_refund() {
     let server = Server::start_with(AOF_ARGS);
@@ -399,28 +364,10 @@ fn the_aof_holds_hset_and_pexpireat_for_a_refund_and_never_tb_refund() {
     refund(&mut con, "tb:r", "10", "0.001", "1.5");
     let logged = aof_without_select(&server, &mut con);
 
-    let fields = hgetall(&mut con, "tb:r");
-    let deadline_ms = pexpiretime(&mut con, "tb:r").to_string();
-    let expected = vec![
-        argv(&["MULTI"]),
-        argv(&[
-            "HSET",
-            "tb:r",
-            "tokens",
-            &fields["tokens"],
-            "last_refill",
-            &fields["last_refill"],
-        ]),
-        argv(&["PEXPIREAT", "tb:r", &deadline_ms]),
-        argv(&["EXEC"]),
-    ];
+    let [hset, pexpireat] = bucket_write(&mut con, "tb:r");
+    let expected = vec![argv(&["MULTI"]), hset, pexpireat, argv(&["EXEC"])];
     assert_eq!(logged[start..].to_vec(), expected, "AOF after TB.REFUND");
-    assert!(
-        !logged
-            .iter()
-            .any(|argv| argv[0].to_ascii_uppercase().starts_with(b"TB.")),
-        "a TB.* command reached the AOF"
-    );
+    assert_no_tb_command(&logged);
 }
 
 #[test]

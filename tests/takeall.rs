@@ -383,25 +383,19 @@ fn the_short_term_bucket_decides_a_burst_before_the_day_quota_is_used_up() {
 
 // --- Errors: nothing is touched ----------------------------------------------------------------
 
-const ARITY_ERROR: &str = "ERR wrong number of arguments for 'tb.takeall' command";
-
 #[test]
 fn takeall_without_a_whole_group_is_an_arity_error() {
     let server = Server::start();
     let mut con = server.conn();
-    for args in [
-        &[b"TB.TAKEALL".as_slice()][..],
-        &[b"TB.TAKEALL", b"{t}a"],
-        &[b"TB.TAKEALL", b"{t}a", b"10"],
-        &[b"TB.TAKEALL", b"{t}a", b"10", b"1"],
-    ] {
-        assert_eq!(
-            expect_error(&mut con, args),
-            ARITY_ERROR,
-            "{} arguments",
-            args.len()
-        );
-    }
+    assert_arity_errors(
+        &mut con,
+        &[
+            &[b"TB.TAKEALL"],
+            &[b"TB.TAKEALL", b"{t}a"],
+            &[b"TB.TAKEALL", b"{t}a", b"10"],
+            &[b"TB.TAKEALL", b"{t}a", b"10", b"1"],
+        ],
+    );
     assert!(!exists(&mut con, "{t}a"));
 }
 
@@ -423,13 +417,8 @@ fn an_incomplete_last_group_is_an_arity_error_and_touches_nothing() {
         b"1",
     ];
     // One whole group followed by 1, 2 or 3 arguments of a second one.
-    for len in 6..=8 {
-        assert_eq!(
-            expect_error(&mut con, &full[..len]),
-            ARITY_ERROR,
-            "{len} arguments"
-        );
-    }
+    let calls: Vec<&[&[u8]]> = (6..=8).map(|len| &full[..len]).collect();
+    assert_arity_errors(&mut con, &calls);
     assert_eq!(bucket(&mut con, "{t}a"), a);
     assert!(!exists(&mut con, "{t}b"));
 }
@@ -687,21 +676,9 @@ fn an_allowed_takeall_leaves_the_replica_byte_identical() {
         let reply = takeall(&mut m, &groups);
         assert_eq!(reply[0], 1, "call {call}: {reply:?}");
     }
-    wait_for_replica(&master, &replica);
-
+    let keys: Vec<&str> = groups.iter().map(|(key, ..)| *key).collect();
+    assert_replica_holds_the_same_buckets(&master, &replica, &keys);
     let mut r = replica.conn();
-    for (key, ..) in groups {
-        let on_master = bucket(&mut m, key);
-        assert!(
-            on_master.fields.contains_key(b"tokens".as_slice()),
-            "{key}: {on_master:?}"
-        );
-        assert!(
-            on_master.expire_at_ms > 0,
-            "{key} has a deadline: {on_master:?}"
-        );
-        assert_eq!(bucket(&mut r, key), on_master, "{key} on the replica");
-    }
     assert_eq!(hgetall(&mut r, "{t}owned")["owner"], "alice");
 }
 
@@ -749,23 +726,6 @@ fn a_denied_takeall_does_not_move_the_replication_offset() {
 
 // --- AOF ---------------------------------------------------------------------------------------
 
-const AOF_ARGS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
-
-/// The AOF's commands without SELECT (which the server adds whenever it likes).
-fn aof_without_select(server: &Server, con: &mut redis::Connection) -> Vec<Vec<Vec<u8>>> {
-    // With `appendfsync always` the AOF is written before any reply: after this PING every
-    // earlier command is on disk.
-    assert!(common::ping(con));
-    aof_commands(&server.dir)
-        .into_iter()
-        .filter(|argv| !argv[0].eq_ignore_ascii_case(b"SELECT"))
-        .collect()
-}
-
-fn argv(args: &[&str]) -> Vec<Vec<u8>> {
-    args.iter().map(|a| a.as_bytes().to_vec()).collect()
-}
-
 /// Slow rates: deadlines 100 s or more away, so nothing expires across a restart.
 const SLOW_GROUPS: [Group; 3] = [
     ("{t}a", "10", "0.01", "3"),
@@ -785,20 +745,7 @@ fn the_aof_holds_one_multi_with_hset_and_pexpireat_per_charged_bucket() {
 
     let mut expected = vec![argv(&["MULTI"])];
     for key in ["{t}a", "{t}b"] {
-        let fields = hgetall(&mut con, key);
-        expected.push(argv(&[
-            "HSET",
-            key,
-            "tokens",
-            &fields["tokens"],
-            "last_refill",
-            &fields["last_refill"],
-        ]));
-        expected.push(argv(&[
-            "PEXPIREAT",
-            key,
-            &pexpiretime(&mut con, key).to_string(),
-        ]));
+        expected.extend(bucket_write(&mut con, key));
     }
     expected.push(argv(&["EXEC"]));
     assert_eq!(
@@ -807,12 +754,7 @@ fn the_aof_holds_one_multi_with_hset_and_pexpireat_per_charged_bucket() {
         "AOF after TB.TAKEALL (the n = 0 bucket is not written)"
     );
     assert!(!exists(&mut con, "{t}zero"));
-    assert!(
-        !logged
-            .iter()
-            .any(|argv| argv[0].to_ascii_uppercase().starts_with(b"TB.")),
-        "a TB.* command reached the AOF"
-    );
+    assert_no_tb_command(&logged);
 }
 
 #[test]
@@ -868,22 +810,7 @@ struct Cluster {
 impl Cluster {
     fn start() -> Cluster {
         let nodes: Vec<Server> = (0..3)
-            .map(|_| {
-                // The bus port is chosen here: the default (port + 10000) may lie past 65535
-                // for an ephemeral client port, which the server refuses.
-                let bus_port = unused_port().to_string();
-                Server::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    // Relative to the node's own directory.
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-port",
-                    &bus_port,
-                    "--cluster-announce-ip",
-                    "127.0.0.1",
-                ])
-            })
+            .map(|_| start_cluster_node(unused_port(), &["--cluster-announce-ip", "127.0.0.1"]))
             .collect();
         for (epoch, (node, (first, last))) in nodes.iter().zip(SLOT_RANGES).enumerate() {
             let mut con = node.conn();

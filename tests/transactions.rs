@@ -10,6 +10,7 @@ mod common;
 
 use common::{
     aof_commands, hgetall_bytes, pexpiretime, take, watch, watched_transaction_runs, Server,
+    AOF_ARGS,
 };
 
 #[test]
@@ -102,7 +103,7 @@ fn takes_inside_multi_exec_return_their_array_replies() {
 
 #[test]
 fn take_from_eval_replies_and_its_effects_reach_the_aof_as_hset_and_pexpireat() {
-    let server = Server::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let server = Server::start_with(AOF_ARGS);
     let mut con = server.conn();
     let script = "return redis.call('TB.TAKE', KEYS[1], ARGV[1], ARGV[2], ARGV[3])";
     let reply: Vec<i64> = redis::cmd("EVAL")
