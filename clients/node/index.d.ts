@@ -2,6 +2,10 @@
 // `import { RateLimiter } from 'redis-tb'` with esModuleInterop / Node ESM).
 import type { Cluster, ClusterNode, ClusterOptions, Redis, RedisOptions } from 'ioredis';
 
+// Only what is marked `export` is the package's: without this line a declaration file exports
+// all it declares, LimiterErrorOfKind too (a class that lib/ does not export).
+export {};
+
 export type Backend = 'module' | 'function' | 'script';
 export type Key = string | Buffer;
 export type LogLevel = 'debug' | 'info' | 'warn' | 'error';
@@ -97,27 +101,19 @@ export declare class LimiterError extends Error {
   constructor(kind: ErrorKind, message: string, options?: { cause?: unknown });
   readonly kind: ErrorKind;
 }
+/** What the four kinds below share (lib/errors.js makes them with one function): a LimiterError of one kind, made like an Error. */
+declare class LimiterErrorOfKind<K extends ErrorKind> extends LimiterError {
+  constructor(message: string, options?: { cause?: unknown });
+  readonly kind: K;
+}
 /** kind 'argument': refused before sending (NaN, Infinity, no key, bad policy name, ...). */
-export declare class InvalidArgument extends LimiterError {
-  constructor(message: string, options?: { cause?: unknown });
-  readonly kind: 'argument';
-}
+export declare class InvalidArgument extends LimiterErrorOfKind<'argument'> {}
 /** kind 'server': the server's error reply, its text unchanged. */
-export declare class LimiterReplyError extends LimiterError {
-  constructor(message: string, options?: { cause?: unknown });
-  readonly kind: 'server';
-}
+export declare class LimiterReplyError extends LimiterErrorOfKind<'server'> {}
 /** kind 'unavailable': no answer in time, connection refused or lost, LOADING, CLUSTERDOWN, ... */
-export declare class LimiterUnavailable extends LimiterError {
-  constructor(message: string, options?: { cause?: unknown });
-  readonly kind: 'unavailable';
-}
-
+export declare class LimiterUnavailable extends LimiterErrorOfKind<'unavailable'> {}
 /** kind 'lost': a LeaseGuard's renewal found its lease no longer held (guard.check(), guard.signal.reason). */
-export declare class LeaseLost extends LimiterError {
-  constructor(message: string, options?: { cause?: unknown });
-  readonly kind: 'lost';
-}
+export declare class LeaseLost extends LimiterErrorOfKind<'lost'> {}
 
 /** limiter.lease() / withLease() got no lease (limit reached, or the wait timed out). Not a LimiterError. */
 export declare class LeaseDenied extends Error {
@@ -241,7 +237,7 @@ export interface PolicyOptions {
   rate: number;
 }
 
-interface MiddlewareBase<Req> {
+export interface MiddlewareBase<Req> {
   limiter: RateLimiter;
   /** Who is limited. Default: the client IP (req.ip). */
   key?: (req: Req) => string | number | Promise<string | number>;

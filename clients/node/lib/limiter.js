@@ -509,23 +509,15 @@ class RateLimiter {
     const numbers = [core.capacityText(capacity), core.rateText(rate), core.costText(n)];
     const prefixedKey = prefixed(this.client, core.checkKey(key));
     const started = performance.now();
+    let served;
     try {
-      await this._ensureBackend();
-      if (this._backend === 'module') {
-        try {
-          return decisionFrom(await this._blocking('TB.BTAKE', prefixedKey, [...numbers, timeoutText], timeoutMs), limits, false);
-        } catch (err) {
-          if (classify(err) !== 'server_changed') {
-            throw err;
-          }
-          await this._detectAgain();
-          if (this._backend === 'module') {
-            throw err;
-          }
-        }
-      }
+      served = await this._waitOnModule('TB.BTAKE', prefixedKey, [...numbers, timeoutText], timeoutMs,
+        (reply) => decisionFrom(reply, limits, false));
     } catch (err) {
       throw this._failed(err);
+    }
+    if (served !== undefined) {
+      return served;
     }
     const deadline = timeoutMs === 0 ? Infinity : started + timeoutMs;
     for (;;) {
@@ -610,23 +602,15 @@ class RateLimiter {
     const asked = this._asked(key, limit, leaseMs, options);
     const prefixedKey = prefixed(this.client, asked.key);
     const started = performance.now();
+    let served;
     try {
-      await this._ensureBackend();
-      if (this._backend === 'module') {
-        try {
-          return core.leaseFrom(await this._blocking('TB.ACQUIRE', prefixedKey, [...asked.texts, timeoutText], timeoutMs), asked);
-        } catch (err) {
-          if (classify(err) !== 'server_changed') {
-            throw err;
-          }
-          await this._detectAgain();
-          if (this._backend === 'module') {
-            throw err;
-          }
-        }
-      }
+      served = await this._waitOnModule('TB.ACQUIRE', prefixedKey, [...asked.texts, timeoutText], timeoutMs,
+        (reply) => core.leaseFrom(reply, asked));
     } catch (err) {
       return this._failOpen(this._failed(err), asked, options);
+    }
+    if (served !== undefined) {
+      return served;
     }
     const deadline = timeoutMs === 0 ? Infinity : started + timeoutMs;
     for (;;) {
@@ -690,6 +674,29 @@ class RateLimiter {
     }
     const [master] = this._nodes();
     return { host: master.options.host, port: master.options.port };
+  }
+
+  // waitTake's and waitAcquire's wait in the server: `command` (TB.BTAKE, TB.ACQUIRE with
+  // timeout_ms) on `_blocking`, its reply -> parse(reply). undefined when the backend is
+  // Lua, or the module went away during the wait (detected again): the caller polls. Errors
+  // are thrown as they came; the caller applies the failure rule.
+  async _waitOnModule(command, key, args, timeoutMs, parse) {
+    await this._ensureBackend();
+    if (this._backend !== 'module') {
+      return undefined;
+    }
+    try {
+      return parse(await this._blocking(command, key, args, timeoutMs));
+    } catch (err) {
+      if (classify(err) !== 'server_changed') {
+        throw err;
+      }
+      await this._detectAgain();
+      if (this._backend === 'module') {
+        throw err;
+      }
+      return undefined;
+    }
   }
 
   // A blocking command (TB.BTAKE, TB.ACQUIRE with timeout_ms) on the slot owner, on a

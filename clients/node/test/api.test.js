@@ -5,28 +5,14 @@
 // so nothing refills between calls: counts are exact; waits move by the few ms a call takes.
 
 const assert = require('node:assert/strict');
-const { after, before, describe, test } = require('node:test');
+const { before, describe, test } = require('node:test');
 const { RateLimiter, LimiterError, InvalidArgument, LimiterReplyError, Limit, createClient, luaSource } = require('..');
-const { startServer, admin, stopAll } = require('./servers');
+const { admin } = require('./servers');
+const { BACKENDS, moduleAndPlainServers, untilTheEnd } = require('./helpers');
 
 const RATE = 0.001;
-const servers = {};
-const clients = [];
-
-before(async () => {
-  [servers.module, servers.plain] = await Promise.all([startServer({ module: true }), startServer()]);
-});
-
-after(async () => {
-  clients.forEach((c) => c.disconnect());
-  await stopAll();
-});
-
-const BACKENDS = [
-  { name: 'module', server: 'module', option: 'auto', expect: 'module' },
-  { name: 'function', server: 'plain', option: 'auto', expect: 'function' },
-  { name: 'script', server: 'plain', option: 'script', expect: 'script' },
-];
+const servers = moduleAndPlainServers();
+const { clients } = untilTheEnd();
 
 async function limiterOn(backend, options = {}) {
   const client = createClient(servers[backend.server].url, options.client);

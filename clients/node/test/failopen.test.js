@@ -6,64 +6,35 @@
 
 const assert = require('node:assert/strict');
 const { once } = require('node:events');
-const { after, before, test } = require('node:test');
-const express = require('express');
-const Fastify = require('fastify');
+const { before, test } = require('node:test');
 const Redis = require('ioredis');
-const { RateLimiter, LimiterUnavailable, createClient, expressRateLimit, fastifyRateLimit } = require('..');
-const { startServer, stopAll } = require('./servers');
+const { RateLimiter, LimiterUnavailable, createClient } = require('..');
+const { startServer } = require('./servers');
+const { HELLO, untilTheEnd } = require('./helpers');
 
 let server;
-const clients = [];
-const closers = [];
+const { clients, closers } = untilTheEnd();
 const apps = {};
 
-async function expressApp(options) {
-  const app = express();
-  app.use(expressRateLimit(options));
-  app.get('/', (req, res) => res.json({ hello: 'world' }));
-  const http = app.listen(0, '127.0.0.1');
-  await once(http, 'listening');
-  closers.push(async () => {
-    http.closeAllConnections();
-    await new Promise((resolve) => http.close(resolve));
-  });
-  return `http://127.0.0.1:${http.address().port}`;
-}
-
-async function fastifyApp(options) {
-  const app = Fastify();
-  await app.register(fastifyRateLimit, options);
-  app.get('/', async () => ({ hello: 'world' }));
-  await app.listen({ port: 0, host: '127.0.0.1' });
-  closers.push(() => app.close());
-  return `http://127.0.0.1:${app.server.address().port}`;
-}
-
 // One app per framework and mode, each with its own limiter and log.
-async function setup(name, makeApp, failOpen) {
+async function setup(name, framework, failOpen) {
   const client = createClient(server.url);
   clients.push(client);
   await once(client, 'ready');
   const log = [];
   const limiter = new RateLimiter(client, { logger: (level, message) => log.push({ level, message }) });
   await limiter.connect();
-  const base = await makeApp({ limiter, capacity: 1000, rate: 1, failOpen });
+  const { base, close } = await HELLO[framework]({ limiter, capacity: 1000, rate: 1, failOpen });
+  closers.push(close);
   apps[name] = { base, log, limiter, failOpen };
 }
 
 before(async () => {
   server = await startServer({ module: true });
-  await setup('express', expressApp, true);
-  await setup('fastify', fastifyApp, true);
-  await setup('express-closed', expressApp, false);
-  await setup('fastify-closed', fastifyApp, false);
-});
-
-after(async () => {
-  await Promise.all(closers.map((close) => close()));
-  clients.forEach((c) => c.disconnect());
-  await stopAll();
+  await setup('express', 'express', true);
+  await setup('fastify', 'fastify', true);
+  await setup('express-closed', 'express', false);
+  await setup('fastify-closed', 'fastify', false);
 });
 
 const outageLines = (log) => log.filter((l) => l.level === 'warn' || /available again/.test(l.message));
@@ -188,7 +159,8 @@ test('no server at all: the first call (backend detection) fails as "unavailable
   const limiter = new RateLimiter(client, { logger: (level, message) => log.push({ level, message }) });
   await assert.rejects(limiter.take('k', 1, 1), (err) => err.kind === 'unavailable');
   assert.equal(limiter.backend, null);
-  const base = await expressApp({ limiter, capacity: 1, rate: 1 });
+  const { base, close } = await HELLO.express({ limiter, capacity: 1, rate: 1 });
+  closers.push(close);
   for (let i = 0; i < 3; i++) {
     assert.equal((await fetch(base)).status, 200);
   }

@@ -9,25 +9,17 @@ const assert = require('node:assert/strict');
 const { spawnSync } = require('node:child_process');
 const { once } = require('node:events');
 const path = require('node:path');
-const { after, test } = require('node:test');
-const express = require('express');
-const Fastify = require('fastify');
+const { test } = require('node:test');
 const Redis = require('ioredis');
 const {
   RateLimiter, LimiterUnavailable, LimiterReplyError, InvalidArgument, createClient, createClusterClient, expressRateLimit,
   fastifyRateLimit,
 } = require('..');
-const { admin, freePort, startServer, stopAll } = require('./servers');
+const { admin, freePort, startServer } = require('./servers');
+const { HELLO, untilTheEnd } = require('./helpers');
 
 const RATE = 0.001;
-const clients = [];
-const closers = [];
-
-after(async () => {
-  await Promise.all(closers.map((close) => close()));
-  clients.forEach((c) => c.disconnect());
-  await stopAll();
-});
+const { clients, closers } = untilTheEnd();
 
 function client(url, options) {
   const c = createClient(url, options);
@@ -41,31 +33,20 @@ function logged() {
   return { lines, logger };
 }
 
-async function expressApp(options) {
-  const app = express();
-  app.use(expressRateLimit(options));
-  app.get('/', (req, res) => res.json({ hello: 'world' }));
-  // The application's error handler (Express's own would answer 500 too, with a stack trace).
-  app.use((err, req, res, next) => res.status(500).json({ error: err.name }));
-  const http = app.listen(0, '127.0.0.1');
-  await once(http, 'listening');
-  closers.push(async () => {
-    http.closeAllConnections();
-    await new Promise((resolve) => http.close(resolve));
-  });
-  return `http://127.0.0.1:${http.address().port}`;
-}
+// The application's error handler (Express's own would answer 500 too, with a stack trace).
+const onError = (err, req, res, next) => res.status(500).json({ error: err.name }); // eslint-disable-line no-unused-vars
 
-async function fastifyApp(options) {
-  const app = Fastify();
-  await app.register(fastifyRateLimit, options);
-  app.get('/', async () => ({ hello: 'world' }));
-  await app.listen({ port: 0, host: '127.0.0.1' });
-  closers.push(() => app.close());
-  return `http://127.0.0.1:${app.server.address().port}`;
+// HELLO's apps, closed after the last test: (options) -> the app's base URL.
+async function opened(app) {
+  const { base, close } = await app;
+  closers.push(close);
+  return base;
 }
-
-const FRAMEWORKS = { express: expressApp, fastify: fastifyApp };
+const FRAMEWORKS = {
+  express: (options) => opened(HELLO.express(options, onError)),
+  fastify: (options) => opened(HELLO.fastify(options)),
+};
+const expressApp = FRAMEWORKS.express;
 
 async function waitReady(c) {
   if (c.status !== 'ready') {
@@ -81,6 +62,17 @@ test('the first take right after createClient() succeeds, without waiting for "r
   await server.stop();
 });
 
+// Three takes on a server that refuses connections: each throws LimiterUnavailable well
+// within the limiter's 2 s timeout.
+async function refusedAtOnce(limiter) {
+  for (let i = 0; i < 3; i++) {
+    const started = performance.now();
+    await assert.rejects(limiter.take('refused', 5, 1), LimiterUnavailable);
+    const took = performance.now() - started;
+    assert.ok(took < 500, `call ${i} took ${took.toFixed(0)} ms`);
+  }
+}
+
 test('a refused connection fails at once, not after the timeout, even over a default ioredis client', async () => {
   const port = await freePort();
   const plain = new Redis({ port, host: '127.0.0.1', lazyConnect: true });
@@ -88,12 +80,7 @@ test('a refused connection fails at once, not after the timeout, even over a def
   clients.push(plain);
   for (const c of [plain, client(`redis://127.0.0.1:${port}`)]) {
     const limiter = new RateLimiter(c, { timeoutMs: 2000, logger: false });
-    for (let i = 0; i < 3; i++) {
-      const started = performance.now();
-      await assert.rejects(limiter.take('refused', 5, 1), LimiterUnavailable);
-      const took = performance.now() - started;
-      assert.ok(took < 500, `call ${i} took ${took.toFixed(0)} ms`);
-    }
+    await refusedAtOnce(limiter);
     assert.equal(limiter.stats.unavailable, 3);
   }
 });
@@ -102,13 +89,7 @@ test('a cluster client whose nodes refuse connections fails at once too', async 
   const port = await freePort();
   const c = createClusterClient([{ host: '127.0.0.1', port }]);
   clients.push(c);
-  const limiter = new RateLimiter(c, { timeoutMs: 2000, logger: false });
-  for (let i = 0; i < 3; i++) {
-    const started = performance.now();
-    await assert.rejects(limiter.take('refused', 5, 1), LimiterUnavailable);
-    const took = performance.now() - started;
-    assert.ok(took < 500, `call ${i} took ${took.toFixed(0)} ms`);
-  }
+  await refusedAtOnce(new RateLimiter(c, { timeoutMs: 2000, logger: false }));
 });
 
 test('a limiter created while the server is down fails open, then limits once the server is up', async () => {

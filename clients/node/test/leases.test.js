@@ -12,7 +12,7 @@ const os = require('node:os');
 const path = require('node:path');
 const { once } = require('node:events');
 const { setTimeout: sleep } = require('node:timers/promises');
-const { after, before, describe, test } = require('node:test');
+const { before, describe, test } = require('node:test');
 const express = require('express');
 const Fastify = require('fastify');
 const {
@@ -20,25 +20,11 @@ const {
   bucketKey, createClient, createClusterClient, expressRateLimit, fastifyRateLimit,
 } = require('..');
 const { keySlot } = require('../lib/core');
-const { startCluster, startServer, admin, stopAll } = require('./servers');
+const { startCluster, startServer, admin } = require('./servers');
+const { BACKENDS, moduleAndPlainServers, serveExpress, serveFastify, untilTheEnd } = require('./helpers');
 
-const servers = {};
-const clients = [];
-
-before(async () => {
-  [servers.module, servers.plain] = await Promise.all([startServer({ module: true }), startServer()]);
-});
-
-after(async () => {
-  clients.forEach((c) => c.disconnect());
-  await stopAll();
-});
-
-const BACKENDS = [
-  { name: 'module', server: 'module', option: 'auto', expect: 'module' },
-  { name: 'function', server: 'plain', option: 'auto', expect: 'function' },
-  { name: 'script', server: 'plain', option: 'script', expect: 'script' },
-];
+const servers = moduleAndPlainServers();
+const { clients } = untilTheEnd();
 
 const ID = /^[0-9]+-[0-9]+$/;
 let counter = 0;
@@ -306,15 +292,7 @@ const FRAMEWORKS = {
       throw new Error('the app failed');
     });
     app.use((err, req, res, next) => res.status(500).send('failed')); // eslint-disable-line no-unused-vars
-    const http = app.listen(0, '127.0.0.1');
-    await once(http, 'listening');
-    return {
-      base: `http://127.0.0.1:${http.address().port}`,
-      async close() {
-        http.closeAllConnections();
-        await new Promise((resolve) => http.close(resolve));
-      },
-    };
+    return serveExpress(app);
   },
   async fastify(options, gate) {
     const app = Fastify();
@@ -327,8 +305,7 @@ const FRAMEWORKS = {
     app.get('/fail', async () => {
       throw new Error('the app failed');
     });
-    await app.listen({ port: 0, host: '127.0.0.1' });
-    return { base: `http://127.0.0.1:${app.server.address().port}`, close: () => app.close() };
+    return serveFastify(app);
   },
 };
 

@@ -9,20 +9,11 @@ const { after, before, describe, test } = require('node:test');
 const express = require('express');
 const Fastify = require('fastify');
 const { RateLimiter, createClient, expressRateLimit, fastifyRateLimit } = require('..');
-const { startServer, stopAll } = require('./servers');
+const { moduleAndPlainServers, serveExpress, serveFastify, untilTheEnd } = require('./helpers');
 
 const RATE = 0.001;
-const servers = {};
-const clients = [];
-
-before(async () => {
-  [servers.module, servers.plain] = await Promise.all([startServer({ module: true }), startServer()]);
-});
-
-after(async () => {
-  clients.forEach((c) => c.disconnect());
-  await stopAll();
-});
+const servers = moduleAndPlainServers();
+const { clients } = untilTheEnd();
 
 let counter = 0;
 const fresh = () => `m${++counter}`;
@@ -39,15 +30,7 @@ const FRAMEWORKS = {
       app.use(expressRateLimit(options));
       app.get('/', (req, res) => res.json({ hello: 'world' }));
     }
-    const http = app.listen(0, '127.0.0.1');
-    await once(http, 'listening');
-    return {
-      base: `http://127.0.0.1:${http.address().port}`,
-      async close() {
-        http.closeAllConnections();
-        await new Promise((resolve) => http.close(resolve));
-      },
-    };
+    return serveExpress(app);
   },
   async fastify(options, { route = false } = {}) {
     const app = Fastify();
@@ -61,8 +44,7 @@ const FRAMEWORKS = {
       await app.register(fastifyRateLimit, options);
       app.get('/', async () => ({ hello: 'world' }));
     }
-    await app.listen({ port: 0, host: '127.0.0.1' });
-    return { base: `http://127.0.0.1:${app.server.address().port}`, close: () => app.close() };
+    return serveFastify(app);
   },
 };
 

@@ -7,27 +7,14 @@ const assert = require('node:assert/strict');
 const { after, before, describe, test } = require('node:test');
 const { setTimeout: sleep } = require('node:timers/promises');
 const { RateLimiter, createClient } = require('..');
-const { startServer, admin, stopAll } = require('./servers');
+const { admin } = require('./servers');
+const { BACKENDS, moduleAndPlainServers, untilTheEnd } = require('./helpers');
 
-const servers = {};
-const clients = [];
+const servers = moduleAndPlainServers();
 const limiters = [];
-
-before(async () => {
-  [servers.module, servers.plain] = await Promise.all([startServer({ module: true }), startServer()]);
-});
-
-after(async () => {
-  limiters.forEach((l) => l.close());
-  clients.forEach((c) => c.disconnect());
-  await stopAll();
-});
-
-const BACKENDS = [
-  { name: 'module', server: 'module', option: 'auto' },
-  { name: 'function', server: 'plain', option: 'auto' },
-  { name: 'script', server: 'plain', option: 'script' },
-];
+// Registered first, so it runs first: the limiters are closed before the clients go.
+after(() => limiters.forEach((l) => l.close()));
+const { clients } = untilTheEnd();
 
 let counter = 0;
 const fresh = (name) => `w${++counter}:${name}`;

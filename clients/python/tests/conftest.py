@@ -4,6 +4,7 @@ killed at the end even on failure; and 3-master clusters both ways."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -149,48 +150,28 @@ class Cluster:
             node.stop()
 
 
-@pytest.fixture(scope="session")
-def module_server():
-    s = Server(module=True)
-    yield s
-    s.stop()
+def _running(name, kind, module: bool, scope="function", doc=None):
+    """The fixture `name`: a `kind` (Server or Cluster) with or without the
+    module, started for `scope` and stopped after it."""
+
+    def fixture():
+        running = kind(module=module)
+        yield running
+        running.stop()
+
+    fixture.__name__ = fixture.__qualname__ = name
+    fixture.__doc__ = doc
+    return pytest.fixture(scope=scope, name=name)(fixture)
 
 
-@pytest.fixture(scope="session")
-def plain_server():
-    s = Server(module=False)
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def own_server():
-    """A server without the module that the test may stop, hang or change."""
-    s = Server(module=False)
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def own_module_server():
-    """A server with the module that the test may stop, restart or change."""
-    s = Server(module=True)
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="session")
-def module_cluster():
-    c = Cluster(module=True)
-    yield c
-    c.stop()
-
-
-@pytest.fixture(scope="session")
-def plain_cluster():
-    c = Cluster(module=False)
-    yield c
-    c.stop()
+module_server = _running("module_server", Server, True, "session")
+plain_server = _running("plain_server", Server, False, "session")
+own_server = _running("own_server", Server, False,
+                      doc="A server without the module that the test may stop, hang or change.")
+own_module_server = _running("own_module_server", Server, True,
+                             doc="A server with the module that the test may stop, restart or change.")
+module_cluster = _running("module_cluster", Cluster, True, "session")
+plain_cluster = _running("plain_cluster", Cluster, False, "session")
 
 
 # The three ways a limiter runs: (server fixture, backend argument, expected backend).
@@ -230,3 +211,21 @@ def limiter(setup):
 async def aclose(client):
     """`await client.aclose()`; redis-py 5.0.0 only has close()."""
     await (client.aclose() if hasattr(client, "aclose") else client.close())
+
+
+@contextlib.asynccontextmanager
+async def async_limiter(port, backend="auto"):
+    """(client, AsyncRateLimiter) on the server at `port`, inside a test's
+    asyncio.run (a client belongs to one event loop): both closed at the
+    end, also when the test failed."""
+    import redis.asyncio as aredis
+
+    from redis_tb import AsyncRateLimiter
+
+    client = aredis.Redis(port=port)
+    lim = AsyncRateLimiter(client, backend=backend)
+    try:
+        yield client, lim
+    finally:
+        await lim.close()
+        await aclose(client)

@@ -142,6 +142,15 @@ def wait_agreed(cluster, slot: int, owner) -> None:
     raise RuntimeError(f"slot {slot} not agreed on {want}")
 
 
+def moving_key(cluster, tag: str):
+    """For a slot-move test, on a reset cluster: the key `{tag}:w`, its slot,
+    the node that owns the slot and the next one, where the test moves it."""
+    reset(cluster)
+    slot = key_slot(tag.encode())
+    home = owner_index(cluster, slot)
+    return f"{{{tag}}}:w", slot, cluster.nodes[home], cluster.nodes[(home + 1) % 3]
+
+
 def set_slot_owner(cluster, slot: int, owner) -> None:
     owner_id = node_id(owner)
     for node in [owner] + [n for n in cluster.nodes if n is not owner]:
@@ -151,11 +160,7 @@ def set_slot_owner(cluster, slot: int, owner) -> None:
 
 
 def test_cluster_wait_take_follows_moved_to_the_new_owner(module_cluster):
-    reset(module_cluster)
-    key = "{moved}:w"
-    slot = key_slot(b"moved")
-    home = owner_index(module_cluster, slot)
-    source, target = module_cluster.nodes[home], module_cluster.nodes[(home + 1) % 3]
+    key, slot, source, target = moving_key(module_cluster, "moved")
     client = cluster_client(module_cluster)  # its slot map says: source
     lim = RateLimiter(client)
     try:
@@ -176,11 +181,7 @@ def test_cluster_wait_take_follows_moved_to_the_new_owner(module_cluster):
 
 
 def test_cluster_wait_take_follows_ask_during_a_migration(module_cluster):
-    reset(module_cluster)
-    key = "{asked}:w"
-    slot = key_slot(b"asked")
-    home = owner_index(module_cluster, slot)
-    source, target = module_cluster.nodes[home], module_cluster.nodes[(home + 1) % 3]
+    key, slot, source, target = moving_key(module_cluster, "asked")
     client = cluster_client(module_cluster)
     lim = RateLimiter(client)
     try:

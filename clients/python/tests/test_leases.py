@@ -11,10 +11,8 @@ import time
 
 import pytest
 import redis
-import redis.asyncio as aredis
 
 from redis_tb import (
-    AsyncRateLimiter,
     InvalidArgument,
     Lease,
     LeaseDenied,
@@ -25,7 +23,7 @@ from redis_tb import (
     bucket_key,
 )
 
-from conftest import aclose
+from conftest import async_limiter
 
 ID = re.compile(r"^[0-9]+-[0-9]+$")
 
@@ -273,33 +271,30 @@ def test_async_acquire_release_and_guard(alimiter_args):
     server, arg, expected = alimiter_args
 
     async def main():
-        client = aredis.Redis(port=server.port)
-        lim = AsyncRateLimiter(client, backend=arg)
-        a = await lim.acquire("al:{a}", 1, 30_000)
-        assert a.acquired and ID.match(a.lease) and lim.backend == expected
-        assert not (await lim.acquire("al:{a}", 1, 30_000)).acquired
-        assert await lim.renew("al:{a}", a, 30_000) is True
-        assert await lim.release("al:{a}", a) is True
-        assert await lim.release("al:{a}", a) is False
-        with pytest.raises(ValueError):
-            async with lim.lease("al:{a}", 1, 30_000):
-                raise ValueError("boom")
-        async with lim.lease("al:{a}", 1, 300) as guard:
-            await asyncio.sleep(0.8)
-            assert not (await lim.acquire("al:{a}", 1, 300)).acquired
-            assert guard.renewals >= 3 and not guard.lost
-        with pytest.raises(LeaseDenied):
-            async with lim.lease("al:{a}", 1, 300):
+        async with async_limiter(server.port, arg) as (client, lim):
+            a = await lim.acquire("al:{a}", 1, 30_000)
+            assert a.acquired and ID.match(a.lease) and lim.backend == expected
+            assert not (await lim.acquire("al:{a}", 1, 30_000)).acquired
+            assert await lim.renew("al:{a}", a, 30_000) is True
+            assert await lim.release("al:{a}", a) is True
+            assert await lim.release("al:{a}", a) is False
+            with pytest.raises(ValueError):
+                async with lim.lease("al:{a}", 1, 30_000):
+                    raise ValueError("boom")
+            async with lim.lease("al:{a}", 1, 300) as guard:
+                await asyncio.sleep(0.8)
+                assert not (await lim.acquire("al:{a}", 1, 300)).acquired
+                assert guard.renewals >= 3 and not guard.lost
+            with pytest.raises(LeaseDenied):
                 async with lim.lease("al:{a}", 1, 300):
-                    pass
-        async with lim.lease("al:{lost}", 1, 300) as guard:
-            await client.delete("al:{lost}")
-            await asyncio.sleep(0.25)
-            assert guard.lost
-            with pytest.raises(LeaseLost):
-                guard.check()
-        await lim.close()
-        await aclose(client)
+                    async with lim.lease("al:{a}", 1, 300):
+                        pass
+            async with lim.lease("al:{lost}", 1, 300) as guard:
+                await client.delete("al:{lost}")
+                await asyncio.sleep(0.25)
+                assert guard.lost
+                with pytest.raises(LeaseLost):
+                    guard.check()
 
     asyncio.run(main())
 
@@ -308,34 +303,28 @@ def test_async_wait_acquire_woken_by_a_release(alimiter_args):
     server, arg, _ = alimiter_args
 
     async def main():
-        client = aredis.Redis(port=server.port)
-        lim = AsyncRateLimiter(client, backend=arg)
-        holder = await lim.acquire("al:{w}", 1, 60_000)
-        waiter = asyncio.ensure_future(lim.wait_acquire("al:{w}", 1, 60_000, timeout_ms=10_000))
-        await asyncio.sleep(0.2)
-        assert await lim.release("al:{w}", holder)
-        d = await asyncio.wait_for(waiter, 5)
-        assert d.acquired
-        await lim.close()
-        await aclose(client)
+        async with async_limiter(server.port, arg) as (client, lim):
+            holder = await lim.acquire("al:{w}", 1, 60_000)
+            waiter = asyncio.ensure_future(lim.wait_acquire("al:{w}", 1, 60_000, timeout_ms=10_000))
+            await asyncio.sleep(0.2)
+            assert await lim.release("al:{w}", holder)
+            d = await asyncio.wait_for(waiter, 5)
+            assert d.acquired
 
     asyncio.run(main())
 
 
 def test_async_fail_open(own_server):
     async def main():
-        client = aredis.Redis(port=own_server.port)
-        lim = AsyncRateLimiter(client)
-        assert (await lim.acquire("al:{o}", 1, 1000)).acquired
-        own_server.kill()
-        with pytest.raises(LimiterUnavailable):
-            await lim.acquire("al:{o}", 1, 1000)
-        d = await lim.acquire("al:{o}", 1, 1000, fail_open=True)
-        assert d.acquired and d.failed_open and d.lease is None
-        async with lim.lease("al:{o}", 1, 1000, fail_open=True) as guard:
-            assert guard.failed_open
-        await lim.close()
-        await aclose(client)
+        async with async_limiter(own_server.port) as (client, lim):
+            assert (await lim.acquire("al:{o}", 1, 1000)).acquired
+            own_server.kill()
+            with pytest.raises(LimiterUnavailable):
+                await lim.acquire("al:{o}", 1, 1000)
+            d = await lim.acquire("al:{o}", 1, 1000, fail_open=True)
+            assert d.acquired and d.failed_open and d.lease is None
+            async with lim.lease("al:{o}", 1, 1000, fail_open=True) as guard:
+                assert guard.failed_open
 
     asyncio.run(main())
 

@@ -11,13 +11,12 @@ import threading
 
 import pytest
 import redis
-import redis.asyncio as aredis
 
-from redis_tb import AsyncRateLimiter, Concurrency, InvalidArgument, Policy, RateLimiter, bucket_key
+from redis_tb import Concurrency, InvalidArgument, Policy, RateLimiter, bucket_key
 from redis_tb.asgi import RateLimitMiddleware as AsgiLimit
 from redis_tb.wsgi import RateLimitMiddleware as WsgiLimit
 
-from conftest import aclose
+from conftest import async_limiter
 
 PROBLEM = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 POLICY = '"inflight";q=1;qu="concurrent-requests"'
@@ -74,30 +73,27 @@ def test_asgi_in_flight_limit(setup, status):
     server, arg, _ = setup
 
     async def main():
-        client = aredis.Redis(port=server.port)
-        lim = AsyncRateLimiter(client, backend=arg)
-        gate = asyncio.Event()
-        app = AsgiLimit(asgi_app(gate), lim, concurrency=Concurrency(1, 30_000, status=status))
-        slow = asyncio.ensure_future(asgi_request(app, "/slow"))
-        await asyncio.sleep(0.2)
-        code, headers, body = await asgi_request(app)
-        assert code == status
-        assert headers["ratelimit-policy"] == POLICY and headers["retry-after"] == "30"
-        assert headers["content-type"] == "application/problem+json"
-        problem = json.loads(body)
-        assert problem["type"] == PROBLEM and problem["status"] == status
-        assert problem["violated-policies"] == ["inflight"] and "retry in 30 s" in problem["detail"]
-        gate.set()
-        code, headers, _ = await slow
-        assert code == 200 and headers["ratelimit-policy"] == POLICY and "retry-after" not in headers
-        # released when the response finished; also when the app raises
-        code, _, _ = await asgi_request(app, "/fail")
-        assert code == 0
-        code, _, body = await asgi_request(app)
-        assert code == 200 and body == b"hello"
-        assert await client.zcard(bucket_key("ratelimit:", "10.0.0.1", "inflight")) == 1  # only `seq`
-        await lim.close()
-        await aclose(client)
+        async with async_limiter(server.port, arg) as (client, lim):
+            gate = asyncio.Event()
+            app = AsgiLimit(asgi_app(gate), lim, concurrency=Concurrency(1, 30_000, status=status))
+            slow = asyncio.ensure_future(asgi_request(app, "/slow"))
+            await asyncio.sleep(0.2)
+            code, headers, body = await asgi_request(app)
+            assert code == status
+            assert headers["ratelimit-policy"] == POLICY and headers["retry-after"] == "30"
+            assert headers["content-type"] == "application/problem+json"
+            problem = json.loads(body)
+            assert problem["type"] == PROBLEM and problem["status"] == status
+            assert problem["violated-policies"] == ["inflight"] and "retry in 30 s" in problem["detail"]
+            gate.set()
+            code, headers, _ = await slow
+            assert code == 200 and headers["ratelimit-policy"] == POLICY and "retry-after" not in headers
+            # released when the response finished; also when the app raises
+            code, _, _ = await asgi_request(app, "/fail")
+            assert code == 0
+            code, _, body = await asgi_request(app)
+            assert code == 200 and body == b"hello"
+            assert await client.zcard(bucket_key("ratelimit:", "10.0.0.1", "inflight")) == 1  # only `seq`
 
     asyncio.run(main())
 
@@ -106,15 +102,12 @@ def test_asgi_with_a_rate_policy_too(setup):
     server, arg, _ = setup
 
     async def main():
-        client = aredis.Redis(port=server.port)
-        lim = AsyncRateLimiter(client, backend=arg)
-        app = AsgiLimit(asgi_app(asyncio.Event()), lim, Policy(5, 0.001), concurrency=Concurrency(2))
-        code, headers, _ = await asgi_request(app)
-        assert code == 200
-        assert headers["ratelimit-policy"] == '"default";q=5;w=5000, "inflight";q=2;qu="concurrent-requests"'
-        assert headers["ratelimit"] == '"default";r=4;t=1000'
-        await lim.close()
-        await aclose(client)
+        async with async_limiter(server.port, arg) as (client, lim):
+            app = AsgiLimit(asgi_app(asyncio.Event()), lim, Policy(5, 0.001), concurrency=Concurrency(2))
+            code, headers, _ = await asgi_request(app)
+            assert code == 200
+            assert headers["ratelimit-policy"] == '"default";q=5;w=5000, "inflight";q=2;qu="concurrent-requests"'
+            assert headers["ratelimit"] == '"default";r=4;t=1000'
 
     asyncio.run(main())
 
@@ -122,16 +115,13 @@ def test_asgi_with_a_rate_policy_too(setup):
 @pytest.mark.parametrize("fail_open", [True, False])
 def test_asgi_fails_open_or_closed_with_the_server_stopped(own_server, fail_open):
     async def main():
-        client = aredis.Redis(port=own_server.port)
-        lim = AsyncRateLimiter(client)
-        app = AsgiLimit(asgi_app(asyncio.Event()), lim, concurrency=Concurrency(1), fail_open=fail_open)
-        assert (await asgi_request(app))[0] == 200
-        own_server.kill()
-        code, headers, _ = await asgi_request(app)
-        assert (code, headers.get("ratelimit-policy")) == ((200, None) if fail_open else (503, None))
-        assert app.outcomes.unavailable_count == 1
-        await lim.close()
-        await aclose(client)
+        async with async_limiter(own_server.port) as (client, lim):
+            app = AsgiLimit(asgi_app(asyncio.Event()), lim, concurrency=Concurrency(1), fail_open=fail_open)
+            assert (await asgi_request(app))[0] == 200
+            own_server.kill()
+            code, headers, _ = await asgi_request(app)
+            assert (code, headers.get("ratelimit-policy")) == ((200, None) if fail_open else (503, None))
+            assert app.outcomes.unavailable_count == 1
 
     asyncio.run(main())
 

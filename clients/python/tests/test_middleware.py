@@ -4,6 +4,7 @@ real wsgiref server) middleware against real servers."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import http.client
 import json
 import socket
@@ -60,34 +61,36 @@ def check_denied(resp, name="default"):
     return body
 
 
+@contextmanager
+def asgi_client(port, backend, policies, **kw):
+    """A Starlette TestClient over the middleware."""
+    lim = AsyncRateLimiter(aredis.Redis(port=port), backend=backend)
+    with TestClient(AsgiLimit(starlette_app(), lim, policies, **kw)) as tc:
+        yield tc
+
+
+@contextmanager
+def wsgi_client(port, backend, policies, **kw):
+    """A Flask test client over the middleware."""
+    lim = RateLimiter(redis.Redis(port=port), backend=backend)
+    app = flask_app()
+    app.wsgi_app = WsgiLimit(app.wsgi_app, lim, policies, **kw)
+    yield app.test_client()
+    lim.close()
+
+
 @pytest.fixture
 def asgi(setup):
-    """A Starlette TestClient factory over the middleware on each backend."""
+    """asgi_client(policies, **kw) on each backend."""
     server, arg, _ = setup
-
-    @contextmanager
-    def make(policies, **kw):
-        client = aredis.Redis(port=server.port)
-        lim = AsyncRateLimiter(client, backend=arg)
-        with TestClient(AsgiLimit(starlette_app(), lim, policies, **kw)) as tc:
-            yield tc
-
-    return make
+    return functools.partial(asgi_client, server.port, arg)
 
 
 @pytest.fixture
 def wsgi(setup):
+    """wsgi_client(policies, **kw) on each backend."""
     server, arg, _ = setup
-
-    @contextmanager
-    def make(policies, **kw):
-        lim = RateLimiter(redis.Redis(port=server.port), backend=arg)
-        app = flask_app()
-        app.wsgi_app = WsgiLimit(app.wsgi_app, lim, policies, **kw)
-        yield app.test_client()
-        lim.close()
-
-    return make
+    return functools.partial(wsgi_client, server.port, arg)
 
 
 def test_asgi_headers_then_429(asgi):

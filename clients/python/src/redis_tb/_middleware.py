@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Generic, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from ._core import Concurrency, Lease, number_text, Decision, InvalidArgument, Limit, LimiterError, LimiterUnavailable, Number, Policy, bucket_key
 
@@ -14,13 +14,13 @@ log = logging.getLogger("redis_tb")
 PROBLEM_TYPE = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 
 
-def policies(spec: Union[Policy, Sequence[Policy], None], concurrency: Optional[Concurrency] = None) -> List[Policy]:
+def named_policies(spec: Union[Policy, Sequence[Policy], None], concurrency: Optional[Concurrency] = None) -> List[Policy]:
     """One Policy (name default "default") or several (default "limit<i>");
     None (no rate limit) only with a Concurrency, whose name must differ."""
     if concurrency is not None:
         if not isinstance(concurrency, Concurrency):
             raise InvalidArgument(f"concurrency must be a Concurrency, not {type(concurrency).__name__}")
-        named = [] if spec is None else policies(spec)
+        named = [] if spec is None else named_policies(spec)
         if concurrency.name in {p.name for p in named}:
             raise InvalidArgument(f"the Concurrency and a Policy are both named {concurrency.name!r}")
         return named
@@ -30,7 +30,7 @@ def policies(spec: Union[Policy, Sequence[Policy], None], concurrency: Optional[
     if not items or not all(isinstance(p, Policy) for p in items):
         raise InvalidArgument("policies must be a Policy or a non-empty list of Policy")
     if len(items) == 1:
-        return policies(items[0])
+        return named_policies(items[0])
     named = [p if p.name else Policy(p.capacity, p.rate, f"limit{i}") for i, p in enumerate(items)]
     if len({p.name for p in named}) != len(named):
         raise InvalidArgument("policy names must be distinct")
@@ -176,3 +176,38 @@ class Outcomes:
 
 KeyFunc = Callable[..., str]
 CostFunc = Optional[Callable[..., Number]]
+
+L = TypeVar("L")  # the limiter: RateLimiter (WSGI) or AsyncRateLimiter (ASGI)
+
+
+class Middleware(Generic[L]):
+    """The options of both middleware classes, checked when it is created,
+    so that ASGI and WSGI take the same ones (their docstrings: asgi.py).
+    Only the request handling, sync or async, is each one's own."""
+
+    # The key when none is given: the protocol's client_ip, a staticmethod
+    # (the two read the peer address from different places).
+    default_key: KeyFunc
+
+    def __init__(
+        self,
+        app,
+        limiter: L,
+        policies: Union[Policy, Sequence[Policy], None] = None,
+        *,
+        concurrency: Optional[Concurrency] = None,
+        key: Optional[KeyFunc] = None,
+        cost=None,
+        prefix: str = "ratelimit:",
+        fail_open: bool = True,
+        on_error=None,
+    ):
+        self.app = app
+        self.limiter = limiter
+        self.policies = named_policies(policies, concurrency)
+        self.concurrency = concurrency
+        self.key: KeyFunc = self.default_key if key is None else key
+        self.cost = check_cost(cost)
+        self.prefix = prefix
+        self.on_error = on_error
+        self.outcomes = Outcomes(fail_open)

@@ -6,6 +6,7 @@ It only does I/O: every decision is `_engine`'s, shared with `RateLimiter`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import weakref
 from typing import Optional, Sequence
@@ -130,23 +131,16 @@ class AsyncRateLimiter:
         """A command without redis-py's reply parsing (its COMMAND parser
         fails on the nil entry of an unknown command)."""
         conn, release = await self._connection()
-        try:
+        async with _borrowed(conn, release):
             await conn.send_command(*args)
             return await conn.read_response()
-        except rex.ResponseError:
-            raise
-        except BaseException:
-            await conn.disconnect()
-            raise
-        finally:
-            await _maybe_await(release())
 
     async def _block(self, step: _engine.Block):
         """A blocking command on a pooled connection of its own: one per
         wait in progress (a blocked connection can carry nothing else)."""
         conn, release = await self._connection(step.key, step.node)
         self._blocking.add(conn)
-        try:
+        async with _borrowed(conn, release):
             if step.asking:
                 await self._bounded(conn.send_command("ASKING"))
                 await self._bounded(conn.read_response())
@@ -155,13 +149,6 @@ class AsyncRateLimiter:
                 return await conn.read_response(timeout=math.inf if step.wait_s is None else step.wait_s)
             except asyncio.TimeoutError:
                 raise rex.TimeoutError(f"no {step.args[0]} reply within {step.wait_s} s") from None
-        except rex.ResponseError:
-            raise
-        except BaseException:
-            await conn.disconnect()
-            raise
-        finally:
-            await _maybe_await(release())
 
     # --- the API -----------------------------------------------------------
 
@@ -185,16 +172,8 @@ class AsyncRateLimiter:
     async def take_all(self, limits: Sequence[Limit]) -> Decision:
         return await self._run(_core.take_all(limits))
 
-    async def wait_take(
-        self,
-        key: str,
-        capacity: Number,
-        rate: Number,
-        n: Number = 1,
-        *,
-        timeout_ms: Number,
-        policy: str = "default",
-    ) -> Decision:
+    async def wait_take(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, timeout_ms: Number,
+                        policy: str = "default") -> Decision:
         """See `RateLimiter.wait_take`: TB.BTAKE on the key's node with the
         module (FIFO), a polling loop with the Lua fallback (NOT FIFO)."""
         timeout_ms = _core.check_timeout_ms(timeout_ms)
@@ -260,6 +239,22 @@ class AsyncRateLimiter:
 async def _maybe_await(value):
     if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
         await value
+
+
+@contextlib.asynccontextmanager
+async def _borrowed(conn, release):
+    """`limiter.borrowed` for asyncio: `release()` (from `_connection`)
+    gives `conn` back at the end, closed first if it failed in any way but
+    an error reply (a reply it still owes would answer the next command)."""
+    try:
+        yield conn
+    except rex.ResponseError:
+        raise
+    except BaseException:
+        await conn.disconnect()
+        raise
+    finally:
+        await _maybe_await(release())
 
 
 __all__ = ["AsyncRateLimiter", "async_limiter_client"]

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import inspect
-from typing import Optional, Sequence, Union
-
 from . import _middleware as mw
-from ._core import Concurrency, LeaseDenied, LimiterError, Policy, bucket_key
+from ._core import LeaseDenied, LimiterError, bucket_key
 from .aio import AsyncRateLimiter
 
 
@@ -21,7 +19,7 @@ async def _maybe_await(value):
     return await value if inspect.isawaitable(value) else value
 
 
-class RateLimitMiddleware:
+class RateLimitMiddleware(mw.Middleware[AsyncRateLimiter]):
     """Rate-limits HTTP requests of an ASGI app.
 
     policies: a `Policy` (one bucket per key) or a list (all at once, via
@@ -34,7 +32,7 @@ class RateLimitMiddleware:
         ``RateLimit-Policy: "<name>";q=<limit>;qu="concurrent-requests"``
         and ``Retry-After``. `fail_open` applies: an unavailable limiter
         lets the request through without a lease, or answers 503.
-    key(scope) -> str: whose bucket (default: client IP); may be async.
+    key(scope) -> str: whose bucket (default, or None: `client_ip`); may be async.
     cost: tokens per request: a number (checked now) or cost(scope) -> number,
         which may be async (default 1).
     prefix: prepended to bucket keys (`<prefix>{<key>}:<policy name>`).
@@ -49,28 +47,7 @@ class RateLimitMiddleware:
     requests that met each.
     """
 
-    def __init__(
-        self,
-        app,
-        limiter: AsyncRateLimiter,
-        policies: Union[Policy, Sequence[Policy], None] = None,
-        *,
-        concurrency: Optional[Concurrency] = None,
-        key=client_ip,
-        cost=None,
-        prefix: str = "ratelimit:",
-        fail_open: bool = True,
-        on_error=None,
-    ):
-        self.app = app
-        self.limiter = limiter
-        self.policies = mw.policies(policies, concurrency)
-        self.concurrency = concurrency
-        self.key = key
-        self.cost = mw.check_cost(cost)
-        self.prefix = prefix
-        self.on_error = on_error
-        self.outcomes = mw.Outcomes(fail_open)
+    default_key = staticmethod(client_ip)
 
     async def _decide(self, scope, identity):
         if not self.policies:

@@ -6,6 +6,7 @@ is `_engine`'s, shared with `AsyncRateLimiter`.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import threading
@@ -77,6 +78,22 @@ def get_connection_args(pool) -> tuple:
 
 def pool_connection(pool):
     return pool.get_connection(*get_connection_args(pool))
+
+
+@contextlib.contextmanager
+def borrowed(pool, conn):
+    """Gives `conn` back to `pool` at the end. A connection that failed in
+    any way but an error reply is closed first: a reply it still owes
+    would be read as the answer to the next command sent on it."""
+    try:
+        yield conn
+    except rex.ResponseError:
+        raise
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
 
 
 class RateLimiter:
@@ -156,17 +173,9 @@ class RateLimiter:
         """A command without redis-py's reply parsing (its COMMAND parser
         fails on the nil entry of an unknown command)."""
         pool = self._pool()
-        conn = pool_connection(pool)
-        try:
+        with borrowed(pool, pool_connection(pool)) as conn:
             conn.send_command(*args)
             return conn.read_response()
-        except rex.ResponseError:
-            raise
-        except BaseException:
-            conn.disconnect()
-            raise
-        finally:
-            pool.release(conn)
 
     def _block(self, step: _engine.Block):
         """A blocking command on a pooled connection of its own: one per
@@ -176,7 +185,7 @@ class RateLimiter:
         if self._cluster:
             with self._blocking_lock:
                 self._blocking.add(conn)
-        try:
+        with borrowed(pool, conn):
             if step.asking:
                 conn.send_command("ASKING")
                 conn.read_response()
@@ -184,13 +193,6 @@ class RateLimiter:
             if not conn.can_read(timeout=step.wait_s):
                 raise rex.TimeoutError(f"no {step.args[0]} reply within {step.wait_s} s")
             return conn.read_response()
-        except rex.ResponseError:
-            raise
-        except BaseException:
-            conn.disconnect()
-            raise
-        finally:
-            pool.release(conn)
 
     # --- the API -----------------------------------------------------------
 
@@ -218,16 +220,8 @@ class RateLimiter:
         """All limits or none; the Decision is the deciding limit's, `index` its position."""
         return self._run(_core.take_all(limits))
 
-    def wait_take(
-        self,
-        key: str,
-        capacity: Number,
-        rate: Number,
-        n: Number = 1,
-        *,
-        timeout_ms: Number,
-        policy: str = "default",
-    ) -> Decision:
+    def wait_take(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, timeout_ms: Number,
+                  policy: str = "default") -> Decision:
         """Take n tokens, waiting up to timeout_ms (0: no limit) for them.
 
         Module: TB.BTAKE on the node that owns the key, served first come

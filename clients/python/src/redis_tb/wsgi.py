@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
-
 from . import _middleware as mw
-from ._core import Concurrency, LeaseDenied, LimiterError, Policy, bucket_key
+from ._core import LeaseDenied, LimiterError, bucket_key
 from .limiter import RateLimiter
 
 
@@ -18,7 +16,7 @@ def client_ip(environ) -> str:
 _STATUS = {429: "429 Too Many Requests", 500: "500 Internal Server Error", 503: "503 Service Unavailable"}
 
 
-class RateLimitMiddleware:
+class RateLimitMiddleware(mw.Middleware[RateLimiter]):
     """Rate-limits requests of a WSGI app; the options are those of
     `redis_tb.asgi.RateLimitMiddleware`, with `key(environ)`,
     `cost(environ)` and `on_error(error, environ) -> WSGI app`.
@@ -31,28 +29,7 @@ class RateLimitMiddleware:
     Django: wrap ``get_wsgi_application()`` in wsgi.py the same way.
     """
 
-    def __init__(
-        self,
-        app,
-        limiter: RateLimiter,
-        policies: Union[Policy, Sequence[Policy], None] = None,
-        *,
-        concurrency: Optional[Concurrency] = None,
-        key=client_ip,
-        cost=None,
-        prefix: str = "ratelimit:",
-        fail_open: bool = True,
-        on_error=None,
-    ):
-        self.app = app
-        self.limiter = limiter
-        self.policies = mw.policies(policies, concurrency)
-        self.concurrency = concurrency
-        self.key = key
-        self.cost = mw.check_cost(cost)
-        self.prefix = prefix
-        self.on_error = on_error
-        self.outcomes = mw.Outcomes(fail_open)
+    default_key = staticmethod(client_ip)
 
     def _decide(self, environ, identity):
         if not self.policies:
