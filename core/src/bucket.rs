@@ -414,6 +414,16 @@ mod tests {
         })
     }
 
+    /// A charge on a bucket nobody waits on.
+    fn charge_of(state: Option<State>, limit: Limit, n: f64) -> Charge {
+        Charge {
+            state,
+            limit,
+            n,
+            behind: None,
+        }
+    }
+
     /// The arithmetic as a table. Each row: stored state (None = missing
     /// key), capacity, rate per second, n, ms since last_refill, then the
     /// expected reply and stored tokens (None = nothing written).
@@ -571,18 +581,8 @@ mod tests {
 
     #[test]
     fn take_all_names_the_longest_wait_when_denied() {
-        let per_second = Charge {
-            state: state(0.0, NOW),
-            limit: limit(10.0, 10.0),
-            n: 1.0,
-            behind: None,
-        };
-        let per_day = Charge {
-            state: state(0.0, NOW),
-            limit: limit(1000.0, 1000.0 / 86_400.0),
-            n: 1.0,
-            behind: None,
-        };
+        let per_second = charge_of(state(0.0, NOW), limit(10.0, 10.0), 1.0);
+        let per_day = charge_of(state(0.0, NOW), limit(1000.0, 1000.0 / 86_400.0), 1.0);
         let got = take_all(&[per_second, per_day], NOW);
         assert!(!got.allowed);
         assert_eq!(got.decisive, 1);
@@ -592,18 +592,8 @@ mod tests {
 
     #[test]
     fn take_all_prefers_a_bucket_that_can_never_allow() {
-        let waits = Charge {
-            state: state(0.0, NOW),
-            limit: limit(10.0, 0.001),
-            n: 1.0,
-            behind: None,
-        };
-        let never = Charge {
-            state: None,
-            limit: limit(1.0, 1.0),
-            n: 2.0,
-            behind: None,
-        };
+        let waits = charge_of(state(0.0, NOW), limit(10.0, 0.001), 1.0);
+        let never = charge_of(None, limit(1.0, 1.0), 2.0);
         let got = take_all(&[waits, never], NOW);
         assert_eq!((got.allowed, got.decisive), (false, 1));
         assert_eq!(got.outcomes[1].retry_after_ms, -1);
@@ -611,18 +601,8 @@ mod tests {
 
     #[test]
     fn take_all_names_the_tightest_bucket_when_allowed() {
-        let roomy = Charge {
-            state: None,
-            limit: limit(100.0, 1.0),
-            n: 1.0,
-            behind: None,
-        };
-        let tight = Charge {
-            state: None,
-            limit: limit(5.0, 1.0),
-            n: 1.0,
-            behind: None,
-        };
+        let roomy = charge_of(None, limit(100.0, 1.0), 1.0);
+        let tight = charge_of(None, limit(5.0, 1.0), 1.0);
         let got = take_all(&[roomy, tight], NOW);
         assert!(got.allowed);
         assert_eq!(got.decisive, 1);
@@ -637,11 +617,9 @@ mod tests {
             0.01..10.0_f64,
             0.0..10.0_f64,
         )
-            .prop_map(|(stored, capacity, rate, n)| Charge {
-                state: stored.and_then(|(tokens, since)| state(tokens, NOW - since)),
-                limit: limit(capacity, rate),
-                n,
-                behind: None,
+            .prop_map(|(stored, capacity, rate, n)| {
+                let stored = stored.and_then(|(tokens, since)| state(tokens, NOW - since));
+                charge_of(stored, limit(capacity, rate), n)
             })
     }
 

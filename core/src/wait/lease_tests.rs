@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use proptest::prelude::*;
 
 use super::leases::{LeaseReply, Leases, LeasesServed};
-use super::sim_timers::{Key, Order, TimerFor, Timers};
+use super::sim_timers::{self, Key, Keyspace, Order, TimerFor};
 use super::*;
 use crate::lease::{self, Acquire, Grant, LeaseId, LeaseLimit, SetView};
 
@@ -94,26 +94,24 @@ impl Set {
     }
 }
 
-/// The server: its lease sets, clock, timers and pause.
+/// The simulated server's keys: lease sets.
 #[derive(Default)]
-struct Sim {
-    now_ms: i64,
+struct LeaseSets {
     sets: HashMap<Key, Set>,
-    paused: bool,
-    timers: Timers,
     /// The machine's writes during the event being handled: the key, the
     /// live leases before, the grants stored.
     written: Vec<(Key, i64, Vec<Grant>)>,
     /// Every id handed out on a key since it was last deleted by hand
     /// (a DEL or flush starts the count again, docs/leases.md).
     handed_out: HashMap<Key, HashSet<LeaseId>>,
-    violations: Vec<String>,
 }
+
+type Sim = sim_timers::Sim<LeaseSets>;
 
 impl Sim {
     /// The lease set at `key` as a command sees it now.
     fn set(&self, key: &Key) -> Set {
-        match self.sets.get(key) {
+        match self.keyspace.sets.get(key) {
             Some(set) if !set.expired(self.now_ms) => set.clone(),
             _ => Set::default(),
         }
@@ -126,7 +124,7 @@ impl Sim {
         let before = set.live(now_ms);
         // The write removes ended leases (at most 64; these sets are small).
         set.leases.retain(|_, d| lease::is_live(*d, now_ms));
-        let handed_out = self.handed_out.entry(key.clone()).or_default();
+        let handed_out = self.keyspace.handed_out.entry(key.clone()).or_default();
         for grant in grants {
             let mut wrong = Vec::new();
             if grant.id.n != set.issued + 1 || grant.id.granted_ms != now_ms {
@@ -154,59 +152,34 @@ impl Sim {
             self.violations
                 .push(format!("{key:?}: expires before a lease: {set:?}"));
         }
-        self.sets.insert(key.clone(), set);
+        self.keyspace.sets.insert(key.clone(), set);
         before
     }
 }
 
-impl Server<Leases> for Sim {
-    fn read(&mut self, db: Db, key: &[u8], now_ms: i64) -> Result<LeasesServed, TbError> {
-        if now_ms != self.now_ms {
-            self.violations.push("read with a stale clock".into());
-        }
-        let seen = self.set(&(db, key.to_vec())).seen(now_ms);
+impl Keyspace<Leases> for LeaseSets {
+    fn read(sim: &mut Sim, db: Db, key: &[u8], now_ms: i64) -> Result<LeasesServed, TbError> {
+        sim.check_clock("read", now_ms);
+        let seen = sim.set(&(db, key.to_vec())).seen(now_ms);
         Ok(LeasesServed::read_as(seen))
     }
 
     fn write(
-        &mut self,
+        sim: &mut Sim,
         db: Db,
         key: &[u8],
         served: &LeasesServed,
         now_ms: i64,
     ) -> Result<(), TbError> {
-        if self.paused {
-            self.violations
-                .push(format!("write of {key:?} while paused"));
-        }
-        if now_ms != self.now_ms {
-            self.violations.push("write with a stale clock".into());
-        }
         if served.grants().is_empty() {
-            self.violations
-                .push(format!("write of no grant to {key:?}"));
+            sim.violations.push(format!("write of no grant to {key:?}"));
         }
         let key = (db, key.to_vec());
-        let before = self.store(&key, served.grants(), now_ms);
-        self.written.push((key, before, served.grants().to_vec()));
+        let before = sim.store(&key, served.grants(), now_ms);
+        sim.keyspace
+            .written
+            .push((key, before, served.grants().to_vec()));
         Ok(())
-    }
-
-    fn writable(&mut self, _db: Db, _key: &[u8]) -> Writable {
-        if self.paused {
-            Writable::Paused
-        } else {
-            Writable::Yes
-        }
-    }
-
-    fn arm(&mut self, timer: Timer<'_>, delay_ms: i64) -> TimerId {
-        self.timers
-            .arm(timer, self.now_ms, delay_ms, &mut self.violations)
-    }
-
-    fn cancel(&mut self, timer: TimerId, wake: bool) {
-        self.timers.cancel(timer, wake, &mut self.violations);
     }
 }
 
@@ -319,10 +292,7 @@ impl Run {
             order,
             limits,
             machine: Machine::default(),
-            sim: Sim {
-                now_ms: START_MS,
-                ..Sim::default()
-            },
+            sim: Sim::starting_at(START_MS),
             waiters: HashMap::new(),
             owed: HashMap::new(),
             queues: HashMap::new(),
@@ -363,12 +333,12 @@ impl Run {
             _ => None,
         };
         let leaving = matches!(event, Event::Left { .. });
-        self.sim.written.clear();
+        self.sim.keyspace.written.clear();
         let actions = self.machine.on(event, &mut self.sim);
         if let Err(why) = self.machine.check() {
             self.fail(format!("after {event:?}: {why}"));
         }
-        let written = std::mem::take(&mut self.sim.written);
+        let written = std::mem::take(&mut self.sim.keyspace.written);
         // How each unblocked waiter's wait ended, read before any callback
         // runs (a synchronous one forgets it).
         let ended: Vec<(WaiterId, Option<Phase<Grant>>)> = actions
@@ -581,6 +551,7 @@ impl Run {
         let now_ms = self.sim.now_ms;
         let mut gone: Vec<Key> = self
             .sim
+            .keyspace
             .sets
             .iter()
             .filter(|(_, set)| set.expired(now_ms))
@@ -588,7 +559,7 @@ impl Run {
             .collect();
         gone.sort();
         for key in gone {
-            self.sim.sets.remove(&key);
+            self.sim.keyspace.sets.remove(&key);
             self.changed(&key);
         }
     }
@@ -693,7 +664,12 @@ impl Run {
                 while self.sim.now_ms < target {
                     let now = self.sim.now_ms;
                     let timer = self.sim.timers.next_after(now);
-                    let expiries = self.sim.sets.values().filter_map(|s| s.expire_at_ms);
+                    let expiries = self
+                        .sim
+                        .keyspace
+                        .sets
+                        .values()
+                        .filter_map(|s| s.expire_at_ms);
                     let next = timer
                         .into_iter()
                         .chain(expiries.map(|at| at + 1))
@@ -712,7 +688,7 @@ impl Run {
                 let Some(lease) = ids.get(usize::from(pick) % ids.len().max(1)) else {
                     return; // TB.RELEASE 0: writes nothing
                 };
-                if let Some(set) = self.sim.sets.get_mut(&key) {
+                if let Some(set) = self.sim.keyspace.sets.get_mut(&key) {
                     set.leases.remove(lease);
                     set.leases.retain(|_, d| lease::is_live(*d, now_ms));
                 }
@@ -734,7 +710,7 @@ impl Run {
                     self.fail(format!("renewal of live {id:?} refused"));
                     return;
                 };
-                if let Some(set) = self.sim.sets.get_mut(&key) {
+                if let Some(set) = self.sim.keyspace.sets.get_mut(&key) {
                     set.leases.insert(*id, deadline);
                     set.leases.retain(|_, d| lease::is_live(*d, now_ms));
                     if let Some(at) = expiry {
@@ -746,8 +722,8 @@ impl Run {
             }
             Op::Delete { key } => {
                 let key = Run::key(key);
-                self.sim.handed_out.remove(&key);
-                if self.sim.sets.remove(&key).is_some() {
+                self.sim.keyspace.handed_out.remove(&key);
+                if self.sim.keyspace.sets.remove(&key).is_some() {
                     self.tally.deletes += 1;
                     self.changed(&key);
                 }
@@ -755,8 +731,8 @@ impl Run {
             Op::Flush(db) => {
                 let db = db.map(Db::from);
                 let kept = |(kdb, _): &Key| db.is_some_and(|db| db != *kdb);
-                self.sim.sets.retain(|key, _| kept(key));
-                self.sim.handed_out.retain(|key, _| kept(key));
+                self.sim.keyspace.sets.retain(|key, _| kept(key));
+                self.sim.keyspace.handed_out.retain(|key, _| kept(key));
                 self.tally.deletes += 1;
                 self.dispatch(Event::Flushed { db, now_ms });
             }

@@ -1,10 +1,13 @@
-//! What the two simulated servers of the machine's property tests share
-//! (`token_tests.rs` for TB.BTAKE, `lease_tests.rs` for TB.ACQUIRE): the callback
-//! orders and the server's timers, with the checks every timer must pass.
+//! The simulated server of the machine's property tests, one for both
+//! kinds (`token_tests.rs` for TB.BTAKE, `lease_tests.rs` for TB.ACQUIRE):
+//! the callback orders, the clock, the pause and the timers, with the
+//! checks every timer and every write must pass. Each test file adds only
+//! its kind's keyspace (a [`Keyspace`]) and its reference model.
 
 use std::collections::BTreeMap;
 
-use super::{Db, Timer, TimerId, WaiterId, MAX_TIMER_MS};
+use super::{Db, Kind, Server, Timer, TimerId, WaiterId, Writable, MAX_TIMER_MS};
+use crate::error::TbError;
 
 /// When the server runs a blocked client's callback after an unblock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,5 +113,89 @@ impl Timers {
 
     pub fn is_empty(&self) -> bool {
         self.armed.is_empty()
+    }
+}
+
+/// The server: its clock, its pause and its timers, what it saw go wrong,
+/// and the keys of the kind under test.
+#[derive(Debug, Default)]
+pub struct Sim<S> {
+    pub now_ms: i64,
+    /// Writes are paused (CLIENT PAUSE WRITE, a failover).
+    pub paused: bool,
+    pub timers: Timers,
+    /// Every broken rule seen so far; a run fails on the first.
+    pub violations: Vec<String>,
+    pub keyspace: S,
+}
+
+/// How a kind's keys are read and stored on the simulated server; the
+/// checks every write must pass are made before [`Keyspace::write`].
+pub trait Keyspace<K: Kind>: Sized {
+    fn read(sim: &mut Sim<Self>, db: Db, key: &[u8], now_ms: i64) -> Result<K::State, TbError>;
+    fn write(
+        sim: &mut Sim<Self>,
+        db: Db,
+        key: &[u8],
+        state: &K::State,
+        now_ms: i64,
+    ) -> Result<(), TbError>;
+}
+
+impl<S: Default> Sim<S> {
+    /// An empty server whose clock reads `now_ms`.
+    pub fn starting_at(now_ms: i64) -> Sim<S> {
+        Sim {
+            now_ms,
+            ..Sim::default()
+        }
+    }
+}
+
+impl<S> Sim<S> {
+    /// A read or write by the machine must use the server's clock of this
+    /// event (`what`: "read" or "write").
+    pub fn check_clock(&mut self, what: &str, now_ms: i64) {
+        if now_ms != self.now_ms {
+            self.violations.push(format!("{what} with a stale clock"));
+        }
+    }
+
+    /// What every write must pass: writes are not paused, and the clock is
+    /// the server's.
+    pub fn check_write(&mut self, key: &[u8], now_ms: i64) {
+        if self.paused {
+            self.violations
+                .push(format!("write of {key:?} while paused"));
+        }
+        self.check_clock("write", now_ms);
+    }
+}
+
+impl<K: Kind, S: Keyspace<K>> Server<K> for Sim<S> {
+    fn read(&mut self, db: Db, key: &[u8], now_ms: i64) -> Result<K::State, TbError> {
+        S::read(self, db, key, now_ms)
+    }
+
+    fn write(&mut self, db: Db, key: &[u8], state: &K::State, now_ms: i64) -> Result<(), TbError> {
+        self.check_write(key, now_ms);
+        S::write(self, db, key, state, now_ms)
+    }
+
+    fn writable(&mut self, _db: Db, _key: &[u8]) -> Writable {
+        if self.paused {
+            Writable::Paused
+        } else {
+            Writable::Yes
+        }
+    }
+
+    fn arm(&mut self, timer: Timer<'_>, delay_ms: i64) -> TimerId {
+        self.timers
+            .arm(timer, self.now_ms, delay_ms, &mut self.violations)
+    }
+
+    fn cancel(&mut self, timer: TimerId, wake: bool) {
+        self.timers.cancel(timer, wake, &mut self.violations);
     }
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 
-use super::sim_timers::{Key, Order, TimerFor, Timers};
+use super::sim_timers::{self, Key, Keyspace, Order, TimerFor};
 use super::tokens::{Served, Tokens};
 use super::*;
 use crate::args::Request;
@@ -28,22 +28,20 @@ enum Value {
     Other,
 }
 
-/// The server: its keyspace, clock, timers and pause, and what it saw.
+/// The simulated server's keys: buckets, and values of other types.
 #[derive(Default)]
-struct Sim {
-    now_ms: i64,
+struct Buckets {
     keys: HashMap<Key, Value>,
-    paused: bool,
     fail_writes: bool,
-    timers: Timers,
     /// Writes done during the event being handled.
     written: Vec<(Key, State, i64)>,
-    violations: Vec<String>,
 }
 
-impl Server<Tokens> for Sim {
-    fn read(&mut self, db: Db, key: &[u8], _now_ms: i64) -> Result<Served, TbError> {
-        let bucket = match self.keys.get(&(db, key.to_vec())) {
+type Sim = sim_timers::Sim<Buckets>;
+
+impl Keyspace<Tokens> for Buckets {
+    fn read(sim: &mut Sim, db: Db, key: &[u8], _now_ms: i64) -> Result<Served, TbError> {
+        let bucket = match sim.keyspace.keys.get(&(db, key.to_vec())) {
             None => None,
             Some(Value::Bucket(state)) => Some(*state),
             Some(Value::Other) => return Err(TbError::BucketGone),
@@ -54,44 +52,26 @@ impl Server<Tokens> for Sim {
         })
     }
 
-    fn write(&mut self, db: Db, key: &[u8], served: &Served, now_ms: i64) -> Result<(), TbError> {
+    fn write(
+        sim: &mut Sim,
+        db: Db,
+        key: &[u8],
+        served: &Served,
+        _now_ms: i64,
+    ) -> Result<(), TbError> {
         let Some(state) = &served.bucket else {
-            self.violations
+            sim.violations
                 .push(format!("write of no bucket to {key:?}"));
             return Err(TbError::Internal);
         };
-        let expire_at_ms = served.expire_at_ms;
-        if self.paused {
-            self.violations
-                .push(format!("write of {key:?} while paused"));
-        }
-        if now_ms != self.now_ms {
-            self.violations.push("write with a stale clock".into());
-        }
-        if self.fail_writes {
+        let buckets = &mut sim.keyspace;
+        if buckets.fail_writes {
             return Err(TbError::WriteFailed);
         }
         let key = (db, key.to_vec());
-        self.keys.insert(key.clone(), Value::Bucket(*state));
-        self.written.push((key, *state, expire_at_ms));
+        buckets.keys.insert(key.clone(), Value::Bucket(*state));
+        buckets.written.push((key, *state, served.expire_at_ms));
         Ok(())
-    }
-
-    fn writable(&mut self, _db: Db, _key: &[u8]) -> Writable {
-        if self.paused {
-            Writable::Paused
-        } else {
-            Writable::Yes
-        }
-    }
-
-    fn arm(&mut self, timer: Timer<'_>, delay_ms: i64) -> TimerId {
-        self.timers
-            .arm(timer, self.now_ms, delay_ms, &mut self.violations)
-    }
-
-    fn cancel(&mut self, timer: TimerId, wake: bool) {
-        self.timers.cancel(timer, wake, &mut self.violations);
     }
 }
 
@@ -147,7 +127,7 @@ impl Model {
         let Some(queue) = self.queues.get(key) else {
             return (ended, None);
         };
-        let mut state = match sim.keys.get(key) {
+        let mut state = match sim.keyspace.keys.get(key) {
             Some(Value::Other) => {
                 let failed = queue
                     .iter()
@@ -175,7 +155,7 @@ impl Model {
                 Owed::Grant(outcome.remaining, outcome.reset_after_ms),
             ));
         }
-        if sim.fail_writes && written.is_some() {
+        if sim.keyspace.fail_writes && written.is_some() {
             for (_, owed) in &mut served {
                 *owed = Owed::Error(TbError::WriteFailed);
             }
@@ -266,10 +246,7 @@ impl Run {
         Run {
             order,
             machine: Machine::default(),
-            sim: Sim {
-                now_ms: START_MS,
-                ..Sim::default()
-            },
+            sim: Sim::starting_at(START_MS),
             model: Model::default(),
             pending: Vec::new(),
             resumed_ms: 0,
@@ -392,8 +369,8 @@ impl Run {
                         self.model.owed.insert(*id, owed.clone());
                     }
                 }
-                let before = self.sim.keys.get(&key).copied();
-                self.sim.written.clear();
+                let before = self.sim.keyspace.keys.get(&key).copied();
+                self.sim.keyspace.written.clear();
                 self.dispatch(
                     Event::Wake {
                         db: key.0,
@@ -403,8 +380,13 @@ impl Run {
                     },
                     expected,
                 );
-                let stored = self.sim.written.first().map(|(_, state, _)| *state);
-                if current && !self.sim.fail_writes && stored != written {
+                let stored = self
+                    .sim
+                    .keyspace
+                    .written
+                    .first()
+                    .map(|(_, state, _)| *state);
+                if current && !self.sim.keyspace.fail_writes && stored != written {
                     self.fail(format!(
                         "{key:?}: stored {stored:?}, model {written:?} from {before:?}"
                     ));
@@ -494,7 +476,7 @@ impl Run {
                 };
                 let n = f64::from(n);
                 let timeout_ms = TIMEOUTS[usize::from(timeout) % TIMEOUTS.len()];
-                let state = match self.sim.keys.get(&key) {
+                let state = match self.sim.keyspace.keys.get(&key) {
                     Some(Value::Other) => return, // WRONGTYPE at once
                     Some(Value::Bucket(state)) => Some(*state),
                     None => None,
@@ -506,7 +488,10 @@ impl Run {
                 };
                 if outcome.allowed || outcome.retry_after_ms <= 0 {
                     if let Some(after) = outcome.write {
-                        self.sim.keys.insert(key.clone(), Value::Bucket(after));
+                        self.sim
+                            .keyspace
+                            .keys
+                            .insert(key.clone(), Value::Bucket(after));
                         self.changed(&key);
                     }
                     return;
@@ -554,9 +539,9 @@ impl Run {
             }
             Op::Refund { db, key, amount } => {
                 let key = Run::key(db, key);
-                if let Some(Value::Bucket(state)) = self.sim.keys.get(&key).copied() {
+                if let Some(Value::Bucket(state)) = self.sim.keyspace.keys.get(&key).copied() {
                     // Uncapped: the model reads the same bucket back.
-                    self.sim.keys.insert(
+                    self.sim.keyspace.keys.insert(
                         key.clone(),
                         Value::Bucket(State {
                             tokens: state.tokens + f64::from(amount),
@@ -568,18 +553,19 @@ impl Run {
             }
             Op::Delete { db, key } => {
                 let key = Run::key(db, key);
-                if self.sim.keys.remove(&key).is_some() {
+                if self.sim.keyspace.keys.remove(&key).is_some() {
                     self.changed(&key);
                 }
             }
             Op::Overwrite { db, key } => {
                 let key = Run::key(db, key);
-                self.sim.keys.insert(key.clone(), Value::Other);
+                self.sim.keyspace.keys.insert(key.clone(), Value::Other);
                 self.changed(&key);
             }
             Op::Flush(db) => {
                 let db = db.map(Db::from);
                 self.sim
+                    .keyspace
                     .keys
                     .retain(|(kdb, _), _| db.is_some_and(|db| db != *kdb));
                 self.dispatch(Event::Flushed { db, now_ms }, Some(Vec::new()));
@@ -587,11 +573,12 @@ impl Run {
             Op::Swap => {
                 let swapped = self
                     .sim
+                    .keyspace
                     .keys
                     .drain()
                     .map(|((db, key), value)| ((1 - db, key), value))
                     .collect();
-                self.sim.keys = swapped;
+                self.sim.keyspace.keys = swapped;
                 self.dispatch(Event::Swapped { a: 0, b: 1, now_ms }, Some(Vec::new()));
             }
             Op::Unblock(pick) => {
@@ -624,7 +611,7 @@ impl Run {
                 }
                 self.sim.paused = false;
             }
-            Op::FailWrites(fail) => self.sim.fail_writes = fail,
+            Op::FailWrites(fail) => self.sim.keyspace.fail_writes = fail,
         }
         self.settle();
     }
@@ -696,7 +683,7 @@ impl Run {
     /// each client must then have been answered exactly once.
     fn finish(&mut self) {
         self.sim.paused = false;
-        self.sim.fail_writes = false;
+        self.sim.keyspace.fail_writes = false;
         for _ in 0..1000 {
             let Some(id) = self.pick(0, &[Owed::Waiting]) else {
                 break;
@@ -796,16 +783,15 @@ struct Bare {
 
 impl Bare {
     fn new() -> Bare {
-        let mut sim = Sim {
-            now_ms: START_MS,
-            ..Sim::default()
-        };
+        let mut sim = Sim::starting_at(START_MS);
         // A drained bucket that refills one token per 1000 s.
         let drained = State {
             tokens: 0.0,
             last_refill_ms: START_MS as f64,
         };
-        sim.keys.insert((0, b"k".to_vec()), Value::Bucket(drained));
+        sim.keyspace
+            .keys
+            .insert((0, b"k".to_vec()), Value::Bucket(drained));
         Bare {
             machine: Machine::default(),
             sim,
