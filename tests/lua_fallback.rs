@@ -447,7 +447,7 @@ fn the_library_peeks_read_only() {
     assert!(!exists(&mut con, "rl:x"));
 }
 
-/// The bytes Rust writes for `tokens`: src/number.rs `format_tokens`.
+/// The bytes Rust writes for `tokens`: core/src/number.rs `format_tokens`.
 fn rust_tokens_text(tokens: f64) -> String {
     let magnitude = tokens.abs();
     if magnitude == 0.0 || (1e-4..1e15).contains(&magnitude) {

@@ -3,7 +3,7 @@
 //! does not.
 //!
 //! The server refuses a bucket write only in states the module rules out beforehand, so these
-//! tests load the `fault-injection` build (`src/fault.rs`, built by `make test` into
+//! tests load the `fault-injection` build (`src/testing/fault.rs`, built by `make test` into
 //! `target/fault`), whose load argument `fault hash-set|expire EVERY` fails every EVERY-th
 //! attempt at that step as the server would, counting each attempt once.
 //!

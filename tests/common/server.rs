@@ -360,7 +360,7 @@ pub fn module_path() -> PathBuf {
     path.canonicalize().unwrap_or(path)
 }
 
-/// The test-only build with the `fault-injection` feature (see `src/fault.rs`):
+/// The test-only build with the `fault-injection` feature (see `src/testing/fault.rs`):
 /// `TB_FAULT_MODULE`, else `<crate>/target/fault/debug/libredis_tb.so`, which `make test`
 /// builds. Panics, saying how to build it, when the file does not exist.
 pub fn fault_module_path() -> PathBuf {

@@ -1,4 +1,4 @@
-// Compiled with `tsc --noEmit` (test/types.test.js): index.d.ts describes the API as used.
+// Compiled with `tsc --noEmit` (test/package.test.js): index.d.ts describes the API as used.
 import Redis, { Cluster } from 'ioredis';
 import {
   Decision, Limit, RateLimiter, LimiterError, LimiterUnavailable, createClient, createClusterClient,
