@@ -137,6 +137,8 @@ impl<'a> Single<'a> {
                 limit: request.limit,
                 n: request.n,
                 behind: queued_on(api, ctx, key),
+                lock: None,
+                options: redis_tb_core::bucket::TakeOptions::PLAIN,
             },
             now_ms: now(api),
         })
@@ -209,6 +211,8 @@ fn take_all(
             limit: request.limit,
             n: request.n,
             behind: queued_on(api, ctx, *key),
+            lock: None,
+            options: redis_tb_core::bucket::TakeOptions::PLAIN,
         });
         buckets.push(bucket);
     }
