@@ -21,8 +21,9 @@ use std::time::{Duration, Instant};
 use common::{
     aof_without_select, argv, assert_no_tb_command, assert_replica_holds_the_same_buckets, bucket,
     error_text, exists, hgetall, pexpiretime, promote, repl_offset, server_time_ms, snapshot,
-    start_cluster_node, start_replica_of, tb_field, wait_for_replica, wait_until, Server, AOF_ARGS,
-    CAPACITY_ERROR, N_ERROR, QUIET_MASTER_ARGS, RATE_ERROR, WRONGTYPE_ERROR,
+    start_cluster_node, start_replica_of, tb_field, wait_for_replica, wait_for_waiting, wait_until,
+    RawClient, Resp, Server, AOF_ARGS, CAPACITY_ERROR, N_ERROR, QUIET_MASTER_ARGS, RATE_ERROR,
+    WRONGTYPE_ERROR,
 };
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::{ConnectionLike, Value};
@@ -346,6 +347,41 @@ fn tb_takeall_with_block_locks_each_denying_bucket_and_no_other() {
     );
     assert_eq!((reply[0], reply[4]), (0, 1), "{reply:?}");
     assert_eq!(counter(&mut con, "tb_locks_started"), 1);
+}
+
+#[test]
+fn tb_btake_waiters_queued_before_a_lock_are_served_as_their_tokens_come() {
+    let server = Server::start();
+    let mut con = server.conn();
+    // 1 token, 2 per second: the waiter's token is back 500 ms after the drain.
+    drain(&mut con, "tb:queued", "1", "2");
+    let drained_at = common::stored_last_refill(&mut con, "tb:queued");
+    let mut waiter = RawClient::connect(&server);
+    waiter.send(&["TB.BTAKE", "tb:queued", "1", "2", "1", "10000"]);
+    wait_for_waiting(&mut con, 1);
+    // A denial with BLOCK locks the key for 5 s while the waiter waits.
+    let reply = call(
+        &mut con,
+        &["TB.TAKE", "tb:queued", "1", "2", "1", "BLOCK", "5000"],
+    );
+    assert_eq!(reply[0], 0, "{reply:?}");
+    let (until, _, probation) = stored_lock(&mut con, "tb:queued");
+    // The waiter is served when its token is back, long before the lock ends.
+    match waiter.reply_within(Duration::from_secs(4)) {
+        Some(Resp::Ints(reply)) => assert_eq!(reply[..3], [1, 0, 0], "{reply:?}"),
+        other => panic!("the waiter got {other:?}"),
+    }
+    let served_at = common::stored_last_refill(&mut con, "tb:queued");
+    assert!(
+        served_at >= drained_at + 500 && served_at < until,
+        "served at {served_at}"
+    );
+    // Its write keeps the lock, and the deadline that covers the probation.
+    assert_eq!(stored_lock(&mut con, "tb:queued").0, until);
+    assert!(pexpiretime(&mut con, "tb:queued") >= probation);
+    // A new TB.BTAKE is turned away at once.
+    let reply = call(&mut con, &["TB.BTAKE", "tb:queued", "1", "2", "1", "10000"]);
+    assert_eq!(reply[0], 0, "{reply:?}");
 }
 
 #[test]
