@@ -572,6 +572,60 @@ fn a_denial_during_a_lock_writes_nothing_to_the_replication_stream() {
 }
 
 #[test]
+fn a_denial_during_a_lock_leaves_a_watch_alone_and_tb_unblock_signals_it_only_when_it_answers_1() {
+    let server = Server::start();
+    let mut con = server.conn();
+    locked_slow_bucket(&mut con, "tb:watched", "60000");
+    let denied = |other: &mut redis::Connection| {
+        for args in [
+            &["TB.TAKE", "tb:watched", "1", "0.001", "1", "BLOCK", "60000"][..],
+            &[
+                "TB.TAKEALL",
+                "tb:watched",
+                "1",
+                "0.001",
+                "0",
+                "MAXWAIT",
+                "5",
+            ],
+            &["TB.THROTTLE", "tb:watched", "0", "1", "1000"],
+        ] {
+            call(other, args);
+        }
+    };
+    assert!(common::watch_survives(
+        &server,
+        &mut con,
+        "tb:watched",
+        denied
+    ));
+    assert!(common::watch_survives(
+        &server,
+        &mut con,
+        "tb:never-locked",
+        |other| {
+            assert_eq!(unblock(other, "tb:never-locked"), 0);
+        }
+    ));
+    assert!(!common::watch_survives(
+        &server,
+        &mut con,
+        "tb:watched",
+        |other| {
+            assert_eq!(unblock(other, "tb:watched"), 1);
+        }
+    ));
+    assert!(common::watch_survives(
+        &server,
+        &mut con,
+        "tb:watched",
+        |other| {
+            assert_eq!(unblock(other, "tb:watched"), 0);
+        }
+    ));
+}
+
+#[test]
 fn the_keys_ttl_covers_the_locks_probation() {
     let server = Server::start();
     let mut con = server.conn();
@@ -713,6 +767,67 @@ fn a_reservation_that_cannot_be_served_within_maxwait_is_denied_and_writes_nothi
     );
     assert_eq!(reply[..3], [0, 0, -1], "{reply:?}");
     assert_eq!(snapshot(&mut con, b"tb:far"), before, "nothing written");
+}
+
+#[test]
+fn tb_takeall_with_maxwait_reserves_in_every_bucket_or_in_none_and_waits_for_the_longest() {
+    let server = Server::start();
+    let mut con = server.conn();
+    // Two drained buckets: 1 token in 100 ms at 10/s, in 500 ms at 2/s.
+    drain(&mut con, "{w}:fast", "10", "10");
+    drain(&mut con, "{w}:slow", "10", "2");
+    let reply = call(
+        &mut con,
+        &[
+            "TB.TAKEALL",
+            "{w}:fast",
+            "10",
+            "10",
+            "1",
+            "{w}:slow",
+            "10",
+            "2",
+            "1",
+            "MAXWAIT",
+            "2000",
+        ],
+    );
+    assert_eq!(
+        (reply[0], reply[1], reply[4]),
+        (1, 0, 1),
+        "the slow bucket decides: {reply:?}"
+    );
+    common::assert_within("retry_after_ms", reply[2], 400, 500);
+    assert!(tokens(&mut con, "{w}:fast") < 0.0 && tokens(&mut con, "{w}:slow") < 0.0);
+    assert_eq!(counter(&mut con, "tb_reservations_waited"), 1, "one call");
+
+    // One bucket cannot reserve in time: the call is denied and neither is written.
+    let before = [
+        snapshot(&mut con, b"{w}:fast"),
+        snapshot(&mut con, b"{w}:slow"),
+    ];
+    let reply = call(
+        &mut con,
+        &[
+            "TB.TAKEALL",
+            "{w}:fast",
+            "10",
+            "10",
+            "1",
+            "{w}:slow",
+            "10",
+            "2",
+            "4",
+            "MAXWAIT",
+            "1000",
+        ],
+    );
+    assert_eq!((reply[0], reply[4]), (0, 1), "{reply:?}");
+    let after = [
+        snapshot(&mut con, b"{w}:fast"),
+        snapshot(&mut con, b"{w}:slow"),
+    ];
+    assert_eq!(after, before, "all or nothing");
 }
 
 #[test]
