@@ -942,6 +942,35 @@ fn a_charge_defaults_maxdebt_to_the_capacity_and_never_raises_a_deeper_debt() {
 }
 
 #[test]
+fn a_bucket_in_debt_denies_even_n_0_until_the_debt_is_repaid() {
+    let server = Server::start();
+    let mut con = server.conn();
+    // 10 tokens, 10 per second, charged 15: a debt of 5, repaid in 500 ms.
+    assert_eq!(
+        call(&mut con, &["TB.CHARGE", "tb:debt0", "10", "10", "15"])[..3],
+        [1, 0, 500]
+    );
+    let charged_at = common::stored_last_refill(&mut con, "tb:debt0");
+    let before = snapshot(&mut con, b"tb:debt0");
+    for args in [
+        &["TB.PEEK", "tb:debt0", "10", "10", "0"][..],
+        &["TB.TAKE", "tb:debt0", "10", "10", "0"],
+        &["TB.TAKEALL", "tb:debt0", "10", "10", "0"],
+    ] {
+        let (t0, reply, t1) = timed(&mut con, args);
+        assert_eq!(reply[..2], [0, 0], "{}: {reply:?}", args.join(" "));
+        let repaid = charged_at + 500;
+        common::assert_within("retry_after_ms", reply[2], repaid - t1, repaid - t0 + 1);
+    }
+    assert_eq!(snapshot(&mut con, b"tb:debt0"), before, "nothing written");
+    wait_for_server_time(&mut con, charged_at + 510);
+    assert_eq!(
+        call(&mut con, &["TB.TAKE", "tb:debt0", "10", "10", "0"])[0],
+        1
+    );
+}
+
+#[test]
 fn a_charge_is_allowed_on_a_locked_key_and_keeps_the_lock() {
     let server = Server::start();
     let mut con = server.conn();
