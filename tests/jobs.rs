@@ -1742,14 +1742,9 @@ fn tb_takeall_with_options_across_slots_is_crossslot_and_takes_nothing() {
 // Shadow mode
 // ---------------------------------------------------------------------------------------
 
-/// BUG (found by this test, not fixed here): docs/operations.md#shadow-mode promises that
-/// "nothing is written" for a denial that shadow mode reports as allowed, but a denial with
-/// `BLOCK` still stores its lock (one HSET of the five fields and a PEXPIREAT, replicated),
-/// because `take` (src/bucket/commands.rs) writes the outcome before `shadow` rewrites the
-/// reply. Either the lock must not be written in shadow mode, or the contract must say
-/// that shadow mode records locks. Run with `cargo test --test jobs -- --ignored`.
+/// docs/operations.md#shadow-mode: "nothing is written" for a denial that shadow mode
+/// reports as allowed; with `BLOCK`, that includes the lock.
 #[test]
-#[ignore = "BUG: in shadow mode a denial with BLOCK writes its lock; see the doc comment"]
 fn in_shadow_mode_a_denial_with_block_is_reported_allowed_and_writes_nothing() {
     let server = Server::start();
     let mut con = server.conn();
