@@ -170,6 +170,30 @@ fn cell_compat_after_redis_cell_fails_the_load_and_names_the_conflict() {
 }
 
 #[test]
+fn redis_cell_loaded_after_cell_compat_does_not_get_the_name() {
+    let Some(cell) = redis_cell_module() else {
+        return;
+    };
+    let server = Server::start_with_module(
+        module_path(),
+        &["cell-compat", "yes"],
+        &["--enable-module-command", "yes"],
+    );
+    let mut con = server.conn();
+    // redis-cell 0.2.2 ignores the server's refusal of the name and reports success.
+    let _: redis::RedisResult<String> = redis::cmd("MODULE")
+        .arg("LOAD")
+        .arg(cell.display().to_string())
+        .query(&mut con);
+    throttle(&mut con, "CL.THROTTLE", "k", &SLOW).expect("CL.THROTTLE");
+    assert_eq!(
+        key_type(&mut con, "k"),
+        "hash",
+        "CL.THROTTLE is still redis-tb's"
+    );
+}
+
+#[test]
 fn a_cell_key_is_read_as_its_bucket_and_converted_by_the_first_write() {
     let server = Server::start();
     let mut con = server.conn();
