@@ -334,3 +334,46 @@ fn a_key_written_by_redis_cell_itself_is_converted() {
     assert_eq!(reply[..4], [0, 10, 5, -1]);
     assert_eq!(key_type(&mut con, "k"), "hash");
 }
+
+/// With the fault build (`fault hash-set|expire 1`: every bucket write refused), a
+/// conversion that cannot store the hash puts redis-cell's string back as it was (value and
+/// expiry), replies an error, and propagates nothing: the replica still holds the string.
+#[test]
+fn a_conversion_that_cannot_store_the_hash_puts_the_string_back() {
+    for step in ["hash-set", "expire"] {
+        let master = Server::start_with_module(
+            fault_module_path(),
+            &["fault", step, "1"],
+            QUIET_MASTER_ARGS,
+        );
+        let replica = start_replica_of(&master);
+        let mut con = master.conn();
+        let tat = tat_ahead(&mut con, 300_000);
+        set(&mut con, "k", &tat);
+        let _: () = redis::cmd("PEXPIRE")
+            .arg("k")
+            .arg(500_000)
+            .query(&mut con)
+            .expect("PEXPIRE");
+        wait_for_replica(&master, &replica);
+        let before = snapshot(&mut con, b"k");
+        let offset = repl_offset(&mut con);
+        let err = throttle(&mut con, "TB.THROTTLE", "k", &SLOW).expect_err("a refused write");
+        assert!(!error_text(&err).is_empty(), "{step}");
+        assert_eq!(
+            snapshot(&mut con, b"k"),
+            before,
+            "{step}: the string is back"
+        );
+        assert_eq!(repl_offset(&mut con), offset, "{step}: nothing propagated");
+        wait_for_replica(&master, &replica);
+        assert_eq!(
+            snapshot(&mut replica.conn(), b"k"),
+            before,
+            "{step}: the replica"
+        );
+        // A denial on the same key still reads it.
+        let denied = throttle(&mut con, "TB.THROTTLE", "k", &with_quantity(SLOW, 10)).expect("TB");
+        assert_eq!(denied[..3], [1, 10, 7], "{step}");
+    }
+}

@@ -186,7 +186,12 @@ impl<'a> CellKey<'a> {
         let (ctx, name) = (self.ctx, self.name);
         let prior = ServerString::from_bytes(api, ctx, self.value()?);
         // SAFETY: the key is open (a string, so not null).
-        let prior_ttl_ms = unsafe { (api.get_expire)(self.key) };
+        let prior_expiry = unsafe {
+            match api.get_abs_expire {
+                Some(get_abs_expire) => Expiry::At(get_abs_expire(self.key)),
+                None => Expiry::In((api.get_expire)(self.key)),
+            }
+        };
         if prior.ptr().is_null()
             // SAFETY: the key is open for writing.
             || unsafe { (api.delete_key)(self.key) } != REDISMODULE_OK as c_int
@@ -203,7 +208,7 @@ impl<'a> CellKey<'a> {
             Err(WriteFailed) => {
                 drop(bucket);
                 // SAFETY: as above.
-                unsafe { restore(api, ctx, name, &prior, prior_ttl_ms) };
+                unsafe { restore(api, ctx, name, &prior, prior_expiry) };
                 return Err(TbError::WriteFailed);
             }
         };
@@ -227,9 +232,17 @@ impl Drop for CellKey<'_> {
     }
 }
 
+/// A redis-cell key's expiry before its conversion: absolute (Unix ms)
+/// where the server tells it, else relative (ms); negative for none.
+#[derive(Clone, Copy)]
+enum Expiry {
+    At(i64),
+    In(i64),
+}
+
 /// Puts redis-cell's string back after a conversion whose hash could not
-/// be stored (`apply` has deleted what it wrote): the value, and its TTL
-/// (`prior_ttl_ms`, relative; negative for none).
+/// be stored (`apply` has deleted what it wrote): the value, and its
+/// expiry.
 ///
 /// # Safety
 /// `ctx` and `name` must be the command's live context and argument.
@@ -238,16 +251,22 @@ unsafe fn restore(
     ctx: *mut RedisModuleCtx,
     name: *mut RedisModuleString,
     prior: &ServerString,
-    prior_ttl_ms: i64,
+    prior_expiry: Expiry,
 ) {
+    let expire = |key| match (prior_expiry, api.set_abs_expire) {
+        (Expiry::At(at) | Expiry::In(at), _) if at < 0 => true,
+        (Expiry::At(at), Some(set_abs_expire)) => {
+            set_abs_expire(key, at) == REDISMODULE_OK as c_int
+        }
+        (Expiry::At(_), None) => false,
+        (Expiry::In(ttl), _) => (api.set_expire)(key, ttl.max(1)) == REDISMODULE_OK as c_int,
+    };
     let restored = match (
         raw::RedisModule_StringSet,
         open_key(api, ctx, name, Access::Write, REDISMODULE_KEYTYPE_STRING),
     ) {
         (Some(string_set), Ok(key)) if !key.is_null() => {
-            let set = string_set(key, prior.ptr()) == REDISMODULE_OK as c_int
-                && (prior_ttl_ms < 0
-                    || (api.set_expire)(key, prior_ttl_ms.max(1)) == REDISMODULE_OK as c_int);
+            let set = string_set(key, prior.ptr()) == REDISMODULE_OK as c_int && expire(key);
             (api.close_key)(key);
             set
         }
