@@ -393,7 +393,15 @@ fn the_script_matches_the_module_at_the_extremes() {
 fn one_file_is_both_the_library_and_the_script() {
     assert!(TB_LUA.starts_with("#!lua name=tb\n"));
     assert!(!tb_lua_script().starts_with("#!"));
-    for name in ["tb_take", "tb_peek", "tb_refund", "tb_takeall"] {
+    for name in [
+        "tb_take",
+        "tb_peek",
+        "tb_refund",
+        "tb_takeall",
+        "tb_charge",
+        "tb_unblock",
+        "tb_throttle",
+    ] {
         assert!(TB_LUA.contains(&format!("'{name}'")), "{name} registered");
     }
 }
