@@ -461,13 +461,25 @@ local function read_key(key, expected, decode)
   return decode(key)
 end
 
+-- A stored lock field as a whole number in [0, 2^53]: a stored number
+-- (parse_decimal, signs and exponents allowed, as for `tokens`) without a
+-- fraction (src/bucket/hash.rs whole); else nil.
+local function stored_whole(text)
+  local value = parse_decimal(text, true)
+  if value == nil or value ~= math.floor(value)
+      or not (value >= 0 and value <= MAX_EXACT_INTEGER) then
+    return nil
+  end
+  return value
+end
+
 -- core/src/lockout.rs Lock::from_fields: the lock the three fields' texts
 -- make (whole numbers in [0, 2^53], at least one strike, a probation that
 -- does not end before the lock), else nil.
 local function lock_from_fields(until_text, strikes_text, probation_text)
-  local until_ms = parse_whole(until_text, 0)
-  local strikes = parse_whole(strikes_text, 0)
-  local probation_until = parse_whole(probation_text, 0)
+  local until_ms = stored_whole(until_text)
+  local strikes = stored_whole(strikes_text)
+  local probation_until = stored_whole(probation_text)
   if until_ms == nil or strikes == nil or probation_until == nil or strikes < 1
       or probation_until < until_ms then
     return nil

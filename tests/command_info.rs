@@ -165,7 +165,11 @@ fn the_new_commands_have_docs_key_specs_and_arity() {
     let server = Server::start();
     let mut con = server.conn();
     for (command, arity, arguments) in [
-        ("tb.charge", -5, &["key", "capacity", "rate", "n", "max_debt"][..]),
+        (
+            "tb.charge",
+            -5,
+            &["key", "capacity", "rate", "n", "max_debt"][..],
+        ),
         ("tb.unblock", 2, &["key"][..]),
         (
             "tb.throttle",
@@ -193,7 +197,11 @@ fn tb_takeall_names_its_keys_before_its_options() {
     let keys: Vec<String> = redis::cmd("COMMAND")
         .arg("GETKEYS")
         .arg("TB.TAKEALL")
-        .arg("a 1 1 1 b 1 1 1 MAXWAIT 5 BLOCK 10".split(' ').collect::<Vec<_>>())
+        .arg(
+            "a 1 1 1 b 1 1 1 MAXWAIT 5 BLOCK 10"
+                .split(' ')
+                .collect::<Vec<_>>(),
+        )
         .query(&mut con)
         .expect("COMMAND GETKEYS");
     assert_eq!(keys, ["a", "b"]);

@@ -523,14 +523,14 @@ fn damaged_lock_fields_are_refused_naming_the_key() {
             ("probation_until", &later),
         ],
         vec![
-            ("locked_until", "1e3"),
+            ("locked_until", "0x10"),
             ("strikes", "1"),
             ("probation_until", &later),
         ],
         vec![
             ("locked_until", &now),
             ("strikes", "1"),
-            ("probation_until", "9007199254740993"),
+            ("probation_until", "9.1e15"),
         ],
         vec![
             ("locked_until", ""),
@@ -576,6 +576,29 @@ fn damaged_lock_fields_are_refused_naming_the_key() {
             assert_eq!(snapshot(&mut con, &key), before, "{lock:?}: key touched");
         }
     }
+}
+
+#[test]
+fn lock_fields_are_read_in_any_spelling_of_a_stored_whole_number() {
+    let (_server, mut con) = library();
+    let until = server_time_ms(&mut con) + HOUR_MS;
+    frozen(&mut con, "k", "5");
+    let until_text = format!("+{}e-3", until * 1000);
+    let probation_text = format!("{}.0", until + HOUR_MS);
+    hset(
+        &mut con,
+        "k",
+        &[
+            ("locked_until", &until_text),
+            ("strikes", "1E0"),
+            ("probation_until", &probation_text),
+        ],
+    );
+    assert_eq!(
+        ints(&mut con, "take", &["k"], &["5", "1", "1"])[0],
+        0,
+        "locked"
+    );
 }
 
 #[test]
