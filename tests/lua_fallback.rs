@@ -934,3 +934,372 @@ fn a_restricted_user_needs_the_commands_the_fallback_calls() {
     println!("without +pexpireat: {err}");
     assert_eq!(pexpiretime(&mut admin, "rl:2"), -1);
 }
+
+// --- The options and the commands of issue 25 -------------------------------------------------
+//
+// MAXWAIT, BLOCK and MAXBLOCK on TB.TAKE and TB.TAKEALL, TB.CHARGE [MAXDEBT], TB.UNBLOCK and
+// TB.THROTTLE, through the module and the twin on twin keys, compared as above: the same
+// replies, hash bytes (the lock fields included) and absolute expiry.
+
+/// TB.<COMMAND> on the `a` keys of `pairs` and its twin on their `b` keys: each key followed by
+/// its `numbers` (capacity rate n, throttle's max_burst count period [quantity], or none for
+/// TB.UNBLOCK), then `options` after the last key's.
+fn call_with_options(
+    fallback: &Fallback,
+    command: &str,
+    pairs: &[&Pair],
+    numbers: &[Vec<String>],
+    options: &[String],
+) -> TwinCall {
+    let mut module = redis::cmd(&format!("TB.{}", command.to_uppercase()));
+    let mut twin_args: Vec<&[u8]> = Vec::new();
+    for (pair, numbers) in pairs.iter().zip(numbers) {
+        module.arg(&pair.a);
+        for number in numbers {
+            module.arg(number);
+            twin_args.push(number.as_bytes());
+        }
+    }
+    for option in options {
+        module.arg(option);
+        twin_args.push(option.as_bytes());
+    }
+    let b_keys: Vec<&[u8]> = pairs.iter().map(|pair| pair.b.as_bytes()).collect();
+    TwinCall {
+        module,
+        twin: fallback.cmd_for(command, &b_keys, &twin_args),
+        keys: pairs
+            .iter()
+            .map(|pair| (pair.a.clone(), pair.b.clone()))
+            .collect(),
+        view: View::Hash,
+    }
+}
+
+/// `word` in upper, lower or mixed case: the keywords take any.
+fn any_case(rng: &mut Rng, word: &str) -> String {
+    match rng.below(3) {
+        0 => word.to_string(),
+        1 => word.to_lowercase(),
+        _ => word[..1].to_string() + &word[1..].to_lowercase(),
+    }
+}
+
+/// TB.TAKE's options, each part now and then: MAXWAIT (0 included), BLOCK with or without
+/// MAXBLOCK, in either order, in any case. Short locks, so they end, escalate and start over
+/// within a run.
+fn random_take_options(rng: &mut Rng) -> Vec<String> {
+    let mut parts: Vec<Vec<String>> = Vec::new();
+    if rng.chance(45) {
+        let ms = rng.pick(&["0", "1", "20", "250", "1000", "5000", "60000"]);
+        parts.push(vec![any_case(rng, "MAXWAIT"), ms.to_string()]);
+    }
+    if rng.chance(50) {
+        let block: u64 = *rng.pick(&[1, 20, 50, 150, 400]);
+        let mut part = vec![any_case(rng, "BLOCK"), block.to_string()];
+        if rng.chance(50) {
+            let factor: u64 = *rng.pick(&[1, 2, 4, 10, 100]);
+            part.extend([any_case(rng, "MAXBLOCK"), (block * factor).to_string()]);
+        }
+        parts.push(part);
+    }
+    if rng.chance(50) {
+        parts.reverse();
+    }
+    parts.concat()
+}
+
+/// Buckets with a lock stored (fields in this order, the same on both keys): one that holds
+/// for a moment, one that holds all run, three ended within their probation, one whose probation
+/// has ended, and one spelled with a sign, an exponent and a fraction.
+fn lock_seed_states(now_ms: i64) -> Vec<Vec<(String, String)>> {
+    let lock = |tokens: &str, ago: i64, [until, strikes, probation]: [String; 3]| {
+        vec![
+            ("tokens".to_string(), tokens.to_string()),
+            ("last_refill".to_string(), (now_ms - ago).to_string()),
+            ("locked_until".to_string(), until),
+            ("strikes".to_string(), strikes),
+            ("probation_until".to_string(), probation),
+        ]
+    };
+    let at = |offset: i64| (now_ms + offset).to_string();
+    vec![
+        lock("3", 100, [at(300), "1".into(), at(600)]),
+        lock("0", 50, [at(600_000), "2".into(), at(1_200_000)]),
+        lock("5", 1000, [at(-10), "3".into(), at(3000)]),
+        lock("-2", 0, [at(-5000), "4".into(), at(-1000)]),
+        // Deep in debt and within a long probation: a denial with BLOCK escalates.
+        lock("-1e6", 0, [at(-10), "2".into(), at(600_000)]),
+        lock("-1e5", 0, [at(-1), "1".into(), at(600_000)]),
+        lock(
+            "1",
+            10,
+            [
+                format!("+{}e-3", (now_ms + 200) * 1000),
+                "1E0".into(),
+                format!("{}.0", now_ms + 400),
+            ],
+        ),
+    ]
+}
+
+/// A text field of a hash read as (field, value, ...).
+fn field_text(hash: &[Vec<u8>], field: &str) -> Option<String> {
+    hash.chunks(2)
+        .find(|kv| kv[0] == field.as_bytes())
+        .map(|kv| String::from_utf8_lossy(&kv[1]).into_owned())
+}
+
+/// A stored whole number (a lock field in any spelling) of a hash, if there.
+fn whole_field(hash: &[Vec<u8>], field: &str) -> Option<i64> {
+    field_text(hash, field).map(|text| text.parse::<f64>().expect("a stored number") as i64)
+}
+
+/// What the random runs of the new options and commands must have compared at least once.
+const OPTION_OUTCOMES: [&str; 14] = [
+    "take",
+    "takeall",
+    "peek",
+    "refund",
+    "charge",
+    "unblock",
+    "throttle",
+    "reservation",
+    "lock started",
+    "escalation",
+    "denied by a lock",
+    "debt",
+    "unblocked",
+    "throttle limited",
+];
+
+/// One random call of the new options and commands (and the old commands on locked buckets):
+/// its command, the pairs it names, each pair's numbers and the options.
+fn random_option_call(
+    rng: &mut Rng,
+    pairs: &[Pair],
+    index: usize,
+) -> (&'static str, Vec<usize>, Vec<Vec<String>>, Vec<String>) {
+    let command = match rng.below(100) {
+        0..=34 => "take",
+        35..=49 => "takeall",
+        50..=57 => "peek",
+        58..=64 => "refund",
+        65..=79 => "charge",
+        80..=86 => "unblock",
+        _ => "throttle",
+    };
+    let mut chosen = vec![index];
+    if command == "takeall" {
+        for _ in 0..rng.below(3) {
+            let other = rng.below(pairs.len());
+            if !chosen.contains(&other) {
+                chosen.push(other);
+            }
+        }
+    }
+    let limit = |pair: &Pair| vec![pair.capacity.clone(), pair.rate.clone()];
+    let capacity = |pair: &Pair| -> f64 { pair.capacity.parse().expect("capacity parses") };
+    let mut numbers: Vec<Vec<String>> = Vec::new();
+    let mut options = Vec::new();
+    for &i in &chosen {
+        let pair = &pairs[i];
+        numbers.push(match command {
+            "unblock" => vec![],
+            "throttle" => {
+                let burst = rng.below(21);
+                let mut args = vec![
+                    burst.to_string(),
+                    (1 + rng.below(50)).to_string(),
+                    (1 + rng.below(30)).to_string(),
+                ];
+                if rng.chance(40) {
+                    let quantity = *rng.pick(&[0, 1, 2, 3, burst + 2]);
+                    args.push(quantity.to_string());
+                }
+                args
+            }
+            "peek" if rng.chance(30) => limit(pair),
+            "charge" => {
+                let n = match rng.below(4) {
+                    0 => format!("{}", 2.0 * capacity(pair)),
+                    1 => rng.pick(&["5", "10", "0.5", "0"]).to_string(),
+                    _ => random_n(rng, capacity(pair)),
+                };
+                [limit(pair), vec![n]].concat()
+            }
+            _ => [limit(pair), vec![random_n(rng, capacity(pair))]].concat(),
+        });
+    }
+    if command == "take" || command == "takeall" {
+        options = random_take_options(rng);
+        // A whole bucket now and then: what a reservation waits for.
+        let reserves = options
+            .iter()
+            .any(|word| word.eq_ignore_ascii_case("MAXWAIT"));
+        if reserves && rng.chance(40) {
+            for (numbers, &i) in numbers.iter_mut().zip(&chosen) {
+                numbers[2] = pairs[i].capacity.clone();
+            }
+        }
+    } else if command == "charge" && rng.chance(50) {
+        let debt = rng.pick(&["0", "0.5", "1", "2.5", "10", "1e3", MAX_TOKENS]);
+        options = vec![any_case(rng, "MAXDEBT"), debt.to_string()];
+    }
+    (command, chosen, numbers, options)
+}
+
+/// Counts what one compared call of the new options showed, and checks the expiry rule on a
+/// single bucket that was written: `max(last_refill + max(1, reset_after_ms),
+/// probation_until)` (core/src/bucket.rs deadline_ms).
+fn tally_option_call(tally: &mut Tally, seen: &Observed, command: &'static str, what: &str) {
+    let now = seen.clocks_ms[0];
+    tally.compared += 1;
+    tally.saw(command);
+    let ints: Vec<i64> = match &seen.twin {
+        Value::Int(flag) => vec![*flag],
+        reply => redis::from_redis_value(reply)
+            .unwrap_or_else(|e| panic!("{what}: not integers ({e}): {}", seen.context())),
+    };
+    for (before, after) in seen.before.iter().zip(&seen.after) {
+        let (until_before, until_after) = (
+            whole_field(&before.b, "locked_until"),
+            whole_field(&after.b, "locked_until"),
+        );
+        if until_after.is_some() && until_after != until_before {
+            tally.saw("lock started");
+            if whole_field(&after.b, "strikes").unwrap_or(0) > 1 {
+                tally.saw("escalation");
+            }
+        }
+        if field_text(&after.b, "tokens").is_some_and(|tokens| tokens.starts_with('-')) {
+            tally.saw("debt");
+        }
+    }
+    let locked_before = whole_field(&seen.before[0].b, "locked_until").is_some_and(|u| now < u);
+    match command {
+        "unblock" if ints[0] == 1 => tally.saw("unblocked"),
+        "unblock" => {}
+        "throttle" => {
+            if ints[0] == 1 {
+                tally.saw("throttle limited");
+                if locked_before {
+                    tally.saw("denied by a lock");
+                }
+            }
+        }
+        _ => {
+            if ints[0] == 0 && locked_before {
+                tally.saw("denied by a lock");
+            }
+            if ints[0] == 1 && ints[2] > 0 && (command == "take" || command == "takeall") {
+                tally.saw("reservation");
+            }
+        }
+    }
+    let (before, after) = (&seen.before[0], &seen.after[0]);
+    if matches!(command, "take" | "refund" | "charge") && after.b != before.b {
+        let last_refill = whole_field(&after.b, "last_refill").expect("written last_refill");
+        let full = last_refill + ints[3].max(1);
+        let deadline = match whole_field(&after.b, "locked_until") {
+            Some(_) => full.max(whole_field(&after.b, "probation_until").expect("probation")),
+            None => full,
+        };
+        assert_eq!(
+            after.expire_b,
+            deadline,
+            "deadline rule: {what}: {}",
+            seen.context()
+        );
+    }
+}
+
+/// Runs `steps` random calls of the new options and commands through the module (keys `a:*`)
+/// and `fallback` (keys `b:*`) on buckets plain, hand-edited and locked, and asserts that every
+/// pair seen in one millisecond agrees on reply, hash bytes and expiry.
+fn differential_with_options(
+    con: &mut redis::Connection,
+    fallback: &Fallback,
+    steps: usize,
+    seed: u64,
+) -> Tally {
+    let mut rng = Rng(seed);
+    let now = server_time_ms(con);
+    let prefix = match fallback {
+        Fallback::Script { .. } => "os",
+        Fallback::Function => "of",
+    };
+    let states: Vec<Vec<(String, String)>> = seed_states(now)
+        .into_iter()
+        .chain(lock_seed_states(now))
+        .collect();
+    let mut pairs: Vec<Pair> = Vec::new();
+    for (i, fields) in states.iter().enumerate() {
+        let pair = Pair {
+            a: format!("{prefix}:a:{i}"),
+            b: format!("{prefix}:b:{i}"),
+            capacity: random_capacity(&mut rng),
+            rate: random_rate(&mut rng),
+        };
+        for key in [&pair.a, &pair.b] {
+            let _: i64 = redis::cmd("DEL").arg(key).query(con).expect("DEL");
+            if !fields.is_empty() {
+                let refs: Vec<(&str, &str)> = fields
+                    .iter()
+                    .map(|(f, v)| (f.as_str(), v.as_str()))
+                    .collect();
+                hset(con, key, &refs);
+            }
+        }
+        pairs.push(pair);
+    }
+    let mut tally = Tally::default();
+    for step in 0..steps {
+        let index = rng.below(pairs.len());
+        if rng.chance(8) {
+            pairs[index].capacity = random_capacity(&mut rng);
+        }
+        if rng.chance(8) {
+            pairs[index].rate = random_rate(&mut rng);
+        }
+        let (command, chosen, numbers, options) = random_option_call(&mut rng, &pairs, index);
+        let call_pairs: Vec<&Pair> = chosen.iter().map(|&i| &pairs[i]).collect();
+        let call = call_with_options(fallback, command, &call_pairs, &numbers, &options);
+        let what = format!(
+            "seed {seed} step {step} (TB.{command} {}), key pairs {chosen:?}, numbers \
+             {numbers:?}, options {options:?}",
+            fallback.name(),
+        );
+        if let Some(seen) = compared_call(con, &call, &what, STEP_ATTEMPTS, None, &mut tally) {
+            seen.assert_twins(&what);
+            tally_option_call(&mut tally, &seen, command, &what);
+        }
+        if rng.chance(3) {
+            sleep_ms(100 + rng.below(200) as i64);
+        } else if rng.chance(30) {
+            sleep_ms(1 + rng.below(20) as i64);
+        }
+    }
+    println!("{} seed {seed}: {tally:?}", fallback.name());
+    tally
+}
+
+#[test]
+fn the_script_matches_the_module_with_options_call_for_call() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let fallback = Fallback::script(&mut con);
+    let steps = 400;
+    let tally = differential_with_options(&mut con, &fallback, steps, seed() ^ 0x25);
+    tally.assert_well_covered(steps, &OPTION_OUTCOMES);
+}
+
+#[test]
+fn the_function_library_matches_the_module_with_options_call_for_call() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let fallback = Fallback::function(&mut con);
+    let steps = 300;
+    let tally = differential_with_options(&mut con, &fallback, steps, seed() ^ 0x25f);
+    tally.assert_well_covered(steps, &OPTION_OUTCOMES);
+}
