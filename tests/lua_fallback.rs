@@ -1303,3 +1303,375 @@ fn the_function_library_matches_the_module_with_options_call_for_call() {
     let tally = differential_with_options(&mut con, &fallback, steps, seed() ^ 0x25f);
     tally.assert_well_covered(steps, &OPTION_OUTCOMES);
 }
+
+/// Option words after TB.TAKE's numbers that either refuses, and whether TB.TAKEALL's module
+/// form reads them as options too (their first word is a keyword; otherwise the module counts
+/// them as a group, and its error is the arity's, while the twin's KEYS leave no doubt).
+const BAD_TAKE_OPTIONS: [(&str, bool); 19] = [
+    ("WAIT 5", false),
+    ("1", false),
+    ("MAXWAIT 5 MAXWAIT 5", true),
+    ("block 5 BLOCK 5", true),
+    ("MAXWAIT", true),
+    ("MAXWAIT 5 BLOCK", true),
+    ("MAXWAIT 5 WAIT 5", true),
+    ("MAXWAIT -1", true),
+    ("MAXWAIT 1.5", true),
+    ("MAXWAIT 1e3", true),
+    ("MAXWAIT 9007199254740993", true),
+    ("BLOCK 0", true),
+    ("BLOCK 000", true),
+    ("BLOCK 10 MAXBLOCK 9", true),
+    ("BLOCK 10 MAXBLOCK 0", true),
+    ("MAXBLOCK 10", true),
+    ("MAXBLOCK 10 MAXWAIT 1", true),
+    ("MAXWAIT x BLOCK 0", true),
+    ("BLOCK 0 WAIT", true),
+];
+
+/// Damaged lock fields, each on a bucket that is otherwise fine.
+fn damaged_locks(now_ms: i64) -> Vec<Vec<(&'static str, String)>> {
+    let (now, later) = (now_ms.to_string(), (now_ms + 1000).to_string());
+    let lock = |until: &str, strikes: &str, probation: &str| {
+        vec![
+            ("locked_until", until.to_string()),
+            ("strikes", strikes.to_string()),
+            ("probation_until", probation.to_string()),
+        ]
+    };
+    vec![
+        lock("x", "1", &later),
+        vec![("locked_until", now.clone())],
+        vec![("locked_until", now.clone()), ("strikes", "1".into())],
+        lock(&now, "0", &later),
+        lock(&now, "-0", &later),
+        lock(&later, "1", &now),
+        lock("-1", "1", &later),
+        lock("1.5", "1", &later),
+        lock("0x10", "1", &later),
+        lock(&now, "1", "9.1e15"),
+        lock("", "1", &later),
+        lock(&now, "1", "inf"),
+        lock(&format!(" {now}"), "1", &later),
+    ]
+}
+
+/// The new options and commands refuse what the module refuses, in its words, before the key
+/// is touched: bad options in every position, TB.THROTTLE's arguments, argument counts,
+/// foreign values, damaged lock fields (named by key) and a bucket damaged twice.
+fn check_option_errors(fallback: &Fallback, con: &mut redis::Connection) {
+    let ok: &[u8] = b"rl:ok";
+    let _: Value = module_cmd("take", ok, &[b"10", b"0.001", b"3"])
+        .query(con)
+        .unwrap();
+    let _: () = redis::cmd("SET").arg("rl:str").arg("x").query(con).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("rl:cell")
+        .arg("0")
+        .query(con)
+        .unwrap();
+    let same = |con: &mut redis::Connection,
+                command: &str,
+                module_args: &[&[u8]],
+                keys: &[&[u8]],
+                twin_args: &[&[u8]]| {
+        let mut module = redis::cmd(&format!("TB.{}", command.to_uppercase()));
+        for arg in module_args {
+            module.arg(*arg);
+        }
+        assert_same_error(
+            con,
+            ok,
+            &module,
+            &fallback.cmd_for(command, keys, twin_args),
+            &format!(
+                "{} TB.{command} {}",
+                fallback.name(),
+                show_args(module_args)
+            ),
+        );
+    };
+    let numbers: [&[u8]; 3] = [b"10", b"1", b"1"];
+    for (words, takeall_too) in BAD_TAKE_OPTIONS {
+        let words: Vec<&[u8]> = words.split(' ').map(str::as_bytes).collect();
+        for key in [ok, b"rl:str"] {
+            let twin_args = [&numbers[..], &words].concat();
+            let module_args = [&[key][..], &twin_args].concat();
+            same(con, "take", &module_args, &[key], &twin_args);
+        }
+        let bad_rate: Vec<&[u8]> = [&[&b"10"[..], b"x", b"1"][..], &words].concat();
+        same(
+            con,
+            "take",
+            &[&[ok][..], &bad_rate].concat(),
+            &[ok],
+            &bad_rate,
+        );
+        if takeall_too {
+            let twin_args = [&numbers[..], &numbers, &words].concat();
+            let module_args = [&[ok][..], &numbers, &[b"rl:two"], &numbers, &words].concat();
+            same(con, "takeall", &module_args, &[ok, b"rl:two"], &twin_args);
+        }
+    }
+    for words in [
+        "MAXDEBT",
+        "MAXDEBT -1",
+        "MAXDEBT 1e16",
+        "MAXDEBT nan",
+        "maxdebt 1 MaxDebt 2",
+        "MAXWAIT 1",
+        "MAXDEBT 1 x",
+        "MAXDEBT -1 x",
+        "MAXDEBT 1 MAXDEBT",
+    ] {
+        let words: Vec<&[u8]> = words.split(' ').map(str::as_bytes).collect();
+        for key in [ok, b"rl:str"] {
+            let twin_args = [&numbers[..], &words].concat();
+            same(
+                con,
+                "charge",
+                &[&[key][..], &twin_args].concat(),
+                &[key],
+                &twin_args,
+            );
+        }
+    }
+    #[rustfmt::skip]
+    let throttles: Vec<Vec<&[u8]>> = vec![
+        vec![b"-1", b"x", b"x", b"x"],
+        vec![b"9007199254740992", b"1", b"1"],
+        vec![b"1.5", b"1", b"1"],
+        vec![b"", b"1", b"1"],
+        vec![b"1", b"0", b"x"],
+        vec![b"1", b"9007199254740993", b"1"],
+        vec![b"1", b"1", b"0"],
+        vec![b"1", b"1", b"1e3"],
+        vec![b"1", b"1", b"1", b"1.5"],
+        vec![b"1", b"1", b"1", b"-1"],
+        vec![b"1", b"1", b"1", b"9007199254740993"],
+        vec![b"1", b"1"],
+        vec![b"1", b"1", b"1", b"1", b"1"],
+    ];
+    for args in &throttles {
+        for key in [ok, b"rl:str"] {
+            same(con, "throttle", &[&[key][..], args].concat(), &[key], args);
+        }
+    }
+    // Argument counts, and values of another type.
+    same(con, "unblock", &[ok, b"x"], &[ok], &[b"x"]);
+    same(con, "unblock", &[b"rl:str"], &[b"rl:str"], &[]);
+    same(con, "charge", &[ok, b"10", b"1"], &[ok], &[b"10", b"1"]);
+    let peek_options: [&[u8]; 5] = [b"10", b"1", b"1", b"MAXWAIT", b"5"];
+    same(
+        con,
+        "peek",
+        &[&[ok][..], &peek_options].concat(),
+        &[ok],
+        &peek_options,
+    );
+    same(
+        con,
+        "refund",
+        &[&[ok][..], &peek_options].concat(),
+        &[ok],
+        &peek_options,
+    );
+    same(
+        con,
+        "take",
+        &[&b"rl:cell"[..], b"10", b"1", b"1"],
+        &[b"rl:cell"],
+        &numbers,
+    );
+    same(
+        con,
+        "throttle",
+        &[&b"rl:str"[..], b"1", b"1", b"1"],
+        &[b"rl:str"],
+        &numbers,
+    );
+    for foreign in foreign_values(con, "hash") {
+        if foreign != b"t:string" {
+            same(
+                con,
+                "throttle",
+                &[foreign, b"1", b"1", b"1"],
+                &[foreign],
+                &numbers,
+            );
+        }
+        same(con, "unblock", &[foreign], &[foreign], &[]);
+        same(
+            con,
+            "charge",
+            &[&[foreign][..], &numbers].concat(),
+            &[foreign],
+            &numbers,
+        );
+    }
+
+    // Damaged lock fields, under keys that need escaping, through every command that reads a
+    // bucket; a bucket whose tokens are damaged too is named for those first.
+    let now = server_time_ms(con);
+    let mut damaged = damaged_locks(now);
+    let mut both = damaged_locks(now)[0].clone();
+    both.push(("tokens", "nan".to_string()));
+    damaged.push(both);
+    for (bad_key, _) in &keys_that_need_escaping("rl:") {
+        for lock in &damaged {
+            let _: i64 = redis::cmd("DEL").arg(bad_key).query(con).unwrap();
+            let now_text = now.to_string();
+            let _: i64 = hset_cmd(bad_key, &[("tokens", "1"), ("last_refill", &now_text)])
+                .query(con)
+                .unwrap();
+            let _: i64 = hset_cmd(bad_key, lock).query(con).unwrap();
+            for (command, args) in [
+                ("take", &[&b"10"[..], b"1", b"1"][..]),
+                ("take", &[&b"10"[..], b"1", b"1", b"BLOCK", b"5"][..]),
+                ("peek", &[&b"10"[..], b"1"][..]),
+                ("refund", &[&b"10"[..], b"1", b"1"][..]),
+                ("charge", &[&b"10"[..], b"1", b"1"][..]),
+                ("takeall", &[&b"10"[..], b"1", b"1"][..]),
+                ("throttle", &[&b"9"[..], b"1", b"1"][..]),
+            ] {
+                let module = module_cmd(command, bad_key, args);
+                assert_same_error(
+                    con,
+                    bad_key,
+                    &module,
+                    &fallback.cmd(command, bad_key, args),
+                    &format!(
+                        "{} TB.{command} {lock:?} under {:?}",
+                        fallback.name(),
+                        String::from_utf8_lossy(bad_key)
+                    ),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_script_refuses_bad_options_in_the_module_words() {
+    with_twin(Fallback::script, check_option_errors);
+}
+
+#[test]
+fn the_function_library_refuses_bad_options_in_the_module_words() {
+    with_twin(Fallback::function, check_option_errors);
+}
+
+/// The new options and commands at their extremes, each compared once (retried until the
+/// clocks agree): MAXWAIT, BLOCK, MAXBLOCK and MAXDEBT at 2^53, reservations one ms inside and
+/// outside their horizon, locks and probations capped at 2^53, strikes at 2^53 and past 62
+/// doublings, lock fields in every spelling of a stored number, charges to exactly zero
+/// (where a debt floor of -0 meets a balance of 0), TB.THROTTLE's largest arguments and
+/// waits, TB.UNBLOCK of whole and partial locks.
+#[test]
+fn the_script_matches_the_module_at_the_extremes_of_the_options() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let fallback = Fallback::script(&mut con);
+    let now = server_time_ms(&mut con);
+    let ago = |ms: i64| (now - ms).to_string();
+    let at = |ms: i64| (now + ms).to_string();
+    let frozen = "99999999999999".to_string();
+    type Fields = Vec<(&'static str, String)>;
+    let stored = |tokens: &str, last_refill: String| -> Fields {
+        vec![("tokens", tokens.into()), ("last_refill", last_refill)]
+    };
+    let locked = |tokens: &str, [until, strikes, probation]: [String; 3]| -> Fields {
+        vec![
+            ("tokens", tokens.into()),
+            ("last_refill", ago(0)),
+            ("locked_until", until),
+            ("strikes", strikes),
+            ("probation_until", probation),
+        ]
+    };
+    let max = MAX_TOKENS.to_string();
+    #[rustfmt::skip]
+    let rows: Vec<(Fields, &str, Vec<&str>, Vec<&str>)> = vec![
+        // stored fields, command, its numbers, its options
+        (vec![], "take", vec!["5", "1", "1"], vec!["MAXWAIT", MAX_TOKENS]),
+        (stored("0", ago(0)), "take", vec![MAX_TOKENS, "1e-300", "1"], vec!["MAXWAIT", MAX_TOKENS]),
+        (stored("0", ago(0)), "take", vec!["10", "1e300", "1"], vec!["MAXWAIT", "1"]),
+        (stored("-1e308", ago(5)), "take", vec!["1", "1e-300", "1"], vec!["MAXWAIT", MAX_TOKENS]),
+        (stored("-1e308", ago(5)), "take", vec!["1", "1e300", "1"], vec!["MAXWAIT", "1"]),
+        (stored("0.5", frozen.clone()), "take", vec!["1", "0.001", "1"], vec!["MAXWAIT", "500000"]),
+        (stored("0.5", frozen.clone()), "take", vec!["1", "0.001", "1"], vec!["MAXWAIT", "499999"]),
+        (stored("0.30000000000000004", ago(1)), "take", vec!["0.3", "0.1", "0.2"], vec!["MAXWAIT", "1000"]),
+        (stored("2.9802322387695313e-8", ago(0)), "take", vec!["1", "3e-7", "1"], vec!["maxwait", "9999999"]),
+        (vec![], "take", vec!["5", "1", "6"], vec!["BLOCK", MAX_TOKENS]),
+        (vec![], "take", vec!["5", "1", "6"], vec!["BLOCK", "1", "MAXBLOCK", MAX_TOKENS]),
+        (stored("0", ago(0)), "take", vec!["5", "1", "1"], vec!["BLOCK", MAX_TOKENS, "MAXWAIT", MAX_TOKENS]),
+        (locked("0", [ago(1), max.clone(), at(10_000)]), "take", vec!["5", "1", "6"], vec!["BLOCK", "1", "MAXBLOCK", MAX_TOKENS]),
+        (locked("0", [ago(1), "60".into(), at(10_000)]), "take", vec!["5", "1", "6"], vec!["BLOCK", "3", "MAXBLOCK", "1000000000000000"]),
+        (locked("0", [ago(1), "52".into(), at(10_000)]), "take", vec!["5", "1", "6"], vec!["BLOCK", "3", "MAXBLOCK", MAX_TOKENS]),
+        (locked("0", [ago(1), "1".into(), at(10_000)]), "take", vec!["5", "1", "6"], vec!["BLOCK", "7", "MAXBLOCK", MAX_TOKENS]),
+        (locked("5", [max.clone(), "1".into(), max.clone()]), "take", vec!["5", "1", "1"], vec![]),
+        (locked("5", [max.clone(), "1".into(), max.clone()]), "take", vec!["5", "1", "6"], vec!["MAXWAIT", MAX_TOKENS]),
+        (locked("5", ["0".into(), "1".into(), "0".into()]), "take", vec!["5", "1", "1"], vec![]),
+        (locked("0", ["-0".into(), "1E0".into(), "+0".into()]), "take", vec!["5", "1", "1"], vec!["BLOCK", "5"]),
+        (locked("0", [format!("{}e-2", (now + 60_000) * 100), "2.0".into(), format!("+{}", now + 120_000)]), "take", vec!["5", "1", "1"], vec![]),
+        (locked("0", [at(600_000), "3".into(), at(1_200_000)]), "refund", vec!["5", "0.001", "1"], vec![]),
+        (locked("0", [at(600_000), "3".into(), at(1_200_000)]), "peek", vec!["5", "0.001", "0"], vec![]),
+        (locked("1", [at(600_000), "3".into(), at(1_200_000)]), "charge", vec!["5", "0.001", "1"], vec![]),
+        (stored("0", ago(0)), "charge", vec![MAX_TOKENS, "1", MAX_TOKENS], vec!["MAXDEBT", MAX_TOKENS]),
+        (stored("1", frozen.clone()), "charge", vec!["5", "1", "1"], vec!["MAXDEBT", "0"]),
+        (stored("0.5", frozen.clone()), "charge", vec!["5", "1", "0.5"], vec!["MAXDEBT", "0"]),
+        (stored("0", frozen.clone()), "charge", vec!["5", "1", "1"], vec!["MAXDEBT", "0"]),
+        (stored("-0", frozen.clone()), "charge", vec!["5", "1", "1"], vec!["MAXDEBT", "0"]),
+        (stored("-0", frozen.clone()), "charge", vec!["5", "1", "1"], vec![]),
+        (stored("3", frozen.clone()), "charge", vec!["5", "1", "1"], vec!["MAXDEBT", "1e-400"]),
+        (stored("-1e308", ago(5)), "charge", vec!["1", "1e-300", "1"], vec![]),
+        (stored("0.1", ago(0)), "charge", vec!["1", "0.3", "0.30000000000000004"], vec!["MAXDEBT", "0.2"]),
+        (stored("5", ago(0)), "charge", vec!["5", "1", "0"], vec!["MAXDEBT", "0"]),
+        (vec![], "throttle", vec!["9007199254740991", "9007199254740992", "1", "9007199254740992"], vec![]),
+        (stored("0", ago(0)), "throttle", vec!["0", "1", "9007199254740992"], vec![]),
+        (stored("0", ago(0)), "throttle", vec!["9007199254740991", "1", "9007199254740992"], vec![]),
+        (stored("0.001", ago(0)), "throttle", vec!["4", "3", "7", "2"], vec![]),
+        (stored("-3", frozen.clone()), "throttle", vec!["4", "1", "1", "0"], vec![]),
+        (locked("9", [at(600_000), "1".into(), at(1_200_000)]), "throttle", vec!["9", "1", "1"], vec![]),
+        (locked("9", [at(600_000), "1".into(), at(1_200_000)]), "unblock", vec![], vec![]),
+        (vec![("tokens", "1".into()), ("last_refill", ago(0)), ("probation_until", "x".into())], "unblock", vec![], vec![]),
+        (stored("1", ago(0)), "unblock", vec![], vec![]),
+    ];
+    for (row, (fields, command, numbers, options)) in rows.iter().enumerate() {
+        let pair = Pair {
+            a: format!("xo:a:{row}"),
+            b: format!("xo:b:{row}"),
+            capacity: String::new(),
+            rate: String::new(),
+        };
+        let mut setup = Vec::new();
+        for key in [&pair.a, &pair.b] {
+            let mut del = redis::cmd("DEL");
+            del.arg(key);
+            setup.push(del);
+            if !fields.is_empty() {
+                setup.push(hset_cmd(key.as_bytes(), fields));
+            }
+        }
+        let numbers: Vec<String> = numbers.iter().map(|n| n.to_string()).collect();
+        let options: Vec<String> = options.iter().map(|o| o.to_string()).collect();
+        let call = call_with_options(&fallback, command, &[&pair], &[numbers], &options);
+        let mut attempts = 0;
+        let seen = loop {
+            let seen =
+                run_twin_call(&mut con, &call, &setup).unwrap_or_else(|e| panic!("row {row}: {e}"));
+            if seen.clocks_agree() {
+                break seen;
+            }
+            attempts += 1;
+            assert!(attempts < 50, "row {row}: the clocks never agreed");
+        };
+        println!(
+            "row {row}: TB.{command} {fields:?} {options:?} -> {:?} [{}] expire {}",
+            seen.module,
+            View::Hash.show(&seen.first().a),
+            seen.first().expire_a
+        );
+        seen.assert_twins(&format!("row {row}: TB.{command}"));
+    }
+}
