@@ -78,14 +78,17 @@ impl TakeOptions {
 impl State {
     /// Tokens available at `now_ms`, per the formula shared with the Lua
     /// script: `min(capacity, tokens + max(0, now - last_refill) / 1000 * rate)`.
-    /// Debt (tokens below zero) is repaid by the same refill.
+    /// Debt (tokens below zero) is repaid by the same refill. No call can
+    /// leave more than 2^53 of it (MAXDEBT and the capacity are bounded so);
+    /// a deeper hand-edited value counts as 2^53: `max(tokens, -2^53)`.
     ///
     /// The operations are done in the script's order so both produce the
     /// same doubles. With finite inputs the result is never NaN: an overflow
     /// can only reach +inf, which `min` brings back to the capacity.
     pub fn available_at(&self, limit: &Limit, now_ms: f64) -> f64 {
         let elapsed_ms = (now_ms - self.last_refill_ms).max(0.0);
-        let refilled = self.tokens + elapsed_ms / 1000.0 * limit.refill_per_sec;
+        let tokens = self.tokens.max(-(MAX_EXACT_INTEGER as f64));
+        let refilled = tokens + elapsed_ms / 1000.0 * limit.refill_per_sec;
         refilled.min(limit.capacity)
     }
 }
