@@ -133,10 +133,11 @@ local function show_key(key)
 end
 
 -- core/src/bucket.rs State::available_at, same operations in the same order.
--- Tokens below zero are debt (MAXWAIT, TB.CHARGE), repaid by the same refill.
+-- Tokens below zero are debt (MAXWAIT, TB.CHARGE), repaid by the same refill;
+-- a deeper hand-edited debt than 2^53 counts as 2^53.
 local function available_at(tokens, last_refill, capacity, rate, now)
   local elapsed = math.max(now - last_refill, 0)
-  local refilled = tokens + elapsed / 1000 * rate
+  local refilled = math.max(tokens, -MAX_EXACT_INTEGER) + elapsed / 1000 * rate
   return math.min(refilled, capacity)
 end
 
