@@ -1675,3 +1675,174 @@ fn the_script_matches_the_module_at_the_extremes_of_the_options() {
         seen.assert_twins(&format!("row {row}: TB.{command}"));
     }
 }
+
+/// Replicas and the AOF get the same commands from both for the new calls: a lock start is one
+/// HSET of the five fields and the PEXPIREAT of its probation, TB.UNBLOCK one HDEL, a write on
+/// a locked key an HSET of tokens and last_refill, and a call that writes nothing (a denial
+/// during a lock, TB.UNBLOCK without a lock, TB.CHARGE of 0) appends nothing. Each call is
+/// compared in one ms, then its transaction's commands on A and on B (renamed A) must be the
+/// same.
+#[test]
+fn the_twins_append_the_same_commands_for_the_new_calls() {
+    for make_fallback in [
+        Fallback::script as fn(&mut redis::Connection) -> Fallback,
+        Fallback::function,
+    ] {
+        let server = Server::start_with(AOF_ARGS);
+        let mut con = server.conn();
+        let fallback = make_fallback(&mut con);
+        let now = server_time_ms(&mut con);
+        type Fields = Vec<(&'static str, String)>;
+        let frozen = |tokens: &str| -> Fields {
+            vec![
+                ("tokens", tokens.into()),
+                ("last_refill", "99999999999999".into()),
+            ]
+        };
+        let locked = |until: i64, strikes: &str, probation: i64| -> Fields {
+            vec![
+                ("tokens", "5".into()),
+                ("last_refill", (now - 10).to_string()),
+                ("locked_until", (now + until).to_string()),
+                ("strikes", strikes.into()),
+                ("probation_until", (now + probation).to_string()),
+            ]
+        };
+        let holds = locked(600_000, "1", 1_200_000);
+        let ended = locked(-10, "2", 600_000);
+        let mut in_debt_ended = ended.clone();
+        in_debt_ended[0].1 = "-3".into();
+        // Stored fields, command, numbers, options, whether it writes.
+        type Step = (
+            Fields,
+            &'static str,
+            Vec<&'static str>,
+            Vec<&'static str>,
+            bool,
+        );
+        #[rustfmt::skip]
+        let steps: Vec<Step> = vec![
+            (vec![], "take", vec!["5", "1", "6"], vec!["BLOCK", "1000"], true),
+            (in_debt_ended.clone(), "take", vec!["5", "1", "1"], vec!["BLOCK", "100", "MAXBLOCK", "1000"], true),
+            (holds.clone(), "take", vec!["5", "1", "1"], vec!["BLOCK", "10"], false),
+            (holds.clone(), "peek", vec!["5", "1", "1"], vec![], false),
+            (holds.clone(), "throttle", vec!["9", "1", "1"], vec![], false),
+            (holds.clone(), "unblock", vec![], vec![], true),
+            (frozen("1"), "unblock", vec![], vec![], false),
+            (vec![("tokens", "1".into()), ("last_refill", now.to_string()), ("strikes", "x".into())], "unblock", vec![], vec![], true),
+            (frozen("0"), "take", vec!["5", "1", "1"], vec!["MAXWAIT", "5000"], true),
+            (ended.clone(), "refund", vec!["5", "1", "1"], vec![], true),
+            (ended.clone(), "take", vec!["5", "1", "1"], vec![], true),
+            (frozen("2"), "charge", vec!["5", "1", "20"], vec!["MAXDEBT", "3"], true),
+            (holds.clone(), "charge", vec!["5", "1", "1"], vec![], true),
+            (vec![("tokens", "5".into()), ("last_refill", (now - 10).to_string())], "charge", vec!["5", "1", "0"], vec![], false),
+            (vec![], "throttle", vec!["4", "1", "2"], vec![], true),
+            (frozen("0"), "throttle", vec!["4", "1", "2"], vec![], true),
+        ];
+        let mut attempts = 0;
+        let mut compared: Vec<(usize, String, String, bool, String)> = Vec::new();
+        for (i, (fields, command, numbers, options, writes)) in steps.iter().enumerate() {
+            let pair = Pair {
+                a: format!("aof:a:{i}"),
+                b: format!("aof:b:{i}"),
+                capacity: String::new(),
+                rate: String::new(),
+            };
+            let mut setup = Vec::new();
+            for key in [&pair.a, &pair.b] {
+                let mut del = redis::cmd("DEL");
+                del.arg(key);
+                setup.push(del);
+                if !fields.is_empty() {
+                    setup.push(hset_cmd(key.as_bytes(), fields));
+                }
+            }
+            let numbers: Vec<String> = numbers.iter().map(|n| n.to_string()).collect();
+            let options: Vec<String> = options.iter().map(|o| o.to_string()).collect();
+            let call = call_with_options(&fallback, command, &[&pair], &[numbers], &options);
+            let what = format!("step {i}: TB.{command} {options:?} on {fields:?}");
+            loop {
+                let seen = run_twin_call(&mut con, &call, &setup)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                attempts += 1;
+                if seen.clocks_agree() {
+                    seen.assert_twins(&what);
+                    compared.push((attempts - 1, pair.a.clone(), pair.b.clone(), *writes, what));
+                    break;
+                }
+                assert!(
+                    attempts < 50 * steps.len(),
+                    "{what}: the clocks never agreed"
+                );
+            }
+        }
+
+        // The transactions that hold the probes are the attempts, in order; a call's commands
+        // come after the first probe's.
+        let mut blocks: Vec<Vec<Vec<Vec<u8>>>> = Vec::new();
+        let mut current: Option<Vec<Vec<Vec<u8>>>> = None;
+        for command in aof_commands(&server.dir) {
+            match command[0].to_ascii_uppercase().as_slice() {
+                b"MULTI" => current = Some(Vec::new()),
+                b"EXEC" => {
+                    let block = current.take().expect("EXEC after MULTI");
+                    let probe = block
+                        .iter()
+                        .position(|c| c.get(1).map(Vec::as_slice) == Some(PROBE_BEFORE.as_bytes()));
+                    if let Some(probe) = probe {
+                        blocks.push(block[probe..].to_vec());
+                    }
+                }
+                _ => {
+                    if let Some(block) = current.as_mut() {
+                        block.push(command);
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            blocks.len(),
+            attempts,
+            "one transaction per attempt in the AOF"
+        );
+        let show = |commands: &[Vec<Vec<u8>>]| -> String {
+            commands
+                .iter()
+                .map(|c| {
+                    c.iter()
+                        .map(|x| String::from_utf8_lossy(x).into_owned())
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        for (index, a, b, writes, what) in &compared {
+            let on = |key: &str| -> Vec<Vec<Vec<u8>>> {
+                blocks[*index]
+                    .iter()
+                    .filter(|c| c.get(1).map(Vec::as_slice) == Some(key.as_bytes()))
+                    .map(|c| {
+                        let mut c = c.clone();
+                        c[1] = b"A".to_vec();
+                        c
+                    })
+                    .collect()
+            };
+            let (from_module, from_twin) = (on(a), on(b));
+            println!("{} {what}: {}", fallback.name(), show(&from_module));
+            assert_eq!(
+                show(&from_twin),
+                show(&from_module),
+                "{} {what}: the AOF differs",
+                fallback.name()
+            );
+            assert_eq!(
+                !from_module.is_empty(),
+                *writes,
+                "{what}: appended {}",
+                show(&from_module)
+            );
+        }
+    }
+}
