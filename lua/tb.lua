@@ -926,9 +926,10 @@ local function parse_tat(text)
 end
 
 -- core/src/throttle.rs from_cell: the bucket a redis-cell key stands for,
--- refilled to now.
+-- refilled to now, in the same double operations.
 local function from_cell(tat_ns, limit, now)
-  local ahead = math.max(tat_ns / 1e6 - now, 0)
+  -- Read against the end of this millisecond, as the module does.
+  local ahead = math.max((tat_ns - 999999) / 1e6 - now, 0)
   local used = ahead / 1000 * limit.rate
   return {tokens = math.min(limit.capacity - used, limit.capacity), last_refill = now}
 end

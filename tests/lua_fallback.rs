@@ -1864,8 +1864,6 @@ fn key_contents(con: &mut redis::Connection, key: &str) -> (String, Vec<Vec<u8>>
 /// replaces it by the bucket's hash, while a denial (or a quantity of 0) leaves the string as
 /// it is. Each value is set on both keys, and the calls run between clock probes, in one ms.
 #[test]
-#[ignore = "the module does not read redis-cell keys yet: its TB.THROTTLE on a string is \
-            WRONGTYPE (src/bucket/throttle.rs opens the key as a hash)"]
 fn the_twins_read_a_redis_cell_key_alike() {
     for make_fallback in [
         Fallback::script as fn(&mut redis::Connection) -> Fallback,

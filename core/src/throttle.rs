@@ -80,8 +80,16 @@ pub fn reply(outcome: &Outcome, limit: &Limit) -> [i64; 5] {
 /// stores) read at `now_ms`. A TAT at or before now is a full bucket; a
 /// later one has used `(TAT - now) / T` tokens of the capacity. Returned
 /// as refilled to now, so a write may store it as it is.
+///
+/// `now_ms` is whole ms rounded down and cell's clock is in ns, so the TAT
+/// is read against the end of this millisecond (999,999 ns earlier): a key
+/// converted in the millisecond of cell's last write is then the bucket
+/// cell left, not one up to 1 ms of refill short (a whole token short after
+/// an integral take). The bucket gains at most 1 ms of refill from it, once.
+/// In doubles, operation for operation as lua/tb.lua does it.
 pub fn from_cell(tat_ns: i64, limit: &Limit, now_ms: i64) -> State {
-    let ahead_ms = (tat_ns as f64 / 1e6 - now_ms as f64).max(0.0);
+    let tat_ms = (tat_ns as f64 - 999_999.0) / 1e6;
+    let ahead_ms = (tat_ms - now_ms as f64).max(0.0);
     let used = ahead_ms / 1000.0 * limit.refill_per_sec;
     State {
         tokens: (limit.capacity - used).min(limit.capacity),
@@ -196,7 +204,9 @@ mod tests {
     fn a_cell_key_is_read_as_the_bucket_it_stands_for() {
         let limit = throttle("9", "1", "1", None).limit; // 10 tokens, 1 per s
         let now_ns = i128::from(NOW) * 1_000_000;
-        let at = |offset_ns: i128| from_cell((now_ns + offset_ns) as i64, &limit, NOW).tokens;
+        // Offsets from the end of the millisecond NOW, against which a TAT is read.
+        let at =
+            |offset_ns: i128| from_cell((now_ns + 999_999 + offset_ns) as i64, &limit, NOW).tokens;
         assert_eq!(
             at(-5_000_000_000),
             10.0,

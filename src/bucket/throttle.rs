@@ -96,13 +96,6 @@ fn cell_key(
         return Ok(answer(outcome, &request));
     };
     let now_ms = now(api);
-    // The clock here is in whole ms, rounded down; redis-cell's is in ns.
-    // The TAT is read against the end of this millisecond: a key converted
-    // in the millisecond of redis-cell's last write is then the bucket
-    // redis-cell left, not one that is up to 1 ms of refill short (a whole
-    // token short after an integral take). The bucket gains at most 1 ms of
-    // refill from it, once.
-    let tat_ns = tat_ns.saturating_sub(NS_PER_MS - 1);
     let charge = Charge {
         state: Some(from_cell(tat_ns, &request.limit, now_ms)),
         limit: request.limit,
@@ -117,8 +110,6 @@ fn cell_key(
     }
     Ok(answer(outcome, &request))
 }
-
-const NS_PER_MS: i64 = 1_000_000;
 
 /// A key redis-cell wrote, open for writing; closed when dropped.
 struct CellKey<'a> {
