@@ -184,6 +184,9 @@ pub fn take_with(
     options: &TakeOptions,
     now_ms: i64,
 ) -> Outcome {
+    if lock.is_none() && *options == TakeOptions::PLAIN {
+        return take(state, limit, n, now_ms); // the usual call, at its old cost
+    }
     if let Some(held) = lock.filter(|lock| lock.holds_at(now_ms)) {
         return locked(state, &held, limit, n, options.max_wait_ms, now_ms);
     }

@@ -51,7 +51,10 @@ fn take(
 }
 
 /// The options of TB.TAKE / TB.TAKEALL from server strings; none (the usual
-/// case) costs nothing.
+/// case) costs nothing. In shadow mode `BLOCK` is checked but not applied:
+/// a denial there is reported as allowed and writes nothing, so it starts
+/// no lock either (locks already stored still hold, and are reported the
+/// same way).
 fn take_options(api: &Api, options: &[*mut RedisModuleString]) -> Result<TakeOptions, TbError> {
     if options.is_empty() {
         return Ok(TakeOptions::PLAIN);
@@ -61,7 +64,14 @@ fn take_options(api: &Api, options: &[*mut RedisModuleString]) -> Result<TakeOpt
         .iter()
         .map(|word| unsafe { api.bytes(word) })
         .collect();
-    parse_take_options(&words)
+    let options = parse_take_options(&words)?;
+    if SHADOW_MODE.load(Relaxed) {
+        return Ok(TakeOptions {
+            block: None,
+            ..options
+        });
+    }
+    Ok(options)
 }
 
 /// TB.CHARGE key capacity rate n [MAXDEBT d]

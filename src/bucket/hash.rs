@@ -8,8 +8,8 @@
 //! TTL that ends exactly when the bucket is full again. A key that has been
 //! locked (`BLOCK`) also holds `locked_until`, `strikes` and
 //! `probation_until` (integers), and its TTL lasts until the probation ends
-//! at least. Only `locked_until` is read on every call; the other two only
-//! when it is there, so a bucket never locked costs one missing field.
+//! at least. They are looked up only when the hash has more than its two
+//! fields, so a bucket never locked costs no lookup of missing fields.
 
 use std::os::raw::c_int;
 use std::ptr;
@@ -120,7 +120,6 @@ impl<'a> BucketKey<'a> {
         }
         let mut tokens: *mut RedisModuleString = ptr::null_mut();
         let mut last_refill: *mut RedisModuleString = ptr::null_mut();
-        let mut locked_until: *mut RedisModuleString = ptr::null_mut();
         // SAFETY: field names (server strings), each followed by an
         // out-pointer, and a NULL terminator. Missing fields come back NULL.
         unsafe {
@@ -131,8 +130,6 @@ impl<'a> BucketKey<'a> {
                 &mut tokens as *mut *mut RedisModuleString,
                 self.api.last_refill_field.0,
                 &mut last_refill as *mut *mut RedisModuleString,
-                self.api.locked_until_field.0,
-                &mut locked_until as *mut *mut RedisModuleString,
                 ptr::null::<RedisModuleString>(),
             );
         }
@@ -146,15 +143,20 @@ impl<'a> BucketKey<'a> {
             _ => return Err(Corrupt::Bucket),
         };
         self.prior = Some((tokens, last_refill));
-        if !locked_until.is_null() {
-            let locked_until = ServerString::owned(self.api, self.ctx, locked_until);
-            self.read_lock(locked_until)?;
+        // A bucket never locked has two fields: the field count (O(1)) spares
+        // it the lookup of three missing ones.
+        // SAFETY: the key is open and holds a hash; RM_ValueLength (kept with
+        // the sorted-set functions) counts any type's elements.
+        if unsafe { (self.api.zset.length)(self.key) } > 2 {
+            self.read_lock()?;
         }
         Ok(Some(state))
     }
 
-    /// The rest of a lock whose `locked_until` was read.
-    fn read_lock(&mut self, locked_until: ServerString<'a>) -> Result<(), Corrupt> {
+    /// The lock, if the hash has a `locked_until` (the other two fields are
+    /// then required).
+    fn read_lock(&mut self) -> Result<(), Corrupt> {
+        let mut locked_until: *mut RedisModuleString = ptr::null_mut();
         let mut strikes: *mut RedisModuleString = ptr::null_mut();
         let mut probation_until: *mut RedisModuleString = ptr::null_mut();
         // SAFETY: as in `read`.
@@ -162,6 +164,8 @@ impl<'a> BucketKey<'a> {
             (self.api.hash_get)(
                 self.key,
                 REDISMODULE_HASH_NONE as c_int,
+                self.api.locked_until_field.0,
+                &mut locked_until as *mut *mut RedisModuleString,
                 self.api.strikes_field.0,
                 &mut strikes as *mut *mut RedisModuleString,
                 self.api.probation_until_field.0,
@@ -169,6 +173,10 @@ impl<'a> BucketKey<'a> {
                 ptr::null::<RedisModuleString>(),
             );
         }
+        if locked_until.is_null() {
+            return Ok(()); // other fields of someone else's: no lock
+        }
+        let locked_until = ServerString::owned(self.api, self.ctx, locked_until);
         let strikes = ServerString::owned(self.api, self.ctx, strikes);
         let probation_until = ServerString::owned(self.api, self.ctx, probation_until);
         let lock = match (
