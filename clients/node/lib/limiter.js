@@ -518,9 +518,10 @@ class RateLimiter {
   }
 
   // TB.UNBLOCK: ends the key's lock and forgets its strikes; true if there was a lock or a
-  // strike to forget. limitOrKey: a Limit (its key) or a key.
+  // strike to forget. limitOrKey: a Limit or { key, ... } (its key), or a key.
   async unblock(limitOrKey) {
-    const key = limitOrKey instanceof Limit ? limitOrKey.key : limitOrKey;
+    const isLimit = limitOrKey !== null && typeof limitOrKey === 'object' && !Buffer.isBuffer(limitOrKey);
+    const key = isLimit ? limitOrKey.key : limitOrKey;
     const k = prefixed(this.client, core.checkKey(key));
     return this._call('unblock', [k], [], null, core.boolFrom);
   }

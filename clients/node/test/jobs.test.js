@@ -72,6 +72,8 @@ for (const backend of BACKENDS) {
       assert.equal((await limiter.take(limit.key, 1, 1000, 0)).allowed, false);
       assert.equal(await limiter.unblock(limit), true);
       assert.equal(await limiter.unblock(limit.key), false);
+      assert.equal(await limiter.unblock({ key: limit.key, capacity: 1, rate: 1 }), false);
+      await assert.rejects(limiter.unblock(''), InvalidArgument);
     });
 
     test('charge into debt, then waitTake is one reservation and one sleep', async () => {
