@@ -242,7 +242,7 @@ impl<'a> Single<'a> {
 
 /// The tokens TB.BTAKE callers waiting on `key` want, if any wait: the
 /// commands leave those tokens to the queue (`bucket::take_behind`).
-fn queued_on(api: &Api, ctx: *mut RedisModuleCtx, key: *mut RedisModuleString) -> Option<f64> {
+pub fn queued_on(api: &Api, ctx: *mut RedisModuleCtx, key: *mut RedisModuleString) -> Option<f64> {
     with_machine(|machine: &mut TokenMachine| {
         if machine.is_empty() {
             return None; // the usual case: no lookup at all

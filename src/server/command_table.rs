@@ -524,17 +524,7 @@ pub const COMMANDS: [CommandSpec; 11] = [
         key_flags: KeySpecFlags::READ_WRITE.union(KeySpecFlags::DELETE),
         shape: Shape::KeyOnly,
     },
-    CommandSpec {
-        name: c"tb.throttle",
-        handler: Some(crate::bucket::throttle::tb_throttle),
-        flags: c"write deny-oom fast",
-        acl_categories: c"write fast",
-        summary: c"redis-cell's CL.THROTTLE on a token bucket of capacity max_burst + 1 refilled at count per period seconds. Replies [limited, limit, remaining, retry_after, reset_after] in seconds.",
-        complexity: c"O(1)",
-        arity: -5,
-        key_flags: READ_WRITE_UPDATE,
-        shape: Shape::Throttle,
-    },
+    THROTTLE,
     CommandSpec {
         name: c"tb.acquire",
         handler: Some(crate::lease::commands::tb_acquire),
@@ -574,6 +564,48 @@ pub const COMMANDS: [CommandSpec; 11] = [
         shape: Shape::Renew,
     },
 ];
+
+/// TB.THROTTLE, also registered under redis-cell's name (`CELL_THROTTLE`).
+const THROTTLE: CommandSpec = CommandSpec {
+    name: c"tb.throttle",
+    handler: Some(crate::bucket::throttle::tb_throttle),
+    flags: c"write deny-oom fast",
+    acl_categories: c"write fast",
+    summary: c"redis-cell's CL.THROTTLE on a token bucket of capacity max_burst + 1 refilled at count per period seconds. Replies [limited, limit, remaining, retry_after, reset_after] in seconds.",
+    complexity: c"O(1)",
+    arity: -5,
+    key_flags: READ_WRITE_UPDATE,
+    shape: Shape::Throttle,
+};
+
+/// `CL.THROTTLE`, registered only with `cell-compat yes`: TB.THROTTLE's
+/// handler and info under redis-cell's name, so its clients need no change.
+pub const CELL_THROTTLE: CommandSpec = CommandSpec {
+    name: c"cl.throttle",
+    ..THROTTLE
+};
+
+/// Registers `CL.THROTTLE` (`cell-compat yes`). The server refuses a name
+/// another module holds: redis-cell, most likely, loaded first.
+///
+/// # Safety
+/// Must be called from `RedisModule_OnLoad` with its context.
+pub unsafe fn register_cell_compat(
+    ctx: *mut RedisModuleCtx,
+    module_category: bool,
+) -> Result<(), String> {
+    // RM_CreateCommand fails for a name the server knows already; TB.THROTTLE's
+    // flags, the one other cause, were accepted a moment before.
+    register(ctx, &CELL_THROTTLE, module_category).map_err(|why| {
+        if why.starts_with("could not create command") {
+            CELL_COMPAT_TAKEN.to_owned()
+        } else {
+            why
+        }
+    })
+}
+
+const CELL_COMPAT_TAKEN: &str = "cell-compat: CL.THROTTLE is already registered by another module (redis-cell?); load redis-tb without cell-compat or unload it";
 
 const READ_WRITE_UPDATE: KeySpecFlags = KeySpecFlags::READ_WRITE
     .union(KeySpecFlags::ACCESS)

@@ -6,6 +6,7 @@
 //! - [`raw_client`]: a bare RESP client for blocking commands (a waiter with no reply yet);
 //! - [`replication`]: replicas, replication offsets, a server turned replica under a waiter;
 //! - [`aof`]: the commands in the append-only file;
+//! - [`cell`]: redis-cell's module (`CL.THROTTLE`), built outside the tree, to load beside;
 //! - [`twin`]: the Lua twin (`lua/tb.lua`) and the differential harness against the module;
 //! - [`rng`]: a small seeded generator for test inputs.
 //!
@@ -15,6 +16,7 @@
 //! - `TB_MODULE`: path of the module to load (default `target/release/libredis_tb.so`).
 //! - `TB_FAULT_MODULE`: the fault-injection build (default `target/fault/debug/libredis_tb.so`).
 //! - `TB_SERVER`: server binary (default `redis-server` from `PATH`).
+//! - `TB_CELL_MODULE`: redis-cell's .so (default: built by `scripts/build-redis-cell.sh`).
 //! - `TB_START_TIMEOUT_MS`: how long a starting server may take to answer PING (default
 //!   10000); raised by `scripts/sanitize.sh`, whose server runs under valgrind.
 
@@ -22,6 +24,7 @@
 #![allow(dead_code)]
 
 pub mod aof;
+pub mod cell;
 pub mod commands;
 pub mod raw_client;
 pub mod replication;
@@ -32,4 +35,6 @@ pub mod twin;
 // Every test file takes what it needs from one flat namespace (`use common::*`); a file that
 // needs no twin or AOF helper would otherwise warn about the glob it does not use.
 #[allow(unused_imports)]
-pub use self::{aof::*, commands::*, raw_client::*, replication::*, rng::*, server::*, twin::*};
+pub use self::{
+    aof::*, cell::*, commands::*, raw_client::*, replication::*, rng::*, server::*, twin::*,
+};
