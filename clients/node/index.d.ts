@@ -43,7 +43,14 @@ export interface WaitOptions extends CallOptions {
   timeoutMs: number;
 }
 
-export interface LimitSpec {
+export interface Lockout {
+  /** A denied take locks the key for this many ms (BLOCK; whole, 1 to 2^53). */
+  blockMs?: number | null;
+  /** A lock within the last one's probation doubles, up to this (MAXBLOCK; needs blockMs, at least it). */
+  maxBlockMs?: number | null;
+}
+
+export interface LimitSpec extends Lockout {
   key: Key;
   capacity: number;
   rate: number;
@@ -54,12 +61,27 @@ export interface LimitSpec {
 }
 
 export declare class Limit implements LimitSpec {
-  constructor(key: Key, capacity: number, rate: number, n?: number, name?: string | null);
+  /** lockout is checked here (InvalidArgument), and sent as BLOCK / MAXBLOCK on this limit's takes. */
+  constructor(key: Key, capacity: number, rate: number, n?: number, name?: string | null, lockout?: Lockout);
   key: Key;
   capacity: number;
   rate: number;
   n: number;
   name: string | null;
+  blockMs: number | null;
+  maxBlockMs: number | null;
+}
+
+export interface ReserveOptions {
+  /** A reservation (MAXWAIT): allowed into debt when the tokens arrive within this many ms; act after decision.waitMs. */
+  maxWaitMs?: number;
+}
+
+export interface TakeOptions extends CallOptions, ReserveOptions, Lockout {}
+
+export interface ChargeOptions {
+  /** How deep the debt may go: down to -maxDebt tokens (MAXDEBT; default the capacity). */
+  maxDebt?: number;
 }
 
 export interface JudgedLimit {
@@ -79,8 +101,10 @@ export declare class Decision {
   readonly allowed: boolean;
   /** Whole tokens left (when denied: available now). */
   readonly remaining: number;
-  /** 0 when allowed; the wait until the same call would pass; -1: never (n > capacity). */
+  /** Denied: the wait until the same call would pass (a lock's end included); -1: never (n > capacity). Allowed: 0, or the wait before acting (waitMs). */
   readonly retryAfterMs: number;
+  /** Allowed: the ms to wait before acting (a reservation, a charge into debt), 0 for a plain grant; 0 when denied. */
+  readonly waitMs: number;
   /** Until the bucket is full again. */
   readonly resetAfterMs: number;
   /** takeAll: the 0-based position of the deciding limit; null for the other calls. */
@@ -200,11 +224,21 @@ export declare class RateLimiter {
   /** Calls that failed: LimiterUnavailable, and every other error. */
   readonly stats: { unavailable: number; errors: number };
   connect(): Promise<Backend>;
-  take(key: Key, capacity: number, rate: number, n?: number, options?: CallOptions): Promise<Decision>;
+  /** options.maxWaitMs: a reservation (MAXWAIT); options.blockMs / maxBlockMs: lockout (BLOCK / MAXBLOCK). */
+  take(key: Key, capacity: number, rate: number, n?: number, options?: TakeOptions): Promise<Decision>;
+  /** take of one limit: its key, capacity, rate, n, name and lockout. */
+  takeLimit(limit: LimitSpec, options?: ReserveOptions): Promise<Decision>;
+  /** TB.CHARGE: a cost learned after the work, always taken, into debt (decision.waitMs: until it is repaid). */
+  charge(limit: LimitSpec, n: number, options?: ChargeOptions): Promise<Decision>;
+  /** Refund (actual < reserved) or charge (actual > reserved) the difference in one call; null without a call when equal. */
+  settle(limit: LimitSpec, reserved: number, actual: number): Promise<Decision | null>;
+  /** TB.UNBLOCK: ends the key's lock and forgets its strikes; true if there was one. */
+  unblock(limitOrKey: LimitSpec | Key): Promise<boolean>;
   peek(key: Key, capacity: number, rate: number, n?: number, options?: CallOptions): Promise<Decision>;
   refund(key: Key, capacity: number, rate: number, n: number, options?: CallOptions): Promise<Decision>;
-  takeAll(limits: ReadonlyArray<LimitSpec>): Promise<Decision>;
-  /** Module: TB.BTAKE on the slot owner (FIFO in the server; timeoutMs 0 = no limit). Lua fallback: polling, NOT FIFO. */
+  /** The limits' lockouts (which must be the same) are sent as BLOCK / MAXBLOCK; options.maxWaitMs reserves on every bucket. */
+  takeAll(limits: ReadonlyArray<LimitSpec>, options?: ReserveOptions): Promise<Decision>;
+  /** Module: TB.BTAKE on the slot owner (FIFO in the server; timeoutMs 0 = no limit). Lua fallback: one reservation and one sleep, FIFO too. */
   waitTake(key: Key, capacity: number, rate: number, n: number | undefined, options: WaitOptions): Promise<Decision>;
   /** A lease on key if fewer than limit are live; it ends by itself after leaseMs unless released or renewed. */
   acquire(key: Key, limit: number, leaseMs: number, options?: AcquireOptions): Promise<Lease>;

@@ -61,6 +61,48 @@ function wholeText(value, what) {
   return String(value);
 }
 
+// A whole number of ms in [least, 2^53] (maxWaitMs: least 0; blockMs, maxBlockMs: least 1),
+// sent as plain digits (the server takes nothing else).
+function msText(value, what, least) {
+  if (!Number.isInteger(value) || value < least || value > MAX_TOKENS) {
+    throw new InvalidArgument(`${what} must be a whole number of ms from ${least} to 2^53, got ${util.inspect(value)}`);
+  }
+  return String(value);
+}
+
+// BLOCK ms [MAXBLOCK ms] of a take (docs/clients.md, "Reservations, charges and lockout"):
+// none without blockMs; maxBlockMs needs blockMs and is at least it.
+function lockoutOptions(blockMs, maxBlockMs) {
+  if (blockMs === undefined || blockMs === null) {
+    if (maxBlockMs !== undefined && maxBlockMs !== null) {
+      throw new InvalidArgument('maxBlockMs needs blockMs');
+    }
+    return [];
+  }
+  const block = msText(blockMs, 'blockMs', 1);
+  if (maxBlockMs === undefined || maxBlockMs === null) {
+    return ['BLOCK', block];
+  }
+  const most = msText(maxBlockMs, 'maxBlockMs', 1);
+  if (maxBlockMs < blockMs) {
+    throw new InvalidArgument(`maxBlockMs must be at least blockMs (${block}), got ${most}`);
+  }
+  return ['BLOCK', block, 'MAXBLOCK', most];
+}
+
+// The options of TB.TAKE / TB.TAKEALL: MAXWAIT ms (a reservation; 0 or none: no option) and
+// the lockout's BLOCK / MAXBLOCK.
+function takeOptions(maxWaitMs, blockMs, maxBlockMs) {
+  const options = [];
+  if (maxWaitMs !== undefined && maxWaitMs !== null) {
+    const wait = msText(maxWaitMs, 'maxWaitMs', 0);
+    if (wait !== '0') {
+      options.push('MAXWAIT', wait);
+    }
+  }
+  return [...options, ...lockoutOptions(blockMs, maxBlockMs)];
+}
+
 // The id of a lease: a Lease, an id string, or null/undefined (no lease: nothing to send).
 function leaseId(lease) {
   if (lease === null || lease === undefined) {
@@ -228,10 +270,12 @@ function parseRedirect(message) {
 const MODULE_COMMANDS = {
   take: 'TB.TAKE', peek: 'TB.PEEK', refund: 'TB.REFUND', takeall: 'TB.TAKEALL',
   acquire: 'TB.ACQUIRE', release: 'TB.RELEASE', renew: 'TB.RENEW',
+  charge: 'TB.CHARGE', unblock: 'TB.UNBLOCK',
 };
 const FUNCTIONS = {
   take: 'tb_take', peek: 'tb_peek', refund: 'tb_refund', takeall: 'tb_takeall',
   acquire: 'tb_acquire', release: 'tb_release', renew: 'tb_renew',
+  charge: 'tb_charge', unblock: 'tb_unblock',
 };
 
 // The command that runs `op` on `backend`: { name, args }. `keys` are final (prefixed);
@@ -241,8 +285,10 @@ function commandFor(backend, op, keys, numbers, sha) {
   switch (backend) {
     case 'module': {
       if (op === 'takeall') {
+        // After the groups of three: the options (MAXWAIT, BLOCK, MAXBLOCK), once.
         const args = [];
         keys.forEach((key, i) => args.push(key, ...numbers.slice(3 * i, 3 * i + 3)));
+        args.push(...numbers.slice(3 * keys.length));
         return { name: MODULE_COMMANDS[op], args };
       }
       return { name: MODULE_COMMANDS[op], args: [...keys, ...numbers] };
@@ -258,13 +304,20 @@ function commandFor(backend, op, keys, numbers, sha) {
 }
 
 // One limit of a takeAll call (and the shape the middleware's `limits` option takes).
+// lockout: { blockMs, maxBlockMs } (docs/clients.md, "Reservations, charges and lockout"):
+// a denied take locks the key for blockMs, doubling within a probation up to maxBlockMs;
+// checked here, sent as BLOCK / MAXBLOCK on its takes (takeLimit, takeAll).
 class Limit {
-  constructor(key, capacity, rate, n = 1, name = null) {
+  constructor(key, capacity, rate, n = 1, name = null, lockout = {}) {
     this.key = key;
     this.capacity = capacity;
     this.rate = rate;
     this.n = n;
     this.name = name;
+    const { blockMs = null, maxBlockMs = null } = lockout ?? {};
+    lockoutOptions(blockMs, maxBlockMs);
+    this.blockMs = blockMs;
+    this.maxBlockMs = maxBlockMs;
   }
 }
 
@@ -283,6 +336,13 @@ class Decision {
     this.rate = deciding.rate;
     this.policy = deciding.name;
     Object.defineProperty(this, 'limits', { value: limits, enumerable: false });
+  }
+
+  // On an allowed decision, the ms to wait before acting: > 0 for a reservation (take with
+  // maxWaitMs) or a charge that left debt (until it is repaid), 0 for a plain grant; 0 on a
+  // denial (see retryAfterMs).
+  get waitMs() {
+    return this.allowed && this.retryAfterMs > 0 ? this.retryAfterMs : 0;
   }
 
   headers() {
@@ -390,6 +450,9 @@ module.exports = {
   costText,
   timeoutText,
   wholeText,
+  msText,
+  lockoutOptions,
+  takeOptions,
   leaseId,
   checkName,
   checkKey,

@@ -207,6 +207,19 @@ function nodeAddress(text) {
   return { host: text.slice(0, colon), port: Number(text.slice(colon + 1)) };
 }
 
+// A Limit, or a plain { key, capacity, rate, n, name, blockMs, maxBlockMs }, checked as the
+// server would check it (charge, settle, takeLimit).
+function checkedLimit(limit) {
+  if (limit === null || typeof limit !== 'object') {
+    throw new InvalidArgument(`expected a Limit, got ${util.inspect(limit)}`);
+  }
+  core.checkKey(limit.key);
+  core.capacityText(limit.capacity, 'limit.capacity');
+  core.rateText(limit.rate, 'limit.rate');
+  core.lockoutOptions(limit.blockMs, limit.maxBlockMs);
+  return limit;
+}
+
 const BACKENDS = ['auto', 'module', 'function', 'script'];
 const LUA_BACKENDS = ['function', 'script'];
 // The most MOVED/ASK hops one TB.BTAKE follows (a slot moves once per resharding step).
@@ -450,16 +463,67 @@ class RateLimiter {
     return error;
   }
 
-  async _single(op, key, capacity, rate, n, options) {
+  // `extra`: the command's options after n (MAXWAIT, BLOCK, MAXBLOCK; MAXDEBT).
+  async _single(op, key, capacity, rate, n, options, extra = []) {
     const limits = [{ name: core.checkName((options && options.name) ?? 'default'), capacity, rate }];
-    const numbers = [core.capacityText(capacity), core.rateText(rate), core.costText(n)];
+    const numbers = [core.capacityText(capacity), core.rateText(rate), core.costText(n), ...extra];
     const keys = [prefixed(this.client, core.checkKey(key))];
     return this._call(op, keys, numbers, limits);
   }
 
   // Takes n tokens if the bucket holds them. options.name: the policy name for the headers.
-  take(key, capacity, rate, n = 1, options = {}) {
-    return this._single('take', key, capacity, rate, n, options);
+  // options.maxWaitMs: a reservation (MAXWAIT): allowed into debt when the tokens arrive
+  // within that many ms; decision.waitMs (its retryAfterMs) is then how long to wait before
+  // acting. options.blockMs / maxBlockMs: lockout (BLOCK / MAXBLOCK): a denial locks the key
+  // for blockMs, doubling within a probation up to maxBlockMs; every take and peek is denied
+  // while the lock holds.
+  async take(key, capacity, rate, n = 1, options = {}) {
+    const extra = core.takeOptions(options?.maxWaitMs, options?.blockMs, options?.maxBlockMs);
+    return this._single('take', key, capacity, rate, n, options, extra);
+  }
+
+  // take of one Limit: its key, capacity, rate, n, name and lockout. options.maxWaitMs as take.
+  async takeLimit(limit, options = {}) {
+    const checked = checkedLimit(limit);
+    const extra = core.takeOptions(options?.maxWaitMs, checked.blockMs, checked.maxBlockMs);
+    return this._single('take', checked.key, checked.capacity, checked.rate, checked.n ?? 1,
+      { name: checked.name ?? 'default' }, extra);
+  }
+
+  // TB.CHARGE: a cost learned after the work, always taken, into debt down to
+  // -options.maxDebt (default: the capacity). decision.waitMs is the wait until the debt is
+  // repaid (later takes are denied until then).
+  async charge(limit, n, options = {}) {
+    const checked = checkedLimit(limit);
+    const maxDebt = options?.maxDebt;
+    const extra = maxDebt === undefined || maxDebt === null ? [] : ['MAXDEBT', core.costText(maxDebt, 'maxDebt')];
+    return this._single('charge', checked.key, checked.capacity, checked.rate, n, { name: checked.name ?? 'default' }, extra);
+  }
+
+  // After a take of `reserved` for work that cost `actual`: refunds the difference (actual <
+  // reserved) or charges it (actual > reserved), in one call; null, without a call, when they
+  // are equal.
+  async settle(limit, reserved, actual) {
+    const checked = checkedLimit(limit);
+    core.costText(reserved, 'reserved');
+    core.costText(actual, 'actual');
+    const options = { name: checked.name ?? 'default' };
+    if (actual < reserved) {
+      return this._single('refund', checked.key, checked.capacity, checked.rate, reserved - actual, options);
+    }
+    if (actual > reserved) {
+      return this._single('charge', checked.key, checked.capacity, checked.rate, actual - reserved, options);
+    }
+    return null;
+  }
+
+  // TB.UNBLOCK: ends the key's lock and forgets its strikes; true if there was a lock or a
+  // strike to forget. limitOrKey: a Limit or { key, ... } (its key), or a key.
+  async unblock(limitOrKey) {
+    const isLimit = limitOrKey !== null && typeof limitOrKey === 'object' && !Buffer.isBuffer(limitOrKey);
+    const key = isLimit ? limitOrKey.key : limitOrKey;
+    const k = prefixed(this.client, core.checkKey(key));
+    return this._call('unblock', [k], [], null, core.boolFrom);
   }
 
   // What take would answer now; writes nothing.
@@ -477,19 +541,28 @@ class RateLimiter {
 
   // All limits or none: Limit objects (or {key, capacity, rate, n, name}); in a cluster every
   // key must hash to one slot (use a hash tag: '{user:42}:sec', '{user:42}:day').
-  async takeAll(limits) {
+  // options.maxWaitMs: a reservation on every bucket (see take). The limits' blockMs and
+  // maxBlockMs are sent as BLOCK / MAXBLOCK, which TB.TAKEALL applies to every bucket: they
+  // must be the same in every limit.
+  async takeAll(limits, options = {}) {
     if (!Array.isArray(limits) || limits.length === 0) {
       throw new InvalidArgument('takeAll needs a non-empty array of limits');
     }
     const judged = [];
     const keys = [];
     const numbers = [];
+    const lockouts = new Set();
     limits.forEach((limit, i) => {
       keys.push(prefixed(this.client, core.checkKey(limit.key)));
       numbers.push(core.capacityText(limit.capacity, `limits[${i}].capacity`), core.rateText(limit.rate, `limits[${i}].rate`),
         core.costText(limit.n ?? 1, `limits[${i}].n`));
       judged.push({ name: core.checkName(limit.name ?? `limit${i}`), capacity: limit.capacity, rate: limit.rate });
+      lockouts.add(core.lockoutOptions(limit.blockMs, limit.maxBlockMs).join(' '));
     });
+    if (lockouts.size > 1) {
+      throw new InvalidArgument("takeAll: every limit must have the same blockMs and maxBlockMs (TB.TAKEALL's BLOCK applies to every bucket)");
+    }
+    numbers.push(...core.takeOptions(options?.maxWaitMs, limits[0].blockMs, limits[0].maxBlockMs));
     return this._call('takeall', keys, numbers, judged);
   }
 
@@ -497,8 +570,8 @@ class RateLimiter {
   // Module backend: TB.BTAKE, first come first served in the server, on a connection of
   // its own to the node that owns the key (a blocked connection would hold up every other
   // command behind it).
-  // Function/script backends: POLLING, NOT FIFO: take, sleep min(retry_after_ms, time
-  // left), retry; a later caller can be served before an earlier one.
+  // Function/script backends: one reservation and one sleep (below), first come first served
+  // too.
   async waitTake(key, capacity, rate, n = 1, options = {}) {
     if (options.timeoutMs === undefined) {
       throw new InvalidArgument('waitTake needs options.timeoutMs, a finite number of ms >= 0 (0: no limit)');
@@ -519,18 +592,28 @@ class RateLimiter {
     if (served !== undefined) {
       return served;
     }
-    const deadline = timeoutMs === 0 ? Infinity : started + timeoutMs;
-    for (;;) {
-      const decision = await this.take(key, capacity, rate, n, { name: limits[0].name });
-      if (decision.allowed || decision.retryAfterMs < 0) {
-        return decision;
+    // Without the module: ONE reservation (MAXWAIT timeoutMs; no limit is MAXWAIT 2^53) and
+    // one sleep for the delay it returns. Reservations queue in the bucket's debt, so this is
+    // first come first served like TB.BTAKE. The grant comes back after the sleep with
+    // retryAfterMs 0 (the wait is done). A denial (the tokens do not come within the timeout)
+    // sleeps out the timeout like TB.BTAKE, then takes once more, plainly, and answers that.
+    const name = limits[0].name;
+    const reserved = await this.take(key, capacity, rate, n, { name, maxWaitMs: timeoutMs || core.MAX_TOKENS });
+    if (reserved.allowed) {
+      if (reserved.retryAfterMs > 0) {
+        await sleep(reserved.retryAfterMs);
       }
-      const left = deadline - performance.now();
-      if (left <= 0) {
-        return decision;
-      }
-      await sleep(Math.max(1, Math.min(decision.retryAfterMs, left)));
+      reserved.retryAfterMs = 0;
+      return reserved;
     }
+    if (reserved.retryAfterMs < 0 || timeoutMs === 0) {
+      return reserved;
+    }
+    const left = started + timeoutMs - performance.now();
+    if (left > 0) {
+      await sleep(left);
+    }
+    return this.take(key, capacity, rate, n, { name });
   }
 
   // ---------------------------------------------------------------------------------------

@@ -21,7 +21,11 @@ const { startCluster, startServer, stopAll } = require('./servers');
 const CASES = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', 'conformance', 'cases.json'), 'utf8'));
 // The lease cases: the same format, in a file of their own (its "about" says why).
 const LEASES = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', 'conformance', 'leases.json'), 'utf8'));
-const ALL_CASES = [...CASES.cases, ...LEASES.cases];
+// Reservations, charges, settling, lockout: the same format, a file of its own. Its lua runs
+// wait for the Lua twin of those commands (its "about"): skipped while lua/tb.lua has no tb_charge.
+const JOBS = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', 'conformance', 'jobs.json'), 'utf8'));
+const LUA_HAS_JOBS = fs.readFileSync(path.join(__dirname, '..', 'tb.lua'), 'utf8').includes('tb_charge');
+const ALL_CASES = [...CASES.cases, ...LEASES.cases, ...JOBS.cases];
 const LEASE_ID = /^[0-9]+-[0-9]+$/;
 const TOPOLOGIES = ['standalone', 'cluster'];
 const BACKENDS = [
@@ -31,7 +35,7 @@ const BACKENDS = [
 const ERRORS = { invalid_argument: InvalidArgument, reply: LimiterReplyError, unavailable: LimiterUnavailable };
 const FIELDS = {
   allowed: 'allowed', remaining: 'remaining', retry_after_ms: 'retryAfterMs', reset_after_ms: 'resetAfterMs',
-  policy: 'policy', capacity: 'capacity', rate: 'rate', index: 'index',
+  policy: 'policy', capacity: 'capacity', rate: 'rate', index: 'index', wait_ms: 'waitMs',
   acquired: 'acquired', available: 'available', lease: 'lease', failed_open: 'failedOpen', limit: 'limit', lease_ms: 'leaseMs',
 };
 
@@ -94,13 +98,24 @@ function run(limiter, call, saved = {}) {
     case 'renew':
       return limiter.renew(call.key, lease, call.lease_ms);
     case 'take':
-      return limiter.take(call.key, call.capacity, call.rate, call.n, options);
+      return limiter.take(call.key, call.capacity, call.rate, call.n,
+        { ...options, maxWaitMs: call.max_wait_ms, blockMs: call.block_ms, maxBlockMs: call.max_block_ms });
+    case 'charge':
+      return limiter.charge({ key: call.key, capacity: call.capacity, rate: call.rate, name: call.policy }, call.n,
+        { maxDebt: call.max_debt });
+    case 'settle':
+      return limiter.settle({ key: call.key, capacity: call.capacity, rate: call.rate, name: call.policy },
+        call.reserved, call.actual);
+    case 'unblock':
+      return limiter.unblock(call.key);
     case 'peek':
       return limiter.peek(call.key, call.capacity, call.rate, call.n, options);
     case 'refund':
       return limiter.refund(call.key, call.capacity, call.rate, call.n, options);
     case 'take_all':
-      return limiter.takeAll(call.limits.map((l) => ({ key: l.key, capacity: l.capacity, rate: l.rate, n: l.n, name: l.policy })));
+      return limiter.takeAll(call.limits.map((l) => ({
+        key: l.key, capacity: l.capacity, rate: l.rate, n: l.n, name: l.policy, blockMs: l.block_ms, maxBlockMs: l.max_block_ms,
+      })), { maxWaitMs: call.max_wait_ms });
     case 'wait_take':
       return limiter.waitTake(call.key, call.capacity, call.rate, call.n, { ...options, timeoutMs: call.timeout_ms });
     default:
@@ -111,6 +126,10 @@ function run(limiter, call, saved = {}) {
 async function runCall(limiter, client, call, what, saved) {
   if (call.op === 'classify') {
     assert.equal(classify(new Redis.ReplyError(call.reply)), call.class, what);
+    return;
+  }
+  if (call.op === 'sleep') {
+    await new Promise((resolve) => setTimeout(resolve, call.ms));
     return;
   }
   if (call.op === 'keys') {
@@ -159,6 +178,7 @@ async function runCall(limiter, client, call, what, saved) {
 test('cases.json is version 1 and every case names known backends and topologies', () => {
   assert.equal(CASES.version, 1);
   assert.equal(LEASES.version, 1);
+  assert.equal(JOBS.version, 1);
   for (const c of ALL_CASES) {
     assert.ok(c.backends.every((b) => BACKENDS.some((x) => x.name === b)), c.name);
     assert.ok(c.topologies.every((t) => TOPOLOGIES.includes(t)), c.name);
@@ -184,7 +204,8 @@ for (const topology of TOPOLOGIES) {
       }, { timeout: 60_000 });
 
       for (const c of cases) {
-        test(c.name, async () => {
+        const waiting = backend.name === 'lua' && JOBS.cases.includes(c) && !LUA_HAS_JOBS;
+        test(c.name, { skip: waiting && 'lua/tb.lua has no tb_charge yet (jobs.json\'s about)' }, async () => {
           await Promise.all(masters(client).map((node) => node.call('flushall')));
           for (const command of c.setup ?? []) {
             await client.call(...command);

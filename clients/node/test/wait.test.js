@@ -1,7 +1,7 @@
 'use strict';
 
-// waitTake: TB.BTAKE on the module backend (on connections of its own), a polling loop on
-// the Lua backends. The observable results are the same.
+// waitTake: TB.BTAKE on the module backend (on connections of its own), one reservation and
+// one sleep on the Lua backends. The observable results are the same.
 
 const assert = require('node:assert/strict');
 const { after, before, describe, test } = require('node:test');

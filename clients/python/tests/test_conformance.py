@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 import redis
@@ -28,6 +29,10 @@ from test_cluster import reset
 CASES = json.loads((REPO / "clients" / "conformance" / "cases.json").read_text(encoding="utf-8"))
 # The lease cases: the same format, in a file of their own (its "about" says why).
 LEASES = json.loads((REPO / "clients" / "conformance" / "leases.json").read_text(encoding="utf-8"))
+# Reservations, charges, settling, lockout: the same format, a file of its own.
+JOBS = json.loads((REPO / "clients" / "conformance" / "jobs.json").read_text(encoding="utf-8"))
+# jobs.json's lua runs wait for the Lua twin of those commands (its "about").
+LUA_HAS_JOBS = "tb_charge" in (REPO / "lua" / "tb.lua").read_text(encoding="utf-8")
 LEASE_ID = re.compile(r"^[0-9]+-[0-9]+$")
 
 # (backend of the case, topology) -> how Python runs it: [(server fixture, backend argument)]
@@ -42,17 +47,22 @@ ERRORS = {"invalid_argument": InvalidArgument, "unavailable": LimiterUnavailable
 
 
 def runs():
-    for case in CASES["cases"] + LEASES["cases"]:
+    jobs = [id(case) for case in JOBS["cases"]]
+    for case in CASES["cases"] + LEASES["cases"] + JOBS["cases"]:
         for backend in case["backends"]:
             for topology in case["topologies"]:
                 for fixture, arg in WAYS[(backend, topology)]:
                     way = EXPECTED_BACKEND["module" if backend == "module" else arg]
-                    yield pytest.param(case, topology, fixture, arg, id=f"{case['name']}-{way}-{topology}")
+                    marks = ()
+                    if backend == "lua" and id(case) in jobs and not LUA_HAS_JOBS:
+                        marks = pytest.mark.skip(reason="lua/tb.lua has no tb_charge yet (jobs.json's about)")
+                    yield pytest.param(case, topology, fixture, arg, id=f"{case['name']}-{way}-{topology}", marks=marks)
 
 
 def test_the_suite_has_the_version_this_runner_reads():
     assert CASES["version"] == 1 and CASES["cases"]
     assert LEASES["version"] == 1 and LEASES["cases"]
+    assert JOBS["version"] == 1 and JOBS["cases"]
 
 
 @pytest.fixture
@@ -108,11 +118,22 @@ def call_limiter(lim, call, saved=None):
     if op == "renew":
         return lim.renew(call["key"], lease_arg(call, saved), call["lease_ms"])
     if op == "take_all":
-        return lim.take_all([Limit(x["key"], x["capacity"], x["rate"], x.get("n", 1), x.get("policy"))
-                             for x in call["limits"]])
+        wait = {"max_wait_ms": call["max_wait_ms"]} if "max_wait_ms" in call else {}
+        return lim.take_all([Limit(x["key"], x["capacity"], x["rate"], x.get("n", 1), x.get("policy"),
+                                   x.get("block_ms"), x.get("max_block_ms"))
+                             for x in call["limits"]], **wait)
+    if op == "unblock":
+        return lim.unblock(call["key"])
+    if op in ("charge", "settle"):
+        limit = Limit(call["key"], call["capacity"], call["rate"], policy=call.get("policy"))
+        if op == "settle":
+            return lim.settle(limit, call["reserved"], call["actual"])
+        return lim.charge(limit, call["n"], max_debt=call.get("max_debt"))
     args = (call["key"], call["capacity"], call["rate"], call.get("n", 1))
     if op == "wait_take":
         return lim.wait_take(*args, timeout_ms=call["timeout_ms"], **kw)
+    if op == "take":
+        kw.update({name: call[name] for name in ("max_wait_ms", "block_ms", "max_block_ms") if name in call})
     return getattr(lim, op)(*args, **kw)
 
 
@@ -140,6 +161,9 @@ def test_case(limiter_for, case, topology, fixture, arg):
             continue
         if call["op"] == "keys":
             run_keys(call, topology, client, lim)
+            continue
+        if call["op"] == "sleep":
+            time.sleep(call["ms"] / 1000)
             continue
         if "error" in call:
             with pytest.raises(ERRORS[call["error"]]) as e:

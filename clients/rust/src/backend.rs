@@ -2,7 +2,8 @@
 //! commands each one takes, and what the sync and async limiters share.
 
 use crate::decision::{
-    check_capacity, check_cost, check_key, check_name, check_rate, number, Decision, Limit, Policy,
+    check_capacity, check_cost, check_key, check_name, check_rate, lockout_words, number,
+    take_words, Decision, Limit, Policy, TakeOptions, MAX_EXACT,
 };
 use crate::error::{Error, Result};
 use redis::{Cmd, Value};
@@ -108,6 +109,7 @@ pub(crate) enum Op {
     Peek,
     Refund,
     TakeAll,
+    Charge,
 }
 
 impl Op {
@@ -117,6 +119,7 @@ impl Op {
             Op::Peek => "TB.PEEK",
             Op::Refund => "TB.REFUND",
             Op::TakeAll => "TB.TAKEALL",
+            Op::Charge => "TB.CHARGE",
         }
     }
     /// `FCALL_RO` for peek, which writes nothing and so runs on replicas.
@@ -132,6 +135,7 @@ impl Op {
             Op::Peek => "tb_peek",
             Op::Refund => "tb_refund",
             Op::TakeAll => "tb_takeall",
+            Op::Charge => "tb_charge",
         }
     }
     fn script_word(self) -> &'static str {
@@ -140,6 +144,7 @@ impl Op {
             Op::Peek => "peek",
             Op::Refund => "refund",
             Op::TakeAll => "takeall",
+            Op::Charge => "charge",
         }
     }
 }
@@ -157,6 +162,8 @@ pub(crate) struct Call {
     pub op: Op,
     buckets: Vec<Bucket>,
     policies: Vec<Policy>,
+    /// After the numbers: MAXWAIT, BLOCK, MAXBLOCK (take, takeall), MAXDEBT (charge).
+    options: Vec<String>,
 }
 
 impl Call {
@@ -166,7 +173,108 @@ impl Call {
             op,
             buckets: vec![bucket(key, capacity, rate, n)?],
             policies: vec![Policy::new(name, capacity, rate)],
+            options: Vec::new(),
         })
+    }
+
+    /// A take with its options (`take_with`).
+    pub fn take_with(call: Call, options: &TakeOptions) -> Result<Call> {
+        let words = take_words(options.max_wait_ms, options.block_ms, options.max_block_ms)?;
+        Ok(Call {
+            options: words,
+            ..call
+        })
+    }
+
+    /// A take of one `Limit`: its numbers, name and lockout, and `max_wait_ms`.
+    pub fn limit_take(limit: &Limit, max_wait_ms: u64) -> Result<Call> {
+        let call = Call::of_limit(Op::Take, limit, limit.n)?;
+        let options = take_words(max_wait_ms, limit.block_ms, limit.max_block_ms)?;
+        Ok(Call { options, ..call })
+    }
+
+    /// `op` on `limit`'s bucket with `n` (its lockout checked, not sent).
+    fn of_limit(op: Op, limit: &Limit, n: f64) -> Result<Call> {
+        lockout_words(limit.block_ms, limit.max_block_ms)?;
+        let name = limit.name.as_deref().unwrap_or("default");
+        Call::single(op, &limit.key, limit.capacity, limit.rate, n, name)
+    }
+
+    /// TB.CHARGE of `n` on `limit`'s bucket, into debt down to `-max_debt`
+    /// (`None`: the capacity).
+    pub fn charge(limit: &Limit, n: f64, max_debt: Option<f64>) -> Result<Call> {
+        let call = Call::of_limit(Op::Charge, limit, n)?;
+        let options = match max_debt {
+            None => Vec::new(),
+            Some(debt) if debt.is_finite() && (0.0..=MAX_EXACT).contains(&debt) => {
+                vec!["MAXDEBT".into(), number("max_debt", debt)?]
+            }
+            Some(debt) => {
+                return Err(Error::InvalidArgument(format!(
+                    "max_debt must be a non-negative finite number at most 2^53, got {debt}"
+                )))
+            }
+        };
+        Ok(Call { options, ..call })
+    }
+
+    /// The one call that turns a take of `reserved` into a cost of
+    /// `actual`: a refund or a charge of the difference, or `None` when they
+    /// are equal (nothing to send).
+    pub fn settle(limit: &Limit, reserved: f64, actual: f64) -> Result<Option<Call>> {
+        check_cost(reserved).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "reserved must be a non-negative finite number at most 2^53, got {reserved}"
+            ))
+        })?;
+        check_cost(actual).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "actual must be a non-negative finite number at most 2^53, got {actual}"
+            ))
+        })?;
+        Ok(if actual < reserved {
+            Some(Call::of_limit(Op::Refund, limit, reserved - actual)?)
+        } else if actual > reserved {
+            Some(Call::of_limit(Op::Charge, limit, actual - reserved)?)
+        } else {
+            Call::of_limit(Op::Refund, limit, 0.0)?;
+            None
+        })
+    }
+
+    /// A take as ONE reservation of up to `timeout_ms` (0: no limit, 2^53):
+    /// a wait without the module (`wait_take`).
+    pub fn reservation(&self, timeout_ms: u64) -> Option<Call> {
+        (self.op == Op::Take).then(|| {
+            let ms = if timeout_ms == 0 {
+                MAX_EXACT as u64
+            } else {
+                timeout_ms.min(MAX_EXACT as u64)
+            };
+            Call {
+                options: vec!["MAXWAIT".into(), ms.to_string()],
+                ..self.clone()
+            }
+        })
+    }
+
+    pub fn all_with(limits: &[Limit], max_wait_ms: u64) -> Result<Call> {
+        let call = Call::all(limits)?;
+        let Some(first) = limits.first() else {
+            return Ok(call);
+        };
+        if limits
+            .iter()
+            .any(|l| (l.block_ms, l.max_block_ms) != (first.block_ms, first.max_block_ms))
+        {
+            return Err(Error::InvalidArgument(
+                "take_all: every limit must have the same block_ms and max_block_ms \
+                 (TB.TAKEALL's BLOCK applies to every bucket)"
+                    .into(),
+            ));
+        }
+        let options = take_words(max_wait_ms, first.block_ms, first.max_block_ms)?;
+        Ok(Call { options, ..call })
     }
 
     pub fn all(limits: &[Limit]) -> Result<Call> {
@@ -187,6 +295,7 @@ impl Call {
             op: Op::TakeAll,
             buckets,
             policies,
+            options: Vec::new(),
         })
     }
 
@@ -198,6 +307,7 @@ impl Call {
             for b in &self.buckets {
                 cmd.arg(&b.key).arg(&b.args[..]);
             }
+            cmd.arg(&self.options[..]);
             return cmd;
         }
         let keys: Vec<&str> = self.buckets.iter().map(|b| b.key.as_str()).collect();
@@ -205,6 +315,7 @@ impl Call {
             .buckets
             .iter()
             .flat_map(|b| b.args.iter().map(String::as_str))
+            .chain(self.options.iter().map(String::as_str))
             .collect();
         let lua = LuaName {
             fcall: self.op.fcall(),
@@ -324,6 +435,15 @@ pub(crate) trait Blocking: Request {
     fn poll_cap(&self) -> Option<Duration> {
         None
     }
+    /// Without the module: the ONE call that stands for the whole wait (a
+    /// take's reservation, TB.TAKE with `MAXWAIT timeout_ms`), or `None`:
+    /// the wait polls.
+    fn reservation(&self, _timeout_ms: u64) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        None
+    }
 }
 
 impl Request for Call {
@@ -342,6 +462,49 @@ impl Request for Call {
 impl Blocking for Call {
     fn blocking(&self, timeout_ms: u64) -> Cmd {
         self.btake(timeout_ms)
+    }
+    fn reservation(&self, timeout_ms: u64) -> Option<Self> {
+        Call::reservation(self, timeout_ms)
+    }
+}
+
+/// `TB.UNBLOCK key`: 1 if a lock or strikes were forgotten, else 0.
+#[derive(Debug, Clone)]
+pub(crate) struct UnblockCall {
+    key: String,
+}
+
+impl UnblockCall {
+    pub fn new(key: &str) -> Result<UnblockCall> {
+        check_key(key)?;
+        Ok(UnblockCall { key: key.into() })
+    }
+}
+
+impl Request for UnblockCall {
+    type Output = bool;
+    fn command(&self, resolved: &Resolved, eval: bool) -> Cmd {
+        if resolved.backend == Backend::Module {
+            let mut cmd = redis::cmd("TB.UNBLOCK");
+            cmd.arg(&self.key);
+            return cmd;
+        }
+        let lua = LuaName {
+            fcall: "FCALL",
+            function: "tb_unblock",
+            word: "unblock",
+        };
+        lua_command(resolved, eval, lua, &[&self.key], &[])
+    }
+    fn first_key(&self) -> &str {
+        &self.key
+    }
+    fn parse(&self, value: &Value) -> Result<bool> {
+        match value {
+            Value::Int(0) => Ok(false),
+            Value::Int(1) => Ok(true),
+            other => Err(Error::Other(format!("unexpected reply: {other:?}"))),
+        }
     }
 }
 
@@ -502,5 +665,103 @@ pub(crate) mod tests {
             ["TB.BTAKE", "k", "10", "0.5", "1", "250"]
         );
         assert!(Call::all(&[]).is_err());
+    }
+
+    #[test]
+    fn options_follow_the_numbers_on_every_backend() {
+        let module = Resolved::new(Backend::Module, None);
+        let function = Resolved::new(Backend::Function, None);
+        let script = Resolved::new(Backend::Script, Some("abc".into()));
+        let plain = Call::single(Op::Take, "k", 10.0, 0.5, 1.0, "default").unwrap();
+        let options = TakeOptions::new()
+            .max_wait_ms(500)
+            .block(100)
+            .max_block(800);
+        let take = Call::take_with(plain.clone(), &options).unwrap();
+        assert_eq!(
+            args(&take.command(&module, false)),
+            [
+                "TB.TAKE", "k", "10", "0.5", "1", "MAXWAIT", "500", "BLOCK", "100", "MAXBLOCK",
+                "800"
+            ]
+        );
+        assert_eq!(
+            args(&take.command(&script, false)),
+            [
+                "EVALSHA", "abc", "1", "k", "take", "10", "0.5", "1", "MAXWAIT", "500", "BLOCK",
+                "100", "MAXBLOCK", "800"
+            ]
+        );
+        // The wait's blocking form takes no options; its reservation is MAXWAIT alone.
+        assert_eq!(
+            args(&take.btake(5)),
+            ["TB.BTAKE", "k", "10", "0.5", "1", "5"]
+        );
+        let reservation = plain.reservation(0).unwrap();
+        assert_eq!(
+            args(&reservation.command(&function, false))[7..],
+            ["MAXWAIT", "9007199254740992"]
+        );
+        let all = Call::all_with(
+            &[
+                Limit::new("{u}:a", 10, 2).block(50),
+                Limit::new("{u}:b", 5, 1).block(50),
+            ],
+            20,
+        )
+        .unwrap();
+        assert_eq!(
+            args(&all.command(&module, false))[9..],
+            ["MAXWAIT", "20", "BLOCK", "50"]
+        );
+        assert_eq!(
+            args(&all.command(&function, false))[11..],
+            ["MAXWAIT", "20", "BLOCK", "50"]
+        );
+        let limit = Limit::new("k", 5, 1);
+        let charge = Call::charge(&limit, 3.0, Some(2.5)).unwrap();
+        assert_eq!(
+            args(&charge.command(&module, false)),
+            ["TB.CHARGE", "k", "5", "1", "3", "MAXDEBT", "2.5"]
+        );
+        assert_eq!(
+            args(&UnblockCall::new("k").unwrap().command(&function, false)),
+            ["FCALL", "tb_unblock", "1", "k"]
+        );
+        let refund = Call::settle(&limit, 5.0, 2.0).unwrap().unwrap();
+        assert_eq!(
+            args(&refund.command(&module, false)),
+            ["TB.REFUND", "k", "5", "1", "3"]
+        );
+        let more = Call::settle(&limit, 2.0, 5.0).unwrap().unwrap();
+        assert_eq!(
+            args(&more.command(&module, false)),
+            ["TB.CHARGE", "k", "5", "1", "3"]
+        );
+        assert!(Call::settle(&limit, 2.0, 2.0).unwrap().is_none());
+    }
+
+    #[test]
+    fn bad_options_are_refused_before_sending() {
+        let plain = Call::single(Op::Take, "k", 1.0, 1.0, 1.0, "default").unwrap();
+        for options in [
+            TakeOptions::new().block(0),
+            TakeOptions::new().max_block(5),
+            TakeOptions::new().block(10).max_block(9),
+            TakeOptions::new().max_wait_ms((1 << 53) + 1),
+        ] {
+            assert!(
+                Call::take_with(plain.clone(), &options).is_err(),
+                "{options:?}"
+            );
+        }
+        let limit = Limit::new("k", 1, 1);
+        assert!(Call::limit_take(&limit.clone().max_block(5), 0).is_err());
+        assert!(Call::charge(&limit, 1.0, Some(-1.0)).is_err());
+        assert!(Call::charge(&limit, 1.0, Some(f64::NAN)).is_err());
+        assert!(Call::settle(&limit, f64::NAN, 1.0).is_err());
+        assert!(Call::settle(&limit.clone().block(0), 1.0, 1.0).is_err());
+        assert!(Call::all_with(&[limit.clone().block(5), limit.clone()], 0).is_err());
+        assert!(UnblockCall::new("").is_err());
     }
 }

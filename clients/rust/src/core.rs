@@ -324,6 +324,17 @@ pub(crate) const POLLING_NOTE: &str =
 pub(crate) trait Awaited {
     /// `None`: done (granted, or it can never be). `Some(ms)`: try again in `ms`.
     fn retry_in(&self) -> Option<Duration>;
+    /// A reservation's grant: how long to sleep before acting (`None`: at once).
+    fn reserved_for(&self) -> Option<Duration> {
+        None
+    }
+    /// The answer once its reservation's sleep is over: nothing left to wait.
+    fn waited(self) -> Self
+    where
+        Self: Sized,
+    {
+        self
+    }
 }
 
 impl Awaited for crate::decision::Decision {
@@ -332,6 +343,15 @@ impl Awaited for crate::decision::Decision {
             return None;
         }
         Some(Duration::from_millis(self.retry_after_ms.unsigned_abs()))
+    }
+    fn reserved_for(&self) -> Option<Duration> {
+        (self.wait_ms() > 0).then(|| Duration::from_millis(self.wait_ms()))
+    }
+    fn waited(mut self) -> Self {
+        if self.allowed {
+            self.retry_after_ms = 0;
+        }
+        self
     }
 }
 

@@ -66,6 +66,14 @@ pub struct Limit {
     pub n: f64,
     /// Policy name in the headers (default `"limit<index>"`).
     pub name: Option<String>,
+    /// Lockout ([docs/clients.md](../../docs/clients.md)): a denied take
+    /// locks the key for this many ms (`BLOCK`, 1 to 2^53), sent on this
+    /// limit's takes ([`take_limit`](crate::RateLimiter::take_limit),
+    /// `take_all`). `None`: no lockout.
+    pub block_ms: Option<u64>,
+    /// A lock that starts within the last one's probation lasts twice as
+    /// long, up to this (`MAXBLOCK`; needs `block_ms`, at least it).
+    pub max_block_ms: Option<u64>,
 }
 
 impl Limit {
@@ -77,7 +85,22 @@ impl Limit {
             rate: rate.into(),
             n: 1.0,
             name: None,
+            block_ms: None,
+            max_block_ms: None,
         }
+    }
+
+    /// Sets the lockout: a denied take locks the key for `block_ms`
+    /// (checked, as every field, before anything is sent).
+    pub fn block(mut self, block_ms: u64) -> Limit {
+        self.block_ms = Some(block_ms);
+        self
+    }
+
+    /// Sets the longest lock an escalation reaches (`MAXBLOCK`).
+    pub fn max_block(mut self, max_block_ms: u64) -> Limit {
+        self.max_block_ms = Some(max_block_ms);
+        self
     }
 
     /// Sets the cost (tokens taken).
@@ -101,8 +124,10 @@ pub struct Decision {
     pub allowed: bool,
     /// Whole tokens left after the call; when denied, whole tokens available now.
     pub remaining: u64,
-    /// 0 when allowed; when denied the shortest wait in ms after which the
-    /// same call would succeed; -1 when it never can (`n > capacity`).
+    /// Denied: the shortest wait in ms after which the same call would
+    /// succeed (a lock's end included); -1 when it never can (`n >
+    /// capacity`). Allowed: 0, or (a reservation, a charge into debt) the
+    /// wait before acting: [`wait_ms`](Decision::wait_ms).
     pub retry_after_ms: i64,
     /// Shortest wait in ms until the bucket is full again (0: full).
     pub reset_after_ms: u64,
@@ -128,6 +153,18 @@ impl Decision {
         }
         self.policy = name;
         self
+    }
+
+    /// On an allowed decision, the ms to wait before acting: > 0 for a
+    /// reservation (a take with `max_wait_ms`) or a charge that left debt
+    /// (until it is repaid), 0 for a plain grant. 0 on a denial (see
+    /// `retry_after_ms`).
+    pub fn wait_ms(&self) -> u64 {
+        if self.allowed && self.retry_after_ms > 0 {
+            self.retry_after_ms.unsigned_abs()
+        } else {
+            0
+        }
     }
 
     /// True when denied and no wait makes the same call succeed (`n > capacity`).
@@ -310,6 +347,129 @@ pub(crate) fn check_name(name: &str) -> Result<()> {
         Err(invalid(format!(
             "a policy name must be printable ASCII, got {name:?}"
         )))
+    }
+}
+
+/// A whole number of ms in `[least, 2^53]` (`MAXWAIT`: 0; `BLOCK`, `MAXBLOCK`: 1).
+pub(crate) fn check_ms(value: u64, what: &str, least: u64) -> Result<String> {
+    if (least..=MAX_EXACT as u64).contains(&value) {
+        Ok(value.to_string())
+    } else {
+        Err(invalid(format!(
+            "{what} must be a whole number of ms from {least} to 2^53, got {value}"
+        )))
+    }
+}
+
+/// `BLOCK ms [MAXBLOCK ms]`, or nothing without `block_ms`; `max_block_ms`
+/// needs `block_ms` and is at least it.
+pub(crate) fn lockout_words(
+    block_ms: Option<u64>,
+    max_block_ms: Option<u64>,
+) -> Result<Vec<String>> {
+    match (block_ms, max_block_ms) {
+        (None, None) => Ok(vec![]),
+        (None, Some(_)) => Err(invalid("max_block_ms needs block_ms".into())),
+        (Some(block), None) => Ok(vec!["BLOCK".into(), check_ms(block, "block_ms", 1)?]),
+        (Some(block), Some(most)) => {
+            let words = vec![
+                "BLOCK".into(),
+                check_ms(block, "block_ms", 1)?,
+                "MAXBLOCK".into(),
+                check_ms(most, "max_block_ms", 1)?,
+            ];
+            if most < block {
+                return Err(invalid(format!(
+                    "max_block_ms must be at least block_ms ({block}), got {most}"
+                )));
+            }
+            Ok(words)
+        }
+    }
+}
+
+/// `MAXWAIT ms` (nothing for 0) and the lockout's words.
+pub(crate) fn take_words(
+    max_wait_ms: u64,
+    block_ms: Option<u64>,
+    max_block_ms: Option<u64>,
+) -> Result<Vec<String>> {
+    let mut words = Vec::new();
+    if max_wait_ms > 0 {
+        words.push("MAXWAIT".into());
+        words.push(check_ms(max_wait_ms, "max_wait_ms", 0)?);
+    }
+    words.extend(lockout_words(block_ms, max_block_ms)?);
+    Ok(words)
+}
+
+/// The options of a take on one bucket ([`take_with`](crate::RateLimiter::take_with)):
+/// `max_wait_ms` (a reservation, `MAXWAIT`; 0: none) and the lockout
+/// (`BLOCK`, `MAXBLOCK`), checked before anything is sent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TakeOptions {
+    /// A reservation: allowed into debt when the tokens arrive within this
+    /// many ms; the decision's [`wait_ms`](Decision::wait_ms) is then how
+    /// long to wait before acting. 0: no reservation.
+    pub max_wait_ms: u64,
+    /// A denial locks the key for this many ms (`BLOCK`).
+    pub block_ms: Option<u64>,
+    /// Escalation cap (`MAXBLOCK`; needs `block_ms`).
+    pub max_block_ms: Option<u64>,
+}
+
+impl TakeOptions {
+    /// No option: a plain take.
+    pub fn new() -> TakeOptions {
+        TakeOptions::default()
+    }
+
+    /// Sets `max_wait_ms`.
+    pub fn max_wait_ms(mut self, ms: u64) -> TakeOptions {
+        self.max_wait_ms = ms;
+        self
+    }
+
+    /// Sets `block_ms`.
+    pub fn block(mut self, ms: u64) -> TakeOptions {
+        self.block_ms = Some(ms);
+        self
+    }
+
+    /// Sets `max_block_ms`.
+    pub fn max_block(mut self, ms: u64) -> TakeOptions {
+        self.max_block_ms = Some(ms);
+        self
+    }
+}
+
+/// What [`unblock`](crate::RateLimiter::unblock) takes: a key, or a [`Limit`] (its key).
+pub trait BucketKey {
+    /// The bucket's key.
+    fn bucket_key(&self) -> &str;
+}
+
+impl BucketKey for str {
+    fn bucket_key(&self) -> &str {
+        self
+    }
+}
+
+impl BucketKey for String {
+    fn bucket_key(&self) -> &str {
+        self
+    }
+}
+
+impl BucketKey for Limit {
+    fn bucket_key(&self) -> &str {
+        &self.key
+    }
+}
+
+impl<T: BucketKey + ?Sized> BucketKey for &T {
+    fn bucket_key(&self) -> &str {
+        (**self).bucket_key()
     }
 }
 

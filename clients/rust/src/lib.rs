@@ -52,7 +52,7 @@ pub use crate::core::{bucket_key, escape_id, key_slot};
 #[cfg(feature = "tokio")]
 pub use aio::{AsyncLeaseGuard, AsyncRateLimiter, LazyConnectionManager};
 pub use backend::{lua_script, Backend, Logger, Timeouts, LUA_LIBRARY};
-pub use decision::{check_policy, Decision, Limit, Policy};
+pub use decision::{check_policy, BucketKey, Decision, Limit, Policy, TakeOptions};
 pub use error::{classify_reply, Error, FailureClass, Result};
 pub use lease::{LeaseDecision, LeaseId, Permit, LEASE_POLL_DEFAULT};
 #[cfg(feature = "tower")]

@@ -199,6 +199,82 @@ macro_rules! limiter_methods {
             self.run(&$crate::backend::Call::all(limits)?) $($aw)*
         }
 
+        /// [`take`](Self::take) with options: `max_wait_ms`, a reservation
+        /// (`MAXWAIT`: allowed into debt when the tokens arrive within that
+        /// many ms; act after [`Decision::wait_ms`](crate::Decision::wait_ms)),
+        /// and a lockout (`BLOCK`/`MAXBLOCK`: a denial locks the key, every
+        /// take and peek is denied while the lock holds).
+        pub $($asy)? fn take_with(
+            $($recv)+ self,
+            key: &str,
+            capacity: impl Into<f64>,
+            rate: impl Into<f64>,
+            n: impl Into<f64>,
+            options: $crate::decision::TakeOptions,
+        ) -> $crate::error::Result<$crate::decision::Decision> {
+            let call = self.opts.single($crate::backend::Op::Take, key, capacity, rate, n)?;
+            let call = $crate::backend::Call::take_with(call, &options)?;
+            self.run(&call) $($aw)*
+        }
+
+        /// A take of one [`Limit`](crate::Limit): its key, numbers, name and
+        /// lockout; `max_wait_ms` a reservation as in [`take_with`](Self::take_with) (0: none).
+        pub $($asy)? fn take_limit(
+            $($recv)+ self,
+            limit: &$crate::decision::Limit,
+            max_wait_ms: u64,
+        ) -> $crate::error::Result<$crate::decision::Decision> {
+            self.run(&$crate::backend::Call::limit_take(limit, max_wait_ms)?) $($aw)*
+        }
+
+        /// [`take_all`](Self::take_all) with a reservation of `max_wait_ms`
+        /// on every bucket (0: none). The limits' lockouts, which must be the
+        /// same, are sent as `BLOCK`/`MAXBLOCK` (also by `take_all`).
+        pub $($asy)? fn take_all_with(
+            $($recv)+ self,
+            limits: &[$crate::decision::Limit],
+            max_wait_ms: u64,
+        ) -> $crate::error::Result<$crate::decision::Decision> {
+            self.run(&$crate::backend::Call::all_with(limits, max_wait_ms)?) $($aw)*
+        }
+
+        /// TB.CHARGE: a cost learned after the work, always taken, into debt
+        /// down to `-max_debt` (`None`: the capacity). The decision's
+        /// [`wait_ms`](crate::Decision::wait_ms) is the wait until the debt is
+        /// repaid (later takes are denied until then).
+        pub $($asy)? fn charge(
+            $($recv)+ self,
+            limit: &$crate::decision::Limit,
+            n: impl Into<f64>,
+            max_debt: Option<f64>,
+        ) -> $crate::error::Result<$crate::decision::Decision> {
+            self.run(&$crate::backend::Call::charge(limit, n.into(), max_debt)?) $($aw)*
+        }
+
+        /// After a take of `reserved` for work that cost `actual`: refunds the
+        /// difference (`actual < reserved`) or charges it (`actual > reserved`)
+        /// in one call; `None`, without a call, when they are equal.
+        pub $($asy)? fn settle(
+            $($recv)+ self,
+            limit: &$crate::decision::Limit,
+            reserved: impl Into<f64>,
+            actual: impl Into<f64>,
+        ) -> $crate::error::Result<Option<$crate::decision::Decision>> {
+            match $crate::backend::Call::settle(limit, reserved.into(), actual.into())? {
+                Some(call) => Ok(Some(self.run(&call) $($aw)* ?)),
+                None => Ok(None),
+            }
+        }
+
+        /// TB.UNBLOCK: ends the key's lock and forgets its strikes; `true` if
+        /// there was a lock or a strike to forget. Takes a key or a `Limit`.
+        pub $($asy)? fn unblock(
+            $($recv)+ self,
+            target: impl $crate::decision::BucketKey,
+        ) -> $crate::error::Result<bool> {
+            self.run(&$crate::backend::UnblockCall::new(target.bucket_key())?) $($aw)*
+        }
+
         /// Takes `n` tokens, waiting up to `timeout_ms` (0: no limit) for them;
         /// on timeout the last denial.
         ///
@@ -208,8 +284,14 @@ macro_rules! limiter_methods {
         /// come, first served by the server.
         $(#[$blocking_client])*
         ///
-        /// **Otherwise this polls**: take, sleep `min(retry_after_ms, time left)`,
-        /// again. Polling waiters are NOT served in arrival order.
+        /// Without the module (function, script): ONE reservation (`TB.TAKE`'s
+        /// `MAXWAIT timeout_ms`) and one sleep for the delay it returns;
+        /// reservations queue in the bucket's debt, so this is first come,
+        /// first served too. The grant comes back with `retry_after_ms` 0 (the
+        /// wait is done); a denial after the timeout, as TB.BTAKE.
+        ///
+        /// **The module without a blocking client polls**: take, sleep
+        /// `min(retry_after_ms, time left)`, again; NOT in arrival order.
         pub $($asy)? fn wait_take(
             $($recv)+ self,
             key: &str,
@@ -260,7 +342,43 @@ macro_rules! limiter_methods {
                     );
                 }
             }
+            if self.backend() != Some(Backend::Module) {
+                if let Some(reservation) = call.reservation(timeout_ms) {
+                    return self.reserve(call, &reservation, timeout_ms) $($aw)*;
+                }
+            }
             self.poll(call, timeout_ms) $($aw)*
+        }
+
+        /// A wait without the module: `reservation`, then one sleep for the
+        /// delay it returns. A denial (the tokens do not come within the
+        /// timeout) sleeps out the timeout, as TB.BTAKE would wait, then
+        /// answers one plain `call`.
+        $($asy)? fn reserve<R>(
+            $($recv)+ self,
+            call: &R,
+            reservation: &R,
+            timeout_ms: u64,
+        ) -> $crate::error::Result<R::Output>
+        where
+            R: $crate::backend::Blocking,
+            R::Output: $crate::core::Awaited,
+        {
+            use $crate::core::Awaited;
+            let deadline = $crate::core::deadline_after(timeout_ms);
+            let answer = self.run(reservation) $($aw)* ?;
+            if let Some(wait) = answer.reserved_for() {
+                $sleep(wait) $($aw)*;
+                return Ok(answer.waited());
+            }
+            let Some(deadline) = deadline.filter(|_| answer.retry_in().is_some()) else {
+                return Ok(answer.waited());
+            };
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if !left.is_zero() {
+                $sleep(left) $($aw)*;
+            }
+            self.run(call) $($aw)*
         }
 
         /// Repeats `call` until it is done or the time is out, sleeping as

@@ -23,6 +23,15 @@ async function main(): Promise<void> {
   await limiter.refund(Buffer.from('user:42'), 10, 0.5, 1);
   const all = await onCluster.takeAll([new Limit('{u}:sec', 10, 2, 1, 'sec'), { key: '{u}:day', capacity: 5000, rate: 0.05787 }]);
   const waited = await limiter.waitTake('user:42', 10, 0.5, 1, { timeoutMs: 1000 });
+  const reserved = await limiter.take('user:42', 10, 0.5, 1, { maxWaitMs: 500, blockMs: 1000, maxBlockMs: 8000 });
+  const waitMs: number = reserved.waitMs;
+  const job = new Limit('{u}:jobs', 100, 10, 1, 'jobs', { blockMs: 1000 });
+  await limiter.takeLimit(job, { maxWaitMs: 100 });
+  await limiter.takeAll([job], { maxWaitMs: 100 });
+  await limiter.charge(job, 30, { maxDebt: 50 });
+  const settled: Decision | null = await limiter.settle({ key: 'k', capacity: 1, rate: 1 }, 5, 3);
+  const unblocked: boolean = await limiter.unblock(job) || await limiter.unblock('k');
+  void [waitMs, settled, unblocked];
   rateLimitHeaders(waited);
   const key: string = bucketKey('ratelimit:', '}x', 'sec');
   const failure: 'unavailable' | 'server_changed' | 'bug' = classify(new Error('x'));

@@ -250,6 +250,46 @@ def whole_text(value, what: str) -> str:
     return str(x)
 
 
+def ms_text(value, what: str, least: int) -> str:
+    """A whole number of ms in [least, 2^53] (MAXWAIT: least 0; BLOCK,
+    MAXBLOCK: least 1), sent as plain digits (the server takes no other)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidArgument(f"{what} must be a whole number of ms, not {type(value).__name__}")
+    if not isinstance(value, numbers.Integral) and not (math.isfinite(value) and float(value) == int(value)):
+        raise InvalidArgument(f"{what} must be a whole number of ms, not {value!r}")
+    x = int(value)
+    if not least <= x <= MAX_AMOUNT:
+        raise InvalidArgument(f"{what} must be a whole number of ms from {least} to 2^53, not {value!r}")
+    return str(x)
+
+
+def lockout_options(block_ms, max_block_ms) -> Tuple[str, ...]:
+    """``BLOCK ms [MAXBLOCK ms]`` of a take (docs/clients.md#lockout): none
+    without block_ms; max_block_ms needs block_ms and is at least it."""
+    if block_ms is None:
+        if max_block_ms is not None:
+            raise InvalidArgument("max_block_ms needs block_ms")
+        return ()
+    block = ms_text(block_ms, "block_ms", 1)
+    if max_block_ms is None:
+        return ("BLOCK", block)
+    most = ms_text(max_block_ms, "max_block_ms", 1)
+    if int(most) < int(block):
+        raise InvalidArgument(f"max_block_ms must be at least block_ms ({block}), not {max_block_ms!r}")
+    return ("BLOCK", block, "MAXBLOCK", most)
+
+
+def take_options(max_wait_ms, block_ms=None, max_block_ms=None) -> Tuple[str, ...]:
+    """The options of TB.TAKE / TB.TAKEALL: ``MAXWAIT ms`` (a reservation;
+    0 or None: none) and the lockout's ``BLOCK``/``MAXBLOCK``."""
+    options: Tuple[str, ...] = ()
+    if max_wait_ms is not None:
+        wait = ms_text(max_wait_ms, "max_wait_ms", 0)
+        if wait != "0":
+            options = ("MAXWAIT", wait)
+    return options + lockout_options(block_ms, max_block_ms)
+
+
 def lease_id(lease) -> Optional[str]:
     """The id of `lease` (a `Lease`, an id, or None: no lease)."""
     if isinstance(lease, Lease):
@@ -314,12 +354,23 @@ class Limit:
     rate: Number
     n: Number = 1
     policy: Optional[str] = None
+    #: Lockout (docs/clients.md#lockout): a denied take locks the key for
+    #: block_ms, doubling within a probation up to max_block_ms (default
+    #: block_ms: no growth). Sent as BLOCK/MAXBLOCK on its takes.
+    block_ms: Optional[int] = None
+    max_block_ms: Optional[int] = None
 
     def __post_init__(self):
         check_key(self.key)
         limit_numbers(self.capacity, self.rate, self.n)
         if self.policy is not None:
             check_name(self.policy)
+        lockout_options(self.block_ms, self.max_block_ms)
+
+    @property
+    def lockout(self) -> Tuple[str, ...]:
+        """``BLOCK ms [MAXBLOCK ms]`` as sent, or () without a lockout."""
+        return lockout_options(self.block_ms, self.max_block_ms)
 
 
 @dataclass(frozen=True)
@@ -396,8 +447,10 @@ class Decision:
 
     allowed:        the tokens were taken (peek: would be)
     remaining:      whole tokens left (when denied: available now)
-    retry_after_ms: 0 when allowed; the shortest wait after which the same
-                    call would succeed; -1 if it never can (n > capacity)
+    retry_after_ms: denied: the shortest wait after which the same call
+                    would succeed (a lock's end included); -1 if it never
+                    can (n > capacity). Allowed: 0, or (a reservation, a
+                    charge into debt) the wait before acting: `wait_ms`
     reset_after_ms: until the bucket is full again
     policy, capacity, rate: the deciding limit
     index:          take_all only: position of the deciding limit, else None
@@ -421,6 +474,14 @@ class Decision:
         if self.allowed or self.retry_after_ms < 0:
             return None
         return self.retry_after_ms / 1000
+
+    @property
+    def wait_ms(self) -> int:
+        """On an allowed decision, the ms to wait before acting: > 0 for a
+        reservation (take with max_wait_ms) or a charge that left debt
+        (until it is repaid), 0 for a plain grant. 0 on a denial (see
+        retry_after_ms)."""
+        return self.retry_after_ms if self.allowed and self.retry_after_ms > 0 else 0
 
     def headers(self) -> dict:
         """draft-ietf-httpapi-ratelimit-headers-11 response headers::
@@ -501,10 +562,12 @@ def failed_open_lease(call: "Call") -> Lease:
 _MODULE_COMMANDS = {
     "take": "TB.TAKE", "peek": "TB.PEEK", "refund": "TB.REFUND", "takeall": "TB.TAKEALL",
     "acquire": "TB.ACQUIRE", "release": "TB.RELEASE", "renew": "TB.RENEW",
+    "charge": "TB.CHARGE", "unblock": "TB.UNBLOCK",
 }
 _FUNCTIONS = {
     "take": "tb_take", "peek": "tb_peek", "refund": "tb_refund", "takeall": "tb_takeall",
     "acquire": "tb_acquire", "release": "tb_release", "renew": "tb_renew",
+    "charge": "tb_charge", "unblock": "tb_unblock",
 }
 
 
@@ -513,16 +576,63 @@ class Call:
     """One request, backend-neutral: `keys` and per-key `(capacity, rate, n)`
     texts, plus what the Decision needs."""
 
-    op: str  # take | peek | refund | takeall | acquire | release | renew
+    op: str  # take | peek | refund | takeall | charge | unblock | acquire | release | renew
     keys: Tuple[str, ...]
     numbers: Tuple[Tuple[str, ...], ...]  # acquire: (limit, lease_ms); release: (id,); renew: (id, lease_ms)
     limits: Tuple[Tuple[str, Number, Number], ...]  # (policy, capacity, rate); acquire: (policy, limit, lease_ms)
+    options: Tuple[str, ...] = ()  # after the numbers: MAXWAIT/BLOCK/MAXBLOCK (take, takeall), MAXDEBT (charge)
+
+    def with_options(self, options: Tuple[str, ...]) -> "Call":
+        return Call(self.op, self.keys, self.numbers, self.limits, options)
 
 
-def single(op: str, key: str, capacity: Number, rate: Number, n: Number, policy: str) -> Call:
+def single(op: str, key: str, capacity: Number, rate: Number, n: Number, policy: str,
+           options: Tuple[str, ...] = ()) -> Call:
     check_key(key)
     check_name(policy)
-    return Call(op, (key,), (limit_numbers(capacity, rate, n),), ((policy, capacity, rate),))
+    return Call(op, (key,), (limit_numbers(capacity, rate, n),), ((policy, capacity, rate),), options)
+
+
+def _limit(limit) -> Limit:
+    if not isinstance(limit, Limit):
+        raise InvalidArgument(f"expected a Limit, not {type(limit).__name__}")
+    return limit
+
+
+def limit_take(limit: Limit, max_wait_ms=None) -> Call:
+    """TB.TAKE of one Limit, with its lockout and the reservation."""
+    limit = _limit(limit)
+    options = take_options(max_wait_ms) + limit.lockout
+    return single("take", limit.key, limit.capacity, limit.rate, limit.n, limit.policy or "default", options)
+
+
+def charge(limit: Limit, n: Number, max_debt: Optional[Number]) -> Call:
+    """TB.CHARGE limit.key capacity rate n [MAXDEBT d]: a cost learned after
+    the work, always taken, into debt down to -max_debt (default capacity)."""
+    limit = _limit(limit)
+    options = () if max_debt is None else ("MAXDEBT", number_text(max_debt, "max_debt", positive=False))
+    return single("charge", limit.key, limit.capacity, limit.rate, n, limit.policy or "default", options)
+
+
+def settle(limit: Limit, reserved: Number, actual: Number) -> Optional[Call]:
+    """The one call that turns a take of `reserved` into a cost of `actual`:
+    TB.REFUND of reserved - actual, TB.CHARGE of actual - reserved, or None
+    (nothing to send) when they are equal."""
+    limit = _limit(limit)
+    number_text(reserved, "reserved", positive=False)
+    number_text(actual, "actual", positive=False)
+    policy = limit.policy or "default"
+    if actual < reserved:
+        return single("refund", limit.key, limit.capacity, limit.rate, reserved - actual, policy)
+    if actual > reserved:
+        return single("charge", limit.key, limit.capacity, limit.rate, actual - reserved, policy)
+    return None
+
+
+def unblock(limit_or_key) -> Call:
+    """TB.UNBLOCK key: forget the key's lock and strikes."""
+    key = limit_or_key.key if isinstance(limit_or_key, Limit) else limit_or_key
+    return Call("unblock", (check_key(key),), ((),), ())
 
 
 def acquire(key: str, limit, lease_ms, policy: str) -> Call:
@@ -540,7 +650,10 @@ def renew(key: str, lease: str, lease_ms) -> Call:
     return Call("renew", (check_key(key),), ((lease, whole_text(lease_ms, "lease_ms")),), ())
 
 
-def take_all(limits: Sequence[Limit]) -> Call:
+def take_all(limits: Sequence[Limit], max_wait_ms=None) -> Call:
+    """TB.TAKEALL of `limits`. Its options apply to every bucket, so the
+    limits' lockouts must be the same (all without, or all with the same
+    block_ms and max_block_ms)."""
     limits = list(limits)
     if not limits:
         raise InvalidArgument("take_all needs at least one Limit")
@@ -551,19 +664,24 @@ def take_all(limits: Sequence[Limit]) -> Call:
         keys.append(lim.key)
         nums.append(limit_numbers(lim.capacity, lim.rate, lim.n))
         named.append((lim.policy or f"limit{i}", lim.capacity, lim.rate))
-    return Call("takeall", tuple(keys), tuple(nums), tuple(named))
+    lockouts = {lim.lockout for lim in limits}
+    if len(lockouts) > 1:
+        raise InvalidArgument("take_all: every Limit must have the same block_ms and max_block_ms "
+                              "(TB.TAKEALL's BLOCK applies to every bucket)")
+    options = take_options(max_wait_ms) + lockouts.pop()
+    return Call("takeall", tuple(keys), tuple(nums), tuple(named), options)
 
 
 def command(backend: str, call: Call, sha: str) -> list:
     """The command for `call` on `backend` ("module", "function", "script").
     peek is FCALL_RO on the function backend, so it may run on a replica."""
-    flat = [x for nums in call.numbers for x in nums]
+    flat = [x for nums in call.numbers for x in nums] + list(call.options)
     if backend == "module":
         if call.op == "takeall":
             args = []
             for key, nums in zip(call.keys, call.numbers):
                 args += [key, *nums]
-            return ["TB.TAKEALL", *args]
+            return ["TB.TAKEALL", *args, *call.options]
         return [_MODULE_COMMANDS[call.op], call.keys[0], *flat]
     if backend == "function":
         fcall = "FCALL_RO" if call.op == "peek" else "FCALL"
@@ -590,7 +708,7 @@ def result(call: Call, reply):
     bool (release, renew)."""
     if call.op == "acquire":
         return lease_decision(call, reply)
-    if call.op in ("release", "renew"):
+    if call.op in ("release", "renew", "unblock"):
         if isinstance(reply, int) and not isinstance(reply, bool) and reply in (0, 1):
             return reply == 1
         raise LimiterError(f"unexpected reply {reply!r}")

@@ -10,6 +10,7 @@ redirections of a blocking wait and the polling fallback all live here.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -96,11 +97,11 @@ class Backend:
         elif before is not None and backend == "module":
             log.info("redis-tb: the module is back; moving to it from %s (%s)", before, why)
         elif backend != "module" and self.requested == "auto":
-            # Not what "auto" hoped for: slower, and wait_take polls (not FIFO). A
+            # Not what "auto" hoped for: slower, and wait_acquire polls (not FIFO). A
             # WARNING reaches stderr even where the app configured no logging
             # (logging.lastResort); forcing the Lua backend makes it an INFO line.
             log.warning(
-                "redis-tb backend: %s, the Lua fallback (%s); wait_take polls, not first come first "
+                "redis-tb backend: %s, the Lua fallback (%s); wait_acquire polls, not first come first "
                 "served (load the module, or pass backend=%r to choose Lua and log this at INFO)",
                 backend,
                 why,
@@ -250,6 +251,8 @@ def _wait(state: Backend, call: Call, timeout_ms: int, poll_s: Optional[float]):
             log.info("redis-tb: %s; detecting the backend again", _core.reply_text(e))
             if (yield from detect(state)) == "module":
                 return (yield from _btake(call, deadline))
+    if call.op == "take":
+        return (yield from _reserve(state, call, deadline, timeout_ms))
     while True:
         d = yield from _run(state, call)
         if _done(d):
@@ -263,6 +266,28 @@ def _wait(state: Backend, call: Call, timeout_ms: int, poll_s: Optional[float]):
                 return d
             pause = min(pause, left)
         yield Sleep(pause)
+
+
+def _reserve(state: Backend, call: Call, deadline: Optional[float], timeout_ms: int):
+    """wait_take without the module: ONE reservation (TB.TAKE's MAXWAIT,
+    the timeout; no limit is MAXWAIT 2^53) and one sleep for the delay it
+    returns. Reservations queue in the bucket's debt, so this is first come
+    first served like TB.BTAKE. The grant comes back after the sleep with
+    retry_after_ms 0 (the wait is done). A denial (the tokens do not come
+    within the timeout) sleeps out the timeout like TB.BTAKE, then takes
+    once more, plainly, and answers that: only a refund can have helped."""
+    reserve = call.with_options(("MAXWAIT", str(timeout_ms or _core.MAX_AMOUNT)))
+    d = yield from _run(state, reserve)
+    if d.allowed:
+        if d.retry_after_ms > 0:
+            yield Sleep(d.retry_after_ms / 1000)
+        return dataclasses.replace(d, retry_after_ms=0)
+    if d.retry_after_ms < 0 or deadline is None:
+        return d
+    left = deadline - time.monotonic()
+    if left > 0:
+        yield Sleep(left)
+    return (yield from _run(state, call))
 
 
 def _btake(call: Call, deadline: Optional[float]):

@@ -160,8 +160,12 @@ class AsyncRateLimiter:
     async def _run(self, call: _core.Call) -> Decision:
         return await _engine.adrive(_engine.run(self._state, call), self._execute)
 
-    async def take(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, policy: str = "default") -> Decision:
-        return await self._run(_core.single("take", key, capacity, rate, n, policy))
+    async def take(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, policy: str = "default",
+                   max_wait_ms: Optional[int] = None, block_ms: Optional[int] = None,
+                   max_block_ms: Optional[int] = None) -> Decision:
+        """See `RateLimiter.take` (reservations, lockout)."""
+        options = _core.take_options(max_wait_ms, block_ms, max_block_ms)
+        return await self._run(_core.single("take", key, capacity, rate, n, policy, options))
 
     async def peek(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, policy: str = "default") -> Decision:
         return await self._run(_core.single("peek", key, capacity, rate, n, policy))
@@ -169,13 +173,30 @@ class AsyncRateLimiter:
     async def refund(self, key: str, capacity: Number, rate: Number, n: Number, *, policy: str = "default") -> Decision:
         return await self._run(_core.single("refund", key, capacity, rate, n, policy))
 
-    async def take_all(self, limits: Sequence[Limit]) -> Decision:
-        return await self._run(_core.take_all(limits))
+    async def take_all(self, limits: Sequence[Limit], *, max_wait_ms: Optional[int] = None) -> Decision:
+        return await self._run(_core.take_all(limits, max_wait_ms))
+
+    async def take_limit(self, limit: Limit, *, max_wait_ms: Optional[int] = None) -> Decision:
+        """See `RateLimiter.take_limit`."""
+        return await self._run(_core.limit_take(limit, max_wait_ms))
+
+    async def charge(self, limit: Limit, n: Number, *, max_debt: Optional[Number] = None) -> Decision:
+        """See `RateLimiter.charge`."""
+        return await self._run(_core.charge(limit, n, max_debt))
+
+    async def settle(self, limit: Limit, reserved: Number, actual: Number) -> Optional[Decision]:
+        """See `RateLimiter.settle`: a refund, a charge, or None without a call."""
+        call = _core.settle(limit, reserved, actual)
+        return None if call is None else await self._run(call)
+
+    async def unblock(self, limit_or_key) -> bool:
+        """See `RateLimiter.unblock`."""
+        return await self._run(_core.unblock(limit_or_key))
 
     async def wait_take(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, timeout_ms: Number,
                         policy: str = "default") -> Decision:
         """See `RateLimiter.wait_take`: TB.BTAKE on the key's node with the
-        module (FIFO), a polling loop with the Lua fallback (NOT FIFO)."""
+        module, one reservation and one sleep with the Lua fallback (both FIFO)."""
         timeout_ms = _core.check_timeout_ms(timeout_ms)
         call = _core.single("take", key, capacity, rate, n, policy)
         return await _engine.adrive(_engine.wait_take(self._state, call, timeout_ms), self._execute)

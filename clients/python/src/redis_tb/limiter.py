@@ -204,9 +204,19 @@ class RateLimiter:
     def _run(self, call: _core.Call) -> Decision:
         return _engine.drive(_engine.run(self._state, call), self._execute)
 
-    def take(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, policy: str = "default") -> Decision:
-        """Take n tokens from the bucket `key` (burst `capacity`, `rate`/s)."""
-        return self._run(_core.single("take", key, capacity, rate, n, policy))
+    def take(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, policy: str = "default",
+             max_wait_ms: Optional[int] = None, block_ms: Optional[int] = None,
+             max_block_ms: Optional[int] = None) -> Decision:
+        """Take n tokens from the bucket `key` (burst `capacity`, `rate`/s).
+
+        max_wait_ms: a reservation (MAXWAIT): allowed into debt when the
+        tokens arrive within that many ms; then `decision.wait_ms` (its
+        retry_after_ms) is how long to wait before acting.
+        block_ms / max_block_ms: lockout (BLOCK/MAXBLOCK): a denial locks
+        the key for block_ms, doubling within a probation up to
+        max_block_ms; every take and peek is denied while it holds."""
+        options = _core.take_options(max_wait_ms, block_ms, max_block_ms)
+        return self._run(_core.single("take", key, capacity, rate, n, policy, options))
 
     def peek(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, policy: str = "default") -> Decision:
         """What `take` would answer now; writes nothing."""
@@ -216,19 +226,45 @@ class RateLimiter:
         """Give n tokens back (capped at capacity)."""
         return self._run(_core.single("refund", key, capacity, rate, n, policy))
 
-    def take_all(self, limits: Sequence[Limit]) -> Decision:
-        """All limits or none; the Decision is the deciding limit's, `index` its position."""
-        return self._run(_core.take_all(limits))
+    def take_all(self, limits: Sequence[Limit], *, max_wait_ms: Optional[int] = None) -> Decision:
+        """All limits or none; the Decision is the deciding limit's, `index` its position.
+        max_wait_ms: a reservation on every bucket (see `take`); the limits'
+        block_ms/max_block_ms (which must be the same) are sent as BLOCK/MAXBLOCK."""
+        return self._run(_core.take_all(limits, max_wait_ms))
+
+    def take_limit(self, limit: Limit, *, max_wait_ms: Optional[int] = None) -> Decision:
+        """`take` of one Limit: its key, capacity, rate, n, policy and lockout."""
+        return self._run(_core.limit_take(limit, max_wait_ms))
+
+    def charge(self, limit: Limit, n: Number, *, max_debt: Optional[Number] = None) -> Decision:
+        """TB.CHARGE: a cost learned after the work, always taken, into debt
+        down to -max_debt (default: the capacity). `decision.wait_ms` is the
+        wait until the debt is repaid (later takes are denied until then)."""
+        return self._run(_core.charge(limit, n, max_debt))
+
+    def settle(self, limit: Limit, reserved: Number, actual: Number) -> Optional[Decision]:
+        """After a take of `reserved` for work that cost `actual`: refund
+        the difference (actual < reserved) or charge it (actual > reserved),
+        in one call; None, with no call, when they are equal."""
+        call = _core.settle(limit, reserved, actual)
+        return None if call is None else self._run(call)
+
+    def unblock(self, limit_or_key) -> bool:
+        """TB.UNBLOCK: end the key's lock and forget its strikes; True if
+        there was a lock or a strike to forget."""
+        return self._run(_core.unblock(limit_or_key))
 
     def wait_take(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, timeout_ms: Number,
                   policy: str = "default") -> Decision:
         """Take n tokens, waiting up to timeout_ms (0: no limit) for them.
 
         Module: TB.BTAKE on the node that owns the key, served first come
-        first served by the server. Lua fallback: a client-side loop (take,
-        sleep the announced wait, retry): NOT first come first served.
-        Returns the grant, or the last denial at the timeout (at once when
-        the request can never succeed, n > capacity)."""
+        first served by the server. Lua fallback: ONE reservation (TB.TAKE's
+        MAXWAIT timeout_ms) and one sleep for the delay it returns, first
+        come first served too (reservations queue in the bucket's debt).
+        Returns the grant (retry_after_ms 0: the wait is done), or the
+        denial at the timeout (at once when the request can never succeed,
+        n > capacity)."""
         timeout_ms = _core.check_timeout_ms(timeout_ms)
         call = _core.single("take", key, capacity, rate, n, policy)
         return _engine.drive(_engine.wait_take(self._state, call, timeout_ms), self._execute)

@@ -21,7 +21,7 @@ use crate::api::GENEROUS;
 use crate::common::*;
 use redis_tb_client::{
     bucket_key, classify_reply, AsyncRateLimiter, Decision, Error, FailureClass, LeaseDecision,
-    Limit, RateLimiter,
+    Limit, RateLimiter, TakeOptions,
 };
 use serde_json::Value as Json;
 use std::collections::HashMap;
@@ -645,4 +645,262 @@ fn conformance_cases_on_the_module_in_a_cluster() {
 #[test]
 fn conformance_cases_on_lua_in_a_cluster() {
     assert!(run_env("lua", "cluster", &runtime()) > 0);
+}
+
+// --- clients/conformance/jobs.json: reservations, charges, settling, lockout ---------
+//
+// Translations for Rust: `max_wait_ms`, `block_ms` and `max_block_ms` are `u64`
+// (a number that is not one, -1, 1.5 or 1e30, cannot be passed: the runner
+// checks that the case expects `invalid_argument`, as for the leases); a
+// take with options is `take_with(.., TakeOptions)`; `take_all` with
+// `max_wait_ms` is `take_all_with`; `charge` and `settle` take a `Limit`;
+// `settle`'s `result: null` is `Ok(None)`; `wait_ms` is `Decision::wait_ms()`.
+// The lua runs wait for lua/tb.lua to have tb_charge (the file's "about").
+
+fn job_cases() -> Vec<Json> {
+    let path = repo_root().join("clients/conformance/jobs.json");
+    let doc: Json = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(
+        doc["version"], 1,
+        "a version of jobs.json this runner knows"
+    );
+    doc["cases"].as_array().unwrap().clone()
+}
+
+fn lua_has_jobs() -> bool {
+    redis_tb_client::LUA_LIBRARY.contains("tb_charge")
+}
+
+/// One call of jobs.json on either driver.
+enum JobCall {
+    Plain(Call),
+    TakeWith(String, f64, f64, f64, TakeOptions),
+    TakeAllWith(Vec<Limit>, u64),
+    Charge(Limit, f64, Option<f64>),
+    Settle(Limit, f64, f64),
+    Unblock(String),
+}
+
+#[derive(Debug)]
+enum JobAnswer {
+    Decision(Decision),
+    Settled(Option<Decision>),
+    Flag(bool),
+}
+
+/// An optional `u64` field; `Err` when it is there but not a `u64`.
+fn optional_whole(call: &Json, field: &str) -> Result<Option<u64>, String> {
+    match call.get(field) {
+        None => Ok(None),
+        Some(_) => whole(call, field).map(Some),
+    }
+}
+
+fn job_limit(l: &Json) -> Result<Limit, String> {
+    let mut limit = Limit::new(text(l, "key"), num(l, "capacity"), num(l, "rate"));
+    if l.get("n").is_some() {
+        limit = limit.cost(num(l, "n"));
+    }
+    if let Some(name) = l["policy"].as_str() {
+        limit = limit.name(name);
+    }
+    limit.block_ms = optional_whole(l, "block_ms")?;
+    limit.max_block_ms = optional_whole(l, "max_block_ms")?;
+    Ok(limit)
+}
+
+fn job_call(call: &Json) -> Result<JobCall, String> {
+    let options = || -> Result<TakeOptions, String> {
+        Ok(TakeOptions {
+            max_wait_ms: optional_whole(call, "max_wait_ms")?.unwrap_or(0),
+            block_ms: optional_whole(call, "block_ms")?,
+            max_block_ms: optional_whole(call, "max_block_ms")?,
+        })
+    };
+    Ok(match call["op"].as_str().unwrap() {
+        "take" => {
+            let options = options()?;
+            if options == TakeOptions::default() {
+                JobCall::Plain(limit_call(call))
+            } else {
+                JobCall::TakeWith(
+                    text(call, "key"),
+                    num(call, "capacity"),
+                    num(call, "rate"),
+                    num(call, "n"),
+                    options,
+                )
+            }
+        }
+        "take_all" => JobCall::TakeAllWith(
+            call["limits"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(job_limit)
+                .collect::<Result<_, _>>()?,
+            optional_whole(call, "max_wait_ms")?.unwrap_or(0),
+        ),
+        "charge" => JobCall::Charge(job_limit(call)?, num(call, "n"), call["max_debt"].as_f64()),
+        "settle" => JobCall::Settle(job_limit(call)?, num(call, "reserved"), num(call, "actual")),
+        "unblock" => JobCall::Unblock(text(call, "key")),
+        _ => JobCall::Plain(limit_call(call)),
+    })
+}
+
+fn sync_job<C: redis::ConnectionLike>(
+    l: &mut RateLimiter<C>,
+    call: &JobCall,
+) -> Result<JobAnswer, Error> {
+    Ok(match call {
+        JobCall::Plain(c) => JobAnswer::Decision(sync_call(l, c)?),
+        JobCall::TakeWith(k, c, r, n, o) => JobAnswer::Decision(l.take_with(k, *c, *r, *n, *o)?),
+        JobCall::TakeAllWith(limits, w) => JobAnswer::Decision(l.take_all_with(limits, *w)?),
+        JobCall::Charge(limit, n, d) => JobAnswer::Decision(l.charge(limit, *n, *d)?),
+        JobCall::Settle(limit, r, a) => JobAnswer::Settled(l.settle(limit, *r, *a)?),
+        JobCall::Unblock(k) => JobAnswer::Flag(l.unblock(k.as_str())?),
+    })
+}
+
+async fn async_job<C>(l: &AsyncRateLimiter<C>, call: &JobCall) -> Result<JobAnswer, Error>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    Ok(match call {
+        JobCall::Plain(c) => JobAnswer::Decision(async_call(l, c).await?),
+        JobCall::TakeWith(k, c, r, n, o) => {
+            JobAnswer::Decision(l.take_with(k, *c, *r, *n, *o).await?)
+        }
+        JobCall::TakeAllWith(limits, w) => JobAnswer::Decision(l.take_all_with(limits, *w).await?),
+        JobCall::Charge(limit, n, d) => JobAnswer::Decision(l.charge(limit, *n, *d).await?),
+        JobCall::Settle(limit, r, a) => JobAnswer::Settled(l.settle(limit, *r, *a).await?),
+        JobCall::Unblock(k) => JobAnswer::Flag(l.unblock(k.as_str()).await?),
+    })
+}
+
+fn check_job(call: &Json, outcome: Result<JobAnswer, Error>, at: &str) {
+    if call["error"].is_string() {
+        return check_error(call, outcome, at);
+    }
+    let answer = outcome.unwrap_or_else(|e| panic!("{at}: {e}"));
+    let d = match answer {
+        JobAnswer::Flag(flag) => {
+            assert_eq!(Some(flag), call["result"].as_bool(), "{at}: {call}");
+            return;
+        }
+        JobAnswer::Settled(None) => {
+            assert!(
+                call["result"].is_null() && call.get("result").is_some(),
+                "{at}: no call"
+            );
+            return;
+        }
+        JobAnswer::Settled(Some(d)) | JobAnswer::Decision(d) => d,
+    };
+    if let Some(wait) = call["decision"].get("wait_ms") {
+        assert!(
+            matches_number(wait, d.wait_ms() as f64),
+            "{at}: wait_ms should be {wait}: {d:?}"
+        );
+    }
+    let mut rest = call.clone();
+    if let Some(fields) = rest["decision"].as_object_mut() {
+        fields.remove("wait_ms");
+    }
+    check(&rest, Ok(d), at);
+}
+
+fn run_jobs_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) -> usize {
+    if backend == "lua" && !lua_has_jobs() {
+        eprintln!("jobs.json on lua: skipped, lua/tb.lua has no tb_charge yet");
+        return 1;
+    }
+    let env = Env::start(backend, topology);
+    let mut ran = 0;
+    for driver in ["sync", "async"] {
+        for case in job_cases() {
+            if !lists(&case, "backends", backend) || !lists(&case, "topologies", topology) {
+                continue;
+            }
+            env.prepare(&case);
+            let name = case["name"].as_str().unwrap();
+            for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
+                let at = format!("{backend}/{topology}/{driver}: jobs case {name:?} call {i}");
+                if call["op"] == "sleep" {
+                    std::thread::sleep(std::time::Duration::from_millis(
+                        call["ms"].as_u64().unwrap(),
+                    ));
+                    continue;
+                }
+                let job = match job_call(call) {
+                    Ok(job) => job,
+                    Err(number) => {
+                        assert_eq!(
+                            call["error"], "invalid_argument",
+                            "{at}: {number} cannot be passed in Rust, so the case must refuse it"
+                        );
+                        continue;
+                    }
+                };
+                let policy = call["policy"].as_str().unwrap_or("default");
+                let outcome = if driver == "sync" {
+                    match &env {
+                        Env::Standalone(s) => sync_job(
+                            &mut RateLimiter::from_client(s.client(), GENEROUS)
+                                .with_policy_name(policy),
+                            &job,
+                        ),
+                        Env::Cluster(c) => sync_job(
+                            &mut RateLimiter::new(c.client().get_connection().unwrap())
+                                .with_blocking_client(c.nodes[0].client())
+                                .with_timeouts(GENEROUS)
+                                .with_policy_name(policy),
+                            &job,
+                        ),
+                    }
+                } else {
+                    rt.block_on(async {
+                        match &env {
+                            Env::Standalone(s) => {
+                                let l = AsyncRateLimiter::from_client(s.client(), GENEROUS)
+                                    .with_policy_name(policy);
+                                async_job(&l, &job).await
+                            }
+                            Env::Cluster(c) => {
+                                let con = c.client().get_async_connection().await.unwrap();
+                                let l = AsyncRateLimiter::new(con)
+                                    .with_blocking_client(c.nodes[0].client())
+                                    .with_timeouts(GENEROUS)
+                                    .with_policy_name(policy);
+                                async_job(&l, &job).await
+                            }
+                        }
+                    })
+                };
+                check_job(call, outcome, &at);
+            }
+            ran += 1;
+        }
+    }
+    ran
+}
+
+#[test]
+fn job_cases_on_the_module_standalone() {
+    assert!(run_jobs_env("module", "standalone", &runtime()) > 0);
+}
+
+#[test]
+fn job_cases_on_lua_standalone() {
+    assert!(run_jobs_env("lua", "standalone", &runtime()) > 0);
+}
+
+#[test]
+fn job_cases_on_the_module_in_a_cluster() {
+    assert!(run_jobs_env("module", "cluster", &runtime()) > 0);
+}
+
+#[test]
+fn job_cases_on_lua_in_a_cluster() {
+    assert!(run_jobs_env("lua", "cluster", &runtime()) > 0);
 }
