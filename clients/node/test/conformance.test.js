@@ -22,7 +22,8 @@ const CASES = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', 'confo
 // The lease cases: the same format, in a file of their own (its "about" says why).
 const LEASES = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', 'conformance', 'leases.json'), 'utf8'));
 const ALL_CASES = [...CASES.cases, ...LEASES.cases];
-const LEASE_ID = /^[0-9]+-[0-9]+$/;
+// `<ms>-<n>-<incarnation>` (docs/leases.md#lease-ids): every case makes its sets anew.
+const LEASE_ID = /^[0-9]+-[0-9]+-[0-9]+$/;
 const TOPOLOGIES = ['standalone', 'cluster'];
 const BACKENDS = [
   { name: 'module', module: true, expect: 'module' },

@@ -28,7 +28,8 @@ from test_cluster import reset
 CASES = json.loads((REPO / "clients" / "conformance" / "cases.json").read_text(encoding="utf-8"))
 # The lease cases: the same format, in a file of their own (its "about" says why).
 LEASES = json.loads((REPO / "clients" / "conformance" / "leases.json").read_text(encoding="utf-8"))
-LEASE_ID = re.compile(r"^[0-9]+-[0-9]+$")
+# `<ms>-<n>-<incarnation>` (docs/leases.md#lease-ids): every case makes its sets anew.
+LEASE_ID = re.compile(r"^[0-9]+-[0-9]+-[0-9]+$")
 
 # (backend of the case, topology) -> how Python runs it: [(server fixture, backend argument)]
 WAYS = {
