@@ -7,8 +7,8 @@ mod common;
 
 use common::{
     aof_commands, expect_error, id_parts, incarnation, members, pexpiretime, repl_offset,
-    server_time_ms, sleep_ms, start_replica_of, wait_for_replica, wait_until, Server,
-    QUIET_MASTER_ARGS, SYNC_TIMEOUT,
+    server_time_ms, sleep_ms, start_replica_of, wait_for_replica, wait_until, FakeClock, Server,
+    QUIET_MASTER_ARGS, SYNC_TIMEOUT, TEN_AM, TEN_AM_AND_30_S, TEN_AM_MS,
 };
 use redis::Value;
 
@@ -377,6 +377,55 @@ fn the_count_survives_a_restart() {
         id_parts(&next).2,
         id_parts(&first).2,
         "and so does the incarnation"
+    );
+}
+
+/// Issue 25: at 10:00:00 a lease set hands out `<10:00:00 in ms>-1-...`, the set expires at
+/// 10:00:30, the clock steps back to 10:00:00 (an NTP step, a restored VM snapshot, a promoted
+/// replica whose clock is behind), and the set made anew hands out the same instant and count
+/// again: with ids of `<ms>-<n>` alone, the old holder's TB.RELEASE released the new holder's
+/// lease. The new set's incarnation is another, so its id is too. The server's own clock is
+/// moved (libfaketime), the module's time and the key's expiry with it.
+#[test]
+fn an_id_is_never_handed_out_again_after_the_clock_steps_back() {
+    let Some(clock) = FakeClock::new() else {
+        return;
+    };
+    let server = clock.start(TEN_AM, &[]);
+    let mut con = server.conn();
+    assert_eq!(server_time_ms(&mut con), TEN_AM_MS, "the fake clock");
+    let old = id_of(&acquire(&mut con, "lc:1", 1, 1000));
+    clock.set(TEN_AM_AND_30_S);
+    assert!(!common::exists(&mut con, "lc:1"), "the set expired");
+    clock.set(TEN_AM);
+    assert_eq!(
+        server_time_ms(&mut con),
+        TEN_AM_MS,
+        "the clock stepped back"
+    );
+    let new = id_of(&acquire(&mut con, "lc:1", 1, 1000));
+    let (old_ms, old_n, old_incarnation) = id_parts(&old);
+    let (new_ms, new_n, new_incarnation) = id_parts(&new);
+    assert_eq!((old_ms, old_n), (TEN_AM_MS, 1), "{old}");
+    assert_eq!(
+        (new_ms, new_n),
+        (TEN_AM_MS, 1),
+        "the same instant and count: {new}"
+    );
+    assert!(
+        old_incarnation.is_some() && old_incarnation != new_incarnation,
+        "{old} handed out again as {new}"
+    );
+    assert_eq!(
+        release(&mut con, "lc:1", &old),
+        0,
+        "the old holder releases nothing"
+    );
+    assert_eq!(renew(&mut con, "lc:1", &old, 1000), 0, "nor renews");
+    assert_eq!(
+        release(&mut con, "lc:1", &new),
+        1,
+        "the new holder's lease is its own"
     );
 }
 

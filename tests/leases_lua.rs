@@ -1485,3 +1485,90 @@ fn over_maxmemory_only_acquire_is_refused_by_both() {
     );
     assert_eq!(released, Ok(Value::Int(1)));
 }
+
+/// Issue 25, on the twin as on the module: at 10:00:00 a lease set hands out
+/// `<10:00:00 in ms>-1-...`, the set expires at 10:00:30, the clock steps back to 10:00:00 (an
+/// NTP step, a restored snapshot, a promoted replica behind), and the set made anew hands out
+/// the same instant and count again, but not the same id: its incarnation is another. So the
+/// old holder's id releases and renews nothing, whichever of the module, the script and the
+/// library made either set or is asked. The clock is the server's own (libfaketime), so the
+/// script's TIME is moved too.
+#[test]
+fn no_twin_hands_an_id_out_again_after_the_clock_steps_back() {
+    let Some(clock) = FakeClock::new() else {
+        return;
+    };
+    let server = clock.start(TEN_AM, &[]);
+    let mut con = server.conn();
+    let script = Fallback::script(&mut con);
+    let function = Fallback::function(&mut con);
+    let by: [(&str, Option<&Fallback>); 3] = [
+        ("the module", None),
+        ("the script", Some(&script)),
+        ("the library", Some(&function)),
+    ];
+    let run = |con: &mut redis::Connection,
+               by: Option<&Fallback>,
+               command: &str,
+               key: &str,
+               args: &[&[u8]]|
+     -> Value {
+        let cmd = match by {
+            Some(fallback) => fallback.cmd(command, key.as_bytes(), args),
+            None => module_cmd(command, key.as_bytes(), args),
+        };
+        cmd.query(con)
+            .unwrap_or_else(|e| panic!("{command} on {key}: {e}"))
+    };
+    let acquire = |con: &mut redis::Connection, maker: Option<&Fallback>, key: &str| -> String {
+        let reply = run(con, maker, "acquire", key, &[b"1", b"1000"]);
+        let (acquired, _, _, id): (i64, i64, i64, String) =
+            redis::from_redis_value(&reply).expect("a grant");
+        assert_eq!(acquired, 1, "{key}");
+        id
+    };
+    for (first_name, first) in by {
+        for (second_name, second) in by {
+            let key = format!("lc:{first_name}:{second_name}");
+            let what = format!("made by {first_name}, then by {second_name}");
+            clock.set(TEN_AM);
+            assert_eq!(server_time_ms(&mut con), TEN_AM_MS, "the fake clock");
+            let old = acquire(&mut con, first, &key);
+            clock.set(TEN_AM_AND_30_S);
+            let now = server_time_ms(&mut con);
+            assert!(
+                !exists(&mut con, &key),
+                "{what}: the set expired (now {now}, expiry {})",
+                pexpiretime(&mut con, &key)
+            );
+            clock.set(TEN_AM);
+            assert_eq!(
+                server_time_ms(&mut con),
+                TEN_AM_MS,
+                "the clock stepped back"
+            );
+            let new = acquire(&mut con, second, &key);
+            let (old_ms, old_n, old_incarnation) = id_parts(&old);
+            let (new_ms, new_n, new_incarnation) = id_parts(&new);
+            assert_eq!((old_ms, old_n), (TEN_AM_MS, 1), "{what}: {old}");
+            assert_eq!((new_ms, new_n), (TEN_AM_MS, 1), "{what}: {new}");
+            assert!(
+                old_incarnation.is_some() && old_incarnation != new_incarnation,
+                "{what}: {old} handed out again as {new}"
+            );
+            assert_eq!(new_incarnation, incarnation(&mut con, &key), "{what}");
+            for (name, caller) in by {
+                let released = run(&mut con, caller, "release", &key, &[old.as_bytes()]);
+                let renewed = run(&mut con, caller, "renew", &key, &[old.as_bytes(), b"1000"]);
+                assert_eq!(
+                    (released, renewed),
+                    (Value::Int(0), Value::Int(0)),
+                    "{what}: the old holder's {old} through {name}"
+                );
+            }
+            let released = run(&mut con, second, "release", &key, &[new.as_bytes()]);
+            assert_eq!(released, Value::Int(1), "{what}: the new holder's {new}");
+        }
+    }
+    println!("under libfaketime on {}", clock.server().display());
+}

@@ -6,6 +6,7 @@
 //! - [`raw_client`]: a bare RESP client for blocking commands (a waiter with no reply yet);
 //! - [`replication`]: replicas, replication offsets, a server turned replica under a waiter;
 //! - [`aof`]: the commands in the append-only file;
+//! - [`clock`]: a server whose clock the test moves, forwards and back (libfaketime);
 //! - [`twin`]: the Lua twin (`lua/tb.lua`) and the differential harness against the module;
 //! - [`rng`]: a small seeded generator for test inputs.
 //!
@@ -22,6 +23,7 @@
 #![allow(dead_code)]
 
 pub mod aof;
+pub mod clock;
 pub mod commands;
 pub mod raw_client;
 pub mod replication;
@@ -32,4 +34,6 @@ pub mod twin;
 // Every test file takes what it needs from one flat namespace (`use common::*`); a file that
 // needs no twin or AOF helper would otherwise warn about the glob it does not use.
 #[allow(unused_imports)]
-pub use self::{aof::*, commands::*, raw_client::*, replication::*, rng::*, server::*, twin::*};
+pub use self::{
+    aof::*, clock::*, commands::*, raw_client::*, replication::*, rng::*, server::*, twin::*,
+};
