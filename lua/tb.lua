@@ -605,11 +605,11 @@ local function stored_incarnation(key)
   return -score
 end
 
--- A new lease set's incarnation, in [1, 2^53], drawn as the module draws
--- one from the server's random source (RM_GetRandomBytes), which a script
--- cannot reach. math.random cannot stand in: the server seeds it with a
--- constant at startup, so a restarted server, or a promoted replica, draws
--- the same numbers again. So the incarnation is 53 bits of the SHA1 of
+-- A new lease set's incarnation, in [1, 2^53]. The module draws it from the
+-- server's random source (RM_GetRandomBytes), which a script cannot reach,
+-- and math.random cannot stand in: the server seeds it with a constant at
+-- startup, so a restarted server, or a promoted replica, draws the same
+-- numbers again. So here the incarnation is 53 bits of the SHA1 of
 -- * INFO server, whose run_id is 160 random bits the process drew from
 --   /dev/urandom at startup: another after a restart, and on every other
 --   server (a replica promoted in a failover has its own);
