@@ -204,8 +204,14 @@ def make_rows(sha: str, peer: bool) -> list[Row]:
                 Row("TB.TAKE", keys, path, "tb", "tb.take",
                     lambda k, p=params: ["TB.TAKE", k, *p], drain)
             )  # fmt: skip
+            # TB.THROTTLE: redis-cell's arguments and reply on the module's bucket.
+            cl = CL_ALLOW if path == "allowed" else CL_DENY
+            rows.append(
+                Row("TB.THROTTLE", keys, path, "tb", "tb.throttle",
+                    lambda k, p=cl: ["TB.THROTTLE", k, *p], drain,
+                    allowed=cl_allowed, drain_cmd=lambda k: ["TB.THROTTLE", k, *CL_DENY])
+            )  # fmt: skip
             if peer:
-                cl = CL_ALLOW if path == "allowed" else CL_DENY
                 rows.append(
                     Row("CL.THROTTLE", keys, path, "tb", "cl.throttle",
                         lambda k, p=cl: ["CL.THROTTLE", k, *p], drain,
@@ -578,6 +584,9 @@ def evaluate_targets(configs: dict, memory: dict, repl: dict, scaling: dict | No
             targets.append(target(f"TB.TAKE no costlier than CL.THROTTLE (redis-cell){suffix}",
                                   ratio_summary(per_rep, tb, cl, "usec_per_call"), 1.0,
                                   "TB.TAKE usec_per_call / CL.THROTTLE usec_per_call, random keys, allowed"))  # fmt: skip
+            targets.append(target(f"TB.THROTTLE no costlier than CL.THROTTLE (redis-cell){suffix}",
+                                  ratio_summary(per_rep, "TB.THROTTLE / random / allowed", cl, "usec_per_call"), 1.0,
+                                  "TB.THROTTLE usec_per_call / CL.THROTTLE usec_per_call, random keys, allowed"))  # fmt: skip
         # Against the cheaper Lua variant of each repetition: the stricter test.
         cost_vs_lua = summary([max(rep[tb]["usec_per_call"] / rep[l]["usec_per_call"] for l in luas) for rep in per_rep])
         targets.append(target(f"TB.TAKE us/call <= 1/4 of Lua's{suffix}", cost_vs_lua, 0.25,
@@ -619,6 +628,41 @@ def evaluate_targets(configs: dict, memory: dict, repl: dict, scaling: dict | No
                               f"(TB.TAKEALL / MSET at {big} keys) / (the same at {small} keys); "
                               f"the multiples: {m_small:.1f}x at {small}, {m_big:.1f}x at {big}"))  # fmt: skip
     return targets
+
+
+# --------------------------------------------------------------------------
+# The module floor for TB.TAKE: the bench-only build (feature bench-floor,
+# src/testing/bench_floor.rs) has TB.FLOOR.TAKE, which makes TB.TAKE's own
+# write (the two fields, the absolute expiry, the effects and notifications)
+# without its read or arithmetic. TB.TAKE, the floor and TB.THROTTLE run on
+# that build's server, interleaved.
+
+FLOOR_BUILD = ROOT / "target" / "bench-floor" / "release" / "libredis_tb.so"
+FAR_DEADLINE = "4102444800000"  # 2100-01-01: the floor's fixed expiry
+TAKE_FLOOR_LIMIT = 1.15
+THROTTLE_OVER_TAKE_LIMIT = 1.03
+
+
+def floor_rows_spec() -> list[Row]:
+    return [
+        Row("TB.TAKE", "random", "allowed", "tb", "tb.take", lambda k: ["TB.TAKE", k, *ALLOW]),
+        Row("TB.FLOOR.TAKE", "random", "allowed", "tb", "tb.floor.take",
+            lambda k: ["TB.FLOOR.TAKE", k, "999999999.5", FAR_DEADLINE]),
+        Row("TB.THROTTLE", "random", "allowed", "tb", "tb.throttle",
+            lambda k: ["TB.THROTTLE", k, *CL_ALLOW], allowed=cl_allowed),
+    ]  # fmt: skip
+
+
+def floor_targets(per_rep: list[dict]) -> list[dict]:
+    take, floor, throttle = (r.name for r in floor_rows_spec())
+    return [
+        target(f"TB.TAKE us/call <= {TAKE_FLOOR_LIMIT}x the module floor (same writes, no read)",
+               ratio_summary(per_rep, take, floor, "usec_per_call"), TAKE_FLOOR_LIMIT,
+               "TB.TAKE usec_per_call / TB.FLOOR.TAKE usec_per_call, bench-floor build, random keys"),
+        target(f"TB.THROTTLE us/call <= TB.TAKE's + {round((THROTTLE_OVER_TAKE_LIMIT - 1) * 100)}%",
+               ratio_summary(per_rep, throttle, take, "usec_per_call"), THROTTLE_OVER_TAKE_LIMIT,
+               "TB.THROTTLE usec_per_call / TB.TAKE usec_per_call, the same bucket, random keys"),
+    ]  # fmt: skip
 
 
 def peer_rows(configs: dict) -> list[list[str]]:
@@ -872,6 +916,8 @@ def main() -> int:
                          "for the CL.THROTTLE rows; empty: no CL.THROTTLE rows")  # fmt: skip
     ap.add_argument("--peer-missing", default=os.environ.get("TB_PEER_MISSING", ""),
                     help="why there is no peer module (printed and recorded)")
+    ap.add_argument("--floor-module", default=os.environ.get("TB_FLOOR_MODULE", str(FLOOR_BUILD)),
+                    help="the bench-floor build, for TB.TAKE's floor row")
     ap.add_argument("--rows", default="",
                     help="only the cost rows whose name contains one of these comma-separated "
                          "strings, and no memory or replication part (for quick comparisons)")  # fmt: skip
@@ -995,6 +1041,16 @@ def main() -> int:
 
     results["targets"] = evaluate_targets(results["rows"], results["memory"], results["replication"],
                                           results.get("scaling"), peer is not None)  # fmt: skip
+    floor_module = Path(args.floor_module)
+    if floor_module.exists():
+        log(f"\n== TB.TAKE against its module floor, and TB.THROTTLE ({floor_module})")
+        floor_server = Server(args.server, floor_module.resolve(), "floor")
+        results["floor"] = bench_rows({"floor": (floor_server, False)}, floor_rows_spec(), args.reps,
+                                      args.scale, log)["floor"]  # fmt: skip
+        floor_server.stop()
+        results["targets"] += floor_targets(results["floor"])
+    else:
+        log(f"floor: {floor_module} not built (scripts/bench.sh builds it); no floor rows")
     meta["seconds"] = round(time.monotonic() - t0, 1)
     meta["loadavg_end"] = os.getloadavg()
 

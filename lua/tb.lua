@@ -6,10 +6,13 @@
 --
 --   A FUNCTION library (Redis 7+, Valkey), loaded as it is:
 --     redis-cli -x FUNCTION LOAD REPLACE < lua/tb.lua
---     FCALL tb_take    1 key capacity rate n
+--     FCALL tb_take    1 key capacity rate n [options]
 --     FCALL tb_peek    1 key capacity rate [n]      (also FCALL_RO: no-writes)
 --     FCALL tb_refund  1 key capacity rate n
---     FCALL tb_takeall N key1 .. keyN capacity1 rate1 n1 .. capacityN rateN nN
+--     FCALL tb_takeall N key1 .. keyN capacity1 rate1 n1 .. capacityN rateN nN [options]
+--     FCALL tb_charge  1 key capacity rate n [MAXDEBT d]
+--     FCALL tb_unblock 1 key
+--     FCALL tb_throttle 1 key max_burst count period [quantity]
 --     FCALL tb_acquire 1 key limit lease_ms              (TB.ACQUIRE, no timeout_ms)
 --     FCALL tb_release 1 key lease
 --     FCALL tb_renew   1 key lease lease_ms
@@ -19,13 +22,18 @@
 --   A script for EVAL/EVALSHA (any Redis 4+ or Valkey): the same text
 --   without its first line (the `#!lua name=tb` line is for FUNCTION LOAD
 --   only), with the command's name first in ARGV:
---     EVALSHA <sha> 1 key take capacity rate n
+--     EVALSHA <sha> 1 key take capacity rate n [options]
 --     EVALSHA <sha> 1 key peek capacity rate [n]
 --     EVALSHA <sha> 1 key refund capacity rate n
---     EVALSHA <sha> N key1 .. keyN takeall capacity1 rate1 n1 .. capacityN rateN nN
+--     EVALSHA <sha> N key1 .. keyN takeall capacity1 rate1 n1 .. capacityN rateN nN [options]
+--     EVALSHA <sha> 1 key charge capacity rate n [MAXDEBT d]
+--     EVALSHA <sha> 1 key unblock
+--     EVALSHA <sha> 1 key throttle max_burst count period [quantity]
 --     EVALSHA <sha> 1 key acquire limit lease_ms
 --     EVALSHA <sha> 1 key release lease
 --     EVALSHA <sha> 1 key renew lease lease_ms
+--   [options] of take and takeall, after the last number, in any case and
+--   order: MAXWAIT ms, BLOCK ms, MAXBLOCK ms (core/src/args.rs).
 --
 -- Each step mirrors core/src/bucket.rs and core/src/number.rs operation for
 -- operation, so both produce the same doubles, the same waits to the ms and
@@ -43,7 +51,8 @@
 -- * a wrong number of arguments is reported in the module's words, but by
 --   the script (the server cannot check a script's arity);
 -- * ACL applies to the commands inside: a restricted user needs FCALL (or
---   EVALSHA) and, for the buckets, TYPE, HMGET, TIME, HSET, PEXPIREAT; for
+--   EVALSHA) and, for the buckets, TYPE, HMGET, TIME, HSET, PEXPIREAT (and
+--   HDEL for unblock, GET and DEL for throttle on a redis-cell key); for
 --   the leases, TYPE, ZSCORE, TIME, ZCOUNT, ZRANGEBYSCORE, ZRANGE,
 --   PEXPIRETIME, ZREM, ZADD, PEXPIREAT (before Redis 7.0, which has no
 --   PEXPIRETIME: PTTL, and an expiry may then come out a ms off the
@@ -66,6 +75,23 @@ local ERR_N = 'ERR n must be a non-negative finite number'
 local ERR_N_TOO_LARGE = 'ERR n must be at most 9007199254740992 (2^53)'
 local ERR_DUPLICATE = 'ERR each key may appear only once in TB.TAKEALL'
 local ERR_WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
+local ERR_UNKNOWN_OPTION = 'ERR unknown option (TB.TAKE and TB.TAKEALL take MAXWAIT, BLOCK and '
+  .. 'MAXBLOCK; TB.CHARGE takes MAXDEBT)'
+local ERR_REPEATED_OPTION = 'ERR each option may be given only once'
+local ERR_MISSING_OPTION_VALUE = 'ERR an option is missing its value'
+local ERR_MAXWAIT = 'ERR MAXWAIT must be a whole number of ms from 0 to 9007199254740992 (2^53)'
+local ERR_BLOCK = 'ERR BLOCK must be a whole number of ms from 1 to 9007199254740992 (2^53)'
+local ERR_MAXBLOCK =
+  'ERR MAXBLOCK must be a whole number of ms from BLOCK to 9007199254740992 (2^53)'
+local ERR_MAXBLOCK_WITHOUT_BLOCK = 'ERR MAXBLOCK needs BLOCK'
+local ERR_MAXDEBT =
+  'ERR MAXDEBT must be a non-negative finite number, at most 9007199254740992 (2^53)'
+local ERR_MAX_BURST =
+  'ERR max_burst must be a whole number from 0 to 9007199254740991 (2^53 - 1)'
+local ERR_THROTTLE_COUNT = 'ERR count must be a whole number from 1 to 9007199254740992 (2^53)'
+local ERR_PERIOD =
+  'ERR period must be a whole number of seconds from 1 to 9007199254740992 (2^53)'
+local ERR_QUANTITY = 'ERR quantity must be a whole number from 0 to 9007199254740992 (2^53)'
 
 -- `[sign] (digits [. digits*] | . digits) [(e|E) [sign] digits]`, at most 64
 -- bytes, finite; the sign only where `signed` (stored fields). tonumber()
@@ -108,9 +134,11 @@ local function show_key(key)
 end
 
 -- core/src/bucket.rs State::available_at, same operations in the same order.
+-- Tokens below zero are debt (MAXWAIT, TB.CHARGE), repaid by the same refill;
+-- a deeper hand-edited debt than 2^53 counts as 2^53.
 local function available_at(tokens, last_refill, capacity, rate, now)
   local elapsed = math.max(now - last_refill, 0)
-  local refilled = math.max(tokens, 0) + elapsed / 1000 * rate
+  local refilled = math.max(tokens, -MAX_EXACT_INTEGER) + elapsed / 1000 * rate
   return math.min(refilled, capacity)
 end
 
@@ -323,11 +351,110 @@ local function parse_request(capacity_text, rate_text, n_text)
   return {capacity = capacity, rate = rate, n = n}
 end
 
+-- Plain decimal digits (leading zeros allowed; no sign, fraction or
+-- exponent), at most 64 bytes, valued from `least` (0 or 1) to 2^53: the
+-- value, else nil (core/src/args.rs whole_from). The range is checked on the
+-- text, since 64 digits are far beyond a double.
+local function parse_whole(text, least)
+  if type(text) ~= 'string' or #text == 0 or #text > MAX_LEN
+      or not string.match(text, '^%d+$') then
+    return nil
+  end
+  local digits = string.match(text, '^0*(%d*)$')
+  if digits == '' then
+    if least == 0 then
+      return 0
+    end
+    return nil
+  end
+  if #digits > 16 or (#digits == 16 and digits > '9007199254740992') then
+    return nil
+  end
+  return tonumber(digits)
+end
+
+-- The options of TB.TAKE and TB.TAKEALL by keyword (any case): the field
+-- they set, their error and their least value.
+local TAKE_OPTIONS = {
+  MAXWAIT = {field = 'max_wait', error = ERR_MAXWAIT, least = 0},
+  BLOCK = {field = 'block', error = ERR_BLOCK, least = 1},
+  MAXBLOCK = {field = 'max_block', error = ERR_MAXBLOCK, least = 1},
+}
+
+-- No option given: plain TB.TAKE.
+local PLAIN = {max_wait = 0}
+
+-- core/src/args.rs parse_take_options: args[first..] as `MAXWAIT ms`,
+-- `BLOCK ms`, `MAXBLOCK ms`, in any order, each at most once, checked in
+-- the module's order. Returns {max_wait, block = {block_ms, max_block_ms}
+-- or nil}, or (second value) an error reply.
+local function parse_take_options(args, first)
+  local given = {}
+  local i = first
+  while i <= #args do
+    local option = TAKE_OPTIONS[string.upper(args[i])]
+    if option == nil then
+      return nil, redis.error_reply(ERR_UNKNOWN_OPTION)
+    elseif given[option.field] ~= nil then
+      return nil, redis.error_reply(ERR_REPEATED_OPTION)
+    elseif i == #args then
+      return nil, redis.error_reply(ERR_MISSING_OPTION_VALUE)
+    end
+    local value = parse_whole(args[i + 1], option.least)
+    if value == nil then
+      return nil, redis.error_reply(option.error)
+    end
+    given[option.field] = value
+    i = i + 2
+  end
+  local block
+  if given.block == nil then
+    if given.max_block ~= nil then
+      return nil, redis.error_reply(ERR_MAXBLOCK_WITHOUT_BLOCK)
+    end
+  elseif given.max_block == nil then
+    block = {block_ms = given.block, max_block_ms = given.block}
+  elseif given.max_block >= given.block then
+    block = {block_ms = given.block, max_block_ms = given.max_block}
+  else
+    return nil, redis.error_reply(ERR_MAXBLOCK)
+  end
+  return {max_wait = given.max_wait or 0, block = block}
+end
+
+-- core/src/args.rs parse_charge_options: args[first..] as `MAXDEBT d`, a
+-- number in [0, 2^53], once. Returns d (nil: not given), or (second value)
+-- an error reply.
+local function parse_charge_options(args, first)
+  local count = #args - first + 1
+  if count <= 0 then
+    return nil
+  elseif string.upper(args[first]) ~= 'MAXDEBT' then
+    return nil, redis.error_reply(ERR_UNKNOWN_OPTION)
+  elseif count == 1 then
+    return nil, redis.error_reply(ERR_MISSING_OPTION_VALUE)
+  elseif count == 2 then
+    local debt = parse_decimal(args[first + 1], false)
+    if debt == nil or debt > MAX_EXACT_INTEGER then
+      return nil, redis.error_reply(ERR_MAXDEBT)
+    end
+    return debt
+  elseif string.upper(args[first + 2]) == 'MAXDEBT' then
+    return nil, redis.error_reply(ERR_REPEATED_OPTION)
+  end
+  return nil, redis.error_reply(ERR_UNKNOWN_OPTION)
+end
+
+-- The type of `key` as TYPE names it ('none' for a missing key).
+local function type_of(key)
+  return redis.call('TYPE', key)['ok']
+end
+
 -- The value at `key` as `decode(key)` reads it, once `key` is known to hold
 -- the type `expected` (the type is checked before any other read, as the
 -- module does): nil for a missing key, or (second value) an error reply.
 local function read_key(key, expected, decode)
-  local kind = redis.call('TYPE', key)['ok']
+  local kind = type_of(key)
   if kind == 'none' then
     return nil
   elseif kind ~= expected then
@@ -336,17 +463,59 @@ local function read_key(key, expected, decode)
   return decode(key)
 end
 
+-- A stored lock field as a whole number in [0, 2^53]: a stored number
+-- (parse_decimal, signs and exponents allowed, as for `tokens`) without a
+-- fraction (src/bucket/hash.rs whole); else nil.
+local function stored_whole(text)
+  local value = parse_decimal(text, true)
+  if value == nil or value ~= math.floor(value)
+      or not (value >= 0 and value <= MAX_EXACT_INTEGER) then
+    return nil
+  end
+  return value
+end
+
+-- core/src/lockout.rs Lock::from_fields: the lock the three fields' texts
+-- make (whole numbers in [0, 2^53], at least one strike, a probation that
+-- does not end before the lock), else nil.
+local function lock_from_fields(until_text, strikes_text, probation_text)
+  local until_ms = stored_whole(until_text)
+  local strikes = stored_whole(strikes_text)
+  local probation_until = stored_whole(probation_text)
+  if until_ms == nil or strikes == nil or probation_until == nil or strikes < 1
+      or probation_until < until_ms then
+    return nil
+  end
+  return {until_ms = until_ms, strikes = strikes, probation_until = probation_until}
+end
+
 -- The bucket stored at the hash `key`, for read_key: a table
--- {tokens, last_refill}, or (second value) an error reply.
+-- {tokens, last_refill, lock}, `lock` the one its fields `locked_until`,
+-- `strikes` and `probation_until` hold (nil without `locked_until`; the two
+-- others are read only when it is there), or (second value) an error reply.
 local function decode_bucket(key)
-  local fields = redis.call('HMGET', key, 'tokens', 'last_refill')
+  local fields = redis.call('HMGET', key, 'tokens', 'last_refill', 'locked_until')
   local tokens = parse_decimal(fields[1], true)
   local last_refill = parse_decimal(fields[2], true)
   if tokens == nil or last_refill == nil then
     return nil, redis.error_reply('ERR corrupt bucket \'' .. show_key(key)
       .. '\': tokens and last_refill must be finite numbers')
   end
-  return {tokens = tokens, last_refill = last_refill}
+  local lock
+  if fields[3] then
+    local more = redis.call('HMGET', key, 'strikes', 'probation_until')
+    lock = lock_from_fields(fields[3], more[1], more[2])
+    if lock == nil then
+      return nil, redis.error_reply('ERR corrupt bucket \'' .. show_key(key)
+        .. '\': locked_until, strikes and probation_until must be whole numbers')
+    end
+  end
+  return {tokens = tokens, last_refill = last_refill, lock = lock}
+end
+
+-- The lock stored with `bucket` (nil for a missing key or none stored).
+local function lock_of(bucket)
+  return bucket and bucket.lock
 end
 
 -- The server's clock in ms, read once per call: RedisModule_Milliseconds()
@@ -359,127 +528,303 @@ end
 -- core/src/bucket.rs seen_at: a missing key is a full bucket; a last_refill
 -- later than now (the clock stepped back) counts as now, and is repaired to
 -- now by the first write command that sees it, allowed or denied.
-local function seen_at(bucket, request, now)
+local function seen_at(bucket, limit, now)
   if bucket == nil then
-    return {tokens = request.capacity, last_refill = now}, nil
+    return {tokens = limit.capacity, last_refill = now}, nil
   elseif bucket.last_refill > now then
     local current = {tokens = bucket.tokens, last_refill = now}
-    local tokens = available_at(current.tokens, now, request.capacity, request.rate, now)
+    local tokens = available_at(current.tokens, now, limit.capacity, limit.rate, now)
     return current, {tokens = tokens, last_refill = now}
   end
   return bucket, nil
 end
 
-local function time_to_full(state, request, now)
-  return first_ms_when(state.tokens, state.last_refill, request.capacity, request.rate, now,
-    request.capacity)
+-- `state`'s tokens at `now`, and the fewest whole ms until it holds
+-- `wanted` (available_at and first_ms_when of a state and a limit).
+local function tokens_at(state, limit, now)
+  return available_at(state.tokens, state.last_refill, limit.capacity, limit.rate, now)
 end
 
--- core/src/bucket.rs take, with n as given (n = 0: a look). Returns the reply's
--- four figures and the state to write (nil: nothing).
-local function judge_take(bucket, request, n, now)
-  local current, repair = seen_at(bucket, request, now)
-  local available = available_at(current.tokens, current.last_refill, request.capacity,
-    request.rate, now)
-  if available < n then
-    -- Denied: nothing written but a clock repair.
-    local retry_after = -1
-    if not (n > request.capacity) then
-      retry_after = first_ms_when(current.tokens, current.last_refill, request.capacity,
-        request.rate, now, n)
-    end
-    return {allowed = 0, remaining = math.floor(available), retry = retry_after,
-      reset = time_to_full(current, request, now), write = repair}
+local function wait_for(state, limit, now, wanted)
+  return first_ms_when(state.tokens, state.last_refill, limit.capacity, limit.rate, now, wanted)
+end
+
+-- core/src/bucket.rs remaining_of: whole tokens, and 0 for a bucket in debt.
+local function remaining_of(tokens)
+  return math.floor(math.max(tokens, 0))
+end
+
+-- core/src/lockout.rs lock_ms: min(block_ms * 2^(strikes - 1), max_block_ms),
+-- at least 1; powers of two multiply exactly, so no step overflows.
+local function lock_ms(block, strikes)
+  local doublings = math.min(math.max(strikes - 1, 0), 62)
+  return math.max(math.min(block.block_ms * 2 ^ doublings, block.max_block_ms), 1)
+end
+
+-- core/src/lockout.rs start: the lock a denial at `now` starts, the next
+-- strike of `previous` if its probation has not ended. Sums past 2^53 round
+-- to at least 2^53, which the cap brings back to 2^53, as the module's.
+local function start_lock(previous, block, now)
+  local strikes = 1
+  if previous ~= nil and now < previous.probation_until then
+    strikes = math.min(previous.strikes + 1, MAX_EXACT_INTEGER)
   end
+  local length = lock_ms(block, strikes)
+  local until_ms = math.min(now + length, MAX_EXACT_INTEGER)
+  return {until_ms = until_ms, strikes = strikes,
+    probation_until = math.min(until_ms + length, MAX_EXACT_INTEGER)}
+end
+
+-- core/src/lockout.rs Lock::ms_left.
+local function ms_left(lock, now)
+  return math.max(lock.until_ms - now, 0)
+end
+
+-- core/src/bucket.rs granted: an allowed call that leaves the bucket at
+-- `after`; it stores `after` when n > 0, else only a clock repair.
+local function granted(after, n, current, repair, limit, now)
   local write = repair
   if n > 0 then
-    write = {tokens = available - n, last_refill = now}
+    write = after
   end
-  return {allowed = 1, remaining = math.floor(available - n), retry = 0,
-    reset = time_to_full(write or current, request, now), write = write}
+  return {allowed = true, remaining = remaining_of(after.tokens), retry = 0,
+    reset = wait_for(write or current, limit, now, limit.capacity), write = write}
+end
+
+-- core/src/bucket.rs take, with n as given (n = 0: a look). An outcome is
+-- the reply's four figures, the state to write (nil: nothing) and the lock
+-- to write with it (nil: the lock fields stay as they are).
+local function take(bucket, limit, n, now)
+  local current, repair = seen_at(bucket, limit, now)
+  local available = tokens_at(current, limit, now)
+  if available < n then
+    -- Denied: nothing written but a clock repair.
+    local retry = -1
+    if not (n > limit.capacity) then
+      retry = wait_for(current, limit, now, n)
+    end
+    return {allowed = false, remaining = remaining_of(available), retry = retry,
+      reset = wait_for(current, limit, now, limit.capacity), write = repair}
+  end
+  return granted({tokens = available - n, last_refill = now}, n, current, repair, limit, now)
+end
+
+-- core/src/bucket.rs reserve: `take` with MAXWAIT, allowed into debt when
+-- the missing tokens arrive within `max_wait` ms.
+local function reserve(bucket, limit, n, max_wait, now)
+  local plain = take(bucket, limit, n, now)
+  if plain.allowed or max_wait <= 0 or n > limit.capacity then
+    return plain
+  end
+  local current = seen_at(bucket, limit, now)
+  local horizon = now + max_wait
+  if tokens_at(current, limit, horizon) < n then
+    plain.retry = wait_for(current, limit, horizon, n)
+    return plain
+  end
+  local after = {tokens = tokens_at(current, limit, now) - n, last_refill = now}
+  return {allowed = true, remaining = 0,
+    retry = math.min(math.max(wait_for(after, limit, now, 0), 1), max_wait),
+    reset = wait_for(after, limit, now, limit.capacity), write = after}
+end
+
+-- core/src/bucket.rs locked: denied while the lock holds, writing nothing
+-- but a clock repair; the wait is the later of the lock's end and the
+-- tokens the same call needs.
+local function locked(bucket, lock, limit, n, max_wait, now)
+  local unlocked = reserve(bucket, limit, n, max_wait, now)
+  local tokens_ms = 0
+  if not unlocked.allowed then
+    tokens_ms = unlocked.retry
+  end
+  local current, repair = seen_at(bucket, limit, now)
+  local retry = -1
+  if tokens_ms ~= -1 then
+    retry = math.max(tokens_ms, ms_left(lock, now))
+  end
+  return {allowed = false, remaining = remaining_of(tokens_at(current, limit, now)),
+    retry = retry, reset = wait_for(current, limit, now, limit.capacity), write = repair}
+end
+
+-- core/src/bucket.rs lock_on_denial: a denial with BLOCK starts a lock and
+-- stores it with the bucket as it stands now.
+local function lock_on_denial(outcome, bucket, limit, options, now)
+  if options.block == nil or outcome.allowed then
+    return outcome
+  end
+  local started = start_lock(lock_of(bucket), options.block, now)
+  local current = seen_at(bucket, limit, now)
+  local stored = {tokens = tokens_at(current, limit, now), last_refill = now}
+  local retry = -1
+  if outcome.retry ~= -1 then
+    retry = math.max(outcome.retry, ms_left(started, now))
+  end
+  return {allowed = outcome.allowed, remaining = outcome.remaining, retry = retry,
+    reset = wait_for(stored, limit, now, limit.capacity), write = stored, lock = started}
+end
+
+-- core/src/bucket.rs take_with: TB.TAKE with its options on `bucket` and the
+-- lock it holds. Without options and without a stored lock: `take`.
+local function take_with(bucket, limit, n, options, now)
+  local lock = lock_of(bucket)
+  if lock ~= nil and now < lock.until_ms then
+    return locked(bucket, lock, limit, n, options.max_wait, now)
+  end
+  local outcome = reserve(bucket, limit, n, options.max_wait, now)
+  return lock_on_denial(outcome, bucket, limit, options, now)
 end
 
 -- core/src/bucket.rs refund: refill, then add n, capped at the capacity.
-local function judge_refund(bucket, request, now)
+local function refund(bucket, limit, n, now)
   if bucket == nil then
-    return judge_take(nil, request, 0, now)
+    return take(nil, limit, 0, now)
   end
-  local current, repair = seen_at(bucket, request, now)
-  local available = available_at(current.tokens, current.last_refill, request.capacity,
-    request.rate, now)
-  local tokens = math.min(available + request.n, request.capacity)
-  local write = repair
-  if request.n > 0 then
-    write = {tokens = tokens, last_refill = now}
-  end
-  return {allowed = 1, remaining = math.floor(tokens), retry = 0,
-    reset = time_to_full(write or current, request, now), write = write}
+  local current, repair = seen_at(bucket, limit, now)
+  local after = {tokens = math.min(tokens_at(current, limit, now) + n, limit.capacity),
+    last_refill = now}
+  return granted(after, n, current, repair, limit, now)
 end
 
--- Stores an outcome's write. The key expires exactly when the bucket is
--- full again, at an absolute instant, so replicas and a reloaded AOF drop it
--- at the same ms (core/src/bucket.rs expire_at_ms).
-local function store(key, outcome, now)
+-- core/src/bucket.rs debit (TB.CHARGE): takes n whatever the bucket holds,
+-- into debt down to -max_debt and no further; a balance already below
+-- stays as it is.
+local function debit(bucket, limit, n, max_debt, now)
+  local current, repair = seen_at(bucket, limit, now)
+  local available = tokens_at(current, limit, now)
+  local floor = -max_debt
+  local tokens = available
+  if not (available <= floor) then
+    tokens = math.max(available - n, floor)
+  end
+  local write = repair
+  if n > 0 then
+    write = {tokens = tokens, last_refill = now}
+  end
+  local shown = write or current
+  return {allowed = true, remaining = remaining_of(tokens_at(shown, limit, now)),
+    retry = wait_for(shown, limit, now, 0), reset = wait_for(shown, limit, now, limit.capacity),
+    write = write}
+end
+
+-- The absolute deadline of a write, as integer text: core/src/bucket.rs
+-- deadline_ms, now + max(1, reset) (expire_at_ms), but never before the
+-- probation of the lock written, else of the one stored, ends. Both are
+-- whole ms; the sum may pass 2^53, the probation never does.
+local function deadline_text(outcome, stored_lock, now)
+  local full_in = math.max(1, outcome.reset)
+  local lock = outcome.lock or stored_lock
+  if lock ~= nil and lock.probation_until - now > full_in then
+    return string.format('%d', lock.probation_until)
+  end
+  return add_ms(now, full_in)
+end
+
+-- Stores an outcome's write on the bucket `bucket` was read from: one HSET
+-- (tokens, last_refill, then the lock the outcome starts, if any), then the
+-- absolute deadline (deadline_text), so replicas and a reloaded AOF drop
+-- the key at the same ms as the module's. `replace` deletes the key first
+-- (a redis-cell string, see tb_throttle).
+local function store(key, bucket, outcome, now, replace)
   if outcome.write == nil then
     return
   end
-  redis.call('HSET', key, 'tokens', format_tokens(outcome.write.tokens),
-    'last_refill', string.format('%d', now))
-  redis.call('PEXPIREAT', key, add_ms(now, math.max(1, outcome.reset)))
+  if replace then
+    redis.call('DEL', key)
+  end
+  local fields = {'tokens', format_tokens(outcome.write.tokens),
+    'last_refill', string.format('%d', now)}
+  local lock = outcome.lock
+  if lock ~= nil then
+    fields[5], fields[6] = 'locked_until', string.format('%d', lock.until_ms)
+    fields[7], fields[8] = 'strikes', string.format('%d', lock.strikes)
+    fields[9], fields[10] = 'probation_until', string.format('%d', lock.probation_until)
+  end
+  redis.call('HSET', key, unpack(fields))
+  redis.call('PEXPIREAT', key, deadline_text(outcome, lock_of(bucket), now))
 end
 
 local function figures(outcome)
-  return {outcome.allowed, outcome.remaining, outcome.retry, outcome.reset}
+  return {outcome.allowed and 1 or 0, outcome.remaining, outcome.retry, outcome.reset}
 end
 
--- One bucket, `key capacity rate n` (n optional where `n_optional`): the
--- shared path of TB.TAKE, TB.PEEK and TB.REFUND. Checks the arguments and
--- the key, reads the clock once, judges with `judge`, and stores the
--- outcome's write unless `read_only`.
-local function single(command, keys, args, n_optional, read_only, judge)
+-- One bucket, `key capacity rate n` (n optional where `n_optional`), then
+-- what `extra(args)` parses of the arguments after n, if given: the shared
+-- start of the single-bucket commands. Checks the arguments, then the key,
+-- then reads the clock once. Returns key, request, extra's value, bucket
+-- (nil: missing) and now, or (first value nil) an error reply.
+local function open_single(command, keys, args, n_optional, max_args, extra)
   local min_args = n_optional and 2 or 3
-  if #keys ~= 1 or #args < min_args or #args > 3 then
-    return arity_error(command)
+  if #keys ~= 1 or #args < min_args or (max_args ~= nil and #args > max_args) then
+    return nil, arity_error(command)
   end
   local request, err = parse_request(args[1], args[2], args[3])
   if err then
-    return err
+    return nil, err
+  end
+  local options
+  if extra ~= nil then
+    options, err = extra(args, 4)
+    if err then
+      return nil, err
+    end
   end
   local bucket, read_err = read_key(keys[1], 'hash', decode_bucket)
   if read_err then
-    return read_err
+    return nil, read_err
   end
-  local now = server_now()
-  local outcome = judge(bucket, request, now)
-  if not read_only then
-    store(keys[1], outcome, now)
-  end
-  return figures(outcome)
+  return {key = keys[1], request = request, options = options, bucket = bucket,
+    now = server_now()}
 end
 
-local function judge_take_n(bucket, request, now)
-  return judge_take(bucket, request, request.n, now)
-end
-
--- TB.TAKE key capacity rate n
+-- TB.TAKE key capacity rate n [MAXWAIT ms] [BLOCK ms [MAXBLOCK ms]]
 local function tb_take(keys, args)
-  return single('tb.take', keys, args, false, false, judge_take_n)
+  local call, err = open_single('tb.take', keys, args, false, nil, parse_take_options)
+  if err then
+    return err
+  end
+  local outcome = take_with(call.bucket, call.request, call.request.n, call.options, call.now)
+  store(call.key, call.bucket, outcome, call.now)
+  return figures(outcome)
 end
 
 -- TB.PEEK key capacity rate [n]: what TB.TAKE would reply; writes nothing.
 local function tb_peek(keys, args)
-  return single('tb.peek', keys, args, true, true, judge_take_n)
+  local call, err = open_single('tb.peek', keys, args, true, 3, nil)
+  if err then
+    return err
+  end
+  return figures(take_with(call.bucket, call.request, call.request.n, PLAIN, call.now))
 end
 
 -- TB.REFUND key capacity rate n
 local function tb_refund(keys, args)
-  return single('tb.refund', keys, args, false, false, judge_refund)
+  local call, err = open_single('tb.refund', keys, args, false, 3, nil)
+  if err then
+    return err
+  end
+  local outcome = refund(call.bucket, call.request, call.request.n, call.now)
+  store(call.key, call.bucket, outcome, call.now)
+  return figures(outcome)
+end
+
+-- TB.CHARGE key capacity rate n [MAXDEBT d]: always allowed, into debt down
+-- to -d (d defaults to the capacity).
+local function tb_charge(keys, args)
+  local call, err = open_single('tb.charge', keys, args, false, nil, parse_charge_options)
+  if err then
+    return err
+  end
+  local max_debt = call.options or call.request.capacity
+  local outcome = debit(call.bucket, call.request, call.request.n, max_debt, call.now)
+  store(call.key, call.bucket, outcome, call.now)
+  return figures(outcome)
 end
 
 -- TB.TAKEALL: every bucket or none (core/src/bucket.rs take_all). Keys come as
--- KEYS, the numbers as capacity rate n per key, in the keys' order.
+-- KEYS, the numbers as capacity rate n per key, in the keys' order, then
+-- the options (MAXWAIT, BLOCK, MAXBLOCK), which apply to every bucket.
 local function tb_takeall(keys, args)
-  if #keys == 0 or #args ~= 3 * #keys then
+  if #keys == 0 or #args < 3 * #keys then
     return arity_error('tb.takeall')
   end
   local requests = {}
@@ -489,6 +834,10 @@ local function tb_takeall(keys, args)
       return err
     end
     requests[i] = request
+  end
+  local options, options_err = parse_take_options(args, 3 * #keys + 1)
+  if options_err then
+    return options_err
   end
   local seen = {}
   for i = 1, #keys do
@@ -509,41 +858,146 @@ local function tb_takeall(keys, args)
   local outcomes = {}
   local allowed = true
   for i = 1, #keys do
-    outcomes[i] = judge_take(buckets[i], requests[i], requests[i].n, now)
-    allowed = allowed and outcomes[i].allowed == 1
+    outcomes[i] = take_with(buckets[i], requests[i], requests[i].n, options, now)
+    allowed = allowed and outcomes[i].allowed
   end
   if not allowed then
     -- Nothing is taken anywhere: a bucket that would have allowed is
     -- answered as a look (n = 0), which writes only a clock repair.
     for i = 1, #keys do
-      if outcomes[i].allowed == 1 then
-        outcomes[i] = judge_take(buckets[i], requests[i], 0, now)
+      if outcomes[i].allowed then
+        outcomes[i] = take(buckets[i], requests[i], 0, now)
       end
     end
   end
-  -- The deciding bucket: when denied the longest wait (-1, never, longest
-  -- of all), when allowed the fewest tokens left; ties go to the first.
-  local decisive, heaviest = 1, nil
+  -- The deciding bucket, by (wait, tokens short) compared in that order:
+  -- when denied the longest wait (-1, never, longest of all); when allowed
+  -- the longest reservation wait, then the fewest tokens left. Ties go to
+  -- the first.
+  local decisive, heaviest, heaviest_then = 1, nil, nil
   for i = 1, #keys do
-    local weight
+    local weight, weight_then = outcomes[i].retry, 0
     if allowed then
-      weight = -outcomes[i].remaining
-    elseif outcomes[i].retry < 0 then
+      weight_then = -outcomes[i].remaining
+    elseif weight < 0 then
       weight = math.huge
-    else
-      weight = outcomes[i].retry
     end
-    if heaviest == nil or weight > heaviest then
-      decisive, heaviest = i, weight
+    if heaviest == nil or weight > heaviest
+        or (weight == heaviest and weight_then > heaviest_then) then
+      decisive, heaviest, heaviest_then = i, weight, weight_then
     end
   end
   for i = 1, #keys do
-    store(keys[i], outcomes[i], now)
+    store(keys[i], buckets[i], outcomes[i], now)
   end
   local reply = figures(outcomes[decisive])
-  reply[1] = allowed and 1 or 0
   reply[5] = decisive - 1
   return reply
+end
+
+-- TB.UNBLOCK key: removes the key's lock and its strikes (1), or does
+-- nothing if it has none (0); the tokens and the TTL stay as they are.
+local function tb_unblock(keys, args)
+  if #keys ~= 1 or #args ~= 0 then
+    return arity_error('tb.unblock')
+  end
+  local kind = type_of(keys[1])
+  if kind == 'none' then
+    return 0
+  elseif kind ~= 'hash' then
+    return redis.error_reply(ERR_WRONGTYPE)
+  end
+  -- HDEL writes (and replicates) nothing when none of the fields is there.
+  if redis.call('HDEL', keys[1], 'locked_until', 'strikes', 'probation_until') > 0 then
+    return 1
+  end
+  return 0
+end
+
+-- core/src/throttle.rs parse_tat: a redis-cell value, an integer (its TAT
+-- in ns) that fits an i64; nil for anything else. Read as a double, the
+-- nearest to it, as the module's `as f64`.
+local function parse_tat(text)
+  local digits = string.match(text, '^%-?(%d+)$')
+  if digits == nil or #digits > 19
+      or (#digits == 19 and digits > '9223372036854775807') then
+    return nil
+  end
+  return tonumber(text)
+end
+
+-- core/src/throttle.rs from_cell: the bucket a redis-cell key stands for,
+-- refilled to now, in the same double operations.
+local function from_cell(tat_ns, limit, now)
+  -- Read against the end of this millisecond, as the module does.
+  local ahead = math.max((tat_ns - 999999) / 1e6 - now, 0)
+  local used = ahead / 1000 * limit.rate
+  return {tokens = math.min(limit.capacity - used, limit.capacity), last_refill = now}
+end
+
+-- Whole seconds of `ms`, truncated (ms >= 0; exact where ms / 1000 in
+-- doubles may round up to the next second).
+local function seconds(ms)
+  return (ms - math.fmod(ms, 1000)) / 1000
+end
+
+-- TB.THROTTLE key max_burst count period [quantity]: redis-cell's
+-- arguments and reply (core/src/throttle.rs) on the bucket of capacity
+-- max_burst + 1 refilled at count / period per second, judged as TB.TAKE.
+-- A key holding redis-cell's string is read as the bucket it stands for,
+-- and its first write replaces it by the hash.
+local function tb_throttle(keys, args)
+  if #keys ~= 1 or #args < 3 or #args > 4 then
+    return arity_error('tb.throttle')
+  end
+  local max_burst = parse_whole(args[1], 0)
+  if max_burst == nil or not (max_burst < MAX_EXACT_INTEGER) then
+    return redis.error_reply(ERR_MAX_BURST)
+  end
+  local count = parse_whole(args[2], 1)
+  if count == nil then
+    return redis.error_reply(ERR_THROTTLE_COUNT)
+  end
+  local period = parse_whole(args[3], 1)
+  if period == nil then
+    return redis.error_reply(ERR_PERIOD)
+  end
+  local n = 1
+  if args[4] ~= nil then
+    n = parse_whole(args[4], 0)
+    if n == nil then
+      return redis.error_reply(ERR_QUANTITY)
+    end
+  end
+  local limit = {capacity = max_burst + 1, rate = count / period}
+  local key = keys[1]
+  local kind = type_of(key)
+  local bucket, tat, err
+  if kind == 'hash' then
+    bucket, err = decode_bucket(key)
+    if err then
+      return err
+    end
+  elseif kind == 'string' then
+    tat = parse_tat(redis.call('GET', key))
+    if tat == nil then
+      return redis.error_reply(ERR_WRONGTYPE)
+    end
+  elseif kind ~= 'none' then
+    return redis.error_reply(ERR_WRONGTYPE)
+  end
+  local now = server_now()
+  if tat ~= nil then
+    bucket = from_cell(tat, limit, now)
+  end
+  local outcome = take_with(bucket, limit, n, PLAIN, now)
+  store(key, bucket, outcome, now, tat ~= nil)
+  local retry_s = -1
+  if not outcome.allowed and outcome.retry >= 0 then
+    retry_s = seconds(outcome.retry)
+  end
+  return {outcome.allowed and 0 or 1, limit.capacity, outcome.remaining, retry_s,
+    seconds(outcome.reset)}
 end
 
 -- Leases (docs/leases.md): TB.ACQUIRE, TB.RELEASE and TB.RENEW. The key is a
@@ -829,6 +1283,11 @@ if redis.register_function then
   redis.register_function{function_name = 'tb_peek', callback = tb_peek, flags = {'no-writes'}}
   redis.register_function('tb_refund', tb_refund)
   redis.register_function('tb_takeall', tb_takeall)
+  redis.register_function('tb_charge', tb_charge)
+  redis.register_function('tb_throttle', tb_throttle)
+  -- Like TB.UNBLOCK: it only deletes, so it runs when memory is short.
+  redis.register_function{function_name = 'tb_unblock', callback = tb_unblock,
+    flags = {'allow-oom'}}
   redis.register_function('tb_acquire', tb_acquire)
   -- Like TB.RELEASE and TB.RENEW (no deny-oom): a holder can give its lease
   -- back, or keep it, when memory is short.
@@ -842,11 +1301,12 @@ else
     redis.replicate_commands()
   end
   local commands = {take = tb_take, peek = tb_peek, refund = tb_refund, takeall = tb_takeall,
+    charge = tb_charge, unblock = tb_unblock, throttle = tb_throttle,
     acquire = tb_acquire, release = tb_release, renew = tb_renew}
   local command = commands[ARGV[1]]
   if command == nil then
     return redis.error_reply('ERR the first argument must be take, peek, refund, takeall, '
-      .. 'acquire, release or renew')
+      .. 'charge, unblock, throttle, acquire, release or renew')
   end
   return command(KEYS, {unpack(ARGV, 2)})
 end

@@ -88,12 +88,12 @@ fn argument_names(docs: &BTreeMap<String, Value>) -> Vec<String> {
 }
 
 #[test]
-fn tb_take_info_has_arity_5_write_denyoom_fast_and_key_1_1_1() {
+fn tb_take_info_has_arity_minus_5_write_denyoom_fast_and_key_1_1_1() {
     let server = Server::start();
     let mut con = server.conn();
     let entry = command_info(&mut con, "tb.take");
     assert_eq!(text(&entry[0]), "tb.take");
-    assert_eq!(int(&entry[1]), 5, "arity");
+    assert_eq!(int(&entry[1]), -5, "arity: options may follow n");
     let f = flags(&entry);
     for want in ["write", "denyoom", "fast"] {
         assert!(
@@ -154,7 +154,57 @@ fn tb_take_docs_have_summary_since_complexity_group_and_arguments() {
         );
     }
     assert_eq!(text(docs.get("group").expect("group")), "module");
-    assert_eq!(argument_names(&docs), vec!["key", "capacity", "rate", "n"]);
+    assert_eq!(
+        argument_names(&docs),
+        vec!["key", "capacity", "rate", "n", "max_wait_ms", "lockout"]
+    );
+}
+
+#[test]
+fn the_new_commands_have_docs_key_specs_and_arity() {
+    let server = Server::start();
+    let mut con = server.conn();
+    for (command, arity, arguments) in [
+        (
+            "tb.charge",
+            -5,
+            &["key", "capacity", "rate", "n", "max_debt"][..],
+        ),
+        ("tb.unblock", 2, &["key"][..]),
+        (
+            "tb.throttle",
+            -5,
+            &["key", "max_burst", "count", "period", "quantity"][..],
+        ),
+    ] {
+        let entry = command_info(&mut con, command);
+        assert_eq!(int(&entry[1]), arity, "{command} arity");
+        assert_eq!(
+            (int(&entry[3]), int(&entry[4]), int(&entry[5])),
+            (1, 1, 1),
+            "{command} keys"
+        );
+        let docs = command_docs(&mut con, command);
+        assert!(!text(docs.get("summary").expect("summary")).is_empty());
+        assert_eq!(argument_names(&docs), arguments, "{command} arguments");
+    }
+}
+
+#[test]
+fn tb_takeall_names_its_keys_before_its_options() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let keys: Vec<String> = redis::cmd("COMMAND")
+        .arg("GETKEYS")
+        .arg("TB.TAKEALL")
+        .arg(
+            "a 1 1 1 b 1 1 1 MAXWAIT 5 BLOCK 10"
+                .split(' ')
+                .collect::<Vec<_>>(),
+        )
+        .query(&mut con)
+        .expect("COMMAND GETKEYS");
+    assert_eq!(keys, ["a", "b"]);
 }
 
 #[test]

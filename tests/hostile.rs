@@ -260,7 +260,7 @@ fn a_corrupt_bucket_error_cuts_a_long_key_name_to_64_bytes() {
 }
 
 #[test]
-fn negative_tokens_count_as_empty_and_the_wait_is_computed_from_zero() {
+fn negative_tokens_are_debt_and_the_wait_counts_it() {
     let server = Server::start();
     let mut con = server.conn();
     let now = server_time_ms(&mut con);
@@ -273,32 +273,35 @@ fn negative_tokens_count_as_empty_and_the_wait_is_computed_from_zero() {
         &[0, 0],
         "denied, remaining 0 (not -5): {reply:?}"
     );
-    // From 0: one token's worth of time. Counting from -5 would be six.
+    // From -5: the debt first, then the token: six tokens' worth of time.
     assert!(
-        (SLOW_TOKEN_MS - SLACK_MS..=SLOW_TOKEN_MS).contains(&reply[2]),
-        "retry_after_ms {} is not one token's time",
+        (6 * SLOW_TOKEN_MS - SLACK_MS..=6 * SLOW_TOKEN_MS).contains(&reply[2]),
+        "retry_after_ms {} is not six tokens' time",
         reply[2]
     );
     assert!(
-        (10 * SLOW_TOKEN_MS - SLACK_MS..=10 * SLOW_TOKEN_MS).contains(&reply[3]),
-        "reset_after_ms {} is not ten tokens' time",
+        (15 * SLOW_TOKEN_MS - SLACK_MS..=15 * SLOW_TOKEN_MS).contains(&reply[3]),
+        "reset_after_ms {} is not fifteen tokens' time",
         reply[3]
     );
     assert_eq!(snapshot(&mut con, b"negative"), before, "a denial wrote");
 }
 
 #[test]
-fn a_hugely_negative_bucket_allows_again_once_refilled() {
+fn a_debt_deeper_than_2_pow_53_counts_as_2_pow_53() {
     let server = Server::start();
     let mut con = server.conn();
-    // 200 s ago at one token per 100 s: two tokens, whatever the debt. The slow rate keeps
-    // the refill during the test far below the half token the assertions allow.
+    // No call leaves more than 2^53 of debt; a hand-edited -1e300 is read as
+    // that much, so the wait is the longest one there is, and nothing is written.
     let long_ago = server_time_ms(&mut con) - 200_000;
     seed_bucket(&mut con, "debt", "-1e300", long_ago);
+    let before = snapshot(&mut con, b"debt");
     let reply = take(&mut con, "debt", "10", "0.01", "2");
-    assert_eq!(&reply[..3], &[1, 0, 0], "{reply:?}");
-    let stored = stored_tokens(&mut con, "debt");
-    assert!((0.0..0.5).contains(&stored), "stored tokens {stored}");
+    assert_eq!(&reply[..3], &[0, 0, 1 << 53], "{reply:?}");
+    assert_eq!(snapshot(&mut con, b"debt"), before, "a denial wrote");
+    // Repaid at a rate that can: 2^53 tokens at 2^53 per second is one second.
+    let reply = take(&mut con, "debt", "10", "9007199254740992", "2");
+    assert_eq!(&reply[..3], &[1, 8, 0], "{reply:?}");
 }
 
 #[test]

@@ -393,7 +393,15 @@ fn the_script_matches_the_module_at_the_extremes() {
 fn one_file_is_both_the_library_and_the_script() {
     assert!(TB_LUA.starts_with("#!lua name=tb\n"));
     assert!(!tb_lua_script().starts_with("#!"));
-    for name in ["tb_take", "tb_peek", "tb_refund", "tb_takeall"] {
+    for name in [
+        "tb_take",
+        "tb_peek",
+        "tb_refund",
+        "tb_takeall",
+        "tb_charge",
+        "tb_unblock",
+        "tb_throttle",
+    ] {
         assert!(TB_LUA.contains(&format!("'{name}'")), "{name} registered");
     }
 }
@@ -733,12 +741,12 @@ fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
         );
     }
     let args: [&[u8]; 3] = [b"10", b"1", b"1"];
-    let mut two_keys = module_cmd("take", key, &args);
-    two_keys.arg("extra");
+    // Two keys are the script's wrong arity; the module's TB.TAKE, which takes options after
+    // n, has its arity error for too few arguments.
     assert_same_error(
         con,
         key,
-        &two_keys,
+        &module_cmd("take", key, &args[..2]),
         &fallback.cmd_for("take", &[key, b"other"], &args),
         &format!("{} two keys", fallback.name()),
     );
@@ -925,4 +933,1026 @@ fn a_restricted_user_needs_the_commands_the_fallback_calls() {
     .expect_err("no PEXPIREAT");
     println!("without +pexpireat: {err}");
     assert_eq!(pexpiretime(&mut admin, "rl:2"), -1);
+}
+
+// --- The options and the commands of issue 25 -------------------------------------------------
+//
+// MAXWAIT, BLOCK and MAXBLOCK on TB.TAKE and TB.TAKEALL, TB.CHARGE [MAXDEBT], TB.UNBLOCK and
+// TB.THROTTLE, through the module and the twin on twin keys, compared as above: the same
+// replies, hash bytes (the lock fields included) and absolute expiry.
+
+/// TB.<COMMAND> on the `a` keys of `pairs` and its twin on their `b` keys: each key followed by
+/// its `numbers` (capacity rate n, throttle's max_burst count period [quantity], or none for
+/// TB.UNBLOCK), then `options` after the last key's.
+fn call_with_options(
+    fallback: &Fallback,
+    command: &str,
+    pairs: &[&Pair],
+    numbers: &[Vec<String>],
+    options: &[String],
+) -> TwinCall {
+    let mut module = redis::cmd(&format!("TB.{}", command.to_uppercase()));
+    let mut twin_args: Vec<&[u8]> = Vec::new();
+    for (pair, numbers) in pairs.iter().zip(numbers) {
+        module.arg(&pair.a);
+        for number in numbers {
+            module.arg(number);
+            twin_args.push(number.as_bytes());
+        }
+    }
+    for option in options {
+        module.arg(option);
+        twin_args.push(option.as_bytes());
+    }
+    let b_keys: Vec<&[u8]> = pairs.iter().map(|pair| pair.b.as_bytes()).collect();
+    TwinCall {
+        module,
+        twin: fallback.cmd_for(command, &b_keys, &twin_args),
+        keys: pairs
+            .iter()
+            .map(|pair| (pair.a.clone(), pair.b.clone()))
+            .collect(),
+        view: View::Hash,
+    }
+}
+
+/// `word` in upper, lower or mixed case: the keywords take any.
+fn any_case(rng: &mut Rng, word: &str) -> String {
+    match rng.below(3) {
+        0 => word.to_string(),
+        1 => word.to_lowercase(),
+        _ => word[..1].to_string() + &word[1..].to_lowercase(),
+    }
+}
+
+/// TB.TAKE's options, each part now and then: MAXWAIT (0 included), BLOCK with or without
+/// MAXBLOCK, in either order, in any case. Short locks, so they end, escalate and start over
+/// within a run.
+fn random_take_options(rng: &mut Rng) -> Vec<String> {
+    let mut parts: Vec<Vec<String>> = Vec::new();
+    if rng.chance(45) {
+        let ms = rng.pick(&["0", "1", "20", "250", "1000", "5000", "60000"]);
+        parts.push(vec![any_case(rng, "MAXWAIT"), ms.to_string()]);
+    }
+    if rng.chance(50) {
+        let block: u64 = *rng.pick(&[1, 20, 50, 150, 400]);
+        let mut part = vec![any_case(rng, "BLOCK"), block.to_string()];
+        if rng.chance(50) {
+            let factor: u64 = *rng.pick(&[1, 2, 4, 10, 100]);
+            part.extend([any_case(rng, "MAXBLOCK"), (block * factor).to_string()]);
+        }
+        parts.push(part);
+    }
+    if rng.chance(50) {
+        parts.reverse();
+    }
+    parts.concat()
+}
+
+/// Buckets with a lock stored (fields in this order, the same on both keys): one that holds
+/// for a moment, one that holds all run, three ended within their probation, one whose probation
+/// has ended, and one spelled with a sign, an exponent and a fraction.
+fn lock_seed_states(now_ms: i64) -> Vec<Vec<(String, String)>> {
+    let lock = |tokens: &str, ago: i64, [until, strikes, probation]: [String; 3]| {
+        vec![
+            ("tokens".to_string(), tokens.to_string()),
+            ("last_refill".to_string(), (now_ms - ago).to_string()),
+            ("locked_until".to_string(), until),
+            ("strikes".to_string(), strikes),
+            ("probation_until".to_string(), probation),
+        ]
+    };
+    let at = |offset: i64| (now_ms + offset).to_string();
+    vec![
+        lock("3", 100, [at(300), "1".into(), at(600)]),
+        lock("0", 50, [at(600_000), "2".into(), at(1_200_000)]),
+        lock("5", 1000, [at(-10), "3".into(), at(3000)]),
+        lock("-2", 0, [at(-5000), "4".into(), at(-1000)]),
+        // Deep in debt and within a long probation: a denial with BLOCK escalates.
+        lock("-1e6", 0, [at(-10), "2".into(), at(600_000)]),
+        lock("-1e5", 0, [at(-1), "1".into(), at(600_000)]),
+        lock(
+            "1",
+            10,
+            [
+                format!("+{}e-3", (now_ms + 200) * 1000),
+                "1E0".into(),
+                format!("{}.0", now_ms + 400),
+            ],
+        ),
+    ]
+}
+
+/// A text field of a hash read as (field, value, ...).
+fn field_text(hash: &[Vec<u8>], field: &str) -> Option<String> {
+    hash.chunks(2)
+        .find(|kv| kv[0] == field.as_bytes())
+        .map(|kv| String::from_utf8_lossy(&kv[1]).into_owned())
+}
+
+/// A stored whole number (a lock field in any spelling) of a hash, if there.
+fn whole_field(hash: &[Vec<u8>], field: &str) -> Option<i64> {
+    field_text(hash, field).map(|text| text.parse::<f64>().expect("a stored number") as i64)
+}
+
+/// What the random runs of the new options and commands must have compared at least once.
+const OPTION_OUTCOMES: [&str; 14] = [
+    "take",
+    "takeall",
+    "peek",
+    "refund",
+    "charge",
+    "unblock",
+    "throttle",
+    "reservation",
+    "lock started",
+    "escalation",
+    "denied by a lock",
+    "debt",
+    "unblocked",
+    "throttle limited",
+];
+
+/// One random call of the new options and commands (and the old commands on locked buckets):
+/// its command, the pairs it names, each pair's numbers and the options.
+fn random_option_call(
+    rng: &mut Rng,
+    pairs: &[Pair],
+    index: usize,
+) -> (&'static str, Vec<usize>, Vec<Vec<String>>, Vec<String>) {
+    let command = match rng.below(100) {
+        0..=34 => "take",
+        35..=49 => "takeall",
+        50..=57 => "peek",
+        58..=64 => "refund",
+        65..=79 => "charge",
+        80..=86 => "unblock",
+        _ => "throttle",
+    };
+    let mut chosen = vec![index];
+    if command == "takeall" {
+        for _ in 0..rng.below(3) {
+            let other = rng.below(pairs.len());
+            if !chosen.contains(&other) {
+                chosen.push(other);
+            }
+        }
+    }
+    let limit = |pair: &Pair| vec![pair.capacity.clone(), pair.rate.clone()];
+    let capacity = |pair: &Pair| -> f64 { pair.capacity.parse().expect("capacity parses") };
+    let mut numbers: Vec<Vec<String>> = Vec::new();
+    let mut options = Vec::new();
+    for &i in &chosen {
+        let pair = &pairs[i];
+        numbers.push(match command {
+            "unblock" => vec![],
+            "throttle" => {
+                let burst = rng.below(21);
+                let mut args = vec![
+                    burst.to_string(),
+                    (1 + rng.below(50)).to_string(),
+                    (1 + rng.below(30)).to_string(),
+                ];
+                if rng.chance(40) {
+                    let quantity = *rng.pick(&[0, 1, 2, 3, burst + 2]);
+                    args.push(quantity.to_string());
+                }
+                args
+            }
+            "peek" if rng.chance(30) => limit(pair),
+            "charge" => {
+                let n = match rng.below(4) {
+                    0 => format!("{}", 2.0 * capacity(pair)),
+                    1 => rng.pick(&["5", "10", "0.5", "0"]).to_string(),
+                    _ => random_n(rng, capacity(pair)),
+                };
+                [limit(pair), vec![n]].concat()
+            }
+            _ => [limit(pair), vec![random_n(rng, capacity(pair))]].concat(),
+        });
+    }
+    if command == "take" || command == "takeall" {
+        options = random_take_options(rng);
+        // A whole bucket now and then: what a reservation waits for.
+        let reserves = options
+            .iter()
+            .any(|word| word.eq_ignore_ascii_case("MAXWAIT"));
+        if reserves && rng.chance(40) {
+            for (numbers, &i) in numbers.iter_mut().zip(&chosen) {
+                numbers[2] = pairs[i].capacity.clone();
+            }
+        }
+    } else if command == "charge" && rng.chance(50) {
+        let debt = rng.pick(&["0", "0.5", "1", "2.5", "10", "1e3", MAX_TOKENS]);
+        options = vec![any_case(rng, "MAXDEBT"), debt.to_string()];
+    }
+    (command, chosen, numbers, options)
+}
+
+/// Counts what one compared call of the new options showed, and checks the expiry rule on a
+/// single bucket that was written: `max(last_refill + max(1, reset_after_ms),
+/// probation_until)` (core/src/bucket.rs deadline_ms).
+fn tally_option_call(tally: &mut Tally, seen: &Observed, command: &'static str, what: &str) {
+    let now = seen.clocks_ms[0];
+    tally.compared += 1;
+    tally.saw(command);
+    let ints: Vec<i64> = match &seen.twin {
+        Value::Int(flag) => vec![*flag],
+        reply => redis::from_redis_value(reply)
+            .unwrap_or_else(|e| panic!("{what}: not integers ({e}): {}", seen.context())),
+    };
+    for (before, after) in seen.before.iter().zip(&seen.after) {
+        let (until_before, until_after) = (
+            whole_field(&before.b, "locked_until"),
+            whole_field(&after.b, "locked_until"),
+        );
+        if until_after.is_some() && until_after != until_before {
+            tally.saw("lock started");
+            if whole_field(&after.b, "strikes").unwrap_or(0) > 1 {
+                tally.saw("escalation");
+            }
+        }
+        if field_text(&after.b, "tokens").is_some_and(|tokens| tokens.starts_with('-')) {
+            tally.saw("debt");
+        }
+    }
+    let locked_before = whole_field(&seen.before[0].b, "locked_until").is_some_and(|u| now < u);
+    match command {
+        "unblock" if ints[0] == 1 => tally.saw("unblocked"),
+        "unblock" => {}
+        "throttle" => {
+            if ints[0] == 1 {
+                tally.saw("throttle limited");
+                if locked_before {
+                    tally.saw("denied by a lock");
+                }
+            }
+        }
+        _ => {
+            if ints[0] == 0 && locked_before {
+                tally.saw("denied by a lock");
+            }
+            if ints[0] == 1 && ints[2] > 0 && (command == "take" || command == "takeall") {
+                tally.saw("reservation");
+            }
+        }
+    }
+    let (before, after) = (&seen.before[0], &seen.after[0]);
+    if matches!(command, "take" | "refund" | "charge") && after.b != before.b {
+        let last_refill = whole_field(&after.b, "last_refill").expect("written last_refill");
+        let full = last_refill + ints[3].max(1);
+        let deadline = match whole_field(&after.b, "locked_until") {
+            Some(_) => full.max(whole_field(&after.b, "probation_until").expect("probation")),
+            None => full,
+        };
+        assert_eq!(
+            after.expire_b,
+            deadline,
+            "deadline rule: {what}: {}",
+            seen.context()
+        );
+    }
+}
+
+/// Runs `steps` random calls of the new options and commands through the module (keys `a:*`)
+/// and `fallback` (keys `b:*`) on buckets plain, hand-edited and locked, and asserts that every
+/// pair seen in one millisecond agrees on reply, hash bytes and expiry.
+fn differential_with_options(
+    con: &mut redis::Connection,
+    fallback: &Fallback,
+    steps: usize,
+    seed: u64,
+) -> Tally {
+    let mut rng = Rng(seed);
+    let now = server_time_ms(con);
+    let prefix = match fallback {
+        Fallback::Script { .. } => "os",
+        Fallback::Function => "of",
+    };
+    let states: Vec<Vec<(String, String)>> = seed_states(now)
+        .into_iter()
+        .chain(lock_seed_states(now))
+        .collect();
+    let mut pairs: Vec<Pair> = Vec::new();
+    for (i, fields) in states.iter().enumerate() {
+        let pair = Pair {
+            a: format!("{prefix}:a:{i}"),
+            b: format!("{prefix}:b:{i}"),
+            capacity: random_capacity(&mut rng),
+            rate: random_rate(&mut rng),
+        };
+        for key in [&pair.a, &pair.b] {
+            let _: i64 = redis::cmd("DEL").arg(key).query(con).expect("DEL");
+            if !fields.is_empty() {
+                let refs: Vec<(&str, &str)> = fields
+                    .iter()
+                    .map(|(f, v)| (f.as_str(), v.as_str()))
+                    .collect();
+                hset(con, key, &refs);
+            }
+        }
+        pairs.push(pair);
+    }
+    let mut tally = Tally::default();
+    for step in 0..steps {
+        let index = rng.below(pairs.len());
+        if rng.chance(8) {
+            pairs[index].capacity = random_capacity(&mut rng);
+        }
+        if rng.chance(8) {
+            pairs[index].rate = random_rate(&mut rng);
+        }
+        let (command, chosen, numbers, options) = random_option_call(&mut rng, &pairs, index);
+        let call_pairs: Vec<&Pair> = chosen.iter().map(|&i| &pairs[i]).collect();
+        let call = call_with_options(fallback, command, &call_pairs, &numbers, &options);
+        let what = format!(
+            "seed {seed} step {step} (TB.{command} {}), key pairs {chosen:?}, numbers \
+             {numbers:?}, options {options:?}",
+            fallback.name(),
+        );
+        if let Some(seen) = compared_call(con, &call, &what, STEP_ATTEMPTS, None, &mut tally) {
+            seen.assert_twins(&what);
+            tally_option_call(&mut tally, &seen, command, &what);
+        }
+        if rng.chance(3) {
+            sleep_ms(100 + rng.below(200) as i64);
+        } else if rng.chance(30) {
+            sleep_ms(1 + rng.below(20) as i64);
+        }
+    }
+    println!("{} seed {seed}: {tally:?}", fallback.name());
+    tally
+}
+
+#[test]
+fn the_script_matches_the_module_with_options_call_for_call() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let fallback = Fallback::script(&mut con);
+    let steps = 400;
+    let tally = differential_with_options(&mut con, &fallback, steps, seed() ^ 0x25);
+    tally.assert_well_covered(steps, &OPTION_OUTCOMES);
+}
+
+#[test]
+fn the_function_library_matches_the_module_with_options_call_for_call() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let fallback = Fallback::function(&mut con);
+    let steps = 300;
+    let tally = differential_with_options(&mut con, &fallback, steps, seed() ^ 0x25f);
+    tally.assert_well_covered(steps, &OPTION_OUTCOMES);
+}
+
+/// Option words after TB.TAKE's numbers that either refuses, and whether TB.TAKEALL's module
+/// form reads them as options too (their first word is a keyword; otherwise the module counts
+/// them as a group, and its error is the arity's, while the twin's KEYS leave no doubt).
+const BAD_TAKE_OPTIONS: [(&str, bool); 19] = [
+    ("WAIT 5", false),
+    ("1", false),
+    ("MAXWAIT 5 MAXWAIT 5", true),
+    ("block 5 BLOCK 5", true),
+    ("MAXWAIT", true),
+    ("MAXWAIT 5 BLOCK", true),
+    ("MAXWAIT 5 WAIT 5", true),
+    ("MAXWAIT -1", true),
+    ("MAXWAIT 1.5", true),
+    ("MAXWAIT 1e3", true),
+    ("MAXWAIT 9007199254740993", true),
+    ("BLOCK 0", true),
+    ("BLOCK 000", true),
+    ("BLOCK 10 MAXBLOCK 9", true),
+    ("BLOCK 10 MAXBLOCK 0", true),
+    ("MAXBLOCK 10", true),
+    ("MAXBLOCK 10 MAXWAIT 1", true),
+    ("MAXWAIT x BLOCK 0", true),
+    ("BLOCK 0 WAIT", true),
+];
+
+/// Damaged lock fields, each on a bucket that is otherwise fine.
+fn damaged_locks(now_ms: i64) -> Vec<Vec<(&'static str, String)>> {
+    let (now, later) = (now_ms.to_string(), (now_ms + 1000).to_string());
+    let lock = |until: &str, strikes: &str, probation: &str| {
+        vec![
+            ("locked_until", until.to_string()),
+            ("strikes", strikes.to_string()),
+            ("probation_until", probation.to_string()),
+        ]
+    };
+    vec![
+        lock("x", "1", &later),
+        vec![("locked_until", now.clone())],
+        vec![("locked_until", now.clone()), ("strikes", "1".into())],
+        lock(&now, "0", &later),
+        lock(&now, "-0", &later),
+        lock(&later, "1", &now),
+        lock("-1", "1", &later),
+        lock("1.5", "1", &later),
+        lock("0x10", "1", &later),
+        lock(&now, "1", "9.1e15"),
+        lock("", "1", &later),
+        lock(&now, "1", "inf"),
+        lock(&format!(" {now}"), "1", &later),
+    ]
+}
+
+/// The new options and commands refuse what the module refuses, in its words, before the key
+/// is touched: bad options in every position, TB.THROTTLE's arguments, argument counts,
+/// foreign values, damaged lock fields (named by key) and a bucket damaged twice.
+fn check_option_errors(fallback: &Fallback, con: &mut redis::Connection) {
+    let ok: &[u8] = b"rl:ok";
+    let _: Value = module_cmd("take", ok, &[b"10", b"0.001", b"3"])
+        .query(con)
+        .unwrap();
+    let _: () = redis::cmd("SET").arg("rl:str").arg("x").query(con).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("rl:cell")
+        .arg("0")
+        .query(con)
+        .unwrap();
+    let same = |con: &mut redis::Connection,
+                command: &str,
+                module_args: &[&[u8]],
+                keys: &[&[u8]],
+                twin_args: &[&[u8]]| {
+        let mut module = redis::cmd(&format!("TB.{}", command.to_uppercase()));
+        for arg in module_args {
+            module.arg(*arg);
+        }
+        assert_same_error(
+            con,
+            ok,
+            &module,
+            &fallback.cmd_for(command, keys, twin_args),
+            &format!(
+                "{} TB.{command} {}",
+                fallback.name(),
+                show_args(module_args)
+            ),
+        );
+    };
+    let numbers: [&[u8]; 3] = [b"10", b"1", b"1"];
+    for (words, takeall_too) in BAD_TAKE_OPTIONS {
+        let words: Vec<&[u8]> = words.split(' ').map(str::as_bytes).collect();
+        for key in [ok, b"rl:str"] {
+            let twin_args = [&numbers[..], &words].concat();
+            let module_args = [&[key][..], &twin_args].concat();
+            same(con, "take", &module_args, &[key], &twin_args);
+        }
+        let bad_rate: Vec<&[u8]> = [&[&b"10"[..], b"x", b"1"][..], &words].concat();
+        same(
+            con,
+            "take",
+            &[&[ok][..], &bad_rate].concat(),
+            &[ok],
+            &bad_rate,
+        );
+        if takeall_too {
+            let twin_args = [&numbers[..], &numbers, &words].concat();
+            let module_args = [&[ok][..], &numbers, &[b"rl:two"], &numbers, &words].concat();
+            same(con, "takeall", &module_args, &[ok, b"rl:two"], &twin_args);
+        }
+    }
+    for words in [
+        "MAXDEBT",
+        "MAXDEBT -1",
+        "MAXDEBT 1e16",
+        "MAXDEBT nan",
+        "maxdebt 1 MaxDebt 2",
+        "MAXWAIT 1",
+        "MAXDEBT 1 x",
+        "MAXDEBT -1 x",
+        "MAXDEBT 1 MAXDEBT",
+    ] {
+        let words: Vec<&[u8]> = words.split(' ').map(str::as_bytes).collect();
+        for key in [ok, b"rl:str"] {
+            let twin_args = [&numbers[..], &words].concat();
+            same(
+                con,
+                "charge",
+                &[&[key][..], &twin_args].concat(),
+                &[key],
+                &twin_args,
+            );
+        }
+    }
+    #[rustfmt::skip]
+    let throttles: Vec<Vec<&[u8]>> = vec![
+        vec![b"-1", b"x", b"x", b"x"],
+        vec![b"9007199254740992", b"1", b"1"],
+        vec![b"1.5", b"1", b"1"],
+        vec![b"", b"1", b"1"],
+        vec![b"1", b"0", b"x"],
+        vec![b"1", b"9007199254740993", b"1"],
+        vec![b"1", b"1", b"0"],
+        vec![b"1", b"1", b"1e3"],
+        vec![b"1", b"1", b"1", b"1.5"],
+        vec![b"1", b"1", b"1", b"-1"],
+        vec![b"1", b"1", b"1", b"9007199254740993"],
+        vec![b"1", b"1"],
+        vec![b"1", b"1", b"1", b"1", b"1"],
+    ];
+    for args in &throttles {
+        for key in [ok, b"rl:str"] {
+            same(con, "throttle", &[&[key][..], args].concat(), &[key], args);
+        }
+    }
+    // Argument counts, and values of another type.
+    same(con, "unblock", &[ok, b"x"], &[ok], &[b"x"]);
+    same(con, "unblock", &[b"rl:str"], &[b"rl:str"], &[]);
+    same(con, "charge", &[ok, b"10", b"1"], &[ok], &[b"10", b"1"]);
+    let peek_options: [&[u8]; 5] = [b"10", b"1", b"1", b"MAXWAIT", b"5"];
+    same(
+        con,
+        "peek",
+        &[&[ok][..], &peek_options].concat(),
+        &[ok],
+        &peek_options,
+    );
+    same(
+        con,
+        "refund",
+        &[&[ok][..], &peek_options].concat(),
+        &[ok],
+        &peek_options,
+    );
+    same(
+        con,
+        "take",
+        &[&b"rl:cell"[..], b"10", b"1", b"1"],
+        &[b"rl:cell"],
+        &numbers,
+    );
+    same(
+        con,
+        "throttle",
+        &[&b"rl:str"[..], b"1", b"1", b"1"],
+        &[b"rl:str"],
+        &numbers,
+    );
+    for foreign in foreign_values(con, "hash") {
+        if foreign != b"t:string" {
+            same(
+                con,
+                "throttle",
+                &[foreign, b"1", b"1", b"1"],
+                &[foreign],
+                &numbers,
+            );
+        }
+        same(con, "unblock", &[foreign], &[foreign], &[]);
+        same(
+            con,
+            "charge",
+            &[&[foreign][..], &numbers].concat(),
+            &[foreign],
+            &numbers,
+        );
+    }
+
+    // Damaged lock fields, under keys that need escaping, through every command that reads a
+    // bucket; a bucket whose tokens are damaged too is named for those first.
+    let now = server_time_ms(con);
+    let mut damaged = damaged_locks(now);
+    let mut both = damaged_locks(now)[0].clone();
+    both.push(("tokens", "nan".to_string()));
+    damaged.push(both);
+    for (bad_key, _) in &keys_that_need_escaping("rl:") {
+        for lock in &damaged {
+            let _: i64 = redis::cmd("DEL").arg(bad_key).query(con).unwrap();
+            let now_text = now.to_string();
+            let _: i64 = hset_cmd(bad_key, &[("tokens", "1"), ("last_refill", &now_text)])
+                .query(con)
+                .unwrap();
+            let _: i64 = hset_cmd(bad_key, lock).query(con).unwrap();
+            for (command, args) in [
+                ("take", &[&b"10"[..], b"1", b"1"][..]),
+                ("take", &[&b"10"[..], b"1", b"1", b"BLOCK", b"5"][..]),
+                ("peek", &[&b"10"[..], b"1"][..]),
+                ("refund", &[&b"10"[..], b"1", b"1"][..]),
+                ("charge", &[&b"10"[..], b"1", b"1"][..]),
+                ("takeall", &[&b"10"[..], b"1", b"1"][..]),
+                ("throttle", &[&b"9"[..], b"1", b"1"][..]),
+            ] {
+                let module = module_cmd(command, bad_key, args);
+                assert_same_error(
+                    con,
+                    bad_key,
+                    &module,
+                    &fallback.cmd(command, bad_key, args),
+                    &format!(
+                        "{} TB.{command} {lock:?} under {:?}",
+                        fallback.name(),
+                        String::from_utf8_lossy(bad_key)
+                    ),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_script_refuses_bad_options_in_the_module_words() {
+    with_twin(Fallback::script, check_option_errors);
+}
+
+#[test]
+fn the_function_library_refuses_bad_options_in_the_module_words() {
+    with_twin(Fallback::function, check_option_errors);
+}
+
+/// The new options and commands at their extremes, each compared once (retried until the
+/// clocks agree): MAXWAIT, BLOCK, MAXBLOCK and MAXDEBT at 2^53, reservations one ms inside and
+/// outside their horizon, locks and probations capped at 2^53, strikes at 2^53 and past 62
+/// doublings, lock fields in every spelling of a stored number, charges to exactly zero
+/// (where a debt floor of -0 meets a balance of 0), TB.THROTTLE's largest arguments and
+/// waits, TB.UNBLOCK of whole and partial locks.
+#[test]
+fn the_script_matches_the_module_at_the_extremes_of_the_options() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let fallback = Fallback::script(&mut con);
+    let now = server_time_ms(&mut con);
+    let ago = |ms: i64| (now - ms).to_string();
+    let at = |ms: i64| (now + ms).to_string();
+    let frozen = "99999999999999".to_string();
+    type Fields = Vec<(&'static str, String)>;
+    let stored = |tokens: &str, last_refill: String| -> Fields {
+        vec![("tokens", tokens.into()), ("last_refill", last_refill)]
+    };
+    let locked = |tokens: &str, [until, strikes, probation]: [String; 3]| -> Fields {
+        vec![
+            ("tokens", tokens.into()),
+            ("last_refill", ago(0)),
+            ("locked_until", until),
+            ("strikes", strikes),
+            ("probation_until", probation),
+        ]
+    };
+    let max = MAX_TOKENS.to_string();
+    #[rustfmt::skip]
+    let rows: Vec<(Fields, &str, Vec<&str>, Vec<&str>)> = vec![
+        // stored fields, command, its numbers, its options
+        (vec![], "take", vec!["5", "1", "1"], vec!["MAXWAIT", MAX_TOKENS]),
+        (stored("0", ago(0)), "take", vec![MAX_TOKENS, "1e-300", "1"], vec!["MAXWAIT", MAX_TOKENS]),
+        (stored("0", ago(0)), "take", vec!["10", "1e300", "1"], vec!["MAXWAIT", "1"]),
+        (stored("-1e308", ago(5)), "take", vec!["1", "1e-300", "1"], vec!["MAXWAIT", MAX_TOKENS]),
+        (stored("-1e308", ago(5)), "take", vec!["1", "1e300", "1"], vec!["MAXWAIT", "1"]),
+        (stored("0.5", frozen.clone()), "take", vec!["1", "0.001", "1"], vec!["MAXWAIT", "500000"]),
+        (stored("0.5", frozen.clone()), "take", vec!["1", "0.001", "1"], vec!["MAXWAIT", "499999"]),
+        (stored("0.30000000000000004", ago(1)), "take", vec!["0.3", "0.1", "0.2"], vec!["MAXWAIT", "1000"]),
+        (stored("2.9802322387695313e-8", ago(0)), "take", vec!["1", "3e-7", "1"], vec!["maxwait", "9999999"]),
+        (vec![], "take", vec!["5", "1", "6"], vec!["BLOCK", MAX_TOKENS]),
+        (vec![], "take", vec!["5", "1", "6"], vec!["BLOCK", "1", "MAXBLOCK", MAX_TOKENS]),
+        (stored("0", ago(0)), "take", vec!["5", "1", "1"], vec!["BLOCK", MAX_TOKENS, "MAXWAIT", MAX_TOKENS]),
+        (locked("0", [ago(1), max.clone(), at(10_000)]), "take", vec!["5", "1", "6"], vec!["BLOCK", "1", "MAXBLOCK", MAX_TOKENS]),
+        (locked("0", [ago(1), "60".into(), at(10_000)]), "take", vec!["5", "1", "6"], vec!["BLOCK", "3", "MAXBLOCK", "1000000000000000"]),
+        (locked("0", [ago(1), "52".into(), at(10_000)]), "take", vec!["5", "1", "6"], vec!["BLOCK", "3", "MAXBLOCK", MAX_TOKENS]),
+        (locked("0", [ago(1), "1".into(), at(10_000)]), "take", vec!["5", "1", "6"], vec!["BLOCK", "7", "MAXBLOCK", MAX_TOKENS]),
+        (locked("5", [max.clone(), "1".into(), max.clone()]), "take", vec!["5", "1", "1"], vec![]),
+        (locked("5", [max.clone(), "1".into(), max.clone()]), "take", vec!["5", "1", "6"], vec!["MAXWAIT", MAX_TOKENS]),
+        (locked("5", ["0".into(), "1".into(), "0".into()]), "take", vec!["5", "1", "1"], vec![]),
+        (locked("0", ["-0".into(), "1E0".into(), "+0".into()]), "take", vec!["5", "1", "1"], vec!["BLOCK", "5"]),
+        (locked("0", [format!("{}e-2", (now + 60_000) * 100), "2.0".into(), format!("+{}", now + 120_000)]), "take", vec!["5", "1", "1"], vec![]),
+        (locked("0", [at(600_000), "3".into(), at(1_200_000)]), "refund", vec!["5", "0.001", "1"], vec![]),
+        (locked("0", [at(600_000), "3".into(), at(1_200_000)]), "peek", vec!["5", "0.001", "0"], vec![]),
+        (locked("1", [at(600_000), "3".into(), at(1_200_000)]), "charge", vec!["5", "0.001", "1"], vec![]),
+        (stored("0", ago(0)), "charge", vec![MAX_TOKENS, "1", MAX_TOKENS], vec!["MAXDEBT", MAX_TOKENS]),
+        (stored("1", frozen.clone()), "charge", vec!["5", "1", "1"], vec!["MAXDEBT", "0"]),
+        (stored("0.5", frozen.clone()), "charge", vec!["5", "1", "0.5"], vec!["MAXDEBT", "0"]),
+        (stored("0", frozen.clone()), "charge", vec!["5", "1", "1"], vec!["MAXDEBT", "0"]),
+        (stored("-0", frozen.clone()), "charge", vec!["5", "1", "1"], vec!["MAXDEBT", "0"]),
+        (stored("-0", frozen.clone()), "charge", vec!["5", "1", "1"], vec![]),
+        (stored("3", frozen.clone()), "charge", vec!["5", "1", "1"], vec!["MAXDEBT", "1e-400"]),
+        (stored("-1e308", ago(5)), "charge", vec!["1", "1e-300", "1"], vec![]),
+        (stored("0.1", ago(0)), "charge", vec!["1", "0.3", "0.30000000000000004"], vec!["MAXDEBT", "0.2"]),
+        (stored("5", ago(0)), "charge", vec!["5", "1", "0"], vec!["MAXDEBT", "0"]),
+        (vec![], "throttle", vec!["9007199254740991", "9007199254740992", "1", "9007199254740992"], vec![]),
+        (stored("0", ago(0)), "throttle", vec!["0", "1", "9007199254740992"], vec![]),
+        (stored("0", ago(0)), "throttle", vec!["9007199254740991", "1", "9007199254740992"], vec![]),
+        (stored("0.001", ago(0)), "throttle", vec!["4", "3", "7", "2"], vec![]),
+        (stored("-3", frozen.clone()), "throttle", vec!["4", "1", "1", "0"], vec![]),
+        (locked("9", [at(600_000), "1".into(), at(1_200_000)]), "throttle", vec!["9", "1", "1"], vec![]),
+        (locked("9", [at(600_000), "1".into(), at(1_200_000)]), "unblock", vec![], vec![]),
+        (vec![("tokens", "1".into()), ("last_refill", ago(0)), ("probation_until", "x".into())], "unblock", vec![], vec![]),
+        (stored("1", ago(0)), "unblock", vec![], vec![]),
+    ];
+    for (row, (fields, command, numbers, options)) in rows.iter().enumerate() {
+        let pair = Pair {
+            a: format!("xo:a:{row}"),
+            b: format!("xo:b:{row}"),
+            capacity: String::new(),
+            rate: String::new(),
+        };
+        let mut setup = Vec::new();
+        for key in [&pair.a, &pair.b] {
+            let mut del = redis::cmd("DEL");
+            del.arg(key);
+            setup.push(del);
+            if !fields.is_empty() {
+                setup.push(hset_cmd(key.as_bytes(), fields));
+            }
+        }
+        let numbers: Vec<String> = numbers.iter().map(|n| n.to_string()).collect();
+        let options: Vec<String> = options.iter().map(|o| o.to_string()).collect();
+        let call = call_with_options(&fallback, command, &[&pair], &[numbers], &options);
+        let mut attempts = 0;
+        let seen = loop {
+            let seen =
+                run_twin_call(&mut con, &call, &setup).unwrap_or_else(|e| panic!("row {row}: {e}"));
+            if seen.clocks_agree() {
+                break seen;
+            }
+            attempts += 1;
+            assert!(attempts < 50, "row {row}: the clocks never agreed");
+        };
+        println!(
+            "row {row}: TB.{command} {fields:?} {options:?} -> {:?} [{}] expire {}",
+            seen.module,
+            View::Hash.show(&seen.first().a),
+            seen.first().expire_a
+        );
+        seen.assert_twins(&format!("row {row}: TB.{command}"));
+    }
+}
+
+/// Replicas and the AOF get the same commands from both for the new calls: a lock start is one
+/// HSET of the five fields and the PEXPIREAT of its probation, TB.UNBLOCK one HDEL, a write on
+/// a locked key an HSET of tokens and last_refill, and a call that writes nothing (a denial
+/// during a lock, TB.UNBLOCK without a lock, TB.CHARGE of 0) appends nothing. Each call is
+/// compared in one ms, then its transaction's commands on A and on B (renamed A) must be the
+/// same.
+#[test]
+fn the_twins_append_the_same_commands_for_the_new_calls() {
+    for make_fallback in [
+        Fallback::script as fn(&mut redis::Connection) -> Fallback,
+        Fallback::function,
+    ] {
+        let server = Server::start_with(AOF_ARGS);
+        let mut con = server.conn();
+        let fallback = make_fallback(&mut con);
+        let now = server_time_ms(&mut con);
+        type Fields = Vec<(&'static str, String)>;
+        let frozen = |tokens: &str| -> Fields {
+            vec![
+                ("tokens", tokens.into()),
+                ("last_refill", "99999999999999".into()),
+            ]
+        };
+        let locked = |until: i64, strikes: &str, probation: i64| -> Fields {
+            vec![
+                ("tokens", "5".into()),
+                ("last_refill", (now - 10).to_string()),
+                ("locked_until", (now + until).to_string()),
+                ("strikes", strikes.into()),
+                ("probation_until", (now + probation).to_string()),
+            ]
+        };
+        let holds = locked(600_000, "1", 1_200_000);
+        let ended = locked(-10, "2", 600_000);
+        let mut in_debt_ended = ended.clone();
+        in_debt_ended[0].1 = "-3".into();
+        // Stored fields, command, numbers, options, whether it writes.
+        type Step = (
+            Fields,
+            &'static str,
+            Vec<&'static str>,
+            Vec<&'static str>,
+            bool,
+        );
+        #[rustfmt::skip]
+        let steps: Vec<Step> = vec![
+            (vec![], "take", vec!["5", "1", "6"], vec!["BLOCK", "1000"], true),
+            (in_debt_ended.clone(), "take", vec!["5", "1", "1"], vec!["BLOCK", "100", "MAXBLOCK", "1000"], true),
+            (holds.clone(), "take", vec!["5", "1", "1"], vec!["BLOCK", "10"], false),
+            (holds.clone(), "peek", vec!["5", "1", "1"], vec![], false),
+            (holds.clone(), "throttle", vec!["9", "1", "1"], vec![], false),
+            (holds.clone(), "unblock", vec![], vec![], true),
+            (frozen("1"), "unblock", vec![], vec![], false),
+            (vec![("tokens", "1".into()), ("last_refill", now.to_string()), ("strikes", "x".into())], "unblock", vec![], vec![], true),
+            (frozen("0"), "take", vec!["5", "1", "1"], vec!["MAXWAIT", "5000"], true),
+            (ended.clone(), "refund", vec!["5", "1", "1"], vec![], true),
+            (ended.clone(), "take", vec!["5", "1", "1"], vec![], true),
+            (frozen("2"), "charge", vec!["5", "1", "20"], vec!["MAXDEBT", "3"], true),
+            (holds.clone(), "charge", vec!["5", "1", "1"], vec![], true),
+            (vec![("tokens", "5".into()), ("last_refill", (now - 10).to_string())], "charge", vec!["5", "1", "0"], vec![], false),
+            (vec![], "throttle", vec!["4", "1", "2"], vec![], true),
+            (frozen("0"), "throttle", vec!["4", "1", "2"], vec![], true),
+        ];
+        let mut attempts = 0;
+        let mut compared: Vec<(usize, String, String, bool, String)> = Vec::new();
+        for (i, (fields, command, numbers, options, writes)) in steps.iter().enumerate() {
+            let pair = Pair {
+                a: format!("aof:a:{i}"),
+                b: format!("aof:b:{i}"),
+                capacity: String::new(),
+                rate: String::new(),
+            };
+            let mut setup = Vec::new();
+            for key in [&pair.a, &pair.b] {
+                let mut del = redis::cmd("DEL");
+                del.arg(key);
+                setup.push(del);
+                if !fields.is_empty() {
+                    setup.push(hset_cmd(key.as_bytes(), fields));
+                }
+            }
+            let numbers: Vec<String> = numbers.iter().map(|n| n.to_string()).collect();
+            let options: Vec<String> = options.iter().map(|o| o.to_string()).collect();
+            let call = call_with_options(&fallback, command, &[&pair], &[numbers], &options);
+            let what = format!("step {i}: TB.{command} {options:?} on {fields:?}");
+            loop {
+                let seen = run_twin_call(&mut con, &call, &setup)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                attempts += 1;
+                if seen.clocks_agree() {
+                    seen.assert_twins(&what);
+                    compared.push((attempts - 1, pair.a.clone(), pair.b.clone(), *writes, what));
+                    break;
+                }
+                assert!(
+                    attempts < 50 * steps.len(),
+                    "{what}: the clocks never agreed"
+                );
+            }
+        }
+
+        // The transactions that hold the probes are the attempts, in order; a call's commands
+        // come after the first probe's.
+        let mut blocks: Vec<Vec<Vec<Vec<u8>>>> = Vec::new();
+        let mut current: Option<Vec<Vec<Vec<u8>>>> = None;
+        for command in aof_commands(&server.dir) {
+            match command[0].to_ascii_uppercase().as_slice() {
+                b"MULTI" => current = Some(Vec::new()),
+                b"EXEC" => {
+                    let block = current.take().expect("EXEC after MULTI");
+                    let probe = block
+                        .iter()
+                        .position(|c| c.get(1).map(Vec::as_slice) == Some(PROBE_BEFORE.as_bytes()));
+                    if let Some(probe) = probe {
+                        blocks.push(block[probe..].to_vec());
+                    }
+                }
+                _ => {
+                    if let Some(block) = current.as_mut() {
+                        block.push(command);
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            blocks.len(),
+            attempts,
+            "one transaction per attempt in the AOF"
+        );
+        let show = |commands: &[Vec<Vec<u8>>]| -> String {
+            commands
+                .iter()
+                .map(|c| {
+                    c.iter()
+                        .map(|x| String::from_utf8_lossy(x).into_owned())
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        for (index, a, b, writes, what) in &compared {
+            let on = |key: &str| -> Vec<Vec<Vec<u8>>> {
+                blocks[*index]
+                    .iter()
+                    .filter(|c| c.get(1).map(Vec::as_slice) == Some(key.as_bytes()))
+                    .map(|c| {
+                        let mut c = c.clone();
+                        c[1] = b"A".to_vec();
+                        c
+                    })
+                    .collect()
+            };
+            let (from_module, from_twin) = (on(a), on(b));
+            println!("{} {what}: {}", fallback.name(), show(&from_module));
+            assert_eq!(
+                show(&from_twin),
+                show(&from_module),
+                "{} {what}: the AOF differs",
+                fallback.name()
+            );
+            assert_eq!(
+                !from_module.is_empty(),
+                *writes,
+                "{what}: appended {}",
+                show(&from_module)
+            );
+        }
+    }
+}
+
+/// What a key holds, for comparing twins of any type: its type, its hash fields or string,
+/// and its absolute expiry.
+fn key_contents(con: &mut redis::Connection, key: &str) -> (String, Vec<Vec<u8>>, i64) {
+    let kind: String = redis::cmd("TYPE").arg(key).query(con).expect("TYPE");
+    let contents: Vec<Vec<u8>> = match kind.as_str() {
+        "hash" => redis::cmd("HGETALL").arg(key).query(con).expect("HGETALL"),
+        "string" => vec![redis::cmd("GET").arg(key).query(con).expect("GET")],
+        _ => Vec::new(),
+    };
+    (kind, contents, pexpiretime(con, key))
+}
+
+/// TB.THROTTLE on a key holding redis-cell's state (its TAT in ns, an integer string): both
+/// read it as the bucket it stands for (core/src/throttle.rs from_cell), and the first write
+/// replaces it by the bucket's hash, while a denial (or a quantity of 0) leaves the string as
+/// it is. Each value is set on both keys, and the calls run between clock probes, in one ms.
+#[test]
+fn the_twins_read_a_redis_cell_key_alike() {
+    for make_fallback in [
+        Fallback::script as fn(&mut redis::Connection) -> Fallback,
+        Fallback::function,
+    ] {
+        let server = Server::start();
+        let mut con = server.conn();
+        let fallback = make_fallback(&mut con);
+        let now_ns = i128::from(server_time_ms(&mut con)) * 1_000_000;
+        let ahead = |ms: i128| (now_ns + ms * 1_000_000).to_string();
+        let rows: Vec<(String, Vec<&str>)> = vec![
+            (ahead(-5000), vec!["9", "1", "1"]),
+            (ahead(3000), vec!["9", "1", "1"]),
+            (ahead(3000), vec!["9", "1", "1", "0"]),
+            (ahead(9500), vec!["9", "1", "1", "1"]),
+            (ahead(60_000), vec!["9", "1", "1"]),
+            (ahead(1), vec!["0", "1", "1000"]),
+            ("0".into(), vec!["4", "1", "2"]),
+            ("-5".into(), vec!["4", "1", "2"]),
+            ("0001".into(), vec!["4", "1", "2"]),
+            ("9223372036854775807".into(), vec!["4", "1", "2"]),
+            ("-9223372036854775807".into(), vec!["4", "1", "2"]),
+            ("abc".into(), vec!["4", "1", "2"]),
+            ("9223372036854775808".into(), vec!["4", "1", "2"]),
+        ];
+        let probe: [&[u8]; 3] = [b"1e15", b"1", b"1"];
+        for (row, (value, args)) in rows.iter().enumerate() {
+            let (a, b) = (format!("cell:a:{row}"), format!("cell:b:{row}"));
+            let args: Vec<&[u8]> = args.iter().map(|arg| arg.as_bytes()).collect();
+            let mut attempts = 0;
+            loop {
+                let mut pipe = redis::pipe();
+                pipe.atomic();
+                for key in [&a, &b] {
+                    pipe.cmd("SET").arg(key).arg(value).ignore();
+                }
+                pipe.cmd("TIME")
+                    .add_command(module_cmd("take", PROBE_BEFORE.as_bytes(), &probe))
+                    .ignore()
+                    .add_command(module_cmd("throttle", a.as_bytes(), &args))
+                    .add_command(fallback.cmd("throttle", b.as_bytes(), &args))
+                    .add_command(module_cmd("take", PROBE_AFTER.as_bytes(), &probe))
+                    .ignore()
+                    .cmd("TIME")
+                    .cmd("HGET")
+                    .arg(PROBE_BEFORE)
+                    .arg("last_refill")
+                    .cmd("HGET")
+                    .arg(PROBE_AFTER)
+                    .arg("last_refill");
+                let values: Vec<Value> = redis::ConnectionLike::req_packed_commands(
+                    &mut con,
+                    &pipe.get_packed_pipeline(),
+                    pipe.cmd_iter().count() + 1,
+                    1,
+                )
+                .and_then(|mut replies| {
+                    redis::from_redis_value(&replies.pop().unwrap_or(Value::Nil))
+                })
+                .unwrap_or_else(|e| panic!("row {row}: {e}"));
+                let time = |value: &Value| -> i64 {
+                    let (secs, micros): (i64, i64) = redis::from_redis_value(value).unwrap();
+                    secs * 1000 + micros / 1000
+                };
+                let int = |value: &Value| -> i64 { redis::from_redis_value(value).unwrap() };
+                // Raw EXEC replies, the ignored ones included: SET, SET, TIME, probe, the
+                // module's call, the twin's, probe, TIME, HGET, HGET.
+                let clocks = [
+                    time(&values[2]),
+                    time(&values[7]),
+                    int(&values[8]),
+                    int(&values[9]),
+                ];
+                if clocks.iter().all(|&ms| ms == clocks[0]) {
+                    let what = format!(
+                        "{} row {row}: {value:?} {}",
+                        fallback.name(),
+                        show_args(&args)
+                    );
+                    println!("{what} -> {:?}", values[4]);
+                    assert_eq!(values[5], values[4], "{what}: replies");
+                    let (from_module, from_twin) =
+                        (key_contents(&mut con, &a), key_contents(&mut con, &b));
+                    assert_eq!(from_twin, from_module, "{what}: the keys differ");
+                    break;
+                }
+                attempts += 1;
+                assert!(attempts < 50, "row {row}: the clocks never agreed");
+            }
+        }
+    }
 }

@@ -10,15 +10,19 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use common::*;
 
 /// Every field of `INFO tb`, in order.
-const FIELDS: [&str; 20] = [
+const FIELDS: [&str; 24] = [
     "tb_calls",
     "tb_allowed",
     "tb_denied",
     "tb_shadow_denied",
     "tb_buckets_created",
     "tb_errors",
+    "tb_locks_started",
+    "tb_charges",
+    "tb_reservations_waited",
     "tb_tokens_granted",
     "tb_tokens_refunded",
+    "tb_tokens_charged",
     "tb_waiting",
     "tb_waits_started",
     "tb_waits_served",

@@ -185,7 +185,9 @@ impl Command {
 
     fn arity_ok(self, args: usize) -> bool {
         match self {
-            Command::Take | Command::Refund => args == 4,
+            // TB.TAKE's options may follow n: a longer call is judged by them.
+            Command::Take => args >= 4,
+            Command::Refund => args == 4,
             Command::Peek => args == 3 || args == 4,
             Command::TakeAll => args > 0 && args.is_multiple_of(4),
         }

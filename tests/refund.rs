@@ -92,7 +92,7 @@ fn refund_is_capped_at_capacity() {
 }
 
 #[test]
-fn refund_counts_negative_stored_tokens_as_empty() {
+fn refund_pays_back_debt_first() {
     let server = Server::start();
     let mut con = server.conn();
     let now_ms = server_time_ms(&mut con).to_string();
@@ -100,9 +100,9 @@ fn refund_counts_negative_stored_tokens_as_empty() {
 
     let reply = refund(&mut con, "tb:r", "10", "0.001", "2");
 
-    assert_eq!(&reply[..3], &[1, 2, 0], "{reply:?}");
+    assert_eq!(&reply[..3], &[1, 0, 0], "{reply:?}");
     let tokens = stored_tokens(&mut con, "tb:r");
-    assert!((2.0..2.01).contains(&tokens), "stored tokens {tokens}");
+    assert!((-5.0..-4.99).contains(&tokens), "stored tokens {tokens}");
 }
 
 #[test]

@@ -317,16 +317,16 @@ fn key_expires_when_the_bucket_is_full_again() {
 }
 
 #[test]
-fn stored_tokens_below_zero_count_as_zero() {
+fn stored_tokens_below_zero_are_debt_repaid_first() {
     let server = Server::start();
     let mut con = server.conn();
     let t0 = server_time_ms(&mut con);
     seed_bucket(&mut con, "b", "-1", t0);
     let reply = take(&mut con, "b", "10", "0.001", "1");
     assert_eq!(&reply[..2], &[0, 0], "reply {reply:?}");
-    // From 0, not from -1: one token is 1_000_000 ms away, not 2_000_000.
+    // From -1: the debt, then the token, 2_000_000 ms at 0.001 per second.
     assert!(
-        reply[2] <= 1_000_000 && reply[2] > 990_000,
+        reply[2] <= 2_000_000 && reply[2] > 1_990_000,
         "retry_after_ms {}",
         reply[2]
     );

@@ -578,7 +578,7 @@ fn command_info_gives_arity_minus_five_and_keys_one_minus_one_step_four() {
 }
 
 #[test]
-fn command_docs_describe_one_repeated_block_of_key_capacity_rate_n() {
+fn command_docs_describe_a_repeated_block_of_key_capacity_rate_n_then_the_options() {
     let server = Server::start();
     let mut con = server.conn();
     let docs: redis::Value = redis::cmd("COMMAND")
@@ -596,7 +596,16 @@ fn command_docs_describe_one_repeated_block_of_key_capacity_rate_n() {
     );
 
     let arguments = array(field(doc, "arguments"));
-    assert_eq!(arguments.len(), 1, "one argument, the block: {arguments:?}");
+    assert_eq!(
+        arguments.len(),
+        3,
+        "the block, MAXWAIT, the lockout: {arguments:?}"
+    );
+    let options: Vec<String> = arguments[1..]
+        .iter()
+        .map(|a| text(field(a, "name")))
+        .collect();
+    assert_eq!(options, ["max_wait_ms", "lockout"]);
     let block = &arguments[0];
     assert_eq!(text(field(block, "type")), "block");
     let flags: Vec<String> = array(field(block, "flags")).iter().map(text).collect();

@@ -1,7 +1,8 @@
 //! Command arguments -> a typed, validated request.
 
-use crate::bucket::Limit;
+use crate::bucket::{Limit, TakeOptions};
 use crate::error::TbError;
+use crate::lockout::Block;
 use crate::number::{parse_decimal, Sign, MAX_EXACT_INTEGER};
 
 /// `capacity rate [n]` of TB.TAKE / TB.PEEK, validated.
@@ -55,6 +56,95 @@ pub fn parse_limit(text: &[u8]) -> Result<i64, TbError> {
 /// `lease_ms` of TB.ACQUIRE and TB.RENEW: a whole number of ms in [1, 2^53].
 pub fn parse_lease_ms(text: &[u8]) -> Result<i64, TbError> {
     whole(text).ok_or(TbError::LeaseMs)
+}
+
+/// The options after TB.TAKE's (or TB.TAKEALL's last group's) arguments:
+/// `MAXWAIT ms`, `BLOCK ms` and `MAXBLOCK ms`, keywords in any case and
+/// order, each at most once. `MAXWAIT` is whole ms in [0, 2^53]; `BLOCK`
+/// and `MAXBLOCK` in [1, 2^53], `MAXBLOCK` at least `BLOCK` and only with
+/// it. No options is `TakeOptions::PLAIN`.
+pub fn parse_take_options(options: &[&[u8]]) -> Result<TakeOptions, TbError> {
+    let mut max_wait_ms = None;
+    let mut block_ms = None;
+    let mut max_block_ms = None;
+    let mut rest = options.iter();
+    while let Some(keyword) = rest.next() {
+        let (slot, error, least) = if keyword.eq_ignore_ascii_case(b"MAXWAIT") {
+            (&mut max_wait_ms, TbError::MaxWait, 0)
+        } else if keyword.eq_ignore_ascii_case(b"BLOCK") {
+            (&mut block_ms, TbError::Block, 1)
+        } else if keyword.eq_ignore_ascii_case(b"MAXBLOCK") {
+            (&mut max_block_ms, TbError::MaxBlock, 1)
+        } else {
+            return Err(TbError::UnknownOption);
+        };
+        if slot.is_some() {
+            return Err(TbError::RepeatedOption);
+        }
+        let value = rest.next().ok_or(TbError::MissingOptionValue)?;
+        *slot = Some(whole_from(value, least).ok_or(error)?);
+    }
+    let block = match (block_ms, max_block_ms) {
+        (None, None) => None,
+        (None, Some(_)) => return Err(TbError::MaxBlockWithoutBlock),
+        (Some(block_ms), None) => Some(Block {
+            block_ms,
+            max_block_ms: block_ms,
+        }),
+        (Some(block_ms), Some(max_block_ms)) if max_block_ms >= block_ms => Some(Block {
+            block_ms,
+            max_block_ms,
+        }),
+        (Some(_), Some(_)) => return Err(TbError::MaxBlock),
+    };
+    Ok(TakeOptions {
+        max_wait_ms: max_wait_ms.unwrap_or(0),
+        block,
+    })
+}
+
+/// TB.CHARGE's options: `MAXDEBT d`, a number in [0, 2^53], once. `None`
+/// when not given (the debt limit is then the capacity).
+pub fn parse_charge_options(options: &[&[u8]]) -> Result<Option<f64>, TbError> {
+    match options {
+        [] => Ok(None),
+        [keyword, ..] if !keyword.eq_ignore_ascii_case(b"MAXDEBT") => Err(TbError::UnknownOption),
+        [_] => Err(TbError::MissingOptionValue),
+        [_, value] => parse_decimal(value, Sign::Forbidden)
+            .filter(|debt| *debt <= MAX_EXACT_INTEGER as f64)
+            .map(Some)
+            .ok_or(TbError::MaxDebt),
+        [_, _, next, ..] if next.eq_ignore_ascii_case(b"MAXDEBT") => Err(TbError::RepeatedOption),
+        [_, _, ..] => Err(TbError::UnknownOption),
+    }
+}
+
+/// Where TB.TAKEALL's options begin: after the last whole group of four
+/// (`key capacity rate n`) that does not start with an option keyword. A
+/// key named like an option can therefore only be TB.TAKEALL's first.
+pub fn take_all_options_start(groups: &[&[u8]]) -> usize {
+    let is_keyword = |arg: &[u8]| {
+        [&b"MAXWAIT"[..], b"BLOCK", b"MAXBLOCK"]
+            .iter()
+            .any(|keyword| arg.eq_ignore_ascii_case(keyword))
+    };
+    let mut start = 0;
+    while let Some(first) = groups.get(start) {
+        if start > 0 && is_keyword(first) {
+            break;
+        }
+        start = start.saturating_add(4);
+    }
+    start.min(groups.len())
+}
+
+/// `whole`, but from `least` (0 or 1) rather than 1.
+fn whole_from(text: &[u8], least: i64) -> Option<i64> {
+    if least == 0 && !text.is_empty() && text.iter().all(|digit| *digit == b'0') && text.len() <= 64
+    {
+        return Some(0);
+    }
+    whole(text)
 }
 
 /// Plain decimal digits (leading zeros allowed, no sign, fraction or
@@ -187,6 +277,89 @@ mod tests {
             parse_limit(&"9".repeat(64).into_bytes()),
             Err(TbError::Limit)
         );
+    }
+
+    fn take_options(words: &str) -> Result<TakeOptions, TbError> {
+        let words: Vec<&[u8]> = words.split_whitespace().map(str::as_bytes).collect();
+        parse_take_options(&words)
+    }
+
+    #[test]
+    fn take_options_come_in_any_order_and_case() {
+        assert_eq!(take_options(""), Ok(TakeOptions::PLAIN));
+        let got = take_options("block 100 MaxWait 0 MAXBLOCK 800").unwrap();
+        assert_eq!(got.max_wait_ms, 0);
+        assert_eq!(
+            got.block,
+            Some(Block {
+                block_ms: 100,
+                max_block_ms: 800
+            })
+        );
+        let got = take_options("BLOCK 5").unwrap();
+        assert_eq!(
+            got.block.map(|b| b.max_block_ms),
+            Some(5),
+            "no MAXBLOCK: no growth"
+        );
+        assert_eq!(
+            take_options("MAXWAIT 9007199254740992")
+                .unwrap()
+                .max_wait_ms,
+            1 << 53
+        );
+    }
+
+    #[test]
+    fn bad_take_options_are_named() {
+        for (words, error) in [
+            ("WAIT 5", TbError::UnknownOption),
+            ("MAXWAIT 5 MAXWAIT 5", TbError::RepeatedOption),
+            ("MAXWAIT", TbError::MissingOptionValue),
+            ("MAXWAIT -1", TbError::MaxWait),
+            ("MAXWAIT 1.5", TbError::MaxWait),
+            ("MAXWAIT 9007199254740993", TbError::MaxWait),
+            ("BLOCK 0", TbError::Block),
+            ("BLOCK 10 MAXBLOCK 9", TbError::MaxBlock),
+            ("MAXBLOCK 10", TbError::MaxBlockWithoutBlock),
+        ] {
+            assert_eq!(take_options(words), Err(error), "{words:?}");
+        }
+    }
+
+    #[test]
+    fn maxdebt_is_a_number_from_zero_to_2_pow_53_given_once() {
+        let charge = |words: &str| {
+            let words: Vec<&[u8]> = words.split_whitespace().map(str::as_bytes).collect();
+            parse_charge_options(&words)
+        };
+        assert_eq!(charge(""), Ok(None));
+        assert_eq!(charge("maxdebt 2.5"), Ok(Some(2.5)));
+        assert_eq!(charge("MAXDEBT 0"), Ok(Some(0.0)));
+        assert_eq!(charge("MAXDEBT"), Err(TbError::MissingOptionValue));
+        assert_eq!(charge("MAXDEBT -1"), Err(TbError::MaxDebt));
+        assert_eq!(charge("MAXDEBT 1e16"), Err(TbError::MaxDebt));
+        assert_eq!(charge("MAXDEBT 1 MAXDEBT 2"), Err(TbError::RepeatedOption));
+        assert_eq!(charge("MAXWAIT 1"), Err(TbError::UnknownOption));
+        assert_eq!(charge("MAXDEBT 1 x"), Err(TbError::UnknownOption));
+    }
+
+    #[test]
+    fn take_all_options_start_after_the_last_group() {
+        let split = |words: &str| {
+            let words: Vec<&[u8]> = words.split_whitespace().map(str::as_bytes).collect();
+            take_all_options_start(&words)
+        };
+        assert_eq!(split("a 1 1 1"), 4);
+        assert_eq!(split("a 1 1 1 b 1 1 1"), 8);
+        assert_eq!(split("a 1 1 1 MAXWAIT 5"), 4);
+        assert_eq!(split("a 1 1 1 b 1 1 1 block 5 maxblock 9"), 8);
+        assert_eq!(
+            split("block 1 1 1 MAXWAIT 5"),
+            4,
+            "only the first key may look like one"
+        );
+        assert_eq!(split("a 1 1"), 3);
     }
 
     proptest! {

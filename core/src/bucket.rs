@@ -6,6 +6,7 @@
 //! rule testable without a server, and makes the glue in src/bucket/hash.rs a
 //! straight line.
 
+use crate::lockout::{self, Block, Lock};
 use crate::number::MAX_EXACT_INTEGER;
 
 /// A validated limit: both fields finite and strictly positive, the
@@ -21,8 +22,10 @@ pub struct Limit {
 /// What a bucket hash stores.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct State {
-    /// Tokens left at `last_refill_ms`. Hand-edited data may hold anything
-    /// finite; negative values count as empty.
+    /// Tokens left at `last_refill_ms`. Below zero is debt, left by a
+    /// reservation (`MAXWAIT`) or a charge (TB.CHARGE): refill repays it
+    /// before any token can be taken. Hand-edited data may hold anything
+    /// finite.
     pub tokens: f64,
     /// Unix time in ms of the last write. May lie in the future after a clock
     /// step backwards; then it counts as now (see `seen_at`).
@@ -33,7 +36,7 @@ pub struct State {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Outcome {
     pub allowed: bool,
-    /// Whole tokens left after this call (rounded down).
+    /// Whole tokens left after this call (rounded down, never below 0).
     pub remaining: i64,
     /// 0 when allowed; -1 when `n` exceeds the capacity and can never be
     /// granted; otherwise the fewest whole ms after which the same request
@@ -44,21 +47,48 @@ pub struct Outcome {
     /// The state to store, or `None` when nothing may be written. An allowed
     /// request with `n > 0` stores what is left. A denied request (or
     /// `n = 0`) stores nothing, leaving the bucket, its TTL, the AOF and the
-    /// replication stream exactly as they were, with one exception: a
-    /// `last_refill` in the future is repaired to now (see `seen_at`).
+    /// replication stream exactly as they were, with two exceptions: a
+    /// `last_refill` in the future is repaired to now (see `seen_at`), and
+    /// the denial that starts a lock stores it (`lock`).
     pub write: Option<State>,
+    /// A lock to store with `write` (which is then `Some`): the one this
+    /// denial started (`lockout::start`). `None` leaves the lock fields as
+    /// they are.
+    pub lock: Option<Lock>,
+}
+
+/// The options of TB.TAKE and TB.TAKEALL (`args::parse_take_options`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TakeOptions {
+    /// `MAXWAIT ms`: a call that would be denied is allowed into debt when
+    /// the missing tokens arrive within this many ms (0: never).
+    pub max_wait_ms: i64,
+    /// `BLOCK ms [MAXBLOCK ms]`: a denial locks the key.
+    pub block: Option<Block>,
+}
+
+impl TakeOptions {
+    /// No option given: plain TB.TAKE.
+    pub const PLAIN: TakeOptions = TakeOptions {
+        max_wait_ms: 0,
+        block: None,
+    };
 }
 
 impl State {
     /// Tokens available at `now_ms`, per the formula shared with the Lua
     /// script: `min(capacity, tokens + max(0, now - last_refill) / 1000 * rate)`.
+    /// Debt (tokens below zero) is repaid by the same refill. No call can
+    /// leave more than 2^53 of it (MAXDEBT and the capacity are bounded so);
+    /// a deeper hand-edited value counts as 2^53: `max(tokens, -2^53)`.
     ///
     /// The operations are done in the script's order so both produce the
     /// same doubles. With finite inputs the result is never NaN: an overflow
     /// can only reach +inf, which `min` brings back to the capacity.
     pub fn available_at(&self, limit: &Limit, now_ms: f64) -> f64 {
         let elapsed_ms = (now_ms - self.last_refill_ms).max(0.0);
-        let refilled = self.tokens.max(0.0) + elapsed_ms / 1000.0 * limit.refill_per_sec;
+        let tokens = self.tokens.max(-(MAX_EXACT_INTEGER as f64));
+        let refilled = tokens + elapsed_ms / 1000.0 * limit.refill_per_sec;
         refilled.min(limit.capacity)
     }
 }
@@ -124,10 +154,11 @@ pub fn take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> Outcome
         };
         return Outcome {
             allowed: false,
-            remaining: floor_to_i64(available),
+            remaining: remaining_of(available),
             retry_after_ms,
             reset_after_ms: first_ms_when(&current, limit, now, limit.capacity),
             write: repair,
+            lock: None,
         };
     }
 
@@ -136,6 +167,198 @@ pub fn take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> Outcome
         last_refill_ms: now,
     };
     granted(after, n, &current, repair, limit, now)
+}
+
+/// TB.TAKE with its options, on a bucket whose hash holds `lock` (if any).
+///
+/// In order: a lock that still holds denies (`locked`); then the plain
+/// take, or a reservation (`reserve`) when `MAXWAIT` is given; then, if
+/// that denies and `BLOCK` is given, the denial starts a lock
+/// (`lock_on_denial`). Without options and without a stored lock this is
+/// exactly `take`: the same reply, the same bytes.
+pub fn take_with(
+    state: Option<State>,
+    lock: Option<Lock>,
+    limit: &Limit,
+    n: f64,
+    options: &TakeOptions,
+    now_ms: i64,
+) -> Outcome {
+    if lock.is_none() && *options == TakeOptions::PLAIN {
+        return take(state, limit, n, now_ms); // the usual call, at its old cost
+    }
+    if let Some(held) = lock.filter(|lock| lock.holds_at(now_ms)) {
+        return locked(state, &held, limit, n, options.max_wait_ms, now_ms);
+    }
+    let outcome = reserve(state, limit, n, options.max_wait_ms, now_ms);
+    lock_on_denial(outcome, state, lock, limit, options, now_ms)
+}
+
+/// The answer on a key whose lock holds: denied, whatever the bucket holds
+/// (even for `n = 0`), writing nothing but a clock repair. The wait is the
+/// later of the lock's end and the time the same call would have its
+/// tokens: the soonest it could succeed.
+pub fn locked(
+    state: Option<State>,
+    lock: &Lock,
+    limit: &Limit,
+    n: f64,
+    max_wait_ms: i64,
+    now_ms: i64,
+) -> Outcome {
+    let unlocked = reserve(state, limit, n, max_wait_ms, now_ms);
+    let tokens_ms = if unlocked.allowed {
+        0
+    } else {
+        unlocked.retry_after_ms
+    };
+    let now = now_ms as f64;
+    let (current, repair) = seen_at(state, limit, now);
+    Outcome {
+        allowed: false,
+        remaining: remaining_of(current.available_at(limit, now)),
+        retry_after_ms: match tokens_ms {
+            -1 => -1,
+            tokens_ms => tokens_ms.max(lock.ms_left(now_ms)),
+        },
+        reset_after_ms: first_ms_when(&current, limit, now, limit.capacity),
+        write: repair,
+        lock: None,
+    }
+}
+
+/// A denial of a call with `BLOCK` starts a lock (the next strike of the
+/// stored `lock` if its probation has not ended). It stores the lock with
+/// the bucket as it stands now, and waits at least until the lock ends.
+/// Anything else passes unchanged.
+pub fn lock_on_denial(
+    outcome: Outcome,
+    state: Option<State>,
+    lock: Option<Lock>,
+    limit: &Limit,
+    options: &TakeOptions,
+    now_ms: i64,
+) -> Outcome {
+    let Some(block) = options.block.filter(|_| !outcome.allowed) else {
+        return outcome;
+    };
+    let started = lockout::start(lock, &block, now_ms);
+    let now = now_ms as f64;
+    let current = State::current(state, limit, now_ms);
+    let stored = State {
+        tokens: current.available_at(limit, now),
+        last_refill_ms: now,
+    };
+    Outcome {
+        retry_after_ms: match outcome.retry_after_ms {
+            -1 => -1,
+            tokens_ms => tokens_ms.max(started.ms_left(now_ms)),
+        },
+        reset_after_ms: first_ms_when(&stored, limit, now, limit.capacity),
+        write: Some(stored),
+        lock: Some(started),
+        ..outcome
+    }
+}
+
+/// `take` with `MAXWAIT max_wait_ms`: a reservation.
+///
+/// With `t` the tokens after refill: `t >= n` is a plain take. Otherwise,
+/// if `n` fits the capacity and the bucket will hold `n` within
+/// `max_wait_ms`, the call is allowed into debt (`t - n < 0`) and told to
+/// act after `retry_after_ms`, when the debt is repaid. Each reservation
+/// deepens the debt, so the next one waits longer: they go in arrival
+/// order. Else it is denied, writing nothing, with the soonest a call with
+/// the same `MAXWAIT` would be allowed. `max_wait_ms = 0` is `take`.
+pub fn reserve(
+    state: Option<State>,
+    limit: &Limit,
+    n: f64,
+    max_wait_ms: i64,
+    now_ms: i64,
+) -> Outcome {
+    let plain = take(state, limit, n, now_ms);
+    if plain.allowed || max_wait_ms <= 0 || n > limit.capacity {
+        return plain;
+    }
+    let now = now_ms as f64;
+    let (current, _) = seen_at(state, limit, now);
+    let horizon = now + max_wait_ms as f64;
+    if current.available_at(limit, horizon) < n {
+        return Outcome {
+            retry_after_ms: first_ms_when(&current, limit, horizon, n),
+            ..plain
+        };
+    }
+    let after = State {
+        tokens: current.available_at(limit, now) - n,
+        last_refill_ms: now,
+    };
+    Outcome {
+        allowed: true,
+        remaining: 0,
+        // Rounding may put the repayment a ms past the horizon the check
+        // above saw; the promise is "within MAXWAIT".
+        retry_after_ms: first_ms_when(&after, limit, now, 0.0).clamp(1, max_wait_ms),
+        reset_after_ms: first_ms_when(&after, limit, now, limit.capacity),
+        write: Some(after),
+        lock: None,
+    }
+}
+
+/// TB.CHARGE: takes `n` whatever the bucket holds (a cost learned after
+/// the work), into debt down to `-max_debt` and no further. A balance
+/// already below `-max_debt` (left by a larger `MAXDEBT`) stays as it is,
+/// never raised. Always allowed; `retry_after_ms` is the wait until the
+/// debt is repaid (0 when there is none). `n = 0` writes nothing but a
+/// clock repair.
+pub fn debit(state: Option<State>, limit: &Limit, n: f64, max_debt: f64, now_ms: i64) -> Outcome {
+    let now = now_ms as f64;
+    let (current, repair) = seen_at(state, limit, now);
+    let available = current.available_at(limit, now);
+    let floor = -max_debt;
+    let tokens = if available <= floor {
+        available
+    } else {
+        (available - n).max(floor)
+    };
+    let write = if n > 0.0 {
+        Some(State {
+            tokens,
+            last_refill_ms: now,
+        })
+    } else {
+        repair
+    };
+    let shown = write.unwrap_or(current);
+    Outcome {
+        allowed: true,
+        remaining: remaining_of(shown.available_at(limit, now)),
+        retry_after_ms: first_ms_when(&shown, limit, now, 0.0),
+        reset_after_ms: first_ms_when(&shown, limit, now, limit.capacity),
+        write,
+        lock: None,
+    }
+}
+
+/// The absolute Unix ms at which a bucket written with `outcome` expires:
+/// when it is full again (`expire_at_ms`), but never before the probation
+/// of its lock (the one written, else the one stored) ends, so the strikes
+/// are kept as long as they count.
+pub fn deadline_ms(now_ms: i64, outcome: &Outcome, stored_lock: Option<Lock>) -> i64 {
+    let full = expire_at_ms(now_ms, outcome.reset_after_ms);
+    match outcome.lock.or(stored_lock) {
+        Some(lock) => full.max(lock.probation_until_ms),
+        None => full,
+    }
+}
+
+impl State {
+    /// The bucket as seen at `now_ms`: a missing key is full, a future
+    /// `last_refill` counts as now (see `seen_at`).
+    fn current(state: Option<State>, limit: &Limit, now_ms: i64) -> State {
+        seen_at(state, limit, now_ms as f64).0
+    }
 }
 
 /// An allowed call that leaves the bucket at `after`. It stores `after`
@@ -152,7 +375,7 @@ fn granted(
     let write = if n > 0.0 { Some(after) } else { repair };
     Outcome {
         allowed: true,
-        remaining: floor_to_i64(after.tokens),
+        remaining: remaining_of(after.tokens),
         retry_after_ms: 0,
         reset_after_ms: first_ms_when(
             write.as_ref().unwrap_or(current),
@@ -161,6 +384,7 @@ fn granted(
             limit.capacity,
         ),
         write,
+        lock: None,
     }
 }
 
@@ -194,10 +418,11 @@ pub fn take_behind(
     };
     Outcome {
         allowed: false,
-        remaining: floor_to_i64((available - queued).max(0.0)),
+        remaining: remaining_of(available - queued),
         retry_after_ms,
         reset_after_ms: first_ms_when(&current, limit, now, limit.capacity),
         write: repair,
+        lock: None,
     }
 }
 
@@ -245,15 +470,46 @@ pub struct Charge {
     /// The tokens TB.BTAKE callers waiting on this bucket want, if any wait
     /// (see `take_behind`).
     pub behind: Option<f64>,
+    /// The lock stored in the bucket's hash, if any.
+    pub lock: Option<Lock>,
+    /// The call's options (TB.TAKEALL's apply to every bucket).
+    pub options: TakeOptions,
 }
 
 impl Charge {
-    /// This bucket alone: `take`, or `take_behind` when others wait on it.
+    /// This bucket alone: `take_with`, or `take_behind` when others wait
+    /// on it. A lock holds before anything else, and a denial with `BLOCK`
+    /// starts one, queue or not.
     pub fn judge(&self, now_ms: i64) -> Outcome {
-        match self.behind {
-            Some(queued) => take_behind(self.state, &self.limit, self.n, queued, now_ms),
-            None => take(self.state, &self.limit, self.n, now_ms),
+        let Some(queued) = self.behind else {
+            return take_with(
+                self.state,
+                self.lock,
+                &self.limit,
+                self.n,
+                &self.options,
+                now_ms,
+            );
+        };
+        if let Some(held) = self.lock.filter(|lock| lock.holds_at(now_ms)) {
+            return locked(
+                self.state,
+                &held,
+                &self.limit,
+                self.n,
+                self.options.max_wait_ms,
+                now_ms,
+            );
         }
+        let outcome = take_behind(self.state, &self.limit, self.n, queued, now_ms);
+        lock_on_denial(
+            outcome,
+            self.state,
+            self.lock,
+            &self.limit,
+            &self.options,
+            now_ms,
+        )
     }
 }
 
@@ -264,7 +520,8 @@ pub struct AllOutcome {
     pub allowed: bool,
     /// Index of the deciding bucket: when denied, the one that makes the
     /// caller wait longest (one that can never allow wins); when allowed,
-    /// the one with the fewest tokens left. Ties go to the first.
+    /// the one whose reservation waits longest, then the one with the
+    /// fewest tokens left. Ties go to the first.
     pub decisive: usize,
     /// Per bucket, in request order. When any bucket denies, nothing is
     /// taken anywhere: all or nothing (a `write` is then only a clock repair,
@@ -290,19 +547,20 @@ pub fn take_all(charges: &[Charge], now_ms: i64) -> AllOutcome {
             }
         }
     }
-    // A longer wait decides a denial (-1, "never", is the longest); fewer
-    // tokens left decide an allowed request.
+    // A longer wait decides a denial (-1, "never", is the longest); an
+    // allowed call is decided by the longest reservation wait, then by the
+    // fewest tokens left.
     let weight = |outcome: &Outcome| {
         if allowed {
-            outcome.remaining.saturating_neg()
+            (outcome.retry_after_ms, outcome.remaining.saturating_neg())
         } else if outcome.retry_after_ms < 0 {
-            i64::MAX
+            (i64::MAX, 0)
         } else {
-            outcome.retry_after_ms
+            (outcome.retry_after_ms, 0)
         }
     };
     let mut decisive = 0;
-    let mut heaviest = i64::MIN;
+    let mut heaviest = (i64::MIN, i64::MIN);
     for (index, outcome) in outcomes.iter().enumerate() {
         if weight(outcome) > heaviest {
             heaviest = weight(outcome);
@@ -393,6 +651,11 @@ fn floor_to_i64(tokens: f64) -> i64 {
     tokens.floor() as i64
 }
 
+/// `remaining` of a reply: whole tokens, and 0 for a bucket in debt.
+fn remaining_of(tokens: f64) -> i64 {
+    floor_to_i64(tokens.max(0.0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -421,6 +684,8 @@ mod tests {
             limit,
             n,
             behind: None,
+            lock: None,
+            options: TakeOptions::PLAIN,
         }
     }
 
@@ -452,8 +717,8 @@ mod tests {
             (21, Some(3.0),   10.0,  1.0,  0.0, -60000, [1, 3, 0, 7000],             Some(3.0)),
             (22, Some(0.0),   10.0, 1000.0, 1.0, -60000, [0, 0, 1, 10],              Some(0.0)),
             (23, Some(4.0),   10.0,  1.0,  2.0, -5000, [1, 2, 0, 8000],              Some(2.0)),
-            // Hand-edited data: negative tokens count as empty, excess is capped.
-            (15, Some(-7.0),  10.0,  1.0,  1.0,     0, [0, 0, 1000, 10000],          None),
+            // Below zero is debt, repaid by refill first; excess is capped.
+            (15, Some(-7.0),  10.0,  1.0,  1.0,     0, [0, 0, 8000, 17000],          None),
             (16, Some(99.0),  10.0,  1.0,  1.0,     0, [1, 9, 0, 1000],              Some(9.0)),
             // Fractional requests and rates.
             (17, None,         1.0,  0.1,  0.25,    0, [1, 0, 0, 2500],              Some(0.75)),
@@ -610,6 +875,161 @@ mod tests {
         assert!(got.outcomes.iter().all(|o| o.write.is_some()));
     }
 
+    fn options(max_wait_ms: i64, block: Option<(i64, i64)>) -> TakeOptions {
+        TakeOptions {
+            max_wait_ms,
+            block: block.map(|(block_ms, max_block_ms)| Block {
+                block_ms,
+                max_block_ms,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_reservation_goes_into_debt_and_says_when_to_act() {
+        let lim = limit(10.0, 1.0);
+        // Empty: 1 token arrives in 1000 ms, within MAXWAIT 1500.
+        let got = reserve(state(0.0, NOW), &lim, 1.0, 1500, NOW);
+        assert_eq!(
+            (got.allowed, got.remaining, got.retry_after_ms),
+            (true, 0, 1000)
+        );
+        assert_eq!(got.write.map(|s| s.tokens), Some(-1.0));
+        assert_eq!(got.reset_after_ms, 11_000);
+        // The next one queues behind it: 2000 ms, past MAXWAIT 1500.
+        let next = reserve(got.write, &lim, 1.0, 1500, NOW);
+        assert!(!next.allowed);
+        assert_eq!(next.write, None, "a denied reservation writes nothing");
+        assert_eq!(next.retry_after_ms, 500, "allowed once 2000 - 1500 ms pass");
+        assert!(reserve(got.write, &lim, 1.0, 1500, NOW + 500).allowed);
+        assert!(!reserve(got.write, &lim, 1.0, 1500, NOW + 499).allowed);
+    }
+
+    #[test]
+    fn maxwait_0_and_requests_past_the_capacity_are_plain_takes() {
+        let lim = limit(10.0, 1.0);
+        let empty = state(0.0, NOW);
+        assert_eq!(
+            reserve(empty, &lim, 1.0, 0, NOW),
+            take(empty, &lim, 1.0, NOW)
+        );
+        let never = reserve(None, &lim, 11.0, 1_000_000, NOW);
+        assert_eq!((never.allowed, never.retry_after_ms), (false, -1));
+        // Enough tokens: no wait, no debt.
+        let plain = reserve(None, &lim, 3.0, 500, NOW);
+        assert_eq!((plain.allowed, plain.retry_after_ms), (true, 0));
+    }
+
+    #[test]
+    fn debt_is_repaid_before_a_take_is_allowed() {
+        let lim = limit(10.0, 1.0);
+        let owed = state(-2.0, NOW);
+        let got = take(owed, &lim, 1.0, NOW);
+        assert_eq!(
+            (got.allowed, got.remaining, got.retry_after_ms),
+            (false, 0, 3000)
+        );
+        assert!(take(owed, &lim, 1.0, NOW + 3000).allowed);
+    }
+
+    #[test]
+    fn a_charge_always_takes_down_to_maxdebt() {
+        let lim = limit(10.0, 2.0);
+        let got = debit(None, &lim, 4.0, 10.0, NOW);
+        assert_eq!(
+            (got.allowed, got.remaining, got.retry_after_ms),
+            (true, 6, 0)
+        );
+        let deep = debit(state(1.0, NOW), &lim, 50.0, 10.0, NOW);
+        assert_eq!(
+            deep.write.map(|s| s.tokens),
+            Some(-10.0),
+            "stops at -MAXDEBT"
+        );
+        assert_eq!((deep.remaining, deep.retry_after_ms), (0, 5000));
+        assert_eq!(deep.reset_after_ms, 10_000);
+        // A deeper debt (a larger MAXDEBT before) is never raised.
+        let deeper = debit(state(-30.0, NOW), &lim, 1.0, 10.0, NOW);
+        assert_eq!(deeper.write.map(|s| s.tokens), Some(-30.0));
+        assert_eq!(debit(state(3.0, NOW), &lim, 0.0, 10.0, NOW).write, None);
+    }
+
+    #[test]
+    fn a_denial_with_block_locks_the_key() {
+        let lim = limit(5.0, 1.0);
+        let opts = options(0, Some((10_000, 10_000)));
+        let got = take_with(state(0.0, NOW), None, &lim, 1.0, &opts, NOW);
+        assert!(!got.allowed);
+        let lock = got.lock.expect("the denial starts a lock");
+        assert_eq!((lock.until_ms, lock.strikes), (NOW + 10_000, 1));
+        assert_eq!(got.retry_after_ms, 10_000, "the lock outlasts the refill");
+        assert_eq!(got.write, state(0.0, NOW));
+        // During the lock even a full bucket denies, and writes nothing.
+        let later = NOW + 9_000;
+        let during = take_with(got.write, Some(lock), &lim, 1.0, &TakeOptions::PLAIN, later);
+        assert_eq!(
+            (during.allowed, during.write, during.lock),
+            (false, None, None)
+        );
+        assert_eq!((during.remaining, during.retry_after_ms), (5, 1000));
+        let peek = take_with(got.write, Some(lock), &lim, 0.0, &TakeOptions::PLAIN, later);
+        assert!(!peek.allowed, "n = 0 is denied too");
+        // After it, a take goes through and the lock stays for its probation.
+        let after = take_with(got.write, Some(lock), &lim, 1.0, &opts, NOW + 10_000);
+        assert!(after.allowed && after.lock.is_none());
+        assert_eq!(deadline_ms(NOW + 10_000, &after, Some(lock)), NOW + 20_000);
+    }
+
+    #[test]
+    fn the_wait_of_a_locked_denial_is_the_later_of_lock_and_tokens() {
+        let lim = limit(10.0, 0.1); // a token per 10 s
+        let opts = options(0, Some((2_000, 2_000)));
+        let got = take_with(state(0.0, NOW), None, &lim, 1.0, &opts, NOW);
+        assert_eq!(got.retry_after_ms, 10_000, "tokens come after the lock");
+        let during = take_with(got.write, got.lock, &lim, 1.0, &opts, NOW + 1_000);
+        assert_eq!(during.retry_after_ms, 9_000);
+        let never = take_with(got.write, got.lock, &lim, 11.0, &opts, NOW + 1_000);
+        assert_eq!(never.retry_after_ms, -1);
+    }
+
+    #[test]
+    fn without_block_a_denial_never_locks() {
+        let got = take_with(
+            state(0.0, NOW),
+            None,
+            &limit(5.0, 1.0),
+            1.0,
+            &TakeOptions::PLAIN,
+            NOW,
+        );
+        assert_eq!((got.allowed, got.write, got.lock), (false, None, None));
+    }
+
+    #[test]
+    fn plain_calls_equal_take() {
+        for prior in [None, state(0.0, NOW), state(3.5, NOW - 700)] {
+            for n in [0.0, 1.0, 4.0, 11.0] {
+                let lim = limit(10.0, 2.0);
+                assert_eq!(
+                    take_with(prior, None, &lim, n, &TakeOptions::PLAIN, NOW),
+                    take(prior, &lim, n, NOW)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn take_all_waits_for_its_longest_reservation() {
+        let opts = options(5_000, None);
+        let mut short = charge_of(state(0.0, NOW), limit(10.0, 1.0), 1.0);
+        let mut long = charge_of(state(0.0, NOW), limit(10.0, 0.5), 1.0);
+        short.options = opts;
+        long.options = opts;
+        let got = take_all(&[short, long], NOW);
+        assert!(got.allowed);
+        assert_eq!((got.decisive, got.outcomes[1].retry_after_ms), (1, 2000));
+    }
+
     fn charge() -> impl Strategy<Value = Charge> {
         (
             proptest::option::of((0.0..20.0_f64, 0i64..20_000)),
@@ -642,7 +1062,8 @@ mod tests {
             let lim = limit(capacity, rate);
             let got = take(state(tokens, NOW - since_ms), &lim, n, NOW);
             if let Some(written) = got.write {
-                prop_assert!(written.tokens >= 0.0 && written.tokens <= capacity);
+                // Debt stays debt (only refill repays it); a take never adds any.
+                prop_assert!(written.tokens >= tokens.min(0.0) && written.tokens <= capacity);
                 prop_assert!(written.tokens.is_finite());
             }
             prop_assert!(got.remaining >= 0);
@@ -741,6 +1162,102 @@ mod tests {
             prop_assert_eq!(got.outcomes[got.decisive].allowed, got.allowed);
         }
 
+        /// Reservations at the same rate, in arrival order, against a model
+        /// that knows only the rule: each caller acts when every token
+        /// granted before it, and its own, has been refilled.
+        #[test]
+        fn reservations_are_served_in_arrival_order(
+            capacity in 1.0..50.0_f64, rate in 0.05..100.0_f64,
+            max_wait_ms in 0i64..60_000,
+            calls in proptest::collection::vec((0i64..2_000, 0.0..5.0_f64), 1..40),
+        ) {
+            let lim = limit(capacity, rate);
+            let mut stored: Option<State> = None;
+            let mut now = NOW;
+            let mut last_go: i64 = i64::MIN;
+            for (gap_ms, n) in calls {
+                now += gap_ms;
+                let got = reserve(stored, &lim, n, max_wait_ms, now);
+                if got.allowed && n > 0.0 {
+                    let go = now + got.retry_after_ms;
+                    // Later callers never act before earlier ones (1 ms of rounding).
+                    prop_assert!(go + 1 >= last_go, "go {go} before {last_go}");
+                    last_go = last_go.max(go);
+                    prop_assert!(got.retry_after_ms <= max_wait_ms);
+                }
+                if let Some(written) = got.write {
+                    // Never deeper than MAXWAIT's worth of refill allows.
+                    let floor = -(rate * max_wait_ms as f64 / 1000.0);
+                    prop_assert!(written.tokens >= floor - 1e-9 * (1.0 + floor.abs()));
+                    stored = Some(written);
+                }
+                if !got.allowed {
+                    prop_assert!(got.write.is_none());
+                }
+            }
+        }
+
+        #[test]
+        fn a_charge_never_leaves_the_balance_below_minus_maxdebt(
+            capacity in 1.0..1e4_f64, rate in 1e-3..1e3_f64, max_debt in 0.0..1e4_f64,
+            calls in proptest::collection::vec((0i64..5_000, 0.0..1e4_f64), 1..30),
+        ) {
+            let lim = limit(capacity, rate);
+            let mut stored: Option<State> = None;
+            let mut now = NOW;
+            for (gap_ms, n) in calls {
+                now += gap_ms;
+                let got = debit(stored, &lim, n, max_debt, now);
+                prop_assert!(got.allowed && got.remaining >= 0);
+                if let Some(written) = got.write {
+                    prop_assert!(written.tokens >= -max_debt && written.tokens <= capacity);
+                    prop_assert_eq!(got.retry_after_ms == 0, written.tokens >= 0.0);
+                    stored = Some(written);
+                }
+            }
+        }
+
+        #[test]
+        fn a_denial_without_block_writes_nothing(
+            capacity in 1.0..1e4_f64, rate in 1e-3..1e4_f64, tokens in -1e4..1e4_f64,
+            n in 0.0..1e4_f64, since_ms in 0i64..100_000, max_wait_ms in 0i64..100_000,
+            lock_left in proptest::option::of(-10_000i64..10_000),
+        ) {
+            let lock = lock_left.map(|left| Lock {
+                until_ms: NOW + left,
+                strikes: 1,
+                probation_until_ms: NOW + left.max(0) + 10_000,
+            });
+            let got = take_with(
+                state(tokens, NOW - since_ms), lock, &limit(capacity, rate), n,
+                &options(max_wait_ms, None), NOW,
+            );
+            if !got.allowed {
+                prop_assert!(got.write.is_none() && got.lock.is_none());
+            }
+            if lock.is_some_and(|lock| lock.holds_at(NOW)) {
+                prop_assert!(!got.allowed);
+            }
+        }
+
+        #[test]
+        fn a_locked_denial_waits_until_the_same_call_could_succeed(
+            capacity in 1.0..100.0_f64, rate in 0.01..100.0_f64, tokens in -50.0..0.5_f64,
+            share in 0.01..=1.0_f64, block_ms in 1i64..20_000, max_wait_ms in 0i64..5_000,
+        ) {
+            let lim = limit(capacity, rate);
+            let n = (capacity * share).max(1.0).min(capacity);
+            let opts = options(max_wait_ms, Some((block_ms, block_ms * 4)));
+            let prior = state(tokens, NOW);
+            let got = take_with(prior, None, &lim, n, &opts, NOW);
+            prop_assume!(!got.allowed && got.retry_after_ms > 0);
+            let wait = got.retry_after_ms;
+            let retry = take_with(got.write, got.lock, &lim, n, &opts, NOW + wait);
+            prop_assert!(retry.allowed, "allowed after {wait} ms");
+            let early = take_with(got.write, got.lock, &lim, n, &TakeOptions { block: None, ..opts }, NOW + wait - 1);
+            prop_assert!(!early.allowed, "not a ms sooner");
+        }
+
         #[test]
         fn refund_keeps_tokens_within_capacity(
             capacity in finite_positive(), rate in finite_positive(),
@@ -748,7 +1265,7 @@ mod tests {
         ) {
             let got = refund(state(tokens, NOW - since_ms), &limit(capacity, rate), n, NOW).outcome;
             if let Some(written) = got.write {
-                prop_assert!(written.tokens >= 0.0 && written.tokens <= capacity);
+                prop_assert!(written.tokens >= tokens.min(0.0) && written.tokens <= capacity);
             }
         }
 
@@ -768,7 +1285,7 @@ mod tests {
             prop_assert!(got.reset_after_ms >= 0 && got.reset_after_ms <= MAX_EXACT_INTEGER);
             prop_assert!(got.retry_after_ms >= -1 && got.retry_after_ms <= MAX_EXACT_INTEGER);
             if let Some(written) = got.write {
-                prop_assert!(written.tokens.is_finite() && written.tokens >= 0.0);
+                prop_assert!(written.tokens.is_finite() && written.tokens >= tokens.min(0.0));
             }
         }
     }

@@ -49,6 +49,36 @@ pub enum TbError {
     /// A TB.ACQUIRE waiter's key became something other than a lease set
     /// (another type, or a sorted set without `seq`) while it waited.
     LeaseSetGone,
+    /// An option keyword the command does not take.
+    UnknownOption,
+    /// An option given twice.
+    RepeatedOption,
+    /// An option keyword last, without its value.
+    MissingOptionValue,
+    /// `MAXWAIT` is not whole ms in [0, 2^53].
+    MaxWait,
+    /// `BLOCK` is not whole ms in [1, 2^53].
+    Block,
+    /// `MAXBLOCK` is not whole ms in [1, 2^53], or is less than `BLOCK`.
+    MaxBlock,
+    /// `MAXBLOCK` without `BLOCK`.
+    MaxBlockWithoutBlock,
+    /// TB.CHARGE's `MAXDEBT` is not a number in [0, 2^53].
+    MaxDebt,
+    /// The key at argument `key_arg` holds a bucket whose lock fields
+    /// (`locked_until`, `strikes`, `probation_until`) are damaged. The
+    /// message names the key.
+    CorruptLock {
+        key_arg: usize,
+    },
+    /// TB.THROTTLE's `max_burst` is not a whole number in [0, 2^53 - 1].
+    MaxBurst,
+    /// TB.THROTTLE's `count` is not a whole number in [1, 2^53].
+    ThrottleCount,
+    /// TB.THROTTLE's `period` is not a whole number of seconds in [1, 2^53].
+    Period,
+    /// TB.THROTTLE's `quantity` is not a whole number in [0, 2^53].
+    Quantity,
     /// A bug caught by the last-resort `catch_unwind`.
     Internal,
 }
@@ -98,6 +128,39 @@ impl TbError {
             TbError::LeaseSetGone => {
                 c"ERR tb: the lease set was overwritten with a value that is not a lease set while waiting"
             }
+            TbError::UnknownOption => {
+                c"ERR unknown option (TB.TAKE and TB.TAKEALL take MAXWAIT, BLOCK and MAXBLOCK; TB.CHARGE takes MAXDEBT)"
+            }
+            TbError::RepeatedOption => c"ERR each option may be given only once",
+            TbError::MissingOptionValue => c"ERR an option is missing its value",
+            TbError::MaxWait => {
+                c"ERR MAXWAIT must be a whole number of ms from 0 to 9007199254740992 (2^53)"
+            }
+            TbError::Block => {
+                c"ERR BLOCK must be a whole number of ms from 1 to 9007199254740992 (2^53)"
+            }
+            TbError::MaxBlock => {
+                c"ERR MAXBLOCK must be a whole number of ms from BLOCK to 9007199254740992 (2^53)"
+            }
+            TbError::MaxBlockWithoutBlock => c"ERR MAXBLOCK needs BLOCK",
+            TbError::MaxDebt => {
+                c"ERR MAXDEBT must be a non-negative finite number, at most 9007199254740992 (2^53)"
+            }
+            TbError::CorruptLock { .. } => {
+                c"ERR corrupt bucket: locked_until, strikes and probation_until must be whole numbers"
+            }
+            TbError::MaxBurst => {
+                c"ERR max_burst must be a whole number from 0 to 9007199254740991 (2^53 - 1)"
+            }
+            TbError::ThrottleCount => {
+                c"ERR count must be a whole number from 1 to 9007199254740992 (2^53)"
+            }
+            TbError::Period => {
+                c"ERR period must be a whole number of seconds from 1 to 9007199254740992 (2^53)"
+            }
+            TbError::Quantity => {
+                c"ERR quantity must be a whole number from 0 to 9007199254740992 (2^53)"
+            }
             TbError::WrongArity | TbError::Internal => c"ERR tb: internal error (see server log)",
         }
     }
@@ -111,6 +174,16 @@ pub fn corrupt_bucket_message(key: &[u8]) -> std::ffi::CString {
         key,
         "': tokens and last_refill must be finite numbers",
         TbError::CorruptBucket { key_arg: 0 },
+    )
+}
+
+/// The corrupt-lock message for `key`, escaped as for buckets.
+pub fn corrupt_lock_message(key: &[u8]) -> std::ffi::CString {
+    corrupt_message(
+        "ERR corrupt bucket '",
+        key,
+        "': locked_until, strikes and probation_until must be whole numbers",
+        TbError::CorruptLock { key_arg: 0 },
     )
 }
 

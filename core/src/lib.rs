@@ -23,7 +23,9 @@ pub mod args;
 pub mod bucket;
 pub mod error;
 pub mod lease;
+pub mod lockout;
 pub mod number;
+pub mod throttle;
 pub mod wait;
 
 #[cfg(test)]

@@ -96,6 +96,8 @@ fn take_all_case(input: &mut Reader, count: usize) {
             limit,
             n,
             behind: None,
+            lock: None,
+            options: redis_tb_core::bucket::TakeOptions::PLAIN,
         });
     }
     let now_ms = input.i64();
@@ -209,7 +211,9 @@ fn sequence(input: &mut Reader) {
         && (granted + refunded) <= 1e12
     {
         let elapsed_s = forward_ms as f64 / 1000.0;
-        let budget = initial + limit.refill_per_sec * elapsed_s + refunded;
+        // Debt (initial below zero) can leave the budget below zero, where
+        // nothing at all is granted.
+        let budget = (initial + limit.refill_per_sec * elapsed_s + refunded).max(0.0);
         let slack = 1e-9 * (1.0 + budget + granted);
         assert!(
             granted <= budget + slack,

@@ -297,9 +297,11 @@ pub fn check_take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> O
     let now = now_ms as f64;
     let (current, future) = as_seen(state, limit, now);
     let available = current.available_at(limit, now);
+    // Debt (stored tokens below zero) is only repaid by refill.
+    let floor = current.tokens.min(0.0);
     assert!(
-        available.is_finite() && available >= 0.0 && available <= limit.capacity,
-        "available {available:?} outside [0, capacity]"
+        available.is_finite() && available >= floor && available <= limit.capacity,
+        "available {available:?} outside [min(0, tokens), capacity]"
     );
 
     assert_eq!(got.allowed, available >= n, "allowed iff available >= n");
@@ -319,18 +321,18 @@ pub fn check_take(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) -> O
     };
     assert_eq!(
         got.remaining,
-        floor_i64(left),
-        "remaining = floor(tokens left)"
+        floor_i64(left.max(0.0)),
+        "remaining = floor(tokens left), 0 in debt"
     );
     assert!(got.remaining >= 0, "negative remaining");
 
     if let Some(written) = got.write {
         assert!(
             written.tokens.is_finite()
-                && written.tokens >= 0.0
-                && written.tokens.is_sign_positive()
+                && written.tokens >= floor
+                && (written.tokens < 0.0 || written.tokens.is_sign_positive())
                 && written.tokens <= limit.capacity,
-            "written tokens {:?} outside [0, capacity]",
+            "written tokens {:?} outside [min(0, tokens), capacity]",
             written.tokens
         );
         assert!(
@@ -421,8 +423,8 @@ pub fn check_refund(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) ->
     let available = current.available_at(limit, now);
     let tokens = (available + n).min(limit.capacity);
     assert!(
-        tokens.is_finite() && tokens >= 0.0 && tokens <= limit.capacity,
-        "refunded tokens {tokens:?} outside [0, capacity]"
+        tokens.is_finite() && tokens >= current.tokens.min(0.0) && tokens <= limit.capacity,
+        "refunded tokens {tokens:?} outside [min(0, tokens), capacity]"
     );
     assert_eq!(
         got.write.is_some(),
@@ -440,11 +442,14 @@ pub fn check_refund(state: Option<State>, limit: &Limit, n: f64, now_ms: i64) ->
             "refund wrote {:?}",
             written.tokens
         );
-        assert!(written.tokens.is_sign_positive(), "refund wrote -0");
+        assert!(
+            written.tokens < 0.0 || written.tokens.is_sign_positive(),
+            "refund wrote -0"
+        );
         assert!(same(Some(written.last_refill_ms), Some(now)));
         check_storage_round_trip(&written, now_ms);
     }
-    assert_eq!(got.remaining, floor_i64(tokens));
+    assert_eq!(got.remaining, floor_i64(tokens.max(0.0)));
     // As for take: time to full of what is stored after the call.
     let stored = got.write.unwrap_or(current);
     check_reset(&stored, limit, now_ms, got.reset_after_ms, "refund");

@@ -30,9 +30,11 @@ use crate::server::reply::{run, send, Reply};
 /// TB.BTAKE key capacity rate n timeout_ms
 ///
 /// Exactly TB.TAKE when it can be granted at once (or may not wait: inside
-/// MULTI, a script, or where the server forbids blocking; or in shadow
-/// mode); otherwise the client waits behind those already waiting on the
-/// key.
+/// MULTI, a script, or where the server forbids blocking; in shadow mode;
+/// or on a locked key, which denies at once); otherwise the client waits
+/// behind those already waiting on the key. Waiters already queued when a
+/// lock starts are served as their tokens come: the lock turns away new
+/// callers, not those it found waiting.
 fn btake(
     api: &Api,
     ctx: *mut RedisModuleCtx,
@@ -50,10 +52,14 @@ fn btake(
     let single = Single::open_request(api, ctx, key, request, Access::Write)?;
     let outcome = single.charge.judge(single.now_ms);
     // `retry_after_ms = -1`: n exceeds the capacity and can never be granted.
-    let would_wait = !outcome.allowed && outcome.retry_after_ms > 0;
+    let locked = single
+        .charge
+        .lock
+        .is_some_and(|lock| lock.holds_at(single.now_ms));
+    let would_wait = !outcome.allowed && outcome.retry_after_ms > 0 && !locked;
     if !would_wait || !blocking::may_block(api, ctx) || SHADOW_MODE.load(Relaxed) {
         write_all(&[(&single.bucket, &outcome)], single.now_ms)?;
-        count_decision(outcome.allowed, request.n);
+        count_decision(&outcome, request.n);
         return Ok(Reply::Decision(shadow(outcome)));
     }
     // SAFETY: a live context and argument.
@@ -117,7 +123,12 @@ impl GlueKind for Tokens {
         let mut bucket = unsafe { BucketKey::open(api, ctx, key, Access::Write) }
             .map_err(|_| TbError::BucketGone)?;
         bucket.read().map_err(|_| TbError::BucketGone)?;
-        bucket.write(&after, now_ms, state.expire_at_ms)
+        // A lock's probation outlives the bucket's refill: keep its strikes.
+        let deadline_ms = match bucket.lock() {
+            Some(lock) => state.expire_at_ms.max(lock.probation_until_ms),
+            None => state.expire_at_ms,
+        };
+        bucket.write(&after, None, now_ms, deadline_ms)
     }
 
     fn exists(api: &Api, ctx: *mut RedisModuleCtx, key: *mut RedisModuleString) -> bool {
@@ -138,7 +149,7 @@ impl GlueKind for Tokens {
             Err(_) => {}
         }
         if let Ok(outcome) = result {
-            count_decision(outcome.allowed, request.n);
+            count_decision(&outcome, request.n);
         }
         metrics::WAIT_MS.add(waited_ms as f64);
         send(api, ctx, &[], result.map(Reply::Decision));

@@ -1,5 +1,5 @@
-//! The bucket commands TB.TAKE, TB.PEEK, TB.REFUND and TB.TAKEALL, one
-//! handler each, and the shadow-mode policy. Each handler reads the clock
+//! The bucket commands TB.TAKE, TB.PEEK, TB.REFUND, TB.TAKEALL, TB.CHARGE
+//! and TB.UNBLOCK, one handler each, and the shadow-mode policy. Each handler reads the clock
 //! once, judges with the core's pure arithmetic (`bucket.rs`), stores
 //! through hash.rs and replies through the server's reply frame; TB.BTAKE's
 //! waiting lives in btake.rs.
@@ -9,8 +9,10 @@ use std::os::raw::c_int;
 use std::sync::atomic::Ordering::Relaxed;
 
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
-use redis_tb_core::args::{self, parse_request};
-use redis_tb_core::bucket::{self, Charge, Outcome};
+use redis_tb_core::args::{
+    self, parse_charge_options, parse_request, parse_take_options, take_all_options_start,
+};
+use redis_tb_core::bucket::{self, Charge, Outcome, TakeOptions};
 use redis_tb_core::error::TbError;
 use redis_tb_core::wait::tokens::TokenMachine;
 
@@ -22,20 +24,110 @@ use crate::server::machines::with_machine;
 use crate::server::metrics;
 use crate::server::reply::{now, run, Reply, KEY_ARG};
 
-/// TB.TAKE key capacity rate n
+/// TB.TAKE key capacity rate n [MAXWAIT ms] [BLOCK ms [MAXBLOCK ms]]
 ///
 /// Refill by elapsed time, cap at capacity, take n if there are that many
 /// (and no TB.BTAKE caller waits on the bucket: see `bucket::take_behind`).
+/// With MAXWAIT, reserve into debt; with BLOCK, a denial locks the key
+/// (`bucket::take_with`).
 fn take(
     api: &Api,
     ctx: *mut RedisModuleCtx,
     args: &[*mut RedisModuleString],
 ) -> Result<Reply, TbError> {
-    let single = Single::open(api, ctx, args, Access::Write)?;
+    let [_, key, capacity, rate, n, options @ ..] = args else {
+        return Err(TbError::WrongArity);
+    };
+    // SAFETY: argv strings live for the whole command.
+    let request =
+        unsafe { parse_request(api.bytes(capacity), api.bytes(rate), Some(api.bytes(n))) }?;
+    let options = take_options(api, options)?;
+    let mut single = Single::open_request(api, ctx, *key, request, Access::Write)?;
+    single.charge.options = options;
     let outcome = single.charge.judge(single.now_ms);
     write_all(&[(&single.bucket, &outcome)], single.now_ms)?;
-    count_decision(outcome.allowed, single.charge.n);
+    count_decision(&outcome, single.charge.n);
     Ok(Reply::Decision(shadow(outcome)))
+}
+
+/// The options of TB.TAKE / TB.TAKEALL from server strings; none (the usual
+/// case) costs nothing. In shadow mode `BLOCK` is checked but not applied:
+/// a denial there is reported as allowed and writes nothing, so it starts
+/// no lock either (locks already stored still hold, and are reported the
+/// same way).
+fn take_options(api: &Api, options: &[*mut RedisModuleString]) -> Result<TakeOptions, TbError> {
+    if options.is_empty() {
+        return Ok(TakeOptions::PLAIN);
+    }
+    // SAFETY: argv strings live for the whole command.
+    let words: Vec<&[u8]> = options
+        .iter()
+        .map(|word| unsafe { api.bytes(word) })
+        .collect();
+    let options = parse_take_options(&words)?;
+    if SHADOW_MODE.load(Relaxed) {
+        return Ok(TakeOptions {
+            block: None,
+            ..options
+        });
+    }
+    Ok(options)
+}
+
+/// TB.CHARGE key capacity rate n [MAXDEBT d]
+///
+/// Takes n whatever the bucket holds, into debt down to -d (d defaults to
+/// the capacity): a cost known only after the work (`bucket::debit`).
+/// Always allowed; later takes wait until the debt is repaid. Locks and
+/// TB.BTAKE queues do not stop it: the work is done already.
+fn charge(
+    api: &Api,
+    ctx: *mut RedisModuleCtx,
+    args: &[*mut RedisModuleString],
+) -> Result<Reply, TbError> {
+    let [_, key, capacity, rate, n, options @ ..] = args else {
+        return Err(TbError::WrongArity);
+    };
+    // SAFETY: argv strings live for the whole command.
+    let request =
+        unsafe { parse_request(api.bytes(capacity), api.bytes(rate), Some(api.bytes(n))) }?;
+    // SAFETY: as above.
+    let words: Vec<&[u8]> = options
+        .iter()
+        .map(|word| unsafe { api.bytes(word) })
+        .collect();
+    let max_debt = parse_charge_options(&words)?.unwrap_or(request.limit.capacity);
+    let single = Single::open_request(api, ctx, *key, request, Access::Write)?;
+    let charge = &single.charge;
+    let outcome = bucket::debit(
+        charge.state,
+        &charge.limit,
+        charge.n,
+        max_debt,
+        single.now_ms,
+    );
+    write_all(&[(&single.bucket, &outcome)], single.now_ms)?;
+    metrics::CHARGES.bump();
+    metrics::TOKENS_CHARGED.add(charge.n);
+    Ok(Reply::Decision(outcome))
+}
+
+/// TB.UNBLOCK key
+///
+/// Ends the key's lock and forgets its strikes: 1 if there was a lock or a
+/// strike to forget (then `HDEL` is replicated), else 0 with nothing
+/// written. The bucket's tokens stay as they are.
+fn unblock(
+    api: &Api,
+    ctx: *mut RedisModuleCtx,
+    args: &[*mut RedisModuleString],
+) -> Result<Reply, TbError> {
+    let [_, key] = args else {
+        return Err(TbError::WrongArity);
+    };
+    // SAFETY: ctx and key come straight from the server for this command.
+    let bucket = unsafe { BucketKey::open(api, ctx, *key, Access::Write) }?;
+    Ok(Reply::Flag(bucket.delete_lock()?))
 }
 
 /// TB.PEEK key capacity rate [n]
@@ -63,7 +155,10 @@ fn refund(
     ctx: *mut RedisModuleCtx,
     args: &[*mut RedisModuleString],
 ) -> Result<Reply, TbError> {
-    let single = Single::open(api, ctx, args, Access::Write)?;
+    let [_, key, capacity, rate, n] = args else {
+        return Err(TbError::WrongArity);
+    };
+    let single = Single::open_parts(api, ctx, *key, [*capacity, *rate], Some(*n), Access::Write)?;
     let charge = &single.charge;
     let refunded = bucket::refund(charge.state, &charge.limit, charge.n, single.now_ms);
     write_all(&[(&single.bucket, &refunded.outcome)], single.now_ms)?;
@@ -87,7 +182,7 @@ impl<'a> Single<'a> {
         access: Access,
     ) -> Result<Self, TbError> {
         match (args, access) {
-            (&[_, key, capacity, rate, n], _) => {
+            (&[_, key, capacity, rate, n], Access::Read) => {
                 Single::open_parts(api, ctx, key, [capacity, rate], Some(n), access)
             }
             (&[_, key, capacity, rate], Access::Read) => {
@@ -131,13 +226,15 @@ impl<'a> Single<'a> {
         // The clock is read once; the refill, the reply and the deadline all
         // use this instant.
         Ok(Single {
-            bucket,
             charge: Charge {
                 state,
                 limit: request.limit,
                 n: request.n,
                 behind: queued_on(api, ctx, key),
+                lock: bucket.lock(),
+                options: TakeOptions::PLAIN,
             },
+            bucket,
             now_ms: now(api),
         })
     }
@@ -145,7 +242,7 @@ impl<'a> Single<'a> {
 
 /// The tokens TB.BTAKE callers waiting on `key` want, if any wait: the
 /// commands leave those tokens to the queue (`bucket::take_behind`).
-fn queued_on(api: &Api, ctx: *mut RedisModuleCtx, key: *mut RedisModuleString) -> Option<f64> {
+pub fn queued_on(api: &Api, ctx: *mut RedisModuleCtx, key: *mut RedisModuleString) -> Option<f64> {
     with_machine(|machine: &mut TokenMachine| {
         if machine.is_empty() {
             return None; // the usual case: no lookup at all
@@ -157,8 +254,9 @@ fn queued_on(api: &Api, ctx: *mut RedisModuleCtx, key: *mut RedisModuleString) -
     .flatten()
 }
 
-/// TB.TAKEALL key capacity rate n [key capacity rate n ...]
+/// TB.TAKEALL key capacity rate n [key capacity rate n ...] [options]
 ///
+/// The options (TB.TAKE's) follow the last group and apply to every bucket.
 /// Several limits on one request, all or nothing. Every argument is parsed,
 /// and every key type-checked and read, before anything is written, so an
 /// error or a denial leaves every bucket as it was (bar clock repairs, see
@@ -170,7 +268,20 @@ fn take_all(
     ctx: *mut RedisModuleCtx,
     args: &[*mut RedisModuleString],
 ) -> Result<Reply, TbError> {
-    let groups = args.get(1..).unwrap_or_default();
+    let rest = args.get(1..).unwrap_or_default();
+    // SAFETY: argv strings live for the whole command.
+    let words: Vec<&[u8]> = rest.iter().map(|word| unsafe { api.bytes(word) }).collect();
+    let (groups, options) = rest.split_at(take_all_options_start(&words).min(rest.len()));
+    // SAFETY: a live context.
+    if unsafe { (api.is_keys_position_request)(ctx) } != 0 {
+        // Cluster routing and COMMAND GETKEYS: every group's first argument.
+        for position in (0..groups.len()).step_by(4) {
+            let position = c_int::try_from(position.saturating_add(1)).unwrap_or(c_int::MAX);
+            // SAFETY: as above; the position is within argv.
+            unsafe { (api.key_at_pos)(ctx, position) };
+        }
+        return Ok(Reply::KeysNamed);
+    }
     if groups.is_empty() || groups.len() % 4 != 0 {
         return Err(TbError::WrongArity);
     }
@@ -187,6 +298,7 @@ fn take_all(
         }?);
         keys.push(*key);
     }
+    let options = take_options(api, options)?;
     // Hashing keeps the whole command linear in the number of keys: it runs
     // on the server's only command thread, and a quadratic check made one
     // call with 20,000 keys stall every client for more than a second.
@@ -209,6 +321,8 @@ fn take_all(
             limit: request.limit,
             n: request.n,
             behind: queued_on(api, ctx, *key),
+            lock: bucket.lock(),
+            options,
         });
         buckets.push(bucket);
     }
@@ -223,7 +337,16 @@ fn take_all(
         .get(result.decisive)
         .copied()
         .ok_or(TbError::Internal)?;
-    count_decision(outcome.allowed, charges.iter().map(|charge| charge.n).sum());
+    count_decision(&outcome, charges.iter().map(|charge| charge.n).sum());
+    // Every denying bucket of the call starts its own lock; the deciding
+    // one's was counted just now.
+    let other_locks = result
+        .outcomes
+        .iter()
+        .enumerate()
+        .filter(|(index, each)| *index != result.decisive && each.lock.is_some())
+        .count();
+    metrics::LOCKS_STARTED.add_count(other_locks);
     Ok(Reply::All {
         outcome: shadow(outcome),
         index: result.decisive,
@@ -231,18 +354,26 @@ fn take_all(
 }
 
 pub fn read(bucket: &mut BucketKey, key_arg: usize) -> Result<Option<bucket::State>, TbError> {
-    bucket
-        .read()
-        .map_err(|Corrupt| TbError::CorruptBucket { key_arg })
+    bucket.read().map_err(|corrupt| match corrupt {
+        Corrupt::Bucket => TbError::CorruptBucket { key_arg },
+        Corrupt::Lock => TbError::CorruptLock { key_arg },
+    })
 }
 
-/// Counts a TB.TAKE / TB.TAKEALL decision for `INFO tb`.
-pub fn count_decision(allowed: bool, n: f64) {
-    if allowed {
+/// Counts a TB.TAKE / TB.TAKEALL decision for `INFO tb`: allowed or
+/// denied, a reservation that waits, a lock it started.
+pub fn count_decision(outcome: &Outcome, n: f64) {
+    if outcome.allowed {
         metrics::ALLOWED.bump();
         metrics::TOKENS_GRANTED.add(n);
+        if outcome.retry_after_ms > 0 {
+            metrics::RESERVATIONS_WAITED.bump();
+        }
     } else {
         metrics::DENIED.bump();
+    }
+    if outcome.lock.is_some() {
+        metrics::LOCKS_STARTED.bump();
     }
 }
 
@@ -284,6 +415,22 @@ pub extern "C" fn tb_refund(
     argc: c_int,
 ) -> c_int {
     run(ctx, argv, argc, refund)
+}
+
+pub extern "C" fn tb_charge(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    run(ctx, argv, argc, charge)
+}
+
+pub extern "C" fn tb_unblock(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    run(ctx, argv, argc, unblock)
 }
 
 pub extern "C" fn tb_takeall(

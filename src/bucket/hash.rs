@@ -3,22 +3,29 @@
 //! writes several buckets all or nothing.
 //!
 //! Layout (shared with the Lua script it replaces, so either can take over
-//! from the other): a hash with `tokens` (decimal text) and `last_refill`
-//! (integer Unix ms), other fields left alone, and a TTL that ends exactly
-//! when the bucket is full again.
+//! from the other): a hash with `tokens` (decimal text, below zero for
+//! debt) and `last_refill` (integer Unix ms), other fields left alone, and a
+//! TTL that ends exactly when the bucket is full again. A key that has been
+//! locked (`BLOCK`) also holds `locked_until`, `strikes` and
+//! `probation_until` (integers), and its TTL lasts until the probation ends
+//! at least. They are looked up only when the hash has more than its two
+//! fields, so a bucket never locked costs no lookup of missing fields.
 
 use std::os::raw::c_int;
 use std::ptr;
 
 use redis_module::raw::{
-    RedisModuleCtx, RedisModuleKey, RedisModuleString, REDISMODULE_HASH_NONE,
-    REDISMODULE_KEYTYPE_EMPTY, REDISMODULE_KEYTYPE_HASH, REDISMODULE_NOTIFY_GENERIC,
-    REDISMODULE_NOTIFY_HASH, REDISMODULE_NO_EXPIRE, REDISMODULE_OK,
+    RedisModuleCtx, RedisModuleKey, RedisModuleString, REDISMODULE_HASH_DELETE,
+    REDISMODULE_HASH_NONE, REDISMODULE_KEYTYPE_EMPTY, REDISMODULE_KEYTYPE_HASH,
+    REDISMODULE_NOTIFY_GENERIC, REDISMODULE_NOTIFY_HASH, REDISMODULE_NO_EXPIRE, REDISMODULE_OK,
 };
 
 use redis_tb_core::bucket::{self, Outcome, State};
 use redis_tb_core::error::TbError;
-use redis_tb_core::number::{format_integer, format_tokens, parse_decimal, Sign};
+use redis_tb_core::lockout::Lock;
+use redis_tb_core::number::{
+    format_integer, format_tokens, parse_decimal, NumberText, Sign, MAX_EXACT_INTEGER,
+};
 
 use crate::server::api::Api;
 use crate::server::keys::{open_key, Access, ServerString};
@@ -26,9 +33,13 @@ use crate::server::metrics;
 use crate::testing::fault;
 
 /// The key holds a hash that is not a bucket: `tokens` or `last_refill` is
-/// missing or not a finite number. The caller names the key in its error.
+/// missing or not a finite number (`Bucket`), or its lock fields are
+/// damaged (`Lock`). The caller names the key in its error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Corrupt;
+pub enum Corrupt {
+    Bucket,
+    Lock,
+}
 
 /// An open bucket key; closed when dropped.
 pub struct BucketKey<'a> {
@@ -41,6 +52,11 @@ pub struct BucketKey<'a> {
     prior: Option<(ServerString<'a>, ServerString<'a>)>,
     /// No bucket was there when read: a write creates one.
     was_missing: bool,
+    /// The lock stored in the hash, as read.
+    lock: Option<Lock>,
+    /// The lock fields as read, kept (like `prior`) so that a write that
+    /// stored a new lock can be taken back.
+    prior_lock: Option<[ServerString<'a>; 3]>,
 }
 
 /// A write that reached the keyspace but not yet replicas, the AOF or
@@ -48,6 +64,8 @@ pub struct BucketKey<'a> {
 pub struct Applied<'a> {
     tokens: ServerString<'a>,
     last_refill: ServerString<'a>,
+    /// The lock's three fields, when the write stored one.
+    lock: Option<[ServerString<'a>; 3]>,
     deadline_ms: i64,
 }
 
@@ -83,7 +101,14 @@ impl<'a> BucketKey<'a> {
             key: open_key(api, ctx, name, access, REDISMODULE_KEYTYPE_HASH)?,
             prior: None,
             was_missing: false,
+            lock: None,
+            prior_lock: None,
         })
+    }
+
+    /// The lock stored in the hash (read by `read`).
+    pub fn lock(&self) -> Option<Lock> {
+        self.lock
     }
 
     /// The stored state, `None` for a missing key (a full bucket), or
@@ -115,10 +140,58 @@ impl<'a> BucketKey<'a> {
                 tokens,
                 last_refill_ms,
             },
-            _ => return Err(Corrupt),
+            _ => return Err(Corrupt::Bucket),
         };
         self.prior = Some((tokens, last_refill));
+        // A bucket never locked has two fields: the field count (O(1)) spares
+        // it the lookup of three missing ones.
+        // SAFETY: the key is open and holds a hash; RM_ValueLength (kept with
+        // the sorted-set functions) counts any type's elements.
+        if unsafe { (self.api.zset.length)(self.key) } > 2 {
+            self.read_lock()?;
+        }
         Ok(Some(state))
+    }
+
+    /// The lock, if the hash has a `locked_until` (the other two fields are
+    /// then required).
+    fn read_lock(&mut self) -> Result<(), Corrupt> {
+        let mut locked_until: *mut RedisModuleString = ptr::null_mut();
+        let mut strikes: *mut RedisModuleString = ptr::null_mut();
+        let mut probation_until: *mut RedisModuleString = ptr::null_mut();
+        // SAFETY: as in `read`.
+        unsafe {
+            (self.api.hash_get)(
+                self.key,
+                REDISMODULE_HASH_NONE as c_int,
+                self.api.locked_until_field.0,
+                &mut locked_until as *mut *mut RedisModuleString,
+                self.api.strikes_field.0,
+                &mut strikes as *mut *mut RedisModuleString,
+                self.api.probation_until_field.0,
+                &mut probation_until as *mut *mut RedisModuleString,
+                ptr::null::<RedisModuleString>(),
+            );
+        }
+        if locked_until.is_null() {
+            return Ok(()); // other fields of someone else's: no lock
+        }
+        let locked_until = ServerString::owned(self.api, self.ctx, locked_until);
+        let strikes = ServerString::owned(self.api, self.ctx, strikes);
+        let probation_until = ServerString::owned(self.api, self.ctx, probation_until);
+        let lock = match (
+            whole(&locked_until),
+            whole(&strikes),
+            whole(&probation_until),
+        ) {
+            (Some(until), Some(strikes), Some(probation)) => {
+                Lock::from_fields(until, strikes, probation)
+            }
+            _ => None,
+        };
+        self.lock = Some(lock.ok_or(Corrupt::Lock)?);
+        self.prior_lock = Some([locked_until, strikes, probation_until]);
+        Ok(())
     }
 
     /// The key holds something (a bucket, as `open` checked the type).
@@ -139,6 +212,7 @@ impl<'a> BucketKey<'a> {
     pub fn apply(
         &self,
         state: &State,
+        lock: Option<&Lock>,
         now_ms: i64,
         deadline_ms: i64,
     ) -> Result<Applied<'a>, WriteFailed> {
@@ -151,11 +225,17 @@ impl<'a> BucketKey<'a> {
         if tokens.ptr().is_null() || last_refill.ptr().is_null() {
             return Err(WriteFailed);
         }
+        let lock = match lock {
+            Some(lock) => Some(self.lock_strings(lock).ok_or(WriteFailed)?),
+            None => None,
+        };
         // RM_HashSet checks everything before it changes anything, so a
         // refusal leaves the key as it was. Faults are injected here, once
         // per step, and never into `restore_fields`: the undo must run as
         // it would in production.
-        if fault::injected(fault::Step::HashSet) || !self.set_fields(&tokens, &last_refill) {
+        if fault::injected(fault::Step::HashSet)
+            || !self.set_fields(&tokens, &last_refill, lock.as_ref().map(LockFields::Set))
+        {
             return Err(WriteFailed);
         }
         // The TTL can only be set once the hash exists.
@@ -166,8 +246,20 @@ impl<'a> BucketKey<'a> {
         Ok(Applied {
             tokens,
             last_refill,
+            lock,
             deadline_ms,
         })
+    }
+
+    /// A lock's fields as server strings; `None` if one could not be made.
+    fn lock_strings(&self, lock: &Lock) -> Option<[ServerString<'a>; 3]> {
+        let text = |value: i64| -> NumberText { format_integer(value) };
+        let strings = [lock.until_ms, lock.strikes, lock.probation_until_ms]
+            .map(|value| self.create_string(text(value).as_bytes()));
+        strings
+            .iter()
+            .all(|string| !string.ptr().is_null())
+            .then_some(strings)
     }
 
     /// Takes back an applied write that will not be propagated (another
@@ -224,16 +316,34 @@ impl<'a> BucketKey<'a> {
         // SAFETY: ctx/name are live for this command; the strings belong
         // to `applied`.
         unsafe {
-            (api.replicate)(
-                self.ctx,
-                c"HSET".as_ptr(),
-                c"sssss".as_ptr(),
-                self.name,
-                api.tokens_field.0,
-                applied.tokens.ptr(),
-                api.last_refill_field.0,
-                applied.last_refill.ptr(),
-            );
+            match &applied.lock {
+                None => (api.replicate)(
+                    self.ctx,
+                    c"HSET".as_ptr(),
+                    c"sssss".as_ptr(),
+                    self.name,
+                    api.tokens_field.0,
+                    applied.tokens.ptr(),
+                    api.last_refill_field.0,
+                    applied.last_refill.ptr(),
+                ),
+                Some([until, strikes, probation]) => (api.replicate)(
+                    self.ctx,
+                    c"HSET".as_ptr(),
+                    c"sssssssssss".as_ptr(),
+                    self.name,
+                    api.tokens_field.0,
+                    applied.tokens.ptr(),
+                    api.last_refill_field.0,
+                    applied.last_refill.ptr(),
+                    api.locked_until_field.0,
+                    until.ptr(),
+                    api.strikes_field.0,
+                    strikes.ptr(),
+                    api.probation_until_field.0,
+                    probation.ptr(),
+                ),
+            };
             (api.replicate)(
                 self.ctx,
                 c"PEXPIREAT".as_ptr(),
@@ -262,9 +372,15 @@ impl<'a> BucketKey<'a> {
 
     /// Stores `state` with its absolute expiry and propagates it: `apply`
     /// then `propagate`, for a lone bucket.
-    pub fn write(&self, state: &State, now_ms: i64, deadline_ms: i64) -> Result<(), TbError> {
+    pub fn write(
+        &self,
+        state: &State,
+        lock: Option<&Lock>,
+        now_ms: i64,
+        deadline_ms: i64,
+    ) -> Result<(), TbError> {
         let applied = self
-            .apply(state, now_ms, deadline_ms)
+            .apply(state, lock, now_ms, deadline_ms)
             .map_err(|WriteFailed| TbError::WriteFailed)?;
         self.propagate(&applied);
         Ok(())
@@ -274,8 +390,15 @@ impl<'a> BucketKey<'a> {
         ServerString::from_bytes(self.api, self.ctx, bytes)
     }
 
-    /// RM_HashSet of both fields; false if the server refused.
-    fn set_fields(&self, tokens: &ServerString, last_refill: &ServerString) -> bool {
+    /// RM_HashSet of both fields, and of the lock's (set, or deleted by a
+    /// rollback); false if the server refused.
+    fn set_fields(
+        &self,
+        tokens: &ServerString,
+        last_refill: &ServerString,
+        lock: Option<LockFields>,
+    ) -> bool {
+        let api = self.api;
         // RM_HashSet returns how many fields it updated, so 0 is also the
         // answer for a new bucket; only errno tells a refusal (EINVAL,
         // ENOTSUP, EBADF) from that (ENOENT).
@@ -283,19 +406,94 @@ impl<'a> BucketKey<'a> {
         // terminator as RM_HashSet expects; errno is this thread's.
         unsafe {
             *libc::__errno_location() = 0;
-            let updated = (self.api.hash_set)(
-                self.key,
-                REDISMODULE_HASH_NONE as c_int,
-                self.api.tokens_field.0,
-                tokens.ptr(),
-                self.api.last_refill_field.0,
-                last_refill.ptr(),
-                ptr::null::<RedisModuleString>(),
-            );
+            let [until, strikes, probation] = match lock {
+                None => [ptr::null_mut(); 3],
+                Some(LockFields::Set([until, strikes, probation])) => {
+                    [until.ptr(), strikes.ptr(), probation.ptr()]
+                }
+                Some(LockFields::Delete) => [REDISMODULE_HASH_DELETE.cast_mut(); 3],
+            };
+            let updated = if until.is_null() {
+                (api.hash_set)(
+                    self.key,
+                    REDISMODULE_HASH_NONE as c_int,
+                    api.tokens_field.0,
+                    tokens.ptr(),
+                    api.last_refill_field.0,
+                    last_refill.ptr(),
+                    ptr::null::<RedisModuleString>(),
+                )
+            } else {
+                (api.hash_set)(
+                    self.key,
+                    REDISMODULE_HASH_NONE as c_int,
+                    api.tokens_field.0,
+                    tokens.ptr(),
+                    api.last_refill_field.0,
+                    last_refill.ptr(),
+                    api.locked_until_field.0,
+                    until,
+                    api.strikes_field.0,
+                    strikes,
+                    api.probation_until_field.0,
+                    probation,
+                    ptr::null::<RedisModuleString>(),
+                )
+            };
             let errno = *libc::__errno_location();
             let refused = updated == 0 && errno != 0 && errno != libc::ENOENT;
-            !refused && (self.api.key_type)(self.key) as isize == REDISMODULE_KEYTYPE_HASH
+            !refused && (api.key_type)(self.key) as isize == REDISMODULE_KEYTYPE_HASH
         }
+    }
+
+    /// TB.UNBLOCK: deletes the lock's fields, if the hash has any of them,
+    /// and tells replicas, the AOF and watchers (`HDEL`). The TTL stays: it
+    /// only ever outlasts the bucket. Returns whether anything was deleted.
+    pub fn delete_lock(&self) -> Result<bool, TbError> {
+        if self.key.is_null() || !self.exists() {
+            return Ok(false);
+        }
+        let api = self.api;
+        let delete = REDISMODULE_HASH_DELETE.cast_mut();
+        // SAFETY: the key is open for writing and holds a hash; field/value
+        // pairs and a NULL terminator.
+        let deleted = unsafe {
+            *libc::__errno_location() = 0;
+            (api.hash_set)(
+                self.key,
+                REDISMODULE_HASH_NONE as c_int,
+                api.locked_until_field.0,
+                delete,
+                api.strikes_field.0,
+                delete,
+                api.probation_until_field.0,
+                delete,
+                ptr::null::<RedisModuleString>(),
+            )
+        };
+        if deleted <= 0 {
+            return Ok(false);
+        }
+        // SAFETY: ctx/name are live for this command.
+        unsafe {
+            (api.replicate)(
+                self.ctx,
+                c"HDEL".as_ptr(),
+                c"ssss".as_ptr(),
+                self.name,
+                api.locked_until_field.0,
+                api.strikes_field.0,
+                api.probation_until_field.0,
+            );
+            (api.notify)(
+                self.ctx,
+                REDISMODULE_NOTIFY_HASH,
+                c"hdel".as_ptr(),
+                self.name,
+            );
+            (api.signal_modified_key)(self.ctx, self.name);
+        }
+        Ok(true)
     }
 
     /// Sets the absolute expiry; false if the server refused.
@@ -316,7 +514,14 @@ impl<'a> BucketKey<'a> {
         let restored = match &self.prior {
             // SAFETY: the key is open for writing.
             None => unsafe { (self.api.delete_key)(self.key) == REDISMODULE_OK as c_int },
-            Some((tokens, last_refill)) => self.set_fields(tokens, last_refill),
+            Some((tokens, last_refill)) => self.set_fields(
+                tokens,
+                last_refill,
+                Some(match &self.prior_lock {
+                    Some(fields) => LockFields::Set(fields),
+                    None => LockFields::Delete,
+                }),
+            ),
         };
         if !restored {
             self.warn_not_restored();
@@ -341,6 +546,20 @@ impl Drop for BucketKey<'_> {
     }
 }
 
+/// What a write does to the lock's fields besides `tokens`/`last_refill`.
+enum LockFields<'s, 'a> {
+    Set(&'s [ServerString<'a>; 3]),
+    /// A rollback of a write that stored the key's first lock.
+    Delete,
+}
+
+/// A stored lock field as a whole number in [0, 2^53], `None` otherwise.
+fn whole(field: &ServerString) -> Option<i64> {
+    parse_decimal(field.bytes(), Sign::Allowed)
+        .filter(|value| value.fract() == 0.0 && (0.0..=MAX_EXACT_INTEGER as f64).contains(value))
+        .map(|value| value as i64)
+}
+
 /// A stored field as a finite number, `None` if absent or not a number.
 fn number(field: &ServerString) -> Option<f64> {
     parse_decimal(field.bytes(), Sign::Allowed)
@@ -353,12 +572,18 @@ fn number(field: &ServerString) -> Option<f64> {
 /// propagated and the command fails, so no replica, AOF or watcher can see
 /// what the master does not hold. Only then is each write propagated.
 pub fn write_all(outcomes: &[(&BucketKey, &Outcome)], now_ms: i64) -> Result<(), TbError> {
-    let deadline = |outcome: &Outcome| bucket::expire_at_ms(now_ms, outcome.reset_after_ms);
+    let deadline =
+        |bucket: &BucketKey, outcome: &Outcome| bucket::deadline_ms(now_ms, outcome, bucket.lock());
     // One bucket, the usual case: nothing to take back, so nothing to keep
     // (and no allocation on the hot path).
     if let [(bucket, outcome)] = outcomes {
         return match &outcome.write {
-            Some(state) => bucket.write(state, now_ms, deadline(outcome)),
+            Some(state) => bucket.write(
+                state,
+                outcome.lock.as_ref(),
+                now_ms,
+                deadline(bucket, outcome),
+            ),
             None => Ok(()),
         };
     }
@@ -377,7 +602,12 @@ pub fn write_all(outcomes: &[(&BucketKey, &Outcome)], now_ms: i64) -> Result<(),
         let Some(state) = &outcome.write else {
             continue;
         };
-        match bucket.apply(state, now_ms, deadline(outcome)) {
+        match bucket.apply(
+            state,
+            outcome.lock.as_ref(),
+            now_ms,
+            deadline(bucket, outcome),
+        ) {
             Ok(done) => applied.push((index, done)),
             Err(WriteFailed) => {
                 // Test-only (`fault-skip-rollback yes`, src/testing/fault.rs): shows

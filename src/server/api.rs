@@ -32,6 +32,7 @@ use redis_module::raw::{
     RedisModule_ZsetRangeNext, RedisModule_ZsetRangeStop, RedisModule_ZsetRem,
     RedisModule_ZsetScore,
 };
+use redis_module::raw::{RedisModule_IsKeysPositionRequest, RedisModule_KeyAtPos};
 
 pub struct Api {
     pub open_key: unsafe extern "C" fn(
@@ -119,6 +120,10 @@ pub struct Api {
     /// name on every call.
     pub tokens_field: FieldName,
     pub last_refill_field: FieldName,
+    /// The lock's fields (`BLOCK`, src/bucket/hash.rs).
+    pub locked_until_field: FieldName,
+    pub strikes_field: FieldName,
+    pub probation_until_field: FieldName,
     /// Leases (src/lease/set.rs): the sorted-set functions, and the name of
     /// the bookkeeping member, made once like the field names.
     pub zset: Zset,
@@ -134,6 +139,10 @@ pub struct Api {
     pub reply_with_null: unsafe extern "C" fn(*mut RedisModuleCtx) -> c_int,
     pub reply_with_string_buffer:
         unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char, usize) -> c_int,
+    /// TB.TAKEALL names its keys itself (`getkeys-api`): its options
+    /// follow the groups, where a key range would misread them.
+    pub is_keys_position_request: unsafe extern "C" fn(*mut RedisModuleCtx) -> c_int,
+    pub key_at_pos: unsafe extern "C" fn(*mut RedisModuleCtx, c_int),
 }
 
 /// The sorted-set part of the API.
@@ -233,6 +242,9 @@ pub unsafe fn resolve() -> Result<&'static Api, &'static str> {
         free_call_reply: need!(RedisModule_FreeCallReply),
         tokens_field: field("tokens")?,
         last_refill_field: field("last_refill")?,
+        locked_until_field: field("locked_until")?,
+        strikes_field: field("strikes")?,
+        probation_until_field: field("probation_until")?,
         zset: Zset {
             length: need!(RedisModule_ValueLength),
             add: need!(RedisModule_ZsetAdd),
@@ -252,6 +264,8 @@ pub unsafe fn resolve() -> Result<&'static Api, &'static str> {
         call_reply_integer: need!(RedisModule_CallReplyInteger),
         reply_with_null: need!(RedisModule_ReplyWithNull),
         reply_with_string_buffer: need!(RedisModule_ReplyWithStringBuffer),
+        is_keys_position_request: need!(RedisModule_IsKeysPositionRequest),
+        key_at_pos: need!(RedisModule_KeyAtPos),
     };
     Ok(API.get_or_init(|| api))
 }

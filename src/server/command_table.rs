@@ -37,8 +37,17 @@ pub struct CommandSpec {
 pub enum Shape {
     /// `key capacity rate n`, with `n` optional or not.
     Single { n_optional: bool },
-    /// `key capacity rate n [key capacity rate n ...]`.
+    /// `key capacity rate n [MAXWAIT ms] [BLOCK ms [MAXBLOCK ms]]` (TB.TAKE).
+    Take,
+    /// `key capacity rate n [MAXDEBT d]` (TB.CHARGE).
+    Charge,
+    /// `key capacity rate n [key capacity rate n ...]` and TB.TAKE's
+    /// options (TB.TAKEALL).
     Repeated,
+    /// `key` (TB.UNBLOCK).
+    KeyOnly,
+    /// `key max_burst count period [quantity]` (TB.THROTTLE).
+    Throttle,
     /// `key capacity rate n timeout_ms` (TB.BTAKE).
     Blocking,
     /// `key limit lease_ms [timeout_ms]` (TB.ACQUIRE).
@@ -103,9 +112,17 @@ pub unsafe fn register(
         return Ok(());
     };
 
+    // TB.TAKEALL's options follow its groups, where the range would read
+    // `MAXWAIT` as a key: its spec is marked incomplete, so the server asks
+    // the command itself (`getkeys-api`, `take_all_keys`) for the keys.
+    let key_flags = KeySpecFlags::from_bits_truncate(spec.key_flags.bits());
+    let key_flags = match spec.shape {
+        Shape::Repeated => key_flags.union(KeySpecFlags::INCOMPLETE),
+        _ => key_flags,
+    };
     let key_specs = get_redis_key_spec(vec![KeySpec::new(
         None,
-        KeySpecFlags::from_bits_truncate(spec.key_flags.bits()),
+        KeySpecFlags::from_bits_truncate(key_flags.bits()),
         BeginSearch::new_index(1),
         match spec.shape {
             Shape::Repeated => FindKeys::new_range(-1, 4, 0),
@@ -138,7 +155,59 @@ pub unsafe fn register(
         number_arg(c"n", c"tokens, >= 0", n_flags),
         END_OF_ARGS,
         END_OF_ARGS,
+        END_OF_ARGS,
+        END_OF_ARGS,
     ];
+    let mut block_args = [
+        token_arg(
+            c"block_ms",
+            c"BLOCK",
+            c"a denial locks the key for this long, in ms, 1 to 2^53",
+            CommandArgFlags::NONE,
+        ),
+        token_arg(
+            c"max_block_ms",
+            c"MAXBLOCK",
+            c"locks within a probation double, up to this long, in ms",
+            CommandArgFlags::OPTIONAL,
+        ),
+        END_OF_ARGS,
+    ];
+    let take_options = [
+        token_arg(
+            c"max_wait_ms",
+            c"MAXWAIT",
+            c"reserve into debt when the tokens come within this long, in ms, 0 to 2^53",
+            CommandArgFlags::OPTIONAL,
+        ),
+        raw::RedisModuleCommandArg {
+            subargs: block_args.as_mut_ptr(),
+            ..command_arg(
+                c"lockout",
+                raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK,
+                c"lock the key after a denial",
+                CommandArgFlags::OPTIONAL,
+            )
+        },
+    ];
+    match spec.shape {
+        Shape::Take => {
+            for (slot, option) in bucket.iter_mut().skip(4).zip(take_options) {
+                *slot = option;
+            }
+        }
+        Shape::Charge => {
+            if let Some(slot) = bucket.get_mut(4) {
+                *slot = token_arg(
+                    c"max_debt",
+                    c"MAXDEBT",
+                    c"the debt the bucket may reach, 0 to 2^53; default: capacity",
+                    CommandArgFlags::OPTIONAL,
+                );
+            }
+        }
+        _ => {}
+    }
     if spec.shape == Shape::Blocking {
         if let Some(slot) = bucket.get_mut(4) {
             *slot = number_arg(
@@ -162,12 +231,19 @@ pub unsafe fn register(
             )
         },
         END_OF_ARGS,
+        END_OF_ARGS,
+        END_OF_ARGS,
     ];
+    for (slot, option) in repeated.iter_mut().skip(1).zip(take_options) {
+        *slot = option;
+    }
     let mut leases = lease_args(spec.shape);
+    let mut others = other_args(spec.shape);
     let args = match spec.shape {
-        Shape::Single { .. } | Shape::Blocking => bucket.as_mut_ptr(),
+        Shape::Single { .. } | Shape::Blocking | Shape::Take | Shape::Charge => bucket.as_mut_ptr(),
         Shape::Repeated => repeated.as_mut_ptr(),
         Shape::Acquire | Shape::Release | Shape::Renew => leases.as_mut_ptr(),
+        Shape::KeyOnly | Shape::Throttle => others.as_mut_ptr(),
     };
 
     // Version 1 of the struct plus our own sizes lets a 7.0 server read the
@@ -250,6 +326,80 @@ fn lease_args(shape: Shape) -> [raw::RedisModuleCommandArg; 5] {
     }
 }
 
+/// The arguments of TB.UNBLOCK and TB.THROTTLE (empty for the others).
+fn other_args(shape: Shape) -> [raw::RedisModuleCommandArg; 6] {
+    let key = raw::RedisModuleCommandArg {
+        key_spec_index: 0,
+        ..command_arg(
+            c"key",
+            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
+            c"the bucket's hash (or a redis-cell key, read and converted)",
+            CommandArgFlags::NONE,
+        )
+    };
+    let integer = |name, summary, flags| {
+        command_arg(
+            name,
+            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
+            summary,
+            flags,
+        )
+    };
+    match shape {
+        Shape::KeyOnly => [
+            key,
+            END_OF_ARGS,
+            END_OF_ARGS,
+            END_OF_ARGS,
+            END_OF_ARGS,
+            END_OF_ARGS,
+        ],
+        Shape::Throttle => [
+            key,
+            integer(
+                c"max_burst",
+                c"the burst beyond one, 0 to 2^53 - 1: capacity is max_burst + 1",
+                CommandArgFlags::NONE,
+            ),
+            integer(
+                c"count",
+                c"tokens per period, 1 to 2^53",
+                CommandArgFlags::NONE,
+            ),
+            integer(
+                c"period",
+                c"the period in seconds, 1 to 2^53",
+                CommandArgFlags::NONE,
+            ),
+            integer(
+                c"quantity",
+                c"tokens to take, 0 to 2^53; default 1",
+                CommandArgFlags::OPTIONAL,
+            ),
+            END_OF_ARGS,
+        ],
+        _ => [END_OF_ARGS; 6],
+    }
+}
+
+/// An optional keyword argument: `TOKEN value`.
+fn token_arg(
+    name: &'static CStr,
+    token: &'static CStr,
+    summary: &'static CStr,
+    flags: CommandArgFlags,
+) -> raw::RedisModuleCommandArg {
+    raw::RedisModuleCommandArg {
+        token: token.as_ptr(),
+        ..command_arg(
+            name,
+            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
+            summary,
+            flags,
+        )
+    }
+}
+
 /// The all-zero entry that ends an argument array.
 const END_OF_ARGS: raw::RedisModuleCommandArg = raw::RedisModuleCommandArg {
     name: ptr::null(),
@@ -294,17 +444,17 @@ fn number_arg(
 }
 
 /// Every command the module registers, with its COMMAND DOCS and key specs.
-pub const COMMANDS: [CommandSpec; 8] = [
+pub const COMMANDS: [CommandSpec; 11] = [
     CommandSpec {
         name: c"tb.take",
         handler: Some(crate::bucket::commands::tb_take),
         flags: c"write deny-oom fast",
         acl_categories: c"write fast",
-        summary: c"Takes n tokens from a token bucket if it holds that many. Replies [allowed, remaining, retry_after_ms, reset_after_ms].",
+        summary: c"Takes n tokens from a token bucket if it holds that many (MAXWAIT: reserve into debt; BLOCK: a denial locks the key). Replies [allowed, remaining, retry_after_ms, reset_after_ms].",
         complexity: c"O(1)",
-        arity: 5,
+        arity: -5,
         key_flags: READ_WRITE_UPDATE,
-        shape: Shape::Single { n_optional: false },
+        shape: Shape::Take,
     },
     CommandSpec {
         name: c"tb.peek",
@@ -343,7 +493,7 @@ pub const COMMANDS: [CommandSpec; 8] = [
         name: c"tb.takeall",
         handler: Some(crate::bucket::commands::tb_takeall),
         // Not `fast`: its cost grows with the number of buckets, like MSET.
-        flags: c"write deny-oom",
+        flags: c"write deny-oom getkeys-api",
         acl_categories: c"write slow",
         summary: c"Takes from every bucket if all hold enough, else from none. Replies [allowed, remaining, retry_after_ms, reset_after_ms, index] for the deciding bucket.",
         complexity: c"O(N) where N is the number of buckets",
@@ -351,6 +501,30 @@ pub const COMMANDS: [CommandSpec; 8] = [
         key_flags: READ_WRITE_UPDATE,
         shape: Shape::Repeated,
     },
+    CommandSpec {
+        name: c"tb.charge",
+        handler: Some(crate::bucket::commands::tb_charge),
+        flags: c"write deny-oom fast",
+        acl_categories: c"write fast",
+        summary: c"Takes n tokens whatever the bucket holds, into debt down to MAXDEBT (default: capacity): a cost learned after the work. Replies [1, remaining, retry_after_ms, reset_after_ms].",
+        complexity: c"O(1)",
+        arity: -5,
+        key_flags: READ_WRITE_UPDATE,
+        shape: Shape::Charge,
+    },
+    CommandSpec {
+        name: c"tb.unblock",
+        handler: Some(crate::bucket::commands::tb_unblock),
+        // No deny-oom: lifting a lock must work when memory is short.
+        flags: c"write fast",
+        acl_categories: c"write fast",
+        summary: c"Ends a bucket's lock and forgets its strikes. Replies 1 if there was a lock or a strike, else 0.",
+        complexity: c"O(1)",
+        arity: 2,
+        key_flags: KeySpecFlags::READ_WRITE.union(KeySpecFlags::DELETE),
+        shape: Shape::KeyOnly,
+    },
+    THROTTLE,
     CommandSpec {
         name: c"tb.acquire",
         handler: Some(crate::lease::commands::tb_acquire),
@@ -390,6 +564,48 @@ pub const COMMANDS: [CommandSpec; 8] = [
         shape: Shape::Renew,
     },
 ];
+
+/// TB.THROTTLE, also registered under redis-cell's name (`CELL_THROTTLE`).
+const THROTTLE: CommandSpec = CommandSpec {
+    name: c"tb.throttle",
+    handler: Some(crate::bucket::throttle::tb_throttle),
+    flags: c"write deny-oom fast",
+    acl_categories: c"write fast",
+    summary: c"redis-cell's CL.THROTTLE on a token bucket of capacity max_burst + 1 refilled at count per period seconds. Replies [limited, limit, remaining, retry_after, reset_after] in seconds.",
+    complexity: c"O(1)",
+    arity: -5,
+    key_flags: READ_WRITE_UPDATE,
+    shape: Shape::Throttle,
+};
+
+/// `CL.THROTTLE`, registered only with `cell-compat yes`: TB.THROTTLE's
+/// handler and info under redis-cell's name, so its clients need no change.
+pub const CELL_THROTTLE: CommandSpec = CommandSpec {
+    name: c"cl.throttle",
+    ..THROTTLE
+};
+
+/// Registers `CL.THROTTLE` (`cell-compat yes`). The server refuses a name
+/// another module holds: redis-cell, most likely, loaded first.
+///
+/// # Safety
+/// Must be called from `RedisModule_OnLoad` with its context.
+pub unsafe fn register_cell_compat(
+    ctx: *mut RedisModuleCtx,
+    module_category: bool,
+) -> Result<(), String> {
+    // RM_CreateCommand fails for a name the server knows already; TB.THROTTLE's
+    // flags, the one other cause, were accepted a moment before.
+    register(ctx, &CELL_THROTTLE, module_category).map_err(|why| {
+        if why.starts_with("could not create command") {
+            CELL_COMPAT_TAKEN.to_owned()
+        } else {
+            why
+        }
+    })
+}
+
+const CELL_COMPAT_TAKEN: &str = "cell-compat: CL.THROTTLE is already registered by another module (redis-cell?); load redis-tb without cell-compat or unload it";
 
 const READ_WRITE_UPDATE: KeySpecFlags = KeySpecFlags::READ_WRITE
     .union(KeySpecFlags::ACCESS)

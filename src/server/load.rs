@@ -172,6 +172,13 @@ fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
         // SAFETY: OnLoad context.
         unsafe { command_table::register(ctx, spec, module_category) }?;
     }
+    // `cell-compat yes`: TB.THROTTLE under redis-cell's name too. The load
+    // fails if the name is taken; the server then drops every command
+    // registered above.
+    if config::CELL_COMPAT.load(Relaxed) {
+        // SAFETY: OnLoad context.
+        unsafe { command_table::register_cell_compat(ctx, module_category) }?;
+    }
     #[cfg(feature = "bench-floor")]
     // SAFETY: OnLoad context.
     unsafe { crate::testing::bench_floor::register(ctx) }?;

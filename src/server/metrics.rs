@@ -82,6 +82,13 @@ pub static TOKENS_REFUNDED: Sum = Sum::new();
 /// Writes to a key that did not exist: new buckets.
 pub static BUCKETS_CREATED: Counter = Counter::new();
 pub static ERRORS: Counter = Counter::new();
+/// Locks started by a denial with `BLOCK`.
+pub static LOCKS_STARTED: Counter = Counter::new();
+/// TB.CHARGE calls, and the tokens they took.
+pub static CHARGES: Counter = Counter::new();
+pub static TOKENS_CHARGED: Sum = Sum::new();
+/// Reservations (`MAXWAIT`) allowed with a wait: the caller acts later.
+pub static RESERVATIONS_WAITED: Counter = Counter::new();
 /// TB.BTAKE and TB.ACQUIRE: waits begun, and how each ended.
 pub static WAITS_STARTED: Counter = Counter::new();
 pub static WAITS_SERVED: Counter = Counter::new();
@@ -129,11 +136,15 @@ pub extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
             (c"shadow_denied", &SHADOW_DENIED),
             (c"buckets_created", &BUCKETS_CREATED),
             (c"errors", &ERRORS),
+            (c"locks_started", &LOCKS_STARTED),
+            (c"charges", &CHARGES),
+            (c"reservations_waited", &RESERVATIONS_WAITED),
         ] {
             add_u64(ctx, name.as_ptr(), counter.get());
         }
         add_f64(ctx, c"tokens_granted".as_ptr(), TOKENS_GRANTED.get());
         add_f64(ctx, c"tokens_refunded".as_ptr(), TOKENS_REFUNDED.get());
+        add_f64(ctx, c"tokens_charged".as_ptr(), TOKENS_CHARGED.get());
         add_u64(
             ctx,
             c"waiting".as_ptr(),

@@ -8,7 +8,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 use redis_tb_core::bucket::Outcome;
-use redis_tb_core::error::{corrupt_bucket_message, corrupt_lease_set_message, TbError};
+use redis_tb_core::error::{
+    corrupt_bucket_message, corrupt_lease_set_message, corrupt_lock_message, TbError,
+};
 use redis_tb_core::wait::leases::LeaseReply;
 
 use super::api::{self, Api};
@@ -27,9 +29,14 @@ pub enum Reply {
     },
     /// TB.ACQUIRE: `[acquired, available, retry_after_ms, lease]`.
     Lease(LeaseReply),
-    /// TB.RELEASE, TB.RENEW: 1 or 0.
+    /// TB.RELEASE, TB.RENEW, TB.UNBLOCK: 1 or 0.
     Flag(bool),
+    /// TB.THROTTLE: redis-cell's five integers.
+    Integers([i64; 5]),
     Blocked,
+    /// Nothing to send: the server asked TB.TAKEALL for its keys only
+    /// (`getkeys-api`), and was told through `RM_KeyAtPos`.
+    KeysNamed,
 }
 
 /// The argument index of the key in every single-key command.
@@ -75,7 +82,7 @@ pub fn send(
     result: Result<Reply, TbError>,
 ) {
     match &result {
-        Ok(Reply::Blocked) => return,
+        Ok(Reply::Blocked | Reply::KeysNamed) => return,
         Ok(_) => metrics::CALLS.bump(),
         Err(_) => metrics::ERRORS.bump(),
     }
@@ -83,7 +90,7 @@ pub fn send(
     // blocked client's callback).
     unsafe {
         match result {
-            Ok(Reply::Blocked) => {}
+            Ok(Reply::Blocked | Reply::KeysNamed) => {}
             Ok(Reply::Decision(outcome)) => reply_outcome(api, ctx, &outcome, None),
             Ok(Reply::All { outcome, index }) => {
                 let index = i64::try_from(index).unwrap_or(i64::MAX);
@@ -92,6 +99,12 @@ pub fn send(
             Ok(Reply::Lease(lease)) => reply_lease(api, ctx, &lease),
             Ok(Reply::Flag(flag)) => {
                 (api.reply_with_long_long)(ctx, i64::from(flag));
+            }
+            Ok(Reply::Integers(values)) => {
+                (api.reply_with_array)(ctx, values.len() as c_long);
+                for value in values {
+                    (api.reply_with_long_long)(ctx, value);
+                }
             }
             Err(TbError::WrongArity) => {
                 (api.wrong_arity)(ctx);
@@ -110,6 +123,14 @@ pub fn send(
                     .map(|key| api.bytes(key))
                     .unwrap_or_default();
                 let message = corrupt_bucket_message(key);
+                (api.reply_with_error)(ctx, message.as_ptr());
+            }
+            Err(TbError::CorruptLock { key_arg }) => {
+                let key = args
+                    .get(key_arg)
+                    .map(|key| api.bytes(key))
+                    .unwrap_or_default();
+                let message = corrupt_lock_message(key);
                 (api.reply_with_error)(ctx, message.as_ptr());
             }
             Err(error) => {

@@ -6,6 +6,7 @@
 //! - [`raw_client`]: a bare RESP client for blocking commands (a waiter with no reply yet);
 //! - [`replication`]: replicas, replication offsets, a server turned replica under a waiter;
 //! - [`aof`]: the commands in the append-only file;
+//! - [`cell`]: redis-cell's module (`CL.THROTTLE`), built outside the tree, to load beside;
 //! - [`clock`]: a server whose clock the test moves, forwards and back (libfaketime);
 //! - [`twin`]: the Lua twin (`lua/tb.lua`) and the differential harness against the module;
 //! - [`rng`]: a small seeded generator for test inputs.
@@ -16,6 +17,7 @@
 //! - `TB_MODULE`: path of the module to load (default `target/release/libredis_tb.so`).
 //! - `TB_FAULT_MODULE`: the fault-injection build (default `target/fault/debug/libredis_tb.so`).
 //! - `TB_SERVER`: server binary (default `redis-server` from `PATH`).
+//! - `TB_CELL_MODULE`: redis-cell's .so (default: built by `scripts/build-redis-cell.sh`).
 //! - `TB_START_TIMEOUT_MS`: how long a starting server may take to answer PING (default
 //!   10000); raised by `scripts/sanitize.sh`, whose server runs under valgrind.
 
@@ -23,6 +25,7 @@
 #![allow(dead_code)]
 
 pub mod aof;
+pub mod cell;
 pub mod clock;
 pub mod commands;
 pub mod raw_client;
@@ -35,5 +38,6 @@ pub mod twin;
 // needs no twin or AOF helper would otherwise warn about the glob it does not use.
 #[allow(unused_imports)]
 pub use self::{
-    aof::*, clock::*, commands::*, raw_client::*, replication::*, rng::*, server::*, twin::*,
+    aof::*, cell::*, clock::*, commands::*, raw_client::*, replication::*, rng::*, server::*,
+    twin::*,
 };

@@ -72,6 +72,7 @@ impl Kind for Tokens {
             retry_after_ms: 0,
             reset_after_ms: grant.reset_after_ms,
             write: None,
+            lock: None,
         }
     }
 
