@@ -25,7 +25,7 @@ help: ## List the targets
 	@grep -E '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) \
 	  | awk -F':.*## ' '{ printf "  %-13s %s\n", $$1, $$2 }'
 
-deps: ## Check build/test tools (cargo, libclang, redis); apt-install what is missing
+deps: ## Check build/test tools (cargo, libclang, redis, faketime); apt-install what is missing
 	@bash $(ROOT)/scripts/ensure-deps.sh
 
 build: deps ## Build the module: target/release/libredis_tb.so
@@ -60,7 +60,9 @@ lint: deps ## rustfmt check and clippy with warnings as errors
 # module users run.
 FAULT_BUILD := cargo build --features fault-injection --target-dir target/fault
 
-test: check-paths deps lint ## Everything: path check, lint, unit/property/integration tests on Redis and Valkey, client libraries
+# `servers` before the first `cargo test`: the lease tests that step the clock back run the
+# server under libfaketime, which needs a libc-malloc build (tests/common/clock.rs).
+test: check-paths deps lint servers ## Everything: path check, lint, unit/property/integration tests on Redis and Valkey, client libraries
 	cd $(ROOT) && cargo build --release
 	cd $(ROOT) && $(FAULT_BUILD)
 	cd $(ROOT) && cargo test --workspace

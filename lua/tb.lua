@@ -56,8 +56,9 @@
 --   the leases, TYPE, ZSCORE, TIME, ZCOUNT, ZRANGEBYSCORE, ZRANGE,
 --   PEXPIRETIME, ZREM, ZADD, PEXPIREAT (before Redis 7.0, which has no
 --   PEXPIRETIME: PTTL, and an expiry may then come out a ms off the
---   module's). Without PEXPIREAT the script fails after its write, and a
---   script is not rolled back.
+--   module's), and INFO when an acquire makes a set (its incarnation, see
+--   new_incarnation). Without PEXPIREAT the script fails after its write,
+--   and a script is not rolled back.
 
 -- 2^53, the one bound of every number taken, stored or reported: capacity
 -- and n, whole ms (waits, TTLs, lease_ms, deadlines) and counts; every
@@ -1000,10 +1001,12 @@ local function tb_throttle(keys, args)
 end
 
 -- Leases (docs/leases.md): TB.ACQUIRE, TB.RELEASE and TB.RENEW. The key is a
--- sorted set: one member per lease, its id `<ms>-<n>` scored by its deadline
--- (Unix ms), and `seq` scored by minus the count of ids handed out. Scores
--- and ms are whole numbers <= 2^53, exact in doubles, and reach the server
--- as '%d' text, so ZADD and PEXPIREAT get the module's numbers exactly.
+-- sorted set: one member per lease, its id `<ms>-<n>-<incarnation>` scored by
+-- its deadline (Unix ms), `seq` scored by minus the count of ids handed out,
+-- and `inc` scored by minus the set's incarnation, drawn when the set is made
+-- (a set made before incarnations has no `inc`, and its ids are `<ms>-<n>`).
+-- Scores and ms are whole numbers <= 2^53, exact in doubles, and reach the
+-- server as '%d' text, so ZADD and PEXPIREAT get the module's numbers exactly.
 
 -- How many expired leases one writing call removes, earliest first.
 local EXPIRED_PER_CALL = 64
@@ -1041,6 +1044,44 @@ local function decode_leases(key)
       .. '\': no seq member scored from -2^53 to 0')
   end
   return -score
+end
+
+-- The incarnation of the existing lease set `key`: minus the `inc` member's
+-- score when that is a whole number in [-2^53, -1], else nil (no `inc`, or
+-- one scored otherwise: the set hands out ids as one made before
+-- incarnations), as core/src/lease.rs Incarnation::from_score reads it.
+local function stored_incarnation(key)
+  local score = tonumber(redis.call('ZSCORE', key, 'inc'))
+  if score == nil or not (score >= -MAX_EXACT_INTEGER and score <= -1)
+      or score ~= math.floor(score) then
+    return nil
+  end
+  return -score
+end
+
+-- A new lease set's incarnation, in [1, 2^53]. The module draws it from the
+-- server's random source (RM_GetRandomBytes), which a script cannot reach,
+-- and math.random cannot stand in: the server seeds it with a constant at
+-- startup, so a restarted server, or a promoted replica, draws the same
+-- numbers again. So here the incarnation is 53 bits of the SHA1 of
+-- * INFO server, whose run_id is 160 random bits the process drew from
+--   /dev/urandom at startup: another after a restart, and on every other
+--   server (a replica promoted in a failover has its own);
+-- * INFO stats, whose total_commands_processed grows with every command
+--   the process runs, so no two calls of one process hash the same text,
+--   whatever the clock does (short of CONFIG RESETSTAT, which resets it);
+-- * TIME, to the microsecond.
+-- Each is read, never written, so the draw replicates as nothing but the
+-- ZADD that stores its result (effects replication): replicas and the AOF
+-- keep the master's incarnation and never draw their own.
+local function new_incarnation()
+  local time = redis.call('TIME')
+  local digest = redis.sha1hex(redis.call('INFO', 'server') .. '\n'
+    .. redis.call('INFO', 'stats') .. '\n' .. time[1] .. '.' .. time[2])
+  -- 25 + 28 bits, each exact in a double, then 1 to 2^53.
+  local high = tonumber(string.sub(digest, 1, 7), 16) % 33554432
+  local low = tonumber(string.sub(digest, 8, 14), 16)
+  return high * 268435456 + low + 1
 end
 
 -- The key's expiry as an absolute ms: -1 none, -2 no key. PEXPIRETIME is
@@ -1110,10 +1151,12 @@ end
 
 -- The lease `lease` at `key` if it is live at `now`: its deadline (whole ms,
 -- rounded up as the module reads a score), else nil. Only members shaped like
--- an id, `<digits>-<digits>` of at most 64 bytes, are looked up, so no
--- argument can touch `seq` or a member someone else stored.
+-- an id, two or three groups of digits joined by dashes (`<ms>-<n>`,
+-- `<ms>-<n>-<incarnation>`) of at most 64 bytes, are looked up, so no
+-- argument can touch `seq`, `inc` or a member someone else stored.
 local function live_deadline(key, lease, now)
-  if #lease > MAX_LEN or not string.match(lease, '^%d+%-%d+$') then
+  if #lease > MAX_LEN or not (string.match(lease, '^%d+%-%d+$')
+      or string.match(lease, '^%d+%-%d+%-%d+$')) then
     return nil
   end
   local score = tonumber(redis.call('ZSCORE', key, lease))
@@ -1178,9 +1221,25 @@ local function tb_acquire(keys, args)
     return redis.error_reply(ERR_EXHAUSTED)
   end
   local n = count + 1
+  -- The grant that makes the set draws its incarnation and stores it, in the
+  -- same ZADD, after `seq` (as the module does).
+  local incarnation
+  if call.count == nil then
+    incarnation = new_incarnation()
+  else
+    incarnation = stored_incarnation(key)
+  end
   local id = fmt_int(now) .. '-' .. fmt_int(n)
+  if incarnation ~= nil then
+    id = id .. '-' .. fmt_int(incarnation)
+  end
   local deadline = deadline_of(now, call.lease_ms)
-  write_leases(key, now, deadline, {fmt_int(deadline), id, fmt_int(-n), 'seq'}, nil)
+  local members = {fmt_int(deadline), id, fmt_int(-n), 'seq'}
+  if call.count == nil then
+    members[5] = fmt_int(-incarnation)
+    members[6] = 'inc'
+  end
+  write_leases(key, now, deadline, members, nil)
   return {1, limit - live - 1, 0, id}
 end
 

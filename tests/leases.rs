@@ -6,8 +6,9 @@
 mod common;
 
 use common::{
-    aof_commands, expect_error, members, pexpiretime, repl_offset, server_time_ms, sleep_ms,
-    start_replica_of, wait_for_replica, wait_until, Server, QUIET_MASTER_ARGS, SYNC_TIMEOUT,
+    aof_commands, expect_error, id_parts, incarnation, members, pexpiretime, repl_offset,
+    server_time_ms, sleep_ms, start_replica_of, wait_for_replica, wait_until, FakeClock, Server,
+    QUIET_MASTER_ARGS, SYNC_TIMEOUT, TEN_AM, TEN_AM_AND_30_S, TEN_AM_MS,
 };
 use redis::Value;
 
@@ -74,7 +75,24 @@ fn id_of(reply: &Acquired) -> String {
 
 /// The `<n>` part of an id.
 fn count_of(id: &str) -> i64 {
-    id.split('-').nth(1).expect("<ms>-<n>").parse().expect("n")
+    id_parts(id).1
+}
+
+/// The leases of a lease set, `(id, deadline)`, earliest first: its members but `seq` and
+/// `inc`.
+fn leases(con: &mut redis::Connection, key: &str) -> Vec<(String, i64)> {
+    members(con, key)
+        .into_iter()
+        .filter(|(member, _)| member != "seq" && member != "inc")
+        .collect()
+}
+
+/// The score of `member`, if present.
+fn score_of(con: &mut redis::Connection, key: &str, member: &str) -> Option<i64> {
+    members(con, key)
+        .into_iter()
+        .find(|(m, _)| m == member)
+        .map(|(_, score)| score)
 }
 
 #[test]
@@ -109,13 +127,22 @@ fn the_lease_set_is_a_plain_sorted_set_of_ids_by_deadline_with_a_seq_member() {
     let lease = id_of(&acquire(&mut con, "jobs", 3, 40_000));
     let after = server_time_ms(&mut con);
     let stored = members(&mut con, "jobs");
-    assert_eq!(stored.len(), 2, "{stored:?}");
-    assert_eq!(stored[0], ("seq".to_string(), -1));
-    assert_eq!(stored[1].0, lease);
-    let granted_ms: i64 = lease.split('-').next().unwrap().parse().unwrap();
+    assert_eq!(stored.len(), 3, "{stored:?}");
+    let (granted_ms, n, made_with) = id_parts(&lease);
+    assert_eq!(n, 1);
+    let made_with = made_with.expect("a new set's ids carry its incarnation");
+    // Both bookkeeping members scored below every deadline: `inc` by minus the incarnation
+    // (at most -1), `seq` by minus the count.
+    let mut bookkeeping = stored[..2].to_vec();
+    bookkeeping.sort();
+    assert_eq!(
+        bookkeeping,
+        vec![("inc".to_string(), -made_with), ("seq".to_string(), -1)]
+    );
+    assert_eq!(stored[2].0, lease);
     assert!((before..=after).contains(&granted_ms));
     assert_eq!(
-        stored[1].1,
+        stored[2].1,
         granted_ms + 40_000,
         "the score is the deadline"
     );
@@ -148,11 +175,16 @@ fn only_a_live_lease_is_released_whatever_else_the_set_holds() {
     let server = Server::start();
     let mut con = server.conn();
     let far = 4_000_000_000_000i64; // a deadline in the year 2096
-    let shapes: [(&str, Vec<(i64, String)>); 3] = [
+    let shapes: [(&str, Vec<(i64, String)>); 5] = [
         ("plain", vec![]),
+        ("with an incarnation", vec![(-77, "inc".into())]),
         (
             "with other members scored <= 0",
             vec![(-5, "a".into()), (0, "b".into())],
+        ),
+        (
+            "with an incarnation and a member shaped like an id scored <= 0",
+            vec![(-77, "inc".into()), (-3, "600-82".into())],
         ),
         (
             "with more than 64 ended leases",
@@ -171,7 +203,15 @@ fn only_a_live_lease_is_released_whatever_else_the_set_holds() {
         let before = members(&mut con, &key);
         // Ended (the earliest of all, and past the first 64 when there are
         // more), unknown, and not shaped like an id: 0, and nothing written.
-        for lease in ["500-80", "1000-70", "7-7", "b"] {
+        for lease in [
+            "500-80",
+            "1000-70",
+            "7-7",
+            "b",
+            "inc",
+            "600-82",
+            "600-81-77",
+        ] {
             assert_eq!(release(&mut con, &key, lease), 0, "{shape}: {lease}");
         }
         assert_eq!(members(&mut con, &key), before, "{shape}");
@@ -215,12 +255,12 @@ fn release_and_renew_need_no_count_of_the_live_leases() {
 }
 
 #[test]
-fn no_argument_can_release_or_renew_the_seq_member() {
+fn no_argument_can_release_or_renew_the_seq_or_inc_member() {
     let server = Server::start();
     let mut con = server.conn();
     acquire(&mut con, "jobs", 1, 30_000);
     let stored = members(&mut con, "jobs");
-    for bogus in ["seq", "", "-1", "x-1", "1-2-3"] {
+    for bogus in ["seq", "inc", "", "-1", "x-1", "1-2-3", "1-2-3-4"] {
         assert_eq!(release(&mut con, "jobs", bogus), 0, "{bogus:?}");
         assert_eq!(renew(&mut con, "jobs", bogus, 10), 0, "{bogus:?}");
     }
@@ -257,7 +297,7 @@ fn renewal_keeps_a_lease_past_its_first_deadline_and_an_ended_one_cannot_come_ba
     // 800 ms after the grant, the lease still holds the slot.
     assert_eq!(acquire(&mut con, "jobs", 1, 400).acquired, 0);
     let now = server_time_ms(&mut con);
-    let deadline = members(&mut con, "jobs")[1].1;
+    let deadline = leases(&mut con, "jobs")[0].1;
     assert!(deadline > now && deadline <= now + 400);
     // A renewal may shorten the lease; the key's expiry never shrinks.
     let expiry = pexpiretime(&mut con, "jobs");
@@ -281,7 +321,7 @@ fn a_lower_limit_denies_until_enough_leases_end_and_revokes_none() {
         .collect();
     let denied = acquire(&mut con, "jobs", 1, 30_000);
     assert_eq!((denied.acquired, denied.available), (0, 0));
-    assert_eq!(members(&mut con, "jobs").len(), 4, "nothing revoked");
+    assert_eq!(leases(&mut con, "jobs").len(), 3, "nothing revoked");
     for id in &ids[..2] {
         assert_eq!(release(&mut con, "jobs", id), 1);
     }
@@ -333,6 +373,127 @@ fn the_count_survives_a_restart() {
     let mut con = server.conn();
     let next = id_of(&acquire(&mut con, "jobs", 5, 600_000));
     assert_eq!(count_of(&next), 2);
+    assert_eq!(
+        id_parts(&next).2,
+        id_parts(&first).2,
+        "and so does the incarnation"
+    );
+}
+
+/// Issue 25: at 10:00:00 a lease set hands out `<10:00:00 in ms>-1-...`, the set expires at
+/// 10:00:30, the clock steps back to 10:00:00 (an NTP step, a restored VM snapshot, a promoted
+/// replica whose clock is behind), and the set made anew hands out the same instant and count
+/// again: with ids of `<ms>-<n>` alone, the old holder's TB.RELEASE released the new holder's
+/// lease. The new set's incarnation is another, so its id is too. The server's own clock is
+/// moved (libfaketime), the module's time and the key's expiry with it.
+#[test]
+fn an_id_is_never_handed_out_again_after_the_clock_steps_back() {
+    let Some(clock) = FakeClock::new() else {
+        return;
+    };
+    let server = clock.start(TEN_AM, &[]);
+    let mut con = server.conn();
+    assert_eq!(server_time_ms(&mut con), TEN_AM_MS, "the fake clock");
+    let old = id_of(&acquire(&mut con, "lc:1", 1, 1000));
+    clock.set(TEN_AM_AND_30_S);
+    assert!(!common::exists(&mut con, "lc:1"), "the set expired");
+    clock.set(TEN_AM);
+    assert_eq!(
+        server_time_ms(&mut con),
+        TEN_AM_MS,
+        "the clock stepped back"
+    );
+    let new = id_of(&acquire(&mut con, "lc:1", 1, 1000));
+    let (old_ms, old_n, old_incarnation) = id_parts(&old);
+    let (new_ms, new_n, new_incarnation) = id_parts(&new);
+    assert_eq!((old_ms, old_n), (TEN_AM_MS, 1), "{old}");
+    assert_eq!(
+        (new_ms, new_n),
+        (TEN_AM_MS, 1),
+        "the same instant and count: {new}"
+    );
+    assert!(
+        old_incarnation.is_some() && old_incarnation != new_incarnation,
+        "{old} handed out again as {new}"
+    );
+    assert_eq!(
+        release(&mut con, "lc:1", &old),
+        0,
+        "the old holder releases nothing"
+    );
+    assert_eq!(renew(&mut con, "lc:1", &old, 1000), 0, "nor renews");
+    assert_eq!(
+        release(&mut con, "lc:1", &new),
+        1,
+        "the new holder's lease is its own"
+    );
+}
+
+/// A DEL by hand starts the count again, also within one ms (one MULTI, where every call
+/// sees the same instant on Redis 7.2+ and Valkey), and the ids of the set made anew are
+/// still not the old ones.
+#[test]
+fn a_set_made_anew_by_hand_hands_out_other_ids_than_the_one_deleted() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let replies: Vec<Value> = redis::pipe()
+        .atomic()
+        .cmd("TB.ACQUIRE")
+        .arg("jobs")
+        .arg(1)
+        .arg(60_000)
+        .cmd("DEL")
+        .arg("jobs")
+        .ignore()
+        .cmd("TB.ACQUIRE")
+        .arg("jobs")
+        .arg(1)
+        .arg(60_000)
+        .query(&mut con)
+        .expect("MULTI");
+    let old = id_of(&parse_acquired(replies[0].clone()));
+    let new = id_of(&parse_acquired(replies[1].clone()));
+    assert_eq!((count_of(&old), count_of(&new)), (1, 1));
+    assert_ne!(old, new);
+    assert_ne!(id_parts(&old).2, id_parts(&new).2, "another incarnation");
+    assert_eq!(release(&mut con, "jobs", &old), 0);
+    assert_eq!(release(&mut con, "jobs", &new), 1);
+}
+
+/// A lease set made before incarnations (no `inc` member) keeps working as it did: its ids,
+/// `<ms>-<n>`, release and renew, and it hands out more of that shape, its count going on,
+/// until it is gone; the set made after it has an incarnation.
+#[test]
+fn a_set_made_before_incarnations_keeps_its_ids_and_their_shape() {
+    let server = Server::start();
+    let mut con = server.conn();
+    let far = 4_000_000_000_000i64;
+    let _: () = redis::cmd("ZADD")
+        .arg("old")
+        .arg(-2)
+        .arg("seq")
+        .arg(far)
+        .arg("1764633600123-1")
+        .arg(far)
+        .arg("1764633600140-2")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("PEXPIREAT")
+        .arg("old")
+        .arg(far)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(renew(&mut con, "old", "1764633600140-2", 60_000), 1);
+    assert_eq!(release(&mut con, "old", "1764633600123-1"), 1);
+    let third = id_of(&acquire(&mut con, "old", 5, 60_000));
+    let (_, n, of) = id_parts(&third);
+    assert_eq!((n, of), (3, None), "{third}");
+    assert_eq!(incarnation(&mut con, "old"), None, "nothing added");
+    assert_eq!(release(&mut con, "old", &third), 1);
+    let _: () = redis::cmd("DEL").arg("old").query(&mut con).unwrap();
+    let anew = id_of(&acquire(&mut con, "old", 5, 60_000));
+    assert_eq!(id_parts(&anew).2, incarnation(&mut con, "old"));
+    assert!(id_parts(&anew).2.is_some(), "{anew}");
 }
 
 #[test]
@@ -437,18 +598,16 @@ fn a_writing_call_removes_at_most_64_ended_leases_and_still_counts_exactly() {
         (1, 1),
         "two live leases: {grant:?}"
     );
-    assert_eq!(members(&mut con, "jobs").len(), 1 + 100 - 64 + 2);
+    assert_eq!(leases(&mut con, "jobs").len(), 100 - 64 + 2);
     // Two calls later every ended lease is gone; the live ones stay.
     let next = id_of(&acquire(&mut con, "jobs", 3, 60_000));
     assert_eq!(release(&mut con, "jobs", &next), 1);
-    let left: Vec<String> = members(&mut con, "jobs")
+    let left: Vec<String> = leases(&mut con, "jobs")
         .into_iter()
         .map(|(id, _)| id)
         .collect();
-    assert_eq!(
-        left,
-        vec!["seq".to_string(), id_of(&lasting), id_of(&grant)]
-    );
+    assert_eq!(left, vec![id_of(&lasting), id_of(&grant)]);
+    assert_eq!(members(&mut con, "jobs").len(), 4, "and seq and inc");
     let info = common::info_field(&mut con, "tb", "tb_leases_expired").unwrap();
     assert_eq!(info, "100");
 }
@@ -590,9 +749,11 @@ fn a_promoted_replica_keeps_the_leases_and_the_count() {
         .arg("ONE")
         .query(&mut rcon)
         .unwrap();
-    // The held lease still holds its slot; the next id counts on.
+    // The held lease still holds its slot; the next id counts on, of the same incarnation:
+    // the replica kept the master's, it never drew its own.
     let next = id_of(&acquire(&mut rcon, "jobs", 2, 600_000));
     assert_eq!(count_of(&next), 3);
+    assert_eq!(id_parts(&next).2, id_parts(&held).2);
     assert_eq!(acquire(&mut rcon, "jobs", 2, 600_000).acquired, 0);
     assert_eq!(release(&mut rcon, "jobs", &held), 1);
     assert_eq!(
@@ -727,8 +888,8 @@ fn a_waiter_is_served_when_the_earliest_lease_ends_by_itself() {
         "served after {waited_for:?}, the short lease ended at 400 ms"
     );
     assert_eq!(
-        members(&mut con, "jobs").len(),
-        3,
+        leases(&mut con, "jobs").len(),
+        2,
         "the ended lease was removed"
     );
 }
@@ -796,7 +957,7 @@ fn a_waiter_that_disconnects_takes_nothing_and_the_next_is_served() {
     release(&mut con, "jobs", &held);
     let reply = waited(next.reply());
     assert_eq!(reply.acquired, 1);
-    assert_eq!(members(&mut con, "jobs").len(), 2, "seq and one lease");
+    assert_eq!(leases(&mut con, "jobs").len(), 1, "one lease");
     assert_eq!(tb_field(&mut con, "tb_waits_abandoned"), 1);
 }
 
@@ -903,19 +1064,24 @@ fn leases_granted_to_waiters_reach_the_replica_exactly() {
         waiters.push(waiter(&master, "jobs", "2", "600000", "0"));
         wait_for_waiting(&mut con, index + 1);
     }
-    // A DEL by hand starts the count again: ids made anew within the ms of the held ones
-    // would be theirs (docs/leases.md#lease-ids), so the server's clock passes it first.
-    let held_ms: i64 = held[1].split('-').next().unwrap().parse().unwrap();
-    wait_until(
-        "the clock to pass the held ids' ms",
-        Duration::from_secs(5),
-        || server_time_ms(&mut con) > held_ms,
-    );
+    // A DEL by hand starts the count again, maybe within the ms of the held ids: the wake-up
+    // that makes the set anew draws another incarnation, stored with the first waiter's lease.
+    let held_with = incarnation(&mut con, "jobs");
     let _: () = redis::cmd("DEL").arg("jobs").query(&mut con).unwrap();
-    for client in &mut waiters[..2] {
-        assert_eq!(waited(client.reply()).acquired, 1);
-    }
+    let served: Vec<String> = waiters[..2]
+        .iter_mut()
+        .map(|client| {
+            let reply = waited(client.reply());
+            assert_eq!(reply.acquired, 1);
+            id_of(&reply)
+        })
+        .collect();
     assert_eq!(release(&mut con, "jobs", &held[0]), 0, "gone with the DEL");
+    let made_with = incarnation(&mut con, "jobs");
+    assert!(made_with.is_some() && made_with != held_with);
+    for (id, n) in served.iter().zip(1..) {
+        assert_eq!((id_parts(id).1, id_parts(id).2), (n, made_with), "{id}");
+    }
     wait_for_replica(&master, &replica);
     let mut rcon = replica.conn();
     assert_eq!(members(&mut rcon, "jobs"), members(&mut con, "jobs"));
@@ -923,7 +1089,7 @@ fn leases_granted_to_waiters_reach_the_replica_exactly() {
         pexpiretime(&mut rcon, "jobs"),
         pexpiretime(&mut con, "jobs")
     );
-    assert_eq!(members(&mut con, "jobs")[0], ("seq".to_string(), -2));
+    assert_eq!(score_of(&mut con, "jobs", "seq"), Some(-2));
 }
 
 #[test]
@@ -960,7 +1126,7 @@ fn a_master_turning_replica_ends_every_lease_wait_with_an_error_and_grants_nothi
     let before = members(&mut con, "jobs");
     let mut client = waiter(&server, "jobs", "1", "1000", "0");
     turn_replica_under_waiter(&server, &other, &mut client);
-    assert_eq!(before.len(), 2);
+    assert_eq!(before.len(), 3, "seq, inc and one lease: {before:?}");
 }
 
 #[test]

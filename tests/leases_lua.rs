@@ -14,11 +14,14 @@
 //! ```
 //!
 //! Then both calls saw the same `now`, and since the keys were equal before, the ids they hand
-//! out are equal too (`<ms>-<n>`, the same ms and the same count), so replies are compared
-//! whole. When the clocks disagree, B is re-synced from A (`DEL B; COPY A B`, which keeps the
-//! absolute expiry) and the step is tried again. Each compared step is also checked against the
-//! contract itself (the id, the deadline, the expiry rule, which expired leases go), so the two
-//! cannot agree on a mistake. The sequences are seeded (`TB_SEED` to replay one).
+//! out are equal too (`<ms>-<n>-<incarnation>`, the same ms, count and incarnation), so replies
+//! are compared whole. Only a call that makes a set makes A and B differ: each draws its own
+//! incarnation, at random, so that one is set aside (`without_incarnation`: compared by shape,
+//! everything else byte for byte) and B is re-synced from A after the step. When the clocks
+//! disagree, B is re-synced from A (`DEL B; COPY A B`, which keeps the absolute expiry) and the
+//! step is tried again. Each compared step is also checked against the contract itself (the id,
+//! the deadline, the expiry rule, which expired leases go, the incarnation a new set stores), so
+//! the two cannot agree on a mistake. The sequences are seeded (`TB_SEED` to replay one).
 
 mod common;
 
@@ -151,6 +154,14 @@ fn check_contract(seen: &Observed, call: &Call, what: &str) -> Outcome {
     let arg = |i: usize| text(&call.args[i]);
     let int = |i: usize| -> i64 { arg(i).parse().expect("a valid integer argument") };
     let seq_before = score_of(&seen.before[0].b, "seq").map_or(0, |s| -s as i64);
+    // A set made by this call stores a new incarnation; one made before keeps its own (or
+    // none, as sets made before incarnations).
+    let made = seen.before[0].b.is_empty();
+    let incarnation = if made {
+        incarnation_text(&seen.after[0].b)
+    } else {
+        incarnation_text(&seen.before[0].b)
+    };
     let live_before = before
         .iter()
         .filter(|(m, s)| m != "seq" && *s > now as f64)
@@ -216,7 +227,14 @@ fn check_contract(seen: &Observed, call: &Call, what: &str) -> Outcome {
                 .unwrap_or_else(|e| panic!("reply shape {e}: {}", context()));
             if live_before < limit {
                 let n = seq_before + 1;
-                let id = format!("{now}-{n}");
+                let id = match &incarnation {
+                    Some(incarnation) => format!("{now}-{n}-{incarnation}"),
+                    None => {
+                        assert!(!made, "a new set without an incarnation: {}", context());
+                        format!("{now}-{n}")
+                    }
+                };
+                assert_eq!(id_parts(&id).2.is_some(), incarnation.is_some());
                 assert_eq!(
                     reply,
                     (1, limit - live_before - 1, 0, Some(id.clone())),
@@ -228,10 +246,15 @@ fn check_contract(seen: &Observed, call: &Call, what: &str) -> Outcome {
                     pruned.into_iter().filter(|(m, _)| m != "seq").collect();
                 expected.push((id, d as f64));
                 expected.push(("seq".into(), -(n as f64)));
+                if made {
+                    let drawn: f64 = incarnation.as_deref().unwrap_or("0").parse().unwrap();
+                    expected.push(("inc".into(), -drawn));
+                }
                 expect_set(expected);
                 expect_expiry(d, &before);
                 Outcome::Granted { removed_expired }
             } else {
+                assert!(!made, "a denial on a missing key: {}", context());
                 let earliest = before
                     .iter()
                     .filter(|(m, s)| m != "seq" && *s > now as f64)
@@ -277,13 +300,12 @@ fn check_contract(seen: &Observed, call: &Call, what: &str) -> Outcome {
     }
 }
 
-/// `<digits>-<digits>`, at most 64 bytes: the only members a release or renewal looks up.
+/// Two or three groups of digits joined by dashes, at most 64 bytes: the only members a release
+/// or renewal looks up.
 fn is_lease_id(lease: &str) -> bool {
     let digits = |part: &str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
-    lease.len() <= 64
-        && lease
-            .split_once('-')
-            .is_some_and(|(ms, n)| digits(ms) && digits(n))
+    let groups = lease.split('-').count();
+    lease.len() <= 64 && (2..=3).contains(&groups) && lease.split('-').all(digits)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -333,18 +355,26 @@ fn random_lease(rng: &mut Rng, live: &[String], history: &[String], now: i64) ->
     if roll < 8 && !history.is_empty() {
         return rng.pick(history).clone();
     }
-    let last_n = history
-        .last()
-        .and_then(|id| id.split_once('-'))
-        .map_or(0, |(_, n)| n.parse::<i64>().unwrap_or(0));
-    match rng.below(8) {
+    let last = history.last().map(|id| id_parts(id));
+    let last_n = last.map_or(0, |(_, n, _)| n);
+    let incarnation = last
+        .and_then(|(_, _, incarnation)| incarnation)
+        .unwrap_or(1);
+    match rng.below(12) {
         0 => "seq".to_string(),
-        1 => String::new(),
-        2 => "lease".to_string(),
-        3 => format!("{now}-{}", last_n + 1),
-        4 => format!("{}-{last_n}", now - 1),
-        5 => "1-1".to_string(),
-        6 => "x".repeat(70),
+        1 => "inc".to_string(),
+        2 => String::new(),
+        3 => "lease".to_string(),
+        4 => format!("{now}-{}-{incarnation}", last_n + 1),
+        5 => format!("{}-{last_n}", now - 1),
+        6 => "1-1".to_string(),
+        7 => "x".repeat(70),
+        // The last id of another incarnation, and without its incarnation.
+        8 => last.map_or("1-1-1".to_string(), |(ms, n, _)| {
+            format!("{ms}-{n}-{}", incarnation + 1)
+        }),
+        9 => last.map_or("1-1".to_string(), |(ms, n, _)| format!("{ms}-{n}")),
+        10 => format!("{now}-{last_n}-{incarnation}-1"),
         _ => format!("{now}-{last_n}\0"),
     }
 }
@@ -472,6 +502,11 @@ fn differential(
                     history[index].push(text(id));
                 }
             }
+            // Each made its own set, with its own incarnation: from here on B is A again.
+            if seen.incarnations_differ() {
+                resync(con, a, b);
+                tally.saw("set made by both, each with its own incarnation");
+            }
         }
         // Let time pass now and then, so leases (and whole keys) end between calls.
         if rng.chance(12) {
@@ -485,7 +520,7 @@ fn differential(
 }
 
 /// What a lease run must have compared at least once.
-const LEASE_OUTCOMES: [&str; 7] = [
+const LEASE_OUTCOMES: [&str; 8] = [
     "grant",
     "denial",
     "release",
@@ -493,6 +528,7 @@ const LEASE_OUTCOMES: [&str; 7] = [
     "call on a lease not held",
     "write that removed expired leases",
     "grant on a new key",
+    "set made by both, each with its own incarnation",
 ];
 
 const STEPS: usize = 400;
@@ -557,8 +593,11 @@ fn the_module_and_the_library_take_over_each_others_keys() {
         let one = acquire(&mut con, first);
         let two = acquire(&mut con, first);
         let three = acquire(&mut con, second);
+        // The count goes on, and so does the incarnation the first one made the set with.
+        let made_with = incarnation(&mut con, "takeover").expect("an incarnation");
         for (id, n) in [(&one, 1), (&two, 2), (&three, 3)] {
-            assert!(id.ends_with(&format!("-{n}")), "{id}");
+            let (_, count, of) = id_parts(id);
+            assert_eq!((count, of), (n, Some(made_with)), "{id}");
         }
         assert_eq!(call(&mut con, second, "release", &[one.as_bytes()]), 1);
         assert_eq!(call(&mut con, second, "release", &[one.as_bytes()]), 0);
@@ -573,15 +612,18 @@ fn the_module_and_the_library_take_over_each_others_keys() {
         );
         assert_eq!(call(&mut con, first, "release", &[three.as_bytes()]), 1);
         let four = acquire(&mut con, first);
-        assert!(four.ends_with("-4"), "{four}");
-        let members: Members = redis::cmd("ZRANGE")
-            .arg(key)
-            .arg(0)
-            .arg(-1)
-            .query(&mut con)
-            .unwrap();
-        let members: Vec<String> = members.iter().map(|m| text(m)).collect();
-        assert_eq!(members, vec!["seq".to_string(), four.clone(), two.clone()]);
+        assert_eq!(id_parts(&four).1, 4, "{four}");
+        let mut stored = members(&mut con, "takeover");
+        stored.sort_by(|x, y| x.0.cmp(&y.0));
+        let names: Vec<&str> = stored.iter().map(|(m, _)| m.as_str()).collect();
+        let mut expected = vec![four.as_str(), two.as_str(), "inc", "seq"];
+        expected.sort_unstable();
+        assert_eq!(names, expected);
+        assert!(
+            stored.contains(&("inc".to_string(), -made_with)),
+            "{stored:?}"
+        );
+        assert!(stored.contains(&("seq".to_string(), -4)), "{stored:?}");
         let now = server_time_ms(&mut con);
         assert_within(
             "expiry",
@@ -634,7 +676,13 @@ fn hand_made_cases(con: &mut redis::Connection, fallback: &Fallback) {
     let long_id = format!("1-{}", "1".repeat(63));
     let long_id = [long_id.as_bytes()];
     let seq = |count: f64| ("seq".to_string(), Score::Abs(-count));
+    let inc = |incarnation: f64| ("inc".to_string(), Score::Abs(-incarnation));
     let max = MAX as f64;
+    // More members scored <= 0 than the module's scan looks at: it looks `inc` up instead.
+    let crowded: Vec<(String, Score)> = (0..9)
+        .map(|i| (format!("z{i}"), Score::Abs(-(i as f64))))
+        .chain([seq(1.0), inc(5.0), live("7-1-5", 5000)])
+        .collect();
     type Case = (Vec<(String, Score)>, Expiry, Call);
     #[rustfmt::skip]
     let cases: Vec<Case> = vec![
@@ -669,6 +717,25 @@ fn hand_made_cases(con: &mut redis::Connection, fallback: &Fallback) {
         (vec![seq(1.0), ("7-1".into(), Score::AheadHalf(1000))], Expiry::Latest, Call::new("acquire", &[b"1", b"10"])),
         (vec![seq(1.0), ("7-1".into(), Score::AheadHalf(50_000))], Expiry::None, Call::new("acquire", &[b"2", b"10"])),
         (vec![seq(1.0), ("7-1".into(), Score::AheadHalf(50_000))], Expiry::None, Call::new("renew", &[b"7-1", b"10"])),
+        // Sets with an incarnation: their ids carry it, and only their own ids are theirs.
+        (vec![seq(3.0), inc(77.0), live("7-3-77", 10_000)], Expiry::Latest, Call::new("acquire", &[b"5", b"100"])),
+        (vec![seq(3.0), inc(77.0), live("7-3-77", 10_000)], Expiry::Latest, Call::new("release", &[b"7-3-77"])),
+        (vec![seq(3.0), inc(77.0), live("7-3-77", 10_000)], Expiry::Latest, Call::new("renew", &[b"7-3-77", b"20"])),
+        (vec![seq(3.0), inc(77.0), live("7-3-77", 10_000)], Expiry::Latest, Call::new("release", &[b"7-3-78"])),
+        (vec![seq(3.0), inc(77.0), live("7-3-77", 10_000)], Expiry::Latest, Call::new("release", &[b"7-3"])),
+        (vec![seq(3.0), inc(77.0), live("7-3-77", 10_000)], Expiry::Latest, Call::new("renew", &[b"inc", b"20"])),
+        (vec![seq(2.0), inc(77.0), live("7-1", 5000), live("7-2-77", 5000)], Expiry::Latest, Call::new("acquire", &[b"5", b"10"])),
+        (vec![seq(1.0), inc(max)], Expiry::Latest, Call::new("acquire", &[b"5", b"10"])),
+        (vec![seq(1.0), inc(5.0), ("7-9-5".into(), Score::Abs(-3.0))], Expiry::Latest, Call::new("release", &[b"7-9-5"])),
+        (vec![seq(1.0), inc(5.0), live("7-1-5", 5000)], Expiry::Latest, Call::new("release", &[b"7-1-5"])),
+        (crowded.clone(), Expiry::Latest, Call::new("acquire", &[b"5", b"10"])),
+        (crowded.clone(), Expiry::Latest, Call::new("release", &[b"7-1-5"])),
+        // An `inc` scored otherwise is no incarnation: ids as before incarnations.
+        (vec![seq(1.0), ("inc".into(), Score::Abs(0.0))], Expiry::Latest, Call::new("acquire", &[b"5", b"10"])),
+        (vec![seq(1.0), ("inc".into(), Score::Abs(-0.5))], Expiry::Latest, Call::new("acquire", &[b"5", b"10"])),
+        (vec![seq(1.0), inc(max + 2.0)], Expiry::Latest, Call::new("acquire", &[b"5", b"10"])),
+        (vec![seq(1.0), ("inc".into(), Score::Ahead(5000))], Expiry::Latest, Call::new("acquire", &[b"1", b"10"])),
+        (vec![seq(1.0), ("inc".into(), Score::Ahead(5000))], Expiry::Latest, Call::new("acquire", &[b"2", b"10"])),
     ];
     let mut tally = Tally::default();
     let mut errors_compared = 0;
@@ -986,7 +1053,8 @@ fn the_function_library_refuses_bad_input_in_the_module_words() {
 }
 
 /// ACL applies to the commands a script calls: a restricted user of the leases needs FCALL
-/// and TYPE, ZSCORE, TIME, ZCOUNT, ZRANGEBYSCORE, ZRANGE, PEXPIRETIME, ZREM, ZADD, PEXPIREAT.
+/// and TYPE, ZSCORE, TIME, ZCOUNT, ZRANGEBYSCORE, ZRANGE, PEXPIRETIME, ZREM, ZADD, PEXPIREAT,
+/// and INFO to make a set (its incarnation).
 #[test]
 fn a_restricted_user_needs_the_commands_the_lease_functions_call() {
     let server = Server::start();
@@ -1007,6 +1075,7 @@ fn a_restricted_user_needs_the_commands_the_lease_functions_call() {
         "+zrem",
         "+zadd",
         "+pexpireat",
+        "+info",
     ];
     let _: () = redis::cmd("ACL")
         .arg("SETUSER")
@@ -1086,6 +1155,42 @@ fn a_restricted_user_needs_the_commands_the_lease_functions_call() {
         .expect_err("no PEXPIRETIME");
     println!("without +pexpiretime: {err}");
     assert!(!exists(&mut admin, "le:2"));
+
+    // Without INFO a set cannot be made (its incarnation is drawn from it), and nothing is
+    // written; a set that exists is served as before.
+    let no_info: Vec<&str> = rules
+        .iter()
+        .copied()
+        .filter(|rule| *rule != "+info")
+        .collect();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("noinfo")
+        .arg(&no_info)
+        .query(&mut admin)
+        .expect("ACL SETUSER");
+    let mut noinfo = server.conn();
+    let _: () = redis::cmd("AUTH")
+        .arg("noinfo")
+        .arg("pw")
+        .query(&mut noinfo)
+        .expect("AUTH");
+    let err =
+        outcome(&mut noinfo, &f.cmd("acquire", b"le:3", &[b"1", b"1000"])).expect_err("no INFO");
+    // Each server words it its own way (Redis 7.0: "can't run this command", Valkey: "no
+    // permissions to run the 'info' command").
+    assert!(
+        ["NOPERM", "permissions", "can't run this command"]
+            .iter()
+            .any(|words| err.contains(words)),
+        "{err}"
+    );
+    assert!(!exists(&mut admin, "le:3"));
+    let (acquired, ..): (i64, i64, i64, Option<String>) = f
+        .cmd("acquire", key, &[b"9", b"1000"])
+        .query(&mut noinfo)
+        .expect("acquire on a set that exists");
+    assert_eq!(acquired, 1);
 }
 
 /// Replicas and the AOF get the same commands from both (docs/leases.md, "Replication is by
@@ -1258,9 +1363,32 @@ fn the_twins_append_the_same_commands() {
                 .collect::<Vec<_>>()
                 .join("; ")
         };
+        // A set made by a step has an incarnation of its own on each side: set aside, as the
+        // ZADD that makes the set shows it (`<-incarnation> inc`).
+        let without_incarnation = |commands: Vec<Vec<Vec<u8>>>| -> Vec<Vec<Vec<u8>>> {
+            let incarnation = commands.iter().find_map(|command| {
+                let at = command.iter().position(|arg| arg.as_slice() == b"inc")?;
+                let score = text(command.get(at.checked_sub(1)?)?);
+                incarnation_of_score(score.parse().ok()?).map(|i| i.to_string())
+            });
+            commands
+                .into_iter()
+                .map(|command| {
+                    command
+                        .iter()
+                        .map(|arg| match &incarnation {
+                            Some(i) if text(arg) == format!("-{i}") => {
+                                INCARNATION.as_bytes().to_vec()
+                            }
+                            _ => id_without_incarnation(arg, incarnation.as_deref()),
+                        })
+                        .collect()
+                })
+                .collect()
+        };
         for (index, wrote, what) in &compared {
-            let from_module = on(&blocks[*index], a);
-            let from_twin = on(&blocks[*index], b);
+            let from_module = without_incarnation(on(&blocks[*index], a));
+            let from_twin = without_incarnation(on(&blocks[*index], b));
             println!("{} {what}: {}", fallback.name(), show(&from_module));
             assert_eq!(
                 show(&from_twin),
@@ -1356,4 +1484,91 @@ fn over_maxmemory_only_acquire_is_refused_by_both() {
         &script.cmd("release", b"oom:b", &[ids[1][0].as_bytes()]),
     );
     assert_eq!(released, Ok(Value::Int(1)));
+}
+
+/// Issue 25, on the twin as on the module: at 10:00:00 a lease set hands out
+/// `<10:00:00 in ms>-1-...`, the set expires at 10:00:30, the clock steps back to 10:00:00 (an
+/// NTP step, a restored snapshot, a promoted replica behind), and the set made anew hands out
+/// the same instant and count again, but not the same id: its incarnation is another. So the
+/// old holder's id releases and renews nothing, whichever of the module, the script and the
+/// library made either set or is asked. The clock is the server's own (libfaketime), so the
+/// script's TIME is moved too.
+#[test]
+fn no_twin_hands_an_id_out_again_after_the_clock_steps_back() {
+    let Some(clock) = FakeClock::new() else {
+        return;
+    };
+    let server = clock.start(TEN_AM, &[]);
+    let mut con = server.conn();
+    let script = Fallback::script(&mut con);
+    let function = Fallback::function(&mut con);
+    let by: [(&str, Option<&Fallback>); 3] = [
+        ("the module", None),
+        ("the script", Some(&script)),
+        ("the library", Some(&function)),
+    ];
+    let run = |con: &mut redis::Connection,
+               by: Option<&Fallback>,
+               command: &str,
+               key: &str,
+               args: &[&[u8]]|
+     -> Value {
+        let cmd = match by {
+            Some(fallback) => fallback.cmd(command, key.as_bytes(), args),
+            None => module_cmd(command, key.as_bytes(), args),
+        };
+        cmd.query(con)
+            .unwrap_or_else(|e| panic!("{command} on {key}: {e}"))
+    };
+    let acquire = |con: &mut redis::Connection, maker: Option<&Fallback>, key: &str| -> String {
+        let reply = run(con, maker, "acquire", key, &[b"1", b"1000"]);
+        let (acquired, _, _, id): (i64, i64, i64, String) =
+            redis::from_redis_value(&reply).expect("a grant");
+        assert_eq!(acquired, 1, "{key}");
+        id
+    };
+    for (first_name, first) in by {
+        for (second_name, second) in by {
+            let key = format!("lc:{first_name}:{second_name}");
+            let what = format!("made by {first_name}, then by {second_name}");
+            clock.set(TEN_AM);
+            assert_eq!(server_time_ms(&mut con), TEN_AM_MS, "the fake clock");
+            let old = acquire(&mut con, first, &key);
+            clock.set(TEN_AM_AND_30_S);
+            let now = server_time_ms(&mut con);
+            assert!(
+                !exists(&mut con, &key),
+                "{what}: the set expired (now {now}, expiry {})",
+                pexpiretime(&mut con, &key)
+            );
+            clock.set(TEN_AM);
+            assert_eq!(
+                server_time_ms(&mut con),
+                TEN_AM_MS,
+                "the clock stepped back"
+            );
+            let new = acquire(&mut con, second, &key);
+            let (old_ms, old_n, old_incarnation) = id_parts(&old);
+            let (new_ms, new_n, new_incarnation) = id_parts(&new);
+            assert_eq!((old_ms, old_n), (TEN_AM_MS, 1), "{what}: {old}");
+            assert_eq!((new_ms, new_n), (TEN_AM_MS, 1), "{what}: {new}");
+            assert!(
+                old_incarnation.is_some() && old_incarnation != new_incarnation,
+                "{what}: {old} handed out again as {new}"
+            );
+            assert_eq!(new_incarnation, incarnation(&mut con, &key), "{what}");
+            for (name, caller) in by {
+                let released = run(&mut con, caller, "release", &key, &[old.as_bytes()]);
+                let renewed = run(&mut con, caller, "renew", &key, &[old.as_bytes(), b"1000"]);
+                assert_eq!(
+                    (released, renewed),
+                    (Value::Int(0), Value::Int(0)),
+                    "{what}: the old holder's {old} through {name}"
+                );
+            }
+            let released = run(&mut con, second, "release", &key, &[new.as_bytes()]);
+            assert_eq!(released, Value::Int(1), "{what}: the new holder's {new}");
+        }
+    }
+    println!("under libfaketime on {}", clock.server().display());
 }

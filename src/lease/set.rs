@@ -3,8 +3,11 @@
 //!
 //! Layout (shared with lua/tb.lua, so either can take over from the other):
 //! a sorted set with one member per lease, its id scored by its deadline
-//! (Unix ms), and the member `seq` scored by minus the count of ids handed
-//! out. The key expires at the latest deadline it has handed out.
+//! (Unix ms), the member `seq` scored by minus the count of ids handed out,
+//! and the member `inc` scored by minus the set's incarnation (drawn from
+//! the server's random source by the grant that makes the set; a set made
+//! before incarnations has no `inc`). The key expires at the latest
+//! deadline it has handed out.
 //!
 //! Replicas and the AOF get plain ZREM / ZADD / PEXPIREAT with the values
 //! computed here, never the command, so they need no module and replay to
@@ -18,15 +21,19 @@ use redis_module::raw::{
 };
 
 use redis_tb_core::error::TbError;
-use redis_tb_core::lease::{self, Grant, SetView, MAX_EXPIRED_REMOVED};
+use redis_tb_core::lease::{
+    self, Grant, Incarnation, SetIncarnation, SetView, MAX_EXPIRED_REMOVED,
+};
 use redis_tb_core::number::format_integer;
 
 use crate::server::api::Api;
 use crate::server::keys::{open_key, Access, ServerString};
 use crate::server::metrics;
 
-/// The bookkeeping member's name (`Api::seq_member` as bytes).
+/// The bookkeeping members' names (`Api::seq_member`, `Api::inc_member`
+/// as bytes).
 const SEQ: &[u8] = b"seq";
+const INC: &[u8] = b"inc";
 
 /// An open lease-set key; closed when dropped.
 pub struct LeaseSet<'a> {
@@ -49,8 +56,8 @@ enum Count {
 pub struct Read<'a> {
     pub seen: SetView,
     pub expired: Vec<ServerString<'a>>,
-    /// Whether `expired` holds every member scored <= now but `seq`: then
-    /// any other member is a live lease, with no lookup.
+    /// Whether `expired` holds every member scored <= now but `seq` and
+    /// `inc`: then any other member is a live lease, with no lookup.
     pub all_ended_seen: bool,
 }
 
@@ -95,11 +102,17 @@ impl<'a> LeaseSet<'a> {
             || unsafe { (self.api.key_type)(self.key) } as isize == REDISMODULE_KEYTYPE_EMPTY
     }
 
-    /// The set as seen at `now_ms`, with its expiry: what TB.ACQUIRE, TB.RENEW
-    /// and a wake-up decide on. `CorruptLeaseSet` (naming argument
-    /// `key_arg`) if it has no usable `seq` member.
+    /// The set as seen at `now_ms`, with its expiry: what TB.ACQUIRE and a
+    /// wake-up decide on. A missing set comes with a new incarnation,
+    /// drawn from the server's random source, for the grant that would make
+    /// it. `CorruptLeaseSet` (naming argument `key_arg`) if it has no usable
+    /// `seq` member.
     pub fn read(&self, now_ms: i64, key_arg: usize) -> Result<Read<'a>, TbError> {
-        let read = self.scan(now_ms, key_arg, Count::Live)?;
+        let mut read = self.scan(now_ms, key_arg, Count::Live)?;
+        if self.is_empty() {
+            let drawn = Incarnation::from_random(self.api.random_u64());
+            read.seen.incarnation = SetIncarnation::New(drawn);
+        }
         Ok(self.with_expiry(read, now_ms))
     }
 
@@ -128,8 +141,8 @@ impl<'a> LeaseSet<'a> {
         self.scan(now_ms, key_arg, Count::EndedOnly)
     }
 
-    /// One pass from the lowest score: `seq` (and any other member scored
-    /// <= 0, which is never a lease), then the ended leases (kept for
+    /// One pass from the lowest score: `seq` and `inc` (and any other member
+    /// scored <= 0, which is never a lease), then the ended leases (kept for
     /// removal, the 64 earliest), then the earliest live one. Past either
     /// bound the rest are looked up or counted by the server instead, so a
     /// call's work stays bounded however many leases ended unnoticed.
@@ -144,9 +157,11 @@ impl<'a> LeaseSet<'a> {
         }
         let zset = &self.api.zset;
         let now = now_ms as f64;
-        // `seq` is found on the way (it is scored <= 0, so it comes first):
-        // a lookup by name would scan a small set's listpack once more.
+        // `seq` and `inc` are found on the way (they are scored <= 0, so they
+        // come first): a lookup by name would scan a small set's listpack
+        // once more.
         let mut seq_score = None;
+        let mut inc_score = None;
         const MAX_NOT_POSITIVE: usize = 8;
         let mut not_positive = 0usize;
         let mut expired = 0usize;
@@ -174,8 +189,10 @@ impl<'a> LeaseSet<'a> {
                     }
                     read.expired.push(element);
                 } else {
-                    if element.bytes() == SEQ {
-                        seq_score = Some(score);
+                    match element.bytes() {
+                        SEQ => seq_score = Some(score),
+                        INC => inc_score = Some(score),
+                        _ => {}
                     }
                     not_positive = not_positive.saturating_add(1);
                     if not_positive > MAX_NOT_POSITIVE {
@@ -191,12 +208,21 @@ impl<'a> LeaseSet<'a> {
             .or_else(|| self.score(self.api.seq_member.0))
             .and_then(lease::issued_from_score)
             .ok_or(TbError::CorruptLeaseSet { key_arg })?;
-        read.all_ended_seen = !overflow && not_positive == 1 && seq_score.is_some();
-        if overflow && expired <= MAX_EXPIRED_REMOVED {
-            // Stopped among the members scored <= 0: the ended leases are
-            // looked up on their own.
+        let bookkeeping = 1usize.saturating_add(usize::from(inc_score.is_some()));
+        read.all_ended_seen = !overflow && not_positive == bookkeeping && seq_score.is_some();
+        let stopped_among_not_positive = overflow && expired <= MAX_EXPIRED_REMOVED;
+        if stopped_among_not_positive {
+            // Stopped among the members scored <= 0: `inc`, if not met yet,
+            // and the ended leases are looked up on their own.
+            inc_score = inc_score.or_else(|| self.score(self.api.inc_member.0));
             read.expired = self.earliest_ended(now);
         }
+        // An `inc` scored otherwise than minus an incarnation (or above 0,
+        // where it counts as a lease) is no incarnation: the set hands out
+        // ids as a set made before incarnations.
+        read.seen.incarnation = inc_score
+            .and_then(Incarnation::from_score)
+            .map_or(SetIncarnation::Legacy, SetIncarnation::Stored);
         if count == Count::EndedOnly {
             return Ok(read);
         }
@@ -326,11 +352,14 @@ impl<'a> LeaseSet<'a> {
 
     /// Stores new leases (one per waiter a wake-up serves, or one for
     /// TB.ACQUIRE), the count after them, the removal of `expired` and the
-    /// expiry, then tells replicas, the AOF and listeners.
+    /// expiry, then tells replicas, the AOF and listeners. The grant that
+    /// makes the set (the first of a new set's) also stores its incarnation,
+    /// in the same ZADD.
     pub fn grant(&self, read: &Read<'a>, grants: &[Grant]) -> Result<(), TbError> {
         let Some(last) = grants.last() else {
             return Ok(());
         };
+        let made = grants.iter().find_map(|grant| grant.new_incarnation);
         let ids: Vec<ServerString> = grants
             .iter()
             .map(|grant| ServerString::copy(self.api, self.ctx, grant.id.text().as_bytes()))
@@ -342,41 +371,65 @@ impl<'a> LeaseSet<'a> {
             self.add(grant.deadline_ms as f64, id.ptr())?;
         }
         self.add(-(issued as f64), self.api.seq_member.0)?;
+        if let Some(made) = made {
+            self.add(made.score() as f64, self.api.inc_member.0)?;
+        }
         // SAFETY: a live context; the strings live until after the call
         // (RM_Replicate copies what it keeps).
         self.after_zadd(read, expire_at_ms, || unsafe {
-            if let ([grant], [id]) = (grants, ids.as_slice()) {
-                (self.api.replicate)(
-                    self.ctx,
-                    c"ZADD".as_ptr(),
-                    c"slsls".as_ptr(),
-                    self.name,
-                    grant.deadline_ms as c_longlong,
-                    id.ptr(),
-                    issued.saturating_neg() as c_longlong,
-                    self.api.seq_member.0,
-                );
-            } else {
-                let mut texts = Vec::with_capacity(grants.len().saturating_mul(2));
-                for (grant, id) in grants.iter().zip(&ids) {
-                    texts.push(self.integer(grant.deadline_ms)?);
-                    texts.push(
-                        ServerString::copy(self.api, self.ctx, id.bytes())
-                            .ok_or(TbError::Internal)?,
+            match (grants, ids.as_slice(), made) {
+                ([grant], [id], None) => {
+                    (self.api.replicate)(
+                        self.ctx,
+                        c"ZADD".as_ptr(),
+                        c"slsls".as_ptr(),
+                        self.name,
+                        grant.deadline_ms as c_longlong,
+                        id.ptr(),
+                        issued.saturating_neg() as c_longlong,
+                        self.api.seq_member.0,
                     );
                 }
-                texts.push(self.integer(issued.saturating_neg())?);
-                let mut argv: Vec<*mut RedisModuleString> =
-                    texts.iter().map(|text| text.ptr()).collect();
-                argv.push(self.api.seq_member.0);
-                (self.api.replicate)(
-                    self.ctx,
-                    c"ZADD".as_ptr(),
-                    c"sv".as_ptr(),
-                    self.name,
-                    argv.as_mut_ptr(),
-                    argv.len(),
-                );
+                ([grant], [id], Some(made)) => {
+                    (self.api.replicate)(
+                        self.ctx,
+                        c"ZADD".as_ptr(),
+                        c"slslsls".as_ptr(),
+                        self.name,
+                        grant.deadline_ms as c_longlong,
+                        id.ptr(),
+                        issued.saturating_neg() as c_longlong,
+                        self.api.seq_member.0,
+                        made.score() as c_longlong,
+                        self.api.inc_member.0,
+                    );
+                }
+                _ => {
+                    let mut texts = Vec::with_capacity(grants.len().saturating_mul(2));
+                    for (grant, id) in grants.iter().zip(&ids) {
+                        texts.push(self.integer(grant.deadline_ms)?);
+                        texts.push(
+                            ServerString::copy(self.api, self.ctx, id.bytes())
+                                .ok_or(TbError::Internal)?,
+                        );
+                    }
+                    let count = self.integer(issued.saturating_neg())?;
+                    let made_score = made.map(|made| self.integer(made.score())).transpose()?;
+                    let mut argv: Vec<*mut RedisModuleString> =
+                        texts.iter().map(|text| text.ptr()).collect();
+                    argv.extend([count.ptr(), self.api.seq_member.0]);
+                    if let Some(score) = &made_score {
+                        argv.extend([score.ptr(), self.api.inc_member.0]);
+                    }
+                    (self.api.replicate)(
+                        self.ctx,
+                        c"ZADD".as_ptr(),
+                        c"sv".as_ptr(),
+                        self.name,
+                        argv.as_mut_ptr(),
+                        argv.len(),
+                    );
+                }
             }
             Ok(())
         })

@@ -16,13 +16,13 @@ use redis_module::raw::{
     RedisModule_CloseKey, RedisModule_CreateString, RedisModule_CreateTimer, RedisModule_DeleteKey,
     RedisModule_FreeCallReply, RedisModule_FreeString, RedisModule_GetAbsExpire,
     RedisModule_GetBlockedClientPrivateData, RedisModule_GetContextFlags,
-    RedisModule_GetSelectedDb, RedisModule_HashGet, RedisModule_HashSet, RedisModule_KeyType,
-    RedisModule_Log, RedisModule_Milliseconds, RedisModule_NotifyKeyspaceEvent,
-    RedisModule_OpenKey, RedisModule_Replicate, RedisModule_ReplyWithArray,
-    RedisModule_ReplyWithError, RedisModule_ReplyWithLongLong, RedisModule_SelectDb,
-    RedisModule_SetAbsExpire, RedisModule_SetDisconnectCallback, RedisModule_SetExpire,
-    RedisModule_SignalModifiedKey, RedisModule_StopTimer, RedisModule_StringPtrLen,
-    RedisModule_UnblockClient, RedisModule_WrongArity,
+    RedisModule_GetRandomBytes, RedisModule_GetSelectedDb, RedisModule_HashGet,
+    RedisModule_HashSet, RedisModule_KeyType, RedisModule_Log, RedisModule_Milliseconds,
+    RedisModule_NotifyKeyspaceEvent, RedisModule_OpenKey, RedisModule_Replicate,
+    RedisModule_ReplyWithArray, RedisModule_ReplyWithError, RedisModule_ReplyWithLongLong,
+    RedisModule_SelectDb, RedisModule_SetAbsExpire, RedisModule_SetDisconnectCallback,
+    RedisModule_SetExpire, RedisModule_SignalModifiedKey, RedisModule_StopTimer,
+    RedisModule_StringPtrLen, RedisModule_UnblockClient, RedisModule_WrongArity,
 };
 use redis_module::raw::{
     RedisModule_CallReplyInteger, RedisModule_GetExpire, RedisModule_ReplyWithNull,
@@ -128,6 +128,12 @@ pub struct Api {
     /// the bookkeeping member, made once like the field names.
     pub zset: Zset,
     pub seq_member: FieldName,
+    /// The member holding a lease set's incarnation (core/src/lease.rs,
+    /// `Incarnation`).
+    pub inc_member: FieldName,
+    /// The server's random source (SHA1 in counter mode, seeded from
+    /// /dev/urandom at startup): a new lease set's incarnation.
+    pub random_bytes: unsafe extern "C" fn(*mut u8, usize),
     pub get_expire: unsafe extern "C" fn(*mut RedisModuleKey) -> mstime_t,
     pub call_reply_integer: unsafe extern "C" fn(*mut RedisModuleCallReply) -> c_longlong,
     pub reply_with_null: unsafe extern "C" fn(*mut RedisModuleCtx) -> c_int,
@@ -252,6 +258,8 @@ pub unsafe fn resolve() -> Result<&'static Api, &'static str> {
             range_stop: need!(RedisModule_ZsetRangeStop),
         },
         seq_member: field("seq")?,
+        inc_member: field("inc")?,
+        random_bytes: need!(RedisModule_GetRandomBytes),
         get_expire: need!(RedisModule_GetExpire),
         call_reply_integer: need!(RedisModule_CallReplyInteger),
         reply_with_null: need!(RedisModule_ReplyWithNull),
@@ -277,6 +285,14 @@ impl Api {
             Some(cached) => (unsafe { cached() }).div_euclid(1000),
             None => unsafe { (self.milliseconds)() },
         }
+    }
+
+    /// 64 bits from the server's random source.
+    pub fn random_u64(&self) -> u64 {
+        let mut bytes = [0u8; 8];
+        // SAFETY: the buffer holds exactly the 8 bytes asked for.
+        unsafe { (self.random_bytes)(bytes.as_mut_ptr(), bytes.len()) };
+        u64::from_le_bytes(bytes)
     }
 
     /// Writes `message` to the server log at `level` ("warning", "notice").

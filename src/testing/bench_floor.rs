@@ -5,7 +5,8 @@
 //! is left once the unavoidable part is paid.
 //!
 //! - `TB.FLOOR.ACQUIRE key deadline_ms granted_ms n expire_at_ms`: stores the
-//!   lease `<granted_ms>-<n>` at `deadline_ms` and `seq` at `-n`, and, unless
+//!   lease `<granted_ms>-<n>` (a set without incarnation, as before them) at
+//!   `deadline_ms` and `seq` at `-n`, and, unless
 //!   `expire_at_ms` is 0, the expiry; replies as TB.ACQUIRE does.
 //! - `TB.FLOOR.RELEASE key lease`: removes `lease`; replies 1 or 0.
 //! - `TB.FLOOR.TAKE key tokens deadline_ms`: stores `tokens` and
@@ -50,10 +51,12 @@ fn acquire(
         id: LeaseId {
             granted_ms: whole(granted_ms)?,
             n: whole(n)?,
+            incarnation: None,
         },
         deadline_ms: whole(deadline_ms)?,
         available: 0,
         expire_at_ms: (expire_at_ms > 0).then_some(expire_at_ms),
+        new_incarnation: None,
     };
     // SAFETY: the command's context and key.
     let set = unsafe { LeaseSet::open(api, ctx, *key, Access::Write) }?;

@@ -387,8 +387,8 @@ pub fn eval_tb(
         .unwrap_or_else(|e| panic!("{eval} {command} {key} {args:?} failed: {e}"))
 }
 
-/// A sorted set (a lease set: the ids and `seq`) as `(member, score)` pairs, lowest score
-/// first.
+/// A sorted set (a lease set: the ids, `seq` and `inc`) as `(member, score)` pairs, lowest
+/// score first.
 pub fn members(con: &mut redis::Connection, key: &str) -> Vec<(String, i64)> {
     redis::cmd("ZRANGE")
         .arg(key)
@@ -397,6 +397,49 @@ pub fn members(con: &mut redis::Connection, key: &str) -> Vec<(String, i64)> {
         .arg("WITHSCORES")
         .query(con)
         .expect("ZRANGE")
+}
+
+/// 2^53: the largest incarnation.
+const MAX_INCARNATION: i64 = 1 << 53;
+
+/// The incarnation a lease set's `inc` member holds (minus its score, a whole number in
+/// [-2^53, -1]; docs/leases.md), if it has one.
+pub fn incarnation_of_score(score: f64) -> Option<i64> {
+    let whole = score.fract() == 0.0 && (-(MAX_INCARNATION as f64)..=-1.0).contains(&score);
+    whole.then(|| -(score as i64))
+}
+
+/// The incarnation of the lease set at `key`, if it has one.
+pub fn incarnation(con: &mut redis::Connection, key: &str) -> Option<i64> {
+    let score: Option<f64> = redis::cmd("ZSCORE")
+        .arg(key)
+        .arg("inc")
+        .query(con)
+        .expect("ZSCORE");
+    score.and_then(incarnation_of_score)
+}
+
+/// The parts of a lease id: `<ms>-<n>-<incarnation>`, or `<ms>-<n>` from a set made before
+/// incarnations; panics on anything else.
+pub fn id_parts(id: &str) -> (i64, i64, Option<i64>) {
+    let parts: Vec<i64> = id
+        .split('-')
+        .map(|part| {
+            part.parse()
+                .unwrap_or_else(|_| panic!("not a lease id: {id:?}"))
+        })
+        .collect();
+    match parts[..] {
+        [ms, n] => (ms, n, None),
+        [ms, n, incarnation] => {
+            assert!(
+                (1..=MAX_INCARNATION).contains(&incarnation),
+                "incarnation out of range: {id:?}"
+            );
+            (ms, n, Some(incarnation))
+        }
+        _ => panic!("not a lease id: {id:?}"),
+    }
 }
 
 /// One field of `INFO tb`; panics when it is missing.

@@ -7,6 +7,7 @@
 //! - [`replication`]: replicas, replication offsets, a server turned replica under a waiter;
 //! - [`aof`]: the commands in the append-only file;
 //! - [`cell`]: redis-cell's module (`CL.THROTTLE`), built outside the tree, to load beside;
+//! - [`clock`]: a server whose clock the test moves, forwards and back (libfaketime);
 //! - [`twin`]: the Lua twin (`lua/tb.lua`) and the differential harness against the module;
 //! - [`rng`]: a small seeded generator for test inputs.
 //!
@@ -25,6 +26,7 @@
 
 pub mod aof;
 pub mod cell;
+pub mod clock;
 pub mod commands;
 pub mod raw_client;
 pub mod replication;
@@ -36,5 +38,6 @@ pub mod twin;
 // needs no twin or AOF helper would otherwise warn about the glob it does not use.
 #[allow(unused_imports)]
 pub use self::{
-    aof::*, cell::*, commands::*, raw_client::*, replication::*, rng::*, server::*, twin::*,
+    aof::*, cell::*, clock::*, commands::*, raw_client::*, replication::*, rng::*, server::*,
+    twin::*,
 };

@@ -38,6 +38,10 @@ pub struct Server {
     /// The module and its load arguments; `None` for a server started by
     /// `start_without_module` (kept for `restart`).
     module: Option<(PathBuf, Vec<String>)>,
+    /// The binary, when not `server_binary()`, and variables added to the
+    /// environment (`start_under`; kept for `restart`).
+    binary: Option<PathBuf>,
+    env: Vec<(String, String)>,
 }
 
 impl Server {
@@ -59,20 +63,41 @@ impl Server {
         Server::launch(extra, Some((module, module_args)))
     }
 
+    /// The server `binary`, with the module loaded, `env` added to its environment
+    /// (e.g. `LD_PRELOAD` of libfaketime, see `clock.rs`), then the defaults and `extra`.
+    pub fn start_under(binary: &Path, env: &[(String, String)], extra: &[&str]) -> Server {
+        let mut server = Server::unstarted(extra, Some((module_path(), Vec::new())));
+        server.binary = Some(binary.to_path_buf());
+        server.env = env.to_vec();
+        server.bind_and_wait();
+        server
+    }
+
     fn launch(extra: &[&str], module: Option<(PathBuf, Vec<String>)>) -> Server {
-        let dir = fresh_dir();
-        let mut server = Server {
+        let mut server = Server::unstarted(extra, module);
+        server.bind_and_wait();
+        server
+    }
+
+    fn unstarted(extra: &[&str], module: Option<(PathBuf, Vec<String>)>) -> Server {
+        Server {
             port: 0,
-            dir,
+            dir: fresh_dir(),
             child: Mutex::new(None),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             module,
-        };
+            binary: None,
+            env: Vec::new(),
+        }
+    }
+
+    /// Starts the process on a free port, trying another when the port was taken.
+    fn bind_and_wait(&mut self) {
         let mut last_failure = String::new();
         for _ in 0..PORT_ATTEMPTS {
-            server.port = free_port();
-            match server.spawn_and_wait() {
-                Ok(()) => return server,
+            self.port = free_port();
+            match self.spawn_and_wait() {
+                Ok(()) => return,
                 Err(failure) if failure.port_in_use => last_failure = failure.message,
                 Err(failure) => panic!("{}", failure.message),
             }
@@ -244,7 +269,12 @@ impl Server {
             .open(self.dir.join("stdio.log"))
             .expect("create stdio.log");
         let stdio_err = stdio.try_clone().expect("clone stdio.log handle");
-        let child = Command::new(server_binary())
+        let binary = match &self.binary {
+            Some(binary) => binary.display().to_string(),
+            None => server_binary(),
+        };
+        let child = Command::new(&binary)
+            .envs(self.env.iter().map(|(name, value)| (name, value)))
             .args(&args)
             .current_dir(&self.dir)
             .stdin(Stdio::null())
@@ -252,10 +282,7 @@ impl Server {
             .stderr(stdio_err)
             .spawn()
             .unwrap_or_else(|e| {
-                panic!(
-                    "cannot run `{}` ({e}); install redis-server or set TB_SERVER",
-                    server_binary()
-                )
+                panic!("cannot run `{binary}` ({e}); install redis-server or set TB_SERVER")
             });
         let pid = child.id();
         *self.child.lock().unwrap() = Some(child);

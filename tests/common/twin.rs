@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use redis::Value;
 
-use super::commands::{error_text, raw, snapshot};
+use super::commands::{error_text, incarnation_of_score, raw, snapshot};
 use super::server::Server;
 
 /// The one Lua source, `lua/tb.lua`: loaded as it is by FUNCTION LOAD, and without its first
@@ -176,6 +176,81 @@ impl View {
     }
 }
 
+// --- Incarnations: random, so compared by shape -------------------------------------------
+//
+// A lease set made by a call draws its incarnation from the server's random source (the
+// module) or from a digest of the server's state (the twin): twin keys made in the same ms
+// hold the same members but for it. Each key's own incarnation is set aside, and everything
+// else is compared byte for byte as before.
+
+/// What an incarnation reads as once set aside.
+pub const INCARNATION: &str = "<inc>";
+
+/// The incarnation of a lease set read as `member, score, ...`, as its text.
+pub fn incarnation_text(items: &[Vec<u8>]) -> Option<String> {
+    items.chunks(2).find_map(|pair| match pair {
+        [member, score] if member.as_slice() == b"inc" => std::str::from_utf8(score)
+            .ok()
+            .and_then(|score| score.parse::<f64>().ok())
+            .and_then(incarnation_of_score)
+            .map(|incarnation| incarnation.to_string()),
+        _ => None,
+    })
+}
+
+/// `text` with the incarnation `incarnation` at its end (`<ms>-<n>-<incarnation>`, an id of
+/// that set) written as `<inc>`; anything else as it is.
+pub fn id_without_incarnation(text: &[u8], incarnation: Option<&str>) -> Vec<u8> {
+    let Some(incarnation) = incarnation else {
+        return text.to_vec();
+    };
+    let suffix = format!("-{incarnation}");
+    match text.strip_suffix(suffix.as_bytes()) {
+        Some(head) if head.iter().filter(|byte| **byte == b'-').count() == 1 => {
+            [head, b"-", INCARNATION.as_bytes()].concat()
+        }
+        _ => text.to_vec(),
+    }
+}
+
+/// A lease set read as `member, score, ...` with its own incarnation set aside: its `inc`
+/// member first (where a score puts the other `inc`, in its twin, may differ), scored
+/// `<inc>`, and its ids' last part `<inc>`. A set without an incarnation comes back as read.
+pub fn without_incarnation(items: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let Some(incarnation) = incarnation_text(items) else {
+        return items.to_vec();
+    };
+    let mut out = vec![b"inc".to_vec(), INCARNATION.as_bytes().to_vec()];
+    for pair in items.chunks(2) {
+        if let [member, score] = pair {
+            if member.as_slice() != b"inc" {
+                out.push(id_without_incarnation(member, Some(&incarnation)));
+                out.push(score.clone());
+            }
+        }
+    }
+    out
+}
+
+/// A reply with the lease id in it (TB.ACQUIRE's fourth item) with `incarnation` set aside.
+fn reply_without_incarnation(reply: &Value, incarnation: Option<&str>) -> Value {
+    match reply {
+        Value::Array(items) => Value::Array(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| match item {
+                    Value::BulkString(id) if i == 3 => {
+                        Value::BulkString(id_without_incarnation(id, incarnation))
+                    }
+                    other => other.clone(),
+                })
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
 /// One pair of twin keys as read at one instant: the module's key A and the twin's key B, each
 /// with its absolute expiry (`PEXPIRETIME`: -1 none, -2 no key).
 #[derive(Clone, Debug, PartialEq)]
@@ -342,12 +417,23 @@ impl Observed {
     }
 
     /// The keys were twins before, and the two calls left them twins: the same replies, the
-    /// same bytes and the same absolute expiry on every key pair.
+    /// same bytes and the same absolute expiry on every key pair. A lease set's incarnation,
+    /// random, is set aside on each side (`without_incarnation`): twin sets must both have
+    /// one or both none, and their ids must carry it alike.
     pub fn assert_twins(&self, what: &str) {
         let context = || format!("{what}: {}", self.context());
+        let comparable = |items: &[Vec<u8>]| match self.view {
+            View::SortedSet => without_incarnation(items),
+            View::Hash => items.to_vec(),
+        };
         for (when, pairs) in [("before", &self.before), ("after", &self.after)] {
             for (i, keys) in pairs.iter().enumerate() {
-                assert_eq!(keys.a, keys.b, "key pair {i} differs {when}: {}", context());
+                assert_eq!(
+                    comparable(&keys.a),
+                    comparable(&keys.b),
+                    "key pair {i} differs {when}: {}",
+                    context()
+                );
                 assert_eq!(
                     keys.expire_a,
                     keys.expire_b,
@@ -356,9 +442,31 @@ impl Observed {
                 );
             }
             if when == "before" {
-                assert_eq!(self.module, self.twin, "replies differ: {}", context());
+                let (module, twin) = match (self.view, self.after.first()) {
+                    (View::SortedSet, Some(after)) => (
+                        reply_without_incarnation(
+                            &self.module,
+                            incarnation_text(&after.a).as_deref(),
+                        ),
+                        reply_without_incarnation(
+                            &self.twin,
+                            incarnation_text(&after.b).as_deref(),
+                        ),
+                    ),
+                    _ => (self.module.clone(), self.twin.clone()),
+                };
+                assert_eq!(module, twin, "replies differ: {}", context());
             }
         }
+    }
+
+    /// Whether the first key pair holds lease sets of different incarnations after the call
+    /// (each made its own): then B is re-synced from A, so that both hand out the same ids
+    /// again.
+    pub fn incarnations_differ(&self) -> bool {
+        self.after
+            .first()
+            .is_some_and(|keys| incarnation_text(&keys.a) != incarnation_text(&keys.b))
     }
 }
 

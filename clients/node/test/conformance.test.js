@@ -26,7 +26,8 @@ const LEASES = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', 'conf
 const JOBS = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', 'conformance', 'jobs.json'), 'utf8'));
 const LUA_HAS_JOBS = fs.readFileSync(path.join(__dirname, '..', 'tb.lua'), 'utf8').includes('tb_charge');
 const ALL_CASES = [...CASES.cases, ...LEASES.cases, ...JOBS.cases];
-const LEASE_ID = /^[0-9]+-[0-9]+$/;
+// `<ms>-<n>-<incarnation>` (docs/leases.md#lease-ids): every case makes its sets anew.
+const LEASE_ID = /^[0-9]+-[0-9]+-[0-9]+$/;
 const TOPOLOGIES = ['standalone', 'cluster'];
 const BACKENDS = [
   { name: 'module', module: true, expect: 'module' },

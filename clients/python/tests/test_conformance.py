@@ -33,7 +33,8 @@ LEASES = json.loads((REPO / "clients" / "conformance" / "leases.json").read_text
 JOBS = json.loads((REPO / "clients" / "conformance" / "jobs.json").read_text(encoding="utf-8"))
 # jobs.json's lua runs wait for the Lua twin of those commands (its "about").
 LUA_HAS_JOBS = "tb_charge" in (REPO / "lua" / "tb.lua").read_text(encoding="utf-8")
-LEASE_ID = re.compile(r"^[0-9]+-[0-9]+$")
+# `<ms>-<n>-<incarnation>` (docs/leases.md#lease-ids): every case makes its sets anew.
+LEASE_ID = re.compile(r"^[0-9]+-[0-9]+-[0-9]+$")
 
 # (backend of the case, topology) -> how Python runs it: [(server fixture, backend argument)]
 WAYS = {

@@ -25,7 +25,8 @@ from redis_tb import (
 
 from conftest import async_limiter
 
-ID = re.compile(r"^[0-9]+-[0-9]+$")
+# `<ms>-<n>-<incarnation>` (docs/leases.md#lease-ids).
+ID = re.compile(r"^[0-9]+-[0-9]+-[0-9]+$")
 
 
 def test_acquire_up_to_the_limit_then_denied(limiter):

@@ -93,7 +93,7 @@ def test_asgi_in_flight_limit(setup, status):
             assert code == 0
             code, _, body = await asgi_request(app)
             assert code == 200 and body == b"hello"
-            assert await client.zcard(bucket_key("ratelimit:", "10.0.0.1", "inflight")) == 1  # only `seq`
+            assert await client.zcard(bucket_key("ratelimit:", "10.0.0.1", "inflight")) == 2  # only `seq` and `inc`
 
     asyncio.run(main())
 
@@ -174,7 +174,7 @@ def test_wsgi_in_flight_limit(setup, status):
     t.start()
     try:
         for _ in range(50):  # until the slow request holds its lease
-            if client.zcard(bucket_key("ratelimit:", "10.0.0.2", "inflight")) == 2:
+            if client.zcard(bucket_key("ratelimit:", "10.0.0.2", "inflight")) == 3:  # and `seq`, `inc`
                 break
             threading.Event().wait(0.02)
         code, headers, body = wsgi_request(app)
@@ -188,7 +188,7 @@ def test_wsgi_in_flight_limit(setup, status):
     with pytest.raises(RuntimeError):
         wsgi_request(app, "/fail")
     assert wsgi_request(app)[0] == 200  # released after the response and after the error
-    assert client.zcard(bucket_key("ratelimit:", "10.0.0.2", "inflight")) == 1
+    assert client.zcard(bucket_key("ratelimit:", "10.0.0.2", "inflight")) == 2  # `seq`, `inc`
     lim.close()
     client.close()
 

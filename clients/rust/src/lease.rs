@@ -33,7 +33,8 @@ pub struct LeaseDecision {
     /// by itself (a release can free a slot sooner; 0 when the call was
     /// denied only because others wait ahead of it).
     pub retry_after_ms: u64,
-    /// The lease's id when acquired (`<ms>-<n>`): what release and renew
+    /// The lease's id when acquired (`<ms>-<n>-<incarnation>`, an opaque
+    /// string to pass back; docs/leases.md#lease-ids): what release and renew
     /// take. `None` when denied, and when failed open (nothing to release).
     pub lease: Option<String>,
     /// `true` only when the limiter was unavailable and it fails open for

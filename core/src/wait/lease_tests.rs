@@ -2,9 +2,11 @@
 //! simulated server holding model lease sets on a virtual clock, under both
 //! callback orders. The property: never more than `limit` live
 //! leases at any instant; and for the waiters: first come first served per
-//! key, nobody granted after its deadline, no id handed out twice, and each
-//! wait ends exactly once.
+//! key, nobody granted after its deadline, no id handed out twice (also
+//! on a set made anew after a DEL, a flush or its expiry, which draws
+//! another incarnation), and each wait ends exactly once.
 
+use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 
 use proptest::prelude::*;
@@ -12,7 +14,9 @@ use proptest::prelude::*;
 use super::leases::{LeaseReply, Leases, LeasesServed};
 use super::sim_timers::{self, Key, Keyspace, Order, TimerFor};
 use super::*;
-use crate::lease::{self, Acquire, Grant, LeaseId, LeaseLimit, SetView};
+use crate::lease::{
+    self, Acquire, Grant, Incarnation, LeaseId, LeaseLimit, SetIncarnation, SetView,
+};
 
 type Machine = super::Machine<Leases>;
 type Event<'a> = super::Event<'a, Leases>;
@@ -48,6 +52,8 @@ struct Set {
     leases: HashMap<LeaseId, i64>,
     issued: i64,
     expire_at_ms: Option<i64>,
+    /// `New` while the key is missing: a grant stores it.
+    incarnation: SetIncarnation,
 }
 
 impl Set {
@@ -85,6 +91,7 @@ impl Set {
                 .is_none()
                 .then(|| self.leases.values().copied().max())
                 .flatten(),
+            incarnation: self.incarnation,
         }
     }
 
@@ -101,19 +108,30 @@ struct LeaseSets {
     /// The machine's writes during the event being handled: the key, the
     /// live leases before, the grants stored.
     written: Vec<(Key, i64, Vec<Grant>)>,
-    /// Every id handed out on a key since it was last deleted by hand
-    /// (a DEL or flush starts the count again, docs/leases.md).
+    /// Every id ever handed out on a key: a set made anew (after a DEL, a
+    /// flush or its expiry) starts its count again, at instants its
+    /// predecessors may have used, but with an incarnation of its own.
     handed_out: HashMap<Key, HashSet<LeaseId>>,
+    /// The server's random source, as distinct draws.
+    draws: Cell<u64>,
 }
 
 type Sim = sim_timers::Sim<LeaseSets>;
 
 impl Sim {
-    /// The lease set at `key` as a command sees it now.
+    /// The lease set at `key` as a command sees it now; a missing one with
+    /// the incarnation drawn for it, as `LeaseSet::read` draws one.
     fn set(&self, key: &Key) -> Set {
         match self.keyspace.sets.get(key) {
             Some(set) if !set.expired(self.now_ms) => set.clone(),
-            _ => Set::default(),
+            _ => {
+                let draw = self.keyspace.draws.get() + 1;
+                self.keyspace.draws.set(draw);
+                Set {
+                    incarnation: SetIncarnation::New(Incarnation::from_random(draw << 11)),
+                    ..Set::default()
+                }
+            }
         }
     }
 
@@ -129,6 +147,26 @@ impl Sim {
             let mut wrong = Vec::new();
             if grant.id.n != set.issued + 1 || grant.id.granted_ms != now_ms {
                 wrong.push(format!("grant {grant:?} after {} issued", set.issued));
+            }
+            // The grant that makes the set stores the incarnation its id
+            // carries; every other grant carries the stored one.
+            match set.incarnation {
+                SetIncarnation::New(_) => match grant.new_incarnation {
+                    Some(made) if grant.id.incarnation == Some(made) => {
+                        set.incarnation = SetIncarnation::Stored(made);
+                    }
+                    _ => wrong.push(format!(
+                        "grant {grant:?} makes the set without its incarnation"
+                    )),
+                },
+                SetIncarnation::Stored(stored) => {
+                    if grant.id.incarnation != Some(stored) || grant.new_incarnation.is_some() {
+                        wrong.push(format!(
+                            "grant {grant:?} on a set of incarnation {stored:?}"
+                        ));
+                    }
+                }
+                SetIncarnation::Legacy => wrong.push(format!("a set without incarnation: {set:?}")),
             }
             if !lease::is_live(grant.deadline_ms, now_ms) {
                 wrong.push(format!("grant {grant:?} ended at once"));
@@ -722,7 +760,6 @@ impl Run {
             }
             Op::Delete { key } => {
                 let key = Run::key(key);
-                self.sim.keyspace.handed_out.remove(&key);
                 if self.sim.keyspace.sets.remove(&key).is_some() {
                     self.tally.deletes += 1;
                     self.changed(&key);
@@ -732,7 +769,6 @@ impl Run {
                 let db = db.map(Db::from);
                 let kept = |(kdb, _): &Key| db.is_some_and(|db| db != *kdb);
                 self.sim.keyspace.sets.retain(|key, _| kept(key));
-                self.sim.keyspace.handed_out.retain(|key, _| kept(key));
                 self.tally.deletes += 1;
                 self.dispatch(Event::Flushed { db, now_ms });
             }

@@ -459,11 +459,14 @@ where
     })
 }
 
-/// `<ms>-<n>`: the shape of a lease id.
+/// `<ms>-<n>-<incarnation>`: the shape of a lease id (docs/leases.md#lease-ids; every case
+/// makes its sets anew); its `<n>`.
 fn lease_id_count(id: &str) -> Option<u64> {
-    let (ms, n) = id.split_once('-')?;
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    (digits(ms) && digits(n)).then(|| n.parse().ok()).flatten()
+    match id.split('-').collect::<Vec<_>>()[..] {
+        [ms, n, incarnation] if digits(ms) && digits(n) && digits(incarnation) => n.parse().ok(),
+        _ => None,
+    }
 }
 
 fn check_lease(

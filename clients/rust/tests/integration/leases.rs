@@ -68,7 +68,7 @@ fn sync_acquire_release_renew() {
         assert!(!l.release("jobs", "1-999").unwrap(), "never handed out");
         assert!(l.renew("jobs", &second, 60_000).unwrap());
         assert!(!l.renew("jobs", &first, 60_000).unwrap());
-        assert_eq!(zcard(&server, "jobs"), 2, "one lease and the seq member");
+        assert_eq!(zcard(&server, "jobs"), 3, "one lease, seq and inc");
         assert!(l.acquire("jobs", 2, 30_000).unwrap().acquired);
 
         // Bad arguments never reach the server.
@@ -140,17 +140,17 @@ fn sync_guard_releases_on_drop_early_return_and_panic() {
             assert!(!guard.limiter().acquire("g", 1, 30_000).unwrap().acquired);
             assert!(guard.renew().unwrap());
         }
-        assert_eq!(zcard(&server, "g"), 1, "released on drop: only seq is left");
+        assert_eq!(zcard(&server, "g"), 2, "released on drop: only seq and inc are left");
 
         assert_eq!(guarded_early_return(&mut l, true), Err("early".to_string()));
-        assert_eq!(zcard(&server, "g"), 1, "released on the early return");
+        assert_eq!(zcard(&server, "g"), 2, "released on the early return");
 
         let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let _guard = l.acquire_guard("g", 1, 30_000).unwrap().held().unwrap();
             panic!("the work failed");
         }));
         assert!(caught.is_err());
-        assert_eq!(zcard(&server, "g"), 1, "released while the panic unwound");
+        assert_eq!(zcard(&server, "g"), 2, "released while the panic unwound");
 
         // An explicit release says whether the lease was still live.
         let guard = l.acquire_guard("g", 1, 30_000).unwrap().held().unwrap();
