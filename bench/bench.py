@@ -665,6 +665,29 @@ def floor_targets(per_rep: list[dict]) -> list[dict]:
     ]  # fmt: skip
 
 
+# --------------------------------------------------------------------------
+# The previous build: plain TB.TAKE (no options) must cost what it did before
+# the change, measured in the same run: the two modules on two servers,
+# rows interleaved.
+
+BASELINE_LIMIT = 1.03
+
+
+def baseline_rows_spec() -> list[Row]:
+    return [Row("TB.TAKE", "random", path, "tb", "tb.take", lambda k, p=params: ["TB.TAKE", k, *p], path == "denied")
+            for path, params in (("allowed", ALLOW), ("denied", DENY))]  # fmt: skip
+
+
+def baseline_targets(now: list[dict], before: list[dict]) -> list[dict]:
+    targets = []
+    for row in baseline_rows_spec():
+        ratio = summary([a[row.name]["usec_per_call"] / b[row.name]["usec_per_call"] for a, b in zip(now, before)])
+        targets.append(target(f"{row.name}: within {round((BASELINE_LIMIT - 1) * 100)}% of the previous build",
+                              ratio, BASELINE_LIMIT,
+                              "TB.TAKE usec_per_call, this build / the previous build's, same run, interleaved"))  # fmt: skip
+    return targets
+
+
 def peer_rows(configs: dict) -> list[list[str]]:
     """TB.TAKE / CL.THROTTLE per configuration, keys and path: cost ratio
     (lower is better) and throughput ratio (higher is better), each computed
@@ -916,6 +939,8 @@ def main() -> int:
                          "for the CL.THROTTLE rows; empty: no CL.THROTTLE rows")  # fmt: skip
     ap.add_argument("--peer-missing", default=os.environ.get("TB_PEER_MISSING", ""),
                     help="why there is no peer module (printed and recorded)")
+    ap.add_argument("--baseline-module", default=os.environ.get("BENCH_BASELINE", ""),
+                    help="the previous build's .so, for the row that checks TB.TAKE kept its cost")
     ap.add_argument("--floor-module", default=os.environ.get("TB_FLOOR_MODULE", str(FLOOR_BUILD)),
                     help="the bench-floor build, for TB.TAKE's floor row")
     ap.add_argument("--rows", default="",
@@ -1051,6 +1076,18 @@ def main() -> int:
         results["targets"] += floor_targets(results["floor"])
     else:
         log(f"floor: {floor_module} not built (scripts/bench.sh builds it); no floor rows")
+    if args.baseline_module and Path(args.baseline_module).exists():
+        baseline = Path(args.baseline_module).resolve()
+        log(f"\n== plain TB.TAKE against the previous build ({baseline})")
+        meta["baseline_module"] = str(baseline)
+        pair = {"this": (Server(args.server, module, "this"), False),
+                "previous": (Server(args.server, baseline, "previous"), False)}  # fmt: skip
+        results["baseline"] = bench_rows(pair, baseline_rows_spec(), args.reps, args.scale, log)
+        for server, _ in pair.values():
+            server.stop()
+        results["targets"] += baseline_targets(results["baseline"]["this"], results["baseline"]["previous"])
+    else:
+        log("baseline: no previous build given (BENCH_BASELINE); no such row")
     meta["seconds"] = round(time.monotonic() - t0, 1)
     meta["loadavg_end"] = os.getloadavg()
 

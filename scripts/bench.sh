@@ -33,6 +33,10 @@
 #                    "none": no CL.THROTTLE rows. If it cannot be built, the bench
 #                    says why and runs without those rows.
 #   --no-aof         skip the AOF rows
+#   BENCH_BASELINE=  the previous build's module, for the row that checks plain
+#                    TB.TAKE did not get dearer; unset: built (cached under
+#                    ~/.cache/redis-tb-bench/baseline) from the commit before the
+#                    last one that changed src/ or core/; "none": no such row
 #   BENCH_BTAKE=0    skip the TB.BTAKE part; BENCH_BTAKE_ARGS=... passes
 #                    options to it (e.g. "--quick", "--servers redis")
 #   BENCH_HANDOFF=0  skip the hand-off race; BENCH_HANDOFF_ARGS=... passes
@@ -63,6 +67,25 @@ build_module
 # kept in its own target directory so it never replaces the module users run.
 if [[ -z "${TB_LEASE_MODULE:-}" ]]; then
     cargo build --release --quiet --features bench-floor --target-dir target/bench-floor
+fi
+
+# The previous build: the module as of the commit before the last one that
+# changed it, built once per commit in a worktree of its own outside the tree.
+if [[ -z "${BENCH_BASELINE:-}" ]]; then
+    last=$(git rev-list -n 1 HEAD -- src core Cargo.toml 2>/dev/null || true)
+    base=$( [[ -n "$last" ]] && git rev-list -n 1 "$last~1" -- src core Cargo.toml 2>/dev/null || true)
+    if [[ -n "$base" ]]; then
+        dir="${XDG_CACHE_HOME:-$HOME/.cache}/redis-tb-bench/baseline/$base"
+        if [[ ! -f "$dir/target/release/libredis_tb.so" ]]; then
+            rm -rf "$dir"
+            git worktree add --detach --force "$dir" "$base" >/dev/null 2>&1 \
+                && (cd "$dir" && cargo build --release --quiet) || echo "bench: baseline $base could not be built" >&2
+            git worktree prune
+        fi
+        [[ -f "$dir/target/release/libredis_tb.so" ]] && export BENCH_BASELINE="$dir/target/release/libredis_tb.so"
+    fi
+elif [[ "$BENCH_BASELINE" == none ]]; then
+    export BENCH_BASELINE=""
 fi
 
 # The peer, redis-cell 0.2.2 from crates.io, built outside the project tree.
