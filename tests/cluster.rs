@@ -835,6 +835,16 @@ fn a_cluster_failover_keeps_tokens_and_deadlines() {
     // from the same state.
     let mut on_replica = cluster.nodes[replica].con();
     ok(&mut on_replica, &redis::cmd("READONLY"));
+    // WAIT's acknowledgement can come before a replica that has just finished its first
+    // sync shows the write (seen once on a loaded Valkey 8.1): wait until it does.
+    wait_for("the replica to show the master's buckets", || {
+        let seen = stored_all(&mut on_replica, &keys);
+        if seen == before {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    });
     for (i, key) in keys.iter().enumerate() {
         assert_eq!(
             stored(&mut on_replica, key),
