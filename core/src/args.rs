@@ -138,8 +138,8 @@ pub fn take_all_options_start(groups: &[&[u8]]) -> usize {
     start.min(groups.len())
 }
 
-/// `whole`, but from `least` (0 or 1) rather than 1.
-fn whole_from(text: &[u8], least: i64) -> Option<i64> {
+/// Plain decimal digits valued from `least` (0 or 1) to 2^53 (see `whole`).
+pub(crate) fn whole_from(text: &[u8], least: i64) -> Option<i64> {
     if least == 0 && !text.is_empty() && text.iter().all(|digit| *digit == b'0') && text.len() <= 64
     {
         return Some(0);

@@ -10,6 +10,7 @@
 //! per second, so the same limit is the same bucket here. Only the
 //! replies' units differ (whole seconds, truncated, as cell reports them).
 
+use crate::args::whole_from;
 use crate::bucket::{Limit, Outcome, State};
 use crate::error::TbError;
 use crate::number::MAX_EXACT_INTEGER;
@@ -32,17 +33,13 @@ pub fn parse_throttle(
     period: &[u8],
     quantity: Option<&[u8]>,
 ) -> Result<Throttle, TbError> {
-    let max_burst = whole(max_burst)
+    let max_burst = whole_from(max_burst, 0)
         .filter(|burst| *burst < MAX_EXACT_INTEGER)
         .ok_or(TbError::MaxBurst)?;
-    let count = whole(count)
-        .filter(|count| *count >= 1)
-        .ok_or(TbError::ThrottleCount)?;
-    let period = whole(period)
-        .filter(|period| *period >= 1)
-        .ok_or(TbError::Period)?;
+    let count = whole_from(count, 1).ok_or(TbError::ThrottleCount)?;
+    let period = whole_from(period, 1).ok_or(TbError::Period)?;
     let n = match quantity {
-        Some(text) => whole(text).ok_or(TbError::Quantity)?,
+        Some(text) => whole_from(text, 0).ok_or(TbError::Quantity)?,
         None => 1,
     };
     // All four are exact in f64 (at most 2^53); the rate is positive and
@@ -118,23 +115,6 @@ pub fn parse_tat(text: &[u8]) -> Option<i64> {
     } else {
         value
     })
-}
-
-/// Decimal digits only, at most 2^53.
-fn whole(text: &[u8]) -> Option<i64> {
-    if text.is_empty() || text.len() > 64 || !text.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    let mut value: i64 = 0;
-    for digit in text {
-        value = value
-            .checked_mul(10)?
-            .checked_add(i64::from(digit.wrapping_sub(b'0')))?;
-        if value > MAX_EXACT_INTEGER {
-            return None;
-        }
-    }
-    Some(value)
 }
 
 #[cfg(test)]
