@@ -8,7 +8,6 @@
 //! the core's state machine (core/src/wait/mod.rs); blocking the client and every
 //! server callback are in src/server/blocking.rs, shared with TB.ACQUIRE.
 
-use std::os::raw::c_int;
 use std::sync::atomic::Ordering::Relaxed;
 
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
@@ -25,7 +24,7 @@ use crate::server::blocking::{self, GlueKind};
 use crate::server::config::SHADOW_MODE;
 use crate::server::keys::Access;
 use crate::server::metrics;
-use crate::server::reply::{run, send, Reply};
+use crate::server::reply::{entry_point, send, Reply};
 
 /// TB.BTAKE key capacity rate n timeout_ms
 ///
@@ -81,13 +80,7 @@ fn btake(
     Ok(Reply::Blocked)
 }
 
-pub extern "C" fn tb_btake(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    run(ctx, argv, argc, btake)
-}
+entry_point!(pub tb_btake => btake);
 
 // --- The kind: tokens, on the server --------------------------------------
 

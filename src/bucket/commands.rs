@@ -22,7 +22,7 @@ use crate::server::config::SHADOW_MODE;
 use crate::server::keys::Access;
 use crate::server::machines::with_machine;
 use crate::server::metrics;
-use crate::server::reply::{now, run, Reply, KEY_ARG};
+use crate::server::reply::{entry_point, now, Reply, KEY_ARG};
 
 /// TB.TAKE key capacity rate n [MAXWAIT ms] [BLOCK ms [MAXBLOCK ms]]
 ///
@@ -393,50 +393,9 @@ pub fn shadow(outcome: Outcome) -> Outcome {
     }
 }
 
-pub extern "C" fn tb_take(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    run(ctx, argv, argc, take)
-}
-
-pub extern "C" fn tb_peek(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    run(ctx, argv, argc, peek)
-}
-
-pub extern "C" fn tb_refund(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    run(ctx, argv, argc, refund)
-}
-
-pub extern "C" fn tb_charge(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    run(ctx, argv, argc, charge)
-}
-
-pub extern "C" fn tb_unblock(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    run(ctx, argv, argc, unblock)
-}
-
-pub extern "C" fn tb_takeall(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    run(ctx, argv, argc, take_all)
-}
+entry_point!(pub tb_take => take);
+entry_point!(pub tb_peek => peek);
+entry_point!(pub tb_refund => refund);
+entry_point!(pub tb_charge => charge);
+entry_point!(pub tb_unblock => unblock);
+entry_point!(pub tb_takeall => take_all);

@@ -27,7 +27,7 @@ use super::commands::{count_decision, queued_on, shadow, Single};
 use super::hash::{write_all, BucketKey, WriteFailed};
 use crate::server::api::Api;
 use crate::server::keys::{open_key, Access, ServerString};
-use crate::server::reply::{now, run, Reply};
+use crate::server::reply::{entry_point, now, Reply};
 
 /// TB.THROTTLE key max_burst count period [quantity]
 ///
@@ -278,10 +278,4 @@ unsafe fn restore(
     }
 }
 
-pub extern "C" fn tb_throttle(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    run(ctx, argv, argc, throttle_command)
-}
+entry_point!(pub tb_throttle => throttle_command);

@@ -9,8 +9,6 @@
 //! server side, `GlueKind`, is here): first come first served per key,
 //! served at the wake-ups a release, a lease's end, a DEL or a flush brings.
 
-use std::os::raw::c_int;
-
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
 use redis_tb_core::args::{parse_lease_ms, parse_limit, parse_timeout};
@@ -25,7 +23,7 @@ use crate::server::blocking::{self, GlueKind};
 use crate::server::keys::Access;
 use crate::server::machines::with_machine;
 use crate::server::metrics;
-use crate::server::reply::{now, run, send, Reply, KEY_ARG};
+use crate::server::reply::{entry_point, now, send, Reply, KEY_ARG};
 
 /// TB.ACQUIRE key limit lease_ms [timeout_ms]
 fn acquire(
@@ -193,29 +191,9 @@ fn live_deadline(
     lease::is_live(deadline_ms, now_ms).then_some(deadline_ms)
 }
 
-pub extern "C" fn tb_acquire(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    run(ctx, argv, argc, acquire)
-}
-
-pub extern "C" fn tb_release(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    run(ctx, argv, argc, release)
-}
-
-pub extern "C" fn tb_renew(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    run(ctx, argv, argc, renew)
-}
+entry_point!(pub tb_acquire => acquire);
+entry_point!(pub tb_release => release);
+entry_point!(pub tb_renew => renew);
 
 // --- The kind: leases, on the server --------------------------------------
 

@@ -73,6 +73,22 @@ pub fn run(
     raw::REDISMODULE_OK as c_int
 }
 
+/// The `extern "C"` entry point the command table registers for a
+/// handler: `entry_point!(pub tb_take => take);` defines `tb_take`, which
+/// runs `take` in the reply frame (`run`).
+macro_rules! entry_point {
+    ($vis:vis $name:ident => $handler:path) => {
+        $vis extern "C" fn $name(
+            ctx: *mut redis_module::raw::RedisModuleCtx,
+            argv: *mut *mut redis_module::raw::RedisModuleString,
+            argc: std::os::raw::c_int,
+        ) -> std::os::raw::c_int {
+            $crate::server::reply::run(ctx, argv, argc, $handler)
+        }
+    };
+}
+pub(crate) use entry_point;
+
 /// Sends a reply (or an error naming its argument from `args`) on `ctx`,
 /// and counts it: a reply is a call, an error an error.
 pub fn send(

@@ -34,7 +34,7 @@ use crate::lease::commands::open_for_release;
 use crate::lease::set::{LeaseSet, Read};
 use crate::server::api::Api;
 use crate::server::keys::Access;
-use crate::server::reply::{now, run, Reply};
+use crate::server::reply::{entry_point, now, Reply};
 
 fn acquire(
     api: &Api,
@@ -109,29 +109,9 @@ fn take(
     }))
 }
 
-extern "C" fn tb_floor_take(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    run(ctx, argv, argc, take)
-}
-
-extern "C" fn tb_floor_acquire(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    run(ctx, argv, argc, acquire)
-}
-
-extern "C" fn tb_floor_release(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    run(ctx, argv, argc, release)
-}
+entry_point!(tb_floor_take => take);
+entry_point!(tb_floor_acquire => acquire);
+entry_point!(tb_floor_release => release);
 
 /// Registers the three commands (first key 1, no docs: bench-only).
 ///
