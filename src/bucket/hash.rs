@@ -64,8 +64,8 @@ pub struct BucketKey<'a> {
 pub struct Applied<'a> {
     tokens: ServerString<'a>,
     last_refill: ServerString<'a>,
-    /// The lock's three fields, when the write stored one.
-    lock: Option<[ServerString<'a>; 3]>,
+    /// The lock's three fields and their names, when the write stored one.
+    lock: Option<([ServerString<'a>; 3], LockNames<'a>)>,
     deadline_ms: i64,
 }
 
@@ -159,16 +159,18 @@ impl<'a> BucketKey<'a> {
         let mut locked_until: *mut RedisModuleString = ptr::null_mut();
         let mut strikes: *mut RedisModuleString = ptr::null_mut();
         let mut probation_until: *mut RedisModuleString = ptr::null_mut();
+        let names = LockNames::new(self.api, self.ctx).ok_or(Corrupt::Lock)?;
+        let [until_name, strikes_name, probation_name] = names.ptrs();
         // SAFETY: as in `read`.
         unsafe {
             (self.api.hash_get)(
                 self.key,
                 REDISMODULE_HASH_NONE as c_int,
-                self.api.locked_until_field.0,
+                until_name,
                 &mut locked_until as *mut *mut RedisModuleString,
-                self.api.strikes_field.0,
+                strikes_name,
                 &mut strikes as *mut *mut RedisModuleString,
-                self.api.probation_until_field.0,
+                probation_name,
                 &mut probation_until as *mut *mut RedisModuleString,
                 ptr::null::<RedisModuleString>(),
             );
@@ -226,7 +228,10 @@ impl<'a> BucketKey<'a> {
             return Err(WriteFailed);
         }
         let lock = match lock {
-            Some(lock) => Some(self.lock_strings(lock).ok_or(WriteFailed)?),
+            Some(lock) => Some((
+                self.lock_strings(lock).ok_or(WriteFailed)?,
+                LockNames::new(self.api, self.ctx).ok_or(WriteFailed)?,
+            )),
             None => None,
         };
         // RM_HashSet checks everything before it changes anything, so a
@@ -234,7 +239,11 @@ impl<'a> BucketKey<'a> {
         // per step, and never into `restore_fields`: the undo must run as
         // it would in production.
         if fault::injected(fault::Step::HashSet)
-            || !self.set_fields(&tokens, &last_refill, lock.as_ref().map(LockFields::Set))
+            || !self.set_fields(
+                &tokens,
+                &last_refill,
+                lock.as_ref().map(|(values, _)| LockFields::Set(values)),
+            )
         {
             return Err(WriteFailed);
         }
@@ -327,22 +336,25 @@ impl<'a> BucketKey<'a> {
                     api.last_refill_field.0,
                     applied.last_refill.ptr(),
                 ),
-                Some([until, strikes, probation]) => (api.replicate)(
-                    self.ctx,
-                    c"HSET".as_ptr(),
-                    c"sssssssssss".as_ptr(),
-                    self.name,
-                    api.tokens_field.0,
-                    applied.tokens.ptr(),
-                    api.last_refill_field.0,
-                    applied.last_refill.ptr(),
-                    api.locked_until_field.0,
-                    until.ptr(),
-                    api.strikes_field.0,
-                    strikes.ptr(),
-                    api.probation_until_field.0,
-                    probation.ptr(),
-                ),
+                Some(([until, strikes, probation], names)) => {
+                    let [until_name, strikes_name, probation_name] = names.ptrs();
+                    (api.replicate)(
+                        self.ctx,
+                        c"HSET".as_ptr(),
+                        c"sssssssssss".as_ptr(),
+                        self.name,
+                        api.tokens_field.0,
+                        applied.tokens.ptr(),
+                        api.last_refill_field.0,
+                        applied.last_refill.ptr(),
+                        until_name,
+                        until.ptr(),
+                        strikes_name,
+                        strikes.ptr(),
+                        probation_name,
+                        probation.ptr(),
+                    )
+                }
             };
             (api.replicate)(
                 self.ctx,
@@ -405,6 +417,13 @@ impl<'a> BucketKey<'a> {
         // SAFETY: the key is open for writing; field/value pairs and a NULL
         // terminator as RM_HashSet expects; errno is this thread's.
         unsafe {
+            let names = match lock {
+                Some(_) => match LockNames::new(api, self.ctx) {
+                    Some(names) => Some(names),
+                    None => return false,
+                },
+                None => None,
+            };
             *libc::__errno_location() = 0;
             let [until, strikes, probation] = match lock {
                 None => [ptr::null_mut(); 3],
@@ -413,7 +432,8 @@ impl<'a> BucketKey<'a> {
                 }
                 Some(LockFields::Delete) => [REDISMODULE_HASH_DELETE.cast_mut(); 3],
             };
-            let updated = if until.is_null() {
+            let updated = if let Some(names) = &names {
+                let [until_name, strikes_name, probation_name] = names.ptrs();
                 (api.hash_set)(
                     self.key,
                     REDISMODULE_HASH_NONE as c_int,
@@ -421,6 +441,12 @@ impl<'a> BucketKey<'a> {
                     tokens.ptr(),
                     api.last_refill_field.0,
                     last_refill.ptr(),
+                    until_name,
+                    until,
+                    strikes_name,
+                    strikes,
+                    probation_name,
+                    probation,
                     ptr::null::<RedisModuleString>(),
                 )
             } else {
@@ -431,12 +457,6 @@ impl<'a> BucketKey<'a> {
                     tokens.ptr(),
                     api.last_refill_field.0,
                     last_refill.ptr(),
-                    api.locked_until_field.0,
-                    until,
-                    api.strikes_field.0,
-                    strikes,
-                    api.probation_until_field.0,
-                    probation,
                     ptr::null::<RedisModuleString>(),
                 )
             };
@@ -455,6 +475,8 @@ impl<'a> BucketKey<'a> {
         }
         let api = self.api;
         let delete = REDISMODULE_HASH_DELETE.cast_mut();
+        let names = LockNames::new(api, self.ctx).ok_or(TbError::WriteFailed)?;
+        let [until_name, strikes_name, probation_name] = names.ptrs();
         // SAFETY: the key is open for writing and holds a hash; field/value
         // pairs and a NULL terminator.
         let deleted = unsafe {
@@ -462,11 +484,11 @@ impl<'a> BucketKey<'a> {
             (api.hash_set)(
                 self.key,
                 REDISMODULE_HASH_NONE as c_int,
-                api.locked_until_field.0,
+                until_name,
                 delete,
-                api.strikes_field.0,
+                strikes_name,
                 delete,
-                api.probation_until_field.0,
+                probation_name,
                 delete,
                 ptr::null::<RedisModuleString>(),
             )
@@ -481,9 +503,9 @@ impl<'a> BucketKey<'a> {
                 c"HDEL".as_ptr(),
                 c"ssss".as_ptr(),
                 self.name,
-                api.locked_until_field.0,
-                api.strikes_field.0,
-                api.probation_until_field.0,
+                until_name,
+                strikes_name,
+                probation_name,
             );
             (api.notify)(
                 self.ctx,
@@ -543,6 +565,28 @@ impl Drop for BucketKey<'_> {
             // SAFETY: opened by `open`, closed exactly once.
             unsafe { (self.api.close_key)(self.key) };
         }
+    }
+}
+
+/// The lock's field names as server strings, made by the call that needs
+/// them: only a locked bucket, a lock start and TB.UNBLOCK do, and names
+/// kept for the module's life (as `tokens` is, in api.rs) would be left
+/// behind by every MODULE UNLOAD.
+struct LockNames<'a>([ServerString<'a>; 3]);
+
+impl<'a> LockNames<'a> {
+    fn new(api: &'a Api, ctx: *mut RedisModuleCtx) -> Option<Self> {
+        let names = [&b"locked_until"[..], b"strikes", b"probation_until"]
+            .map(|name| ServerString::from_bytes(api, ctx, name));
+        names
+            .iter()
+            .all(|name| !name.ptr().is_null())
+            .then_some(LockNames(names))
+    }
+
+    fn ptrs(&self) -> [*mut RedisModuleString; 3] {
+        let [until, strikes, probation] = &self.0;
+        [until.ptr(), strikes.ptr(), probation.ptr()]
     }
 }
 

@@ -120,10 +120,6 @@ pub struct Api {
     /// name on every call.
     pub tokens_field: FieldName,
     pub last_refill_field: FieldName,
-    /// The lock's fields (`BLOCK`, src/bucket/hash.rs).
-    pub locked_until_field: FieldName,
-    pub strikes_field: FieldName,
-    pub probation_until_field: FieldName,
     /// Leases (src/lease/set.rs): the sorted-set functions, and the name of
     /// the bookkeeping member, made once like the field names.
     pub zset: Zset,
@@ -242,9 +238,6 @@ pub unsafe fn resolve() -> Result<&'static Api, &'static str> {
         free_call_reply: need!(RedisModule_FreeCallReply),
         tokens_field: field("tokens")?,
         last_refill_field: field("last_refill")?,
-        locked_until_field: field("locked_until")?,
-        strikes_field: field("strikes")?,
-        probation_until_field: field("probation_until")?,
         zset: Zset {
             length: need!(RedisModule_ValueLength),
             add: need!(RedisModule_ZsetAdd),
