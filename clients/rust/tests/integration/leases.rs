@@ -140,7 +140,11 @@ fn sync_guard_releases_on_drop_early_return_and_panic() {
             assert!(!guard.limiter().acquire("g", 1, 30_000).unwrap().acquired);
             assert!(guard.renew().unwrap());
         }
-        assert_eq!(zcard(&server, "g"), 2, "released on drop: only seq and inc are left");
+        assert_eq!(
+            zcard(&server, "g"),
+            2,
+            "released on drop: only seq and inc are left"
+        );
 
         assert_eq!(guarded_early_return(&mut l, true), Err("early".to_string()));
         assert_eq!(zcard(&server, "g"), 2, "released on the early return");
