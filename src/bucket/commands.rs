@@ -35,19 +35,42 @@ fn take(
     ctx: *mut RedisModuleCtx,
     args: &[*mut RedisModuleString],
 ) -> Result<Reply, TbError> {
+    let (key, request, options) = request_and_options(api, args)?;
+    let options = take_options(api, options)?;
+    let mut single = Single::open_request(api, ctx, key, request, Access::Write)?;
+    single.charge.options = options;
+    let outcome = single.charge.judge(single.now_ms);
+    write_all(&[(&single.bucket, &outcome)], single.now_ms)?;
+    count_decision(&outcome, single.charge.n);
+    Ok(Reply::Decision(shadow(outcome)))
+}
+
+/// `key capacity rate n [options...]` of TB.TAKE and TB.CHARGE: the key,
+/// the parsed request and the words after `n`, checked in argument order.
+fn request_and_options<'a>(
+    api: &Api,
+    args: &'a [*mut RedisModuleString],
+) -> Result<
+    (
+        *mut RedisModuleString,
+        args::Request,
+        &'a [*mut RedisModuleString],
+    ),
+    TbError,
+> {
     let [_, key, capacity, rate, n, options @ ..] = args else {
         return Err(TbError::WrongArity);
     };
     // SAFETY: argv strings live for the whole command.
     let request =
         unsafe { parse_request(api.bytes(capacity), api.bytes(rate), Some(api.bytes(n))) }?;
-    let options = take_options(api, options)?;
-    let mut single = Single::open_request(api, ctx, *key, request, Access::Write)?;
-    single.charge.options = options;
-    let outcome = single.charge.judge(single.now_ms);
-    write_all(&[(&single.bucket, &outcome)], single.now_ms)?;
-    count_decision(&outcome, single.charge.n);
-    Ok(Reply::Decision(shadow(outcome)))
+    Ok((*key, request, options))
+}
+
+/// The bytes of command arguments, for the option parsers.
+fn words<'a>(api: &Api, args: &'a [*mut RedisModuleString]) -> Vec<&'a [u8]> {
+    // SAFETY: argv strings live for the whole command.
+    args.iter().map(|word| unsafe { api.bytes(word) }).collect()
 }
 
 /// The options of TB.TAKE / TB.TAKEALL from server strings; none (the usual
@@ -59,12 +82,7 @@ fn take_options(api: &Api, options: &[*mut RedisModuleString]) -> Result<TakeOpt
     if options.is_empty() {
         return Ok(TakeOptions::PLAIN);
     }
-    // SAFETY: argv strings live for the whole command.
-    let words: Vec<&[u8]> = options
-        .iter()
-        .map(|word| unsafe { api.bytes(word) })
-        .collect();
-    let options = parse_take_options(&words)?;
+    let options = parse_take_options(&words(api, options))?;
     if SHADOW_MODE.load(Relaxed) {
         return Ok(TakeOptions {
             block: None,
@@ -85,19 +103,9 @@ fn charge(
     ctx: *mut RedisModuleCtx,
     args: &[*mut RedisModuleString],
 ) -> Result<Reply, TbError> {
-    let [_, key, capacity, rate, n, options @ ..] = args else {
-        return Err(TbError::WrongArity);
-    };
-    // SAFETY: argv strings live for the whole command.
-    let request =
-        unsafe { parse_request(api.bytes(capacity), api.bytes(rate), Some(api.bytes(n))) }?;
-    // SAFETY: as above.
-    let words: Vec<&[u8]> = options
-        .iter()
-        .map(|word| unsafe { api.bytes(word) })
-        .collect();
-    let max_debt = parse_charge_options(&words)?.unwrap_or(request.limit.capacity);
-    let single = Single::open_request(api, ctx, *key, request, Access::Write)?;
+    let (key, request, options) = request_and_options(api, args)?;
+    let max_debt = parse_charge_options(&words(api, options))?.unwrap_or(request.limit.capacity);
+    let single = Single::open_request(api, ctx, key, request, Access::Write)?;
     let charge = &single.charge;
     let outcome = bucket::debit(
         charge.state,
@@ -269,9 +277,8 @@ fn take_all(
     args: &[*mut RedisModuleString],
 ) -> Result<Reply, TbError> {
     let rest = args.get(1..).unwrap_or_default();
-    // SAFETY: argv strings live for the whole command.
-    let words: Vec<&[u8]> = rest.iter().map(|word| unsafe { api.bytes(word) }).collect();
-    let (groups, options) = rest.split_at(take_all_options_start(&words).min(rest.len()));
+    let start = take_all_options_start(&words(api, rest));
+    let (groups, options) = rest.split_at(start.min(rest.len()));
     // SAFETY: a live context.
     if unsafe { (api.is_keys_position_request)(ctx) } != 0 {
         // Cluster routing and COMMAND GETKEYS: every group's first argument.
