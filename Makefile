@@ -48,6 +48,9 @@ check-paths: ## Fail if the docs or a comment name a path that does not exist, o
 
 lint: deps ## rustfmt check and clippy with warnings as errors
 	cd $(ROOT) && cargo fmt --all -- --check
+	@# The Rust client and the fuzz targets are workspaces of their own, which --all does not reach.
+	cd $(ROOT) && cargo fmt --manifest-path clients/rust/Cargo.toml -- --check
+	cd $(ROOT) && cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 	cd $(ROOT) && cargo clippy --workspace --all-targets -- -D warnings
 	cd $(ROOT) && cargo clippy --all-targets --features bench-floor -- -D warnings
 

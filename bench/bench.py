@@ -639,6 +639,10 @@ def evaluate_targets(configs: dict, memory: dict, repl: dict, scaling: dict | No
 
 FLOOR_BUILD = ROOT / "target" / "bench-floor" / "release" / "libredis_tb.so"
 FAR_DEADLINE = "4102444800000"  # 2100-01-01: the floor's fixed expiry
+# What TB.TAKE stores for ALLOW after some refill ("999999997.0006319": 17
+# characters): the floor writes text of the same length, so that its listpack
+# entry, its AOF and replication bytes are TB.TAKE's, not shorter ones.
+FLOOR_TOKENS = "999999997.0006319"
 TAKE_FLOOR_LIMIT = 1.15
 THROTTLE_OVER_TAKE_LIMIT = 1.03
 
@@ -647,7 +651,7 @@ def floor_rows_spec() -> list[Row]:
     return [
         Row("TB.TAKE", "random", "allowed", "tb", "tb.take", lambda k: ["TB.TAKE", k, *ALLOW]),
         Row("TB.FLOOR.TAKE", "random", "allowed", "tb", "tb.floor.take",
-            lambda k: ["TB.FLOOR.TAKE", k, "999999999.5", FAR_DEADLINE]),
+            lambda k: ["TB.FLOOR.TAKE", k, FLOOR_TOKENS, FAR_DEADLINE]),
         Row("TB.THROTTLE", "random", "allowed", "tb", "tb.throttle",
             lambda k: ["TB.THROTTLE", k, *CL_ALLOW], allowed=cl_allowed),
     ]  # fmt: skip

@@ -217,6 +217,8 @@ def main() -> int:
     default_peer = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "redis-tb-bench/redis-cell/libredis_cell.so"
     ap.add_argument("--peer-module", default=os.environ.get("TB_PEER_MODULE", str(default_peer) if default_peer.exists() else ""),
                     help="redis-cell's .so for the CL.THROTTLE workloads (empty: none)")  # fmt: skip
+    ap.add_argument("--floor", action="store_true",
+                    help="also profile TB.FLOOR.TAKE (give --module the bench-floor build, target/bench-floor)")
     ap.add_argument("--only", default="", help="comma-separated workload names (default: all)")
     ap.add_argument("--reanalyze", action="store_true", help="only re-read the dumps of the last run in --out")
     args = ap.parse_args()
@@ -250,6 +252,15 @@ def profile(args, out_dir: Path) -> dict:
             ("TB.TAKE allowed", ["TB.TAKE", "key:__rand_int__", *allow], "tb"),
             ("TB.TAKE denied", ["TB.TAKE", "key:__rand_int__", *deny], "drain"),
         ]  # fmt: skip
+        workloads += [
+            ("TB.THROTTLE allowed", ["TB.THROTTLE", "key:__rand_int__", *bench.CL_ALLOW], "throttle"),
+        ]  # fmt: skip
+        if args.floor:
+            # The bench-floor build's TB.FLOOR.TAKE: TB.TAKE's write without
+            # its read or arithmetic (bench.py's floor row, in instructions).
+            workloads += [
+                ("TB.FLOOR.TAKE", ["TB.FLOOR.TAKE", "key:__rand_int__", bench.FLOOR_TOKENS, bench.FAR_DEADLINE], "tb"),
+            ]  # fmt: skip
         if args.peer_module:
             workloads += [
                 ("CL.THROTTLE allowed", ["CL.THROTTLE", "key:__rand_int__", *bench.CL_ALLOW], "cl"),
@@ -271,6 +282,8 @@ def profile(args, out_dir: Path) -> dict:
                     c.pipeline([["TB.TAKE", k, *allow] for k in keys])
                 elif prep == "drain":
                     c.pipeline([["TB.TAKE", k, *deny] for k in keys])
+                elif prep == "throttle":
+                    c.pipeline([["TB.THROTTLE", k, *bench.CL_ALLOW] for k in keys])
                 elif prep == "cl":
                     c.pipeline([["CL.THROTTLE", k, *bench.CL_ALLOW] for k in keys])
                 elif prep == "cl-drain":

@@ -36,7 +36,8 @@
 #   BENCH_BASELINE=  the previous build's module, for the row that checks plain
 #                    TB.TAKE did not get dearer; unset: built (cached under
 #                    ~/.cache/redis-tb-bench/baseline) from the commit before the
-#                    last one that changed src/ or core/; "none": no such row
+#                    last one that changed src/, core/src or a Cargo.toml;
+#                    "none": no such row
 #   BENCH_BTAKE=0    skip the TB.BTAKE part; BENCH_BTAKE_ARGS=... passes
 #                    options to it (e.g. "--quick", "--servers redis")
 #   BENCH_HANDOFF=0  skip the hand-off race; BENCH_HANDOFF_ARGS=... passes
@@ -72,8 +73,11 @@ fi
 # The previous build: the module as of the commit before the last one that
 # changed it, built once per commit in a worktree of its own outside the tree.
 if [[ -z "${BENCH_BASELINE:-}" ]]; then
-    last=$(git rev-list -n 1 HEAD -- src core Cargo.toml 2>/dev/null || true)
-    base=$( [[ -n "$last" ]] && git rev-list -n 1 "$last~1" -- src core Cargo.toml 2>/dev/null || true)
+    # Only what builds the module counts: a commit that adds a core test or
+    # a bench script does not make a new build to compare against.
+    module_paths=(src core/src core/Cargo.toml Cargo.toml)
+    last=$(git rev-list -n 1 HEAD -- "${module_paths[@]}" 2>/dev/null || true)
+    base=$( [[ -n "$last" ]] && git rev-list -n 1 "$last~1" -- "${module_paths[@]}" 2>/dev/null || true)
     if [[ -n "$base" ]]; then
         dir="${XDG_CACHE_HOME:-$HOME/.cache}/redis-tb-bench/baseline/$base"
         if [[ ! -f "$dir/target/release/libredis_tb.so" ]]; then
