@@ -48,144 +48,161 @@ struct Case {
 
 const T0: i64 = 1_700_000_000_000;
 
+/// Takes from one bucket, each `(ms after T0, n)` in turn.
+fn takes(key: &'static str, capacity: f64, rate: f64, calls: &[(i64, f64)]) -> Vec<Step> {
+    calls
+        .iter()
+        .map(|&(after_ms, n)| Step::Take {
+            now_ms: T0 + after_ms,
+            key,
+            capacity,
+            rate,
+            n,
+        })
+        .collect()
+}
+
+fn peek(after_ms: i64, key: &'static str, capacity: f64, rate: f64, n: f64) -> Step {
+    Step::Peek {
+        now_ms: T0 + after_ms,
+        key,
+        capacity,
+        rate,
+        n,
+    }
+}
+
+fn case(name: &'static str, instances: u32, steps: Vec<Vec<Step>>) -> Case {
+    Case {
+        name,
+        instances,
+        steps: steps.into_iter().flatten().collect(),
+    }
+}
+
 fn cases() -> Vec<Case> {
-    let take = |now_ms, key, capacity, rate, n| Step::Take {
-        now_ms,
-        key,
-        capacity,
-        rate,
-        n,
-    };
-    let peek = |now_ms, key, capacity, rate, n| Step::Peek {
-        now_ms,
-        key,
-        capacity,
-        rate,
-        n,
+    let day_and_second = |after_ms: i64, n_sec: f64, n_day: f64| Step::TakeAll {
+        now_ms: T0 + after_ms,
+        limits: vec![("i:sec", 10.0, 10.0, n_sec), ("i:day", 4.0, 0.01, n_day)],
     };
     let mut cases = vec![
-        Case {
-            name: "a fresh bucket allows and counts down, then waits for refill",
-            instances: 1,
-            steps: vec![
-                take(T0, "a", 3.0, 1.0, 1.0),
-                take(T0, "a", 3.0, 1.0, 1.0),
-                take(T0, "a", 3.0, 1.0, 1.0),
-                take(T0, "a", 3.0, 1.0, 1.0),
-                take(T0 + 999, "a", 3.0, 1.0, 1.0),
-                take(T0 + 1000, "a", 3.0, 1.0, 1.0),
-                take(T0 + 1000, "a", 3.0, 1.0, 1.0),
-                take(T0 + 10_000, "a", 3.0, 1.0, 3.0),
+        case(
+            "a fresh bucket allows and counts down, then waits for refill",
+            1,
+            vec![takes(
+                "a",
+                3.0,
+                1.0,
+                &[
+                    (0, 1.0),
+                    (0, 1.0),
+                    (0, 1.0),
+                    (0, 1.0),
+                    (999, 1.0),
+                    (1000, 1.0),
+                    (1000, 1.0),
+                    (10_000, 3.0),
+                ],
+            )],
+        ),
+        case(
+            "instances divide the capacity and the rate",
+            2,
+            vec![takes(
+                "b",
+                10.0,
+                2.0,
+                &[
+                    (0, 1.0),
+                    (0, 4.0),
+                    (0, 1.0),
+                    (500, 1.0),
+                    (1000, 1.0),
+                    (1000, 6.0),
+                ],
+            )],
+        ),
+        case(
+            "n above the local capacity is denied for ever",
+            3,
+            vec![takes("c", 5.0, 1.0, &[(0, 2.0), (0, 1.0)])],
+        ),
+        case(
+            "fractional rates and costs",
+            1,
+            vec![takes(
+                "d",
+                2.5,
+                0.3,
+                &[(0, 1.25), (1, 1.25), (2, 0.5), (1234, 0.5), (1667, 0.5)],
+            )],
+        ),
+        case(
+            "n = 0 looks without taking",
+            1,
+            vec![takes(
+                "e",
+                2.0,
+                1.0,
+                &[(0, 0.0), (0, 2.0), (0, 0.0), (10, 0.0)],
+            )],
+        ),
+        case(
+            "peek answers as a take would and takes nothing",
+            1,
+            vec![
+                vec![peek(0, "f", 2.0, 0.5, 2.0)],
+                takes("f", 2.0, 0.5, &[(0, 2.0)]),
+                vec![peek(100, "f", 2.0, 0.5, 1.0)],
+                takes("f", 2.0, 0.5, &[(2000, 1.0)]),
             ],
-        },
-        Case {
-            name: "instances divide the capacity and the rate",
-            instances: 2,
-            steps: vec![
-                take(T0, "b", 10.0, 2.0, 1.0),
-                take(T0, "b", 10.0, 2.0, 4.0),
-                take(T0, "b", 10.0, 2.0, 1.0),
-                take(T0 + 500, "b", 10.0, 2.0, 1.0),
-                take(T0 + 1000, "b", 10.0, 2.0, 1.0),
-                take(T0 + 1000, "b", 10.0, 2.0, 6.0),
+        ),
+        case(
+            "a clock step back grants no refill for the gap",
+            1,
+            vec![takes(
+                "g",
+                2.0,
+                1.0,
+                &[(5000, 2.0), (0, 1.0), (1000, 1.0), (1000, 1.0)],
+            )],
+        ),
+        case(
+            "keys are separate buckets",
+            1,
+            vec![
+                takes("h1", 1.0, 1.0, &[(0, 1.0)]),
+                takes("h2", 1.0, 1.0, &[(0, 1.0)]),
+                takes("h1", 1.0, 1.0, &[(0, 1.0)]),
             ],
-        },
-        Case {
-            name: "n above the local capacity is denied for ever",
-            instances: 3,
-            steps: vec![take(T0, "c", 5.0, 1.0, 2.0), take(T0, "c", 5.0, 1.0, 1.0)],
-        },
-        Case {
-            name: "fractional rates and costs",
-            instances: 1,
-            steps: vec![
-                take(T0, "d", 2.5, 0.3, 1.25),
-                take(T0 + 1, "d", 2.5, 0.3, 1.25),
-                take(T0 + 2, "d", 2.5, 0.3, 0.5),
-                take(T0 + 1234, "d", 2.5, 0.3, 0.5),
-                take(T0 + 1667, "d", 2.5, 0.3, 0.5),
+        ),
+        case(
+            "take_all takes from every bucket or from none",
+            2,
+            vec![
+                vec![
+                    day_and_second(0, 1.0, 1.0),
+                    day_and_second(0, 1.0, 1.0),
+                    day_and_second(0, 1.0, 1.0),
+                ],
+                takes("i:sec", 10.0, 10.0, &[(0, 3.0)]),
+                vec![day_and_second(100, 3.0, 0.0)],
             ],
-        },
-        Case {
-            name: "n = 0 looks without taking",
-            instances: 1,
-            steps: vec![
-                take(T0, "e", 2.0, 1.0, 0.0),
-                take(T0, "e", 2.0, 1.0, 2.0),
-                take(T0, "e", 2.0, 1.0, 0.0),
-                take(T0 + 10, "e", 2.0, 1.0, 0.0),
-            ],
-        },
-        Case {
-            name: "peek answers as a take would and takes nothing",
-            instances: 1,
-            steps: vec![
-                peek(T0, "f", 2.0, 0.5, 2.0),
-                take(T0, "f", 2.0, 0.5, 2.0),
-                peek(T0 + 100, "f", 2.0, 0.5, 1.0),
-                take(T0 + 2000, "f", 2.0, 0.5, 1.0),
-            ],
-        },
-        Case {
-            name: "a clock step back grants no refill for the gap",
-            instances: 1,
-            steps: vec![
-                take(T0 + 5000, "g", 2.0, 1.0, 2.0),
-                take(T0, "g", 2.0, 1.0, 1.0),
-                take(T0 + 1000, "g", 2.0, 1.0, 1.0),
-                take(T0 + 1000, "g", 2.0, 1.0, 1.0),
-            ],
-        },
-        Case {
-            name: "keys are separate buckets",
-            instances: 1,
-            steps: vec![
-                take(T0, "h1", 1.0, 1.0, 1.0),
-                take(T0, "h2", 1.0, 1.0, 1.0),
-                take(T0, "h1", 1.0, 1.0, 1.0),
-            ],
-        },
-        Case {
-            name: "take_all takes from every bucket or from none",
-            instances: 2,
-            steps: vec![
-                Step::TakeAll {
-                    now_ms: T0,
-                    limits: vec![("i:sec", 10.0, 10.0, 1.0), ("i:day", 4.0, 0.01, 1.0)],
-                },
-                Step::TakeAll {
-                    now_ms: T0,
-                    limits: vec![("i:sec", 10.0, 10.0, 1.0), ("i:day", 4.0, 0.01, 1.0)],
-                },
-                Step::TakeAll {
-                    now_ms: T0,
-                    limits: vec![("i:sec", 10.0, 10.0, 1.0), ("i:day", 4.0, 0.01, 1.0)],
-                },
-                take(T0, "i:sec", 10.0, 10.0, 3.0),
-                Step::TakeAll {
-                    now_ms: T0 + 100,
-                    limits: vec![("i:sec", 10.0, 10.0, 3.0), ("i:day", 4.0, 0.01, 0.0)],
-                },
-            ],
-        },
-        Case {
-            name: "very slow and very fast rates",
-            instances: 1,
-            steps: vec![
-                take(T0, "j1", 1.0, 0.000_001, 1.0),
-                take(T0, "j1", 1.0, 0.000_001, 1.0),
-                take(
-                    T0,
+        ),
+        case(
+            "very slow and very fast rates",
+            1,
+            vec![
+                takes("j1", 1.0, 0.000_001, &[(0, 1.0), (0, 1.0)]),
+                takes(
                     "j2",
                     9_007_199_254_740_992.0,
                     1e12,
-                    9_007_199_254_740_992.0,
+                    &[(0, 9_007_199_254_740_992.0), (1, 1e9)],
                 ),
-                take(T0 + 1, "j2", 9_007_199_254_740_992.0, 1e12, 1e9),
-                take(T0, "j3", 1e6, 1e-3, 1e6),
-                take(T0, "j3", 1e6, 1e-3, 1.0),
+                takes("j3", 1e6, 1e-3, &[(0, 1e6), (0, 1.0)]),
             ],
-        },
+        ),
     ];
     cases.extend(random_cases());
     cases
