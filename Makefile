@@ -25,7 +25,7 @@ help: ## List the targets
 	@grep -E '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) \
 	  | awk -F':.*## ' '{ printf "  %-13s %s\n", $$1, $$2 }'
 
-deps: ## Check build/test tools (cargo, libclang, redis, faketime); apt-install what is missing
+deps: ## Check build/test tools (cargo, libclang, redis, faketime, binutils, dpkg-deb); apt-install what is missing
 	@bash $(ROOT)/scripts/ensure-deps.sh
 
 build: deps ## Build the module: target/release/libredis_tb.so

@@ -33,7 +33,10 @@ VERSION="$(cargo metadata --no-deps --format-version 1 --manifest-path "$ROOT/Ca
 print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "redis-tb"))')"
 ARCH="$(dpkg --print-architecture)"
 TARBALL_BASE="redis-tb-$VERSION-linux-$ARCH"
-DEB="redis-tb_${VERSION}_$ARCH.deb"
+# A pre-release (Cargo's 0.2.0-rc.1) must sort before its release, which in Debian takes
+# a tilde (0.2.0~rc.1); a hyphen would be read as a Debian revision.
+DEB_VERSION="${VERSION/-/\~}"
+DEB="redis-tb_${DEB_VERSION}_$ARCH.deb"
 
 if [[ "${1:-}" == "--names" ]]; then
     echo "$TARBALL_BASE.tar.gz"
@@ -151,6 +154,7 @@ gzip -9n <"$ROOT/CHANGELOG.md" >"$stage/usr/share/doc/redis-tb/changelog.gz"
 chmod 0644 "$stage/usr/share/doc/redis-tb/"*
 
 echo /etc/redis/modules/redis-tb.conf >"$stage/DEBIAN/conffiles"
+# For `dpkg --verify`; a conffile's sum is kept by dpkg itself, so /etc is not listed.
 (cd "$stage" && find usr -type f -print0 | sort -z | xargs -0 md5sum) \
     >"$stage/DEBIAN/md5sums"
 installed_kb="$(du -sk --exclude=DEBIAN "$stage" | cut -f1)"
@@ -159,7 +163,7 @@ installed_kb="$(du -sk --exclude=DEBIAN "$stage" | cut -f1)"
 # Valkey is not in Debian 12, so the server is a recommendation, not a dependency.
 cat >"$stage/DEBIAN/control" <<EOF
 Package: redis-tb
-Version: $VERSION
+Version: $DEB_VERSION
 Architecture: $ARCH
 Maintainer: $MAINTAINER
 Installed-Size: $installed_kb
@@ -179,6 +183,7 @@ touch_all "$stage"
 
 # -- out ----------------------------------------------------------------------------
 mkdir -p "$DIST_DIR"
+# Only this version's files: dist/ may hold another version's, which SHA256SUMS then omits.
 rm -f "$DIST_DIR/$TARBALL_BASE.tar.gz" "$DIST_DIR/$DEB" "$DIST_DIR/SHA256SUMS"
 tar -C "$work" --sort=name --owner=0 --group=0 --numeric-owner \
     --mtime="@$SOURCE_DATE_EPOCH" -cf - "$TARBALL_BASE" | gzip -9n >"$DIST_DIR/$TARBALL_BASE.tar.gz"
