@@ -17,7 +17,7 @@ PORT ?= 6379
 export TB_MODULE ?= $(MODULE)
 export TB_SERVER ?= redis-server
 
-.PHONY: help deps build run check-paths lint test test-valkey test-clients servers bench profile fuzz sanitize clean
+.PHONY: help deps build run dist check-paths lint test test-valkey test-clients servers bench profile fuzz sanitize clean
 
 help: ## List the targets
 	@echo "usage: make <target> [PORT=6379]"
@@ -25,7 +25,7 @@ help: ## List the targets
 	@grep -E '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) \
 	  | awk -F':.*## ' '{ printf "  %-13s %s\n", $$1, $$2 }'
 
-deps: ## Check build/test tools (cargo, libclang, redis, faketime); apt-install what is missing
+deps: ## Check build/test tools (cargo, libclang, redis, faketime, binutils, dpkg-deb); apt-install what is missing
 	@bash $(ROOT)/scripts/ensure-deps.sh
 
 build: deps ## Build the module: target/release/libredis_tb.so
@@ -40,6 +40,12 @@ run: build ## Start redis-server in the foreground with the module (PORT=6379)
 	fi
 	@echo "redis-server on 127.0.0.1:$(PORT) with $(MODULE); Ctrl-C to stop"
 	cd $(ROOT) && exec redis-server redis.conf.example --port $(PORT)
+
+# TB_MODULE is given so that `make dist` packages the release build even when TB_MODULE
+# points the tests at another module. tests/release.rs runs the same script on the module
+# under test and installs what it writes.
+dist: build ## Release artifacts in dist/: the module's tarball and .deb, and SHA256SUMS (scripts/dist.sh)
+	cd $(ROOT) && TB_MODULE=$(MODULE) bash scripts/dist.sh
 
 # Python 3 standard library only: runs before anything is built or installed.
 check-paths: ## Fail if the docs or a comment name a path that does not exist, or the README's map misses a src/ file

