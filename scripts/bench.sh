@@ -16,12 +16,15 @@
 # TB_BENCH_SERVERS (bench/results/handoff-results.md). Then the lease race
 # (bench/lease_bench.py): TB.ACQUIRE + TB.RELEASE against the Lua sorted-set
 # semaphore (EVALSHA + ZREM) and our own tb.lua, server time per pair, on the
-# same servers (bench/results/lease-results.md). Last, the client libraries'
+# same servers (bench/results/lease-results.md). Then the client libraries'
 # middleware (bench/middleware_bench.py): the limiter's cost per request against
 # a bare route and one plain GET, under uvicorn/Starlette, gunicorn/Flask,
 # Express, Fastify and axum (bench/results/middleware-results.md; the frameworks are
 # installed on first use under .cache/mw-bench; one that cannot be installed is
-# reported as skipped).
+# reported as skipped). Then the libraries' in-process answers
+# (bench/local_bench.py): a take on the local limiter and a denial from the
+# denial cache against one GET round trip, in Python, Node and Rust
+# (bench/results/local-results.md).
 #
 # Knobs (environment or flags passed through to bench/bench.py):
 #   BENCH_REPS=3     repetitions (medians and min-max spreads over these)
@@ -51,6 +54,9 @@
 #                    (missing ones skipped)
 #   BENCH_MIDDLEWARE=0  skip the middleware part; BENCH_MIDDLEWARE_ARGS=...
 #                    passes options to it (e.g. "--quick", "--only axum,Express")
+#   BENCH_LOCAL=0    skip the libraries' local limiter and denial cache against
+#                    one GET (bench/local_bench.py); BENCH_LOCAL_ARGS=... passes
+#                    options to it (e.g. "--reps 1")
 # A full run takes about 15-18 minutes on 2 cores (the hand-off race well under
 # one of them, the lease race about a minute on three servers, the middleware
 # about four more, plus its installs the first time).
@@ -127,5 +133,9 @@ fi
 if [[ "${BENCH_MIDDLEWARE:-1}" != 0 ]]; then
     # shellcheck disable=SC2086
     python3 bench/middleware_bench.py ${BENCH_MIDDLEWARE_ARGS:-} || status=1
+fi
+if [[ "${BENCH_LOCAL:-1}" != 0 ]]; then
+    # shellcheck disable=SC2086
+    python3 bench/local_bench.py ${BENCH_LOCAL_ARGS:-} || status=1
 fi
 exit "$status"
