@@ -8,6 +8,7 @@ Nothing here does I/O; `_engine` strings these together into calls, and
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import math
 import numbers
@@ -168,6 +169,16 @@ def classify(error: BaseException) -> str:
     if isinstance(error, rex.RedisClusterException) and "cannot be connected" in str(error):
         return UNAVAILABLE  # the cluster client could reach no startup node
     return BUG
+
+
+def dropped(error: BaseException) -> bool:
+    """Did the connection drop under the call (reset, broken pipe, end of
+    file, closed), so that sending it again on a new one may succeed? Not a
+    timeout (the server may be slow and still run the first copy), nor
+    LOADING (redis-py makes it a ConnectionError; it is the server's state)."""
+    if isinstance(error, (rex.TimeoutError, rex.BusyLoadingError, asyncio.TimeoutError)):
+        return False
+    return isinstance(error, (rex.ConnectionError, ConnectionError, EOFError, asyncio.IncompleteReadError))
 
 
 def limiter_error(error: BaseException) -> LimiterError:
@@ -455,6 +466,8 @@ class Decision:
     policy, capacity, rate: the deciding limit
     index:          take_all only: position of the deciding limit, else None
     limits:         every (policy, capacity, rate) of the call, in order
+    source:         where it came from: "server" (Redis), "local" (the local
+                    limiter, during an outage) or "cache" (the denial cache)
     """
 
     allowed: bool
@@ -466,6 +479,7 @@ class Decision:
     rate: Number = 0
     policy: str = "default"
     limits: Tuple[Tuple[str, Number, Number], ...] = field(default=(), compare=True)
+    source: str = "server"
 
     @property
     def retry_after(self) -> Optional[float]:
@@ -581,16 +595,19 @@ class Call:
     numbers: Tuple[Tuple[str, ...], ...]  # acquire: (limit, lease_ms); release: (id,); renew: (id, lease_ms)
     limits: Tuple[Tuple[str, Number, Number], ...]  # (policy, capacity, rate); acquire: (policy, limit, lease_ms)
     options: Tuple[str, ...] = ()  # after the numbers: MAXWAIT/BLOCK/MAXBLOCK (take, takeall), MAXDEBT (charge)
+    #: Sent again once after a dropped connection (docs/clients.md#a-dropped-connection-is-not-an-outage):
+    #: all but refunds and settles, which could hand out tokens twice.
+    retry: bool = True
 
     def with_options(self, options: Tuple[str, ...]) -> "Call":
-        return Call(self.op, self.keys, self.numbers, self.limits, options)
+        return dataclasses.replace(self, options=options)
 
 
 def single(op: str, key: str, capacity: Number, rate: Number, n: Number, policy: str,
            options: Tuple[str, ...] = ()) -> Call:
     check_key(key)
     check_name(policy)
-    return Call(op, (key,), (limit_numbers(capacity, rate, n),), ((policy, capacity, rate),), options)
+    return Call(op, (key,), (limit_numbers(capacity, rate, n),), ((policy, capacity, rate),), options, op != "refund")
 
 
 def _limit(limit) -> Limit:
@@ -623,10 +640,12 @@ def settle(limit: Limit, reserved: Number, actual: Number) -> Optional[Call]:
     number_text(actual, "actual", positive=False)
     policy = limit.policy or "default"
     if actual < reserved:
-        return single("refund", limit.key, limit.capacity, limit.rate, reserved - actual, policy)
-    if actual > reserved:
-        return single("charge", limit.key, limit.capacity, limit.rate, actual - reserved, policy)
-    return None
+        call = single("refund", limit.key, limit.capacity, limit.rate, reserved - actual, policy)
+    elif actual > reserved:
+        call = single("charge", limit.key, limit.capacity, limit.rate, actual - reserved, policy)
+    else:
+        return None
+    return dataclasses.replace(call, retry=False)
 
 
 def unblock(limit_or_key) -> Call:
