@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict
 from typing import Optional, Tuple
 
-from ._core import Call, Decision, InvalidArgument, LimiterUnavailable, whole_text
+from ._core import Call, Decision, InvalidArgument, LimiterUnavailable, quick_decision, whole_text
 
 log = logging.getLogger("redis_tb")
 
@@ -181,23 +181,25 @@ class LocalBuckets:
     def decide(self, call: Call, now_ms: int) -> Decision:
         """The local answer to a take, peek or take_all `call`."""
         buckets, k = self.buckets, self.instances
+        if call.op != "takeall":  # the usual call, without take_all's lists
+            key = call.keys[0]
+            policy, capacity, rate = call.limits[0]
+            o = take(buckets.get(key), capacity / k, rate / k, float(call.numbers[0][2]), now_ms)
+            if call.op == "take" and o[4] is not None:
+                buckets.touch(key, o[4])
+            elif key in buckets:
+                buckets.move_to_end(key)
+            return quick_decision(o[0], o[1], o[2], o[3], None, capacity, rate, policy, (), "local")
         limits = [(cap / k, rate / k, float(nums[2])) for (_, cap, rate), nums in zip(call.limits, call.numbers)]
-        states = [buckets.get(key) for key in call.keys]
-        if call.op == "takeall":
-            allowed, index, outcomes = take_all(states, limits, now_ms)
-        else:
-            allowed, index, outcomes = None, 0, [take(states[0], *limits[0], now_ms)]
-        writes = call.op != "peek"
+        allowed, index, outcomes = take_all([buckets.get(key) for key in call.keys], limits, now_ms)
         for key, o in zip(call.keys, outcomes):
-            if writes and o[4] is not None:
+            if o[4] is not None:
                 buckets.touch(key, o[4])
             elif key in buckets:
                 buckets.move_to_end(key)
         o = outcomes[index]
         policy, capacity, rate = call.limits[index]
-        return Decision(o[0] if allowed is None else allowed, o[1], o[2], o[3],
-                        index if call.op == "takeall" else None, capacity, rate, policy,
-                        call.limits if call.op == "takeall" else (), "local")
+        return quick_decision(allowed, o[1], o[2], o[3], index, capacity, rate, policy, call.limits, "local")
 
     def clear(self):
         self.buckets.clear()
@@ -228,9 +230,9 @@ class DenialCache:
             entries.move_to_end(key)
             policy, capacity, rate = call.limits[index]
             takeall = call.op == "takeall"
-            return Decision(False, remaining, until - now_ms, max(0, reset - (now_ms - at)),
-                            index if takeall else None, capacity, rate, policy,
-                            call.limits if takeall else (), "cache")
+            return quick_decision(False, remaining, until - now_ms, max(0, reset - (now_ms - at)),
+                                  index if takeall else None, capacity, rate, policy,
+                                  call.limits if takeall else (), "cache")
         return None
 
     def remember(self, call: Call, d: Decision, now_ms: int):
