@@ -8,6 +8,7 @@ Nothing here does I/O; `_engine` strings these together into calls, and
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import math
 import numbers
@@ -170,6 +171,16 @@ def classify(error: BaseException) -> str:
     return BUG
 
 
+def dropped(error: BaseException) -> bool:
+    """Did the connection drop under the call (reset, broken pipe, end of
+    file, closed), so that sending it again on a new one may succeed? Not a
+    timeout (the server may be slow and still run the first copy), nor
+    LOADING (redis-py makes it a ConnectionError; it is the server's state)."""
+    if isinstance(error, (rex.TimeoutError, rex.BusyLoadingError, asyncio.TimeoutError)):
+        return False
+    return isinstance(error, (rex.ConnectionError, ConnectionError, EOFError, asyncio.IncompleteReadError))
+
+
 def limiter_error(error: BaseException) -> LimiterError:
     """`error` as this library's exception, by its class. A server change
     that is left after the one retry is a bug: the server keeps changing
@@ -221,7 +232,8 @@ def check_key(key) -> str:
 
 
 def check_name(name) -> str:
-    if not isinstance(name, str) or not name or any(not (0x20 <= ord(c) <= 0x7E) for c in name):
+    # For ASCII text, isprintable() is exactly 0x20..0x7E.
+    if not isinstance(name, str) or not name or not (name.isascii() and name.isprintable()):
         raise InvalidArgument(f"a policy name must be non-empty printable ASCII, not {name!r}")
     return name
 
@@ -455,6 +467,8 @@ class Decision:
     policy, capacity, rate: the deciding limit
     index:          take_all only: position of the deciding limit, else None
     limits:         every (policy, capacity, rate) of the call, in order
+    source:         where it came from: "server" (Redis), "local" (the local
+                    limiter, during an outage) or "cache" (the denial cache)
     """
 
     allowed: bool
@@ -466,6 +480,7 @@ class Decision:
     rate: Number = 0
     policy: str = "default"
     limits: Tuple[Tuple[str, Number, Number], ...] = field(default=(), compare=True)
+    source: str = "server"
 
     @property
     def retry_after(self) -> Optional[float]:
@@ -501,6 +516,19 @@ class Decision:
         if not self.allowed and self.retry_after_ms >= 0:
             out["Retry-After"] = str(_ceil_div_1000(self.retry_after_ms))
         return out
+
+
+def quick_decision(allowed, remaining, retry_after_ms, reset_after_ms, index, capacity, rate, policy, limits,
+                   source) -> Decision:
+    """`Decision(...)` of trusted fields at a third of the cost (a frozen
+    dataclass sets each field through object.__setattr__): the local
+    limiter and the denial cache answer in a few microseconds, so this is
+    most of their time."""
+    d = object.__new__(Decision)
+    d.__dict__.update(allowed=allowed, remaining=remaining, retry_after_ms=retry_after_ms,
+                      reset_after_ms=reset_after_ms, index=index, capacity=capacity, rate=rate, policy=policy,
+                      limits=limits, source=source)
+    return d
 
 
 @dataclass(frozen=True)
@@ -581,16 +609,19 @@ class Call:
     numbers: Tuple[Tuple[str, ...], ...]  # acquire: (limit, lease_ms); release: (id,); renew: (id, lease_ms)
     limits: Tuple[Tuple[str, Number, Number], ...]  # (policy, capacity, rate); acquire: (policy, limit, lease_ms)
     options: Tuple[str, ...] = ()  # after the numbers: MAXWAIT/BLOCK/MAXBLOCK (take, takeall), MAXDEBT (charge)
+    #: Sent again once after a dropped connection (docs/clients.md#a-dropped-connection-is-not-an-outage):
+    #: all but refunds and settles, which could hand out tokens twice.
+    retry: bool = True
 
     def with_options(self, options: Tuple[str, ...]) -> "Call":
-        return Call(self.op, self.keys, self.numbers, self.limits, options)
+        return dataclasses.replace(self, options=options)
 
 
 def single(op: str, key: str, capacity: Number, rate: Number, n: Number, policy: str,
            options: Tuple[str, ...] = ()) -> Call:
     check_key(key)
     check_name(policy)
-    return Call(op, (key,), (limit_numbers(capacity, rate, n),), ((policy, capacity, rate),), options)
+    return Call(op, (key,), (limit_numbers(capacity, rate, n),), ((policy, capacity, rate),), options, op != "refund")
 
 
 def _limit(limit) -> Limit:
@@ -623,10 +654,12 @@ def settle(limit: Limit, reserved: Number, actual: Number) -> Optional[Call]:
     number_text(actual, "actual", positive=False)
     policy = limit.policy or "default"
     if actual < reserved:
-        return single("refund", limit.key, limit.capacity, limit.rate, reserved - actual, policy)
-    if actual > reserved:
-        return single("charge", limit.key, limit.capacity, limit.rate, actual - reserved, policy)
-    return None
+        call = single("refund", limit.key, limit.capacity, limit.rate, reserved - actual, policy)
+    elif actual > reserved:
+        call = single("charge", limit.key, limit.capacity, limit.rate, actual - reserved, policy)
+    else:
+        return None
+    return dataclasses.replace(call, retry=False)
 
 
 def unblock(limit_or_key) -> Call:

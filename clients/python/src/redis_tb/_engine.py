@@ -21,8 +21,9 @@ from ._core import BACKENDS, BLOCKING_MARGIN_S, SERVER_CHANGED, UNAVAILABLE, Cal
 
 log = logging.getLogger("redis_tb")
 
-#: While on Lua after having seen the module, look for it at most this often.
-MODULE_RECHECK_S = 30.0
+#: While on Lua after having seen the module, look for it at most this
+#: often (the limiter's `module_recheck_ms`).
+MODULE_RECHECK_MS = 30_000
 
 #: MOVED/ASK replies a blocking wait follows before it gives up (a slot
 #: moves once; several in a row mean the cluster is being resharded).
@@ -41,8 +42,12 @@ DETECTION_TIMEOUT_FACTOR = 5
 
 @dataclass(frozen=True)
 class Send:
+    """A command; `retry`: sent again once on a new connection if the
+    connection dropped under it (`_core.dropped`)."""
+
     args: tuple
     route: str = BY_KEY
+    retry: bool = True
 
     @property
     def detecting(self) -> bool:
@@ -61,6 +66,7 @@ class Block:
     wait_s: Optional[float]
     node: Optional[Tuple[str, int]] = None
     asking: bool = False
+    retry: bool = True
 
 
 @dataclass(frozen=True)
@@ -72,14 +78,14 @@ class Backend:
     """Which backend a limiter uses, and why; changed only by `detect` and
     `ensure`."""
 
-    def __init__(self, requested: str):
+    def __init__(self, requested: str, module_recheck_ms=MODULE_RECHECK_MS):
         if requested != "auto" and requested not in BACKENDS:
             raise _core.InvalidArgument(f"backend must be 'auto' or one of {BACKENDS}, not {requested!r}")
         self.requested = requested
         self.chosen: Optional[str] = None
         self.seen_module = False
         self.next_module_check = 0.0
-        self.recheck_s = MODULE_RECHECK_S
+        self.recheck_s = int(_core.whole_text(module_recheck_ms, "module_recheck_ms")) / 1000
         self.library = _core.lua_library()
         self.script = _core.lua_script()
         self.sha = _core.sha1(self.script)
@@ -186,25 +192,14 @@ def run(state: Backend, call: Call):
 def _run(state: Backend, call: Call):
     backend = yield from ensure(state)
     try:
-        reply = yield Send(tuple(_core.command(backend, call, state.sha)))
+        reply = yield Send(tuple(_core.command(backend, call, state.sha)), retry=call.retry)
     except Exception as e:
         if classify(e) != SERVER_CHANGED:
             raise
         log.info("redis-tb: %s; detecting the backend again", _core.reply_text(e))
         backend = yield from detect(state)
-        reply = yield Send(tuple(_core.command(backend, call, state.sha)))
+        reply = yield Send(tuple(_core.command(backend, call, state.sha)), retry=call.retry)
     return _core.result(call, reply)
-
-
-def acquire(state: Backend, call: Call, fail_open: bool):
-    """An acquire under the failure rule; `fail_open`: an unavailable
-    limiter answers a failed-open Lease (acquired, no id) instead of raising."""
-    try:
-        return (yield from run(state, call))
-    except _core.LimiterUnavailable:
-        if not fail_open:
-            raise
-        return _core.failed_open_lease(call)
 
 
 #: wait_acquire without the module polls at least this often: a release
@@ -212,17 +207,12 @@ def acquire(state: Backend, call: Call, fail_open: bool):
 LEASE_POLL_S = 0.1
 
 
-def wait_acquire(state: Backend, call: Call, timeout_ms: int, fail_open: bool, poll_s: float = LEASE_POLL_S):
+def wait_acquire(state: Backend, call: Call, timeout_ms: int, poll_s: float = LEASE_POLL_S):
     """Acquire, waiting up to timeout_ms (0: no limit). Module: TB.ACQUIRE
     with timeout_ms on the slot owner, first come first served by the
     server. Lua: acquire, sleep min(retry_after_ms, poll_s), retry (not
-    first come first served)."""
-    try:
-        return (yield from _translated(_wait(state, call, timeout_ms, poll_s)))
-    except _core.LimiterUnavailable:
-        if not fail_open:
-            raise
-        return _core.failed_open_lease(call)
+    first come first served). (Failing open is the driver's `_leased`.)"""
+    return (yield from _translated(_wait(state, call, timeout_ms, poll_s)))
 
 
 def wait_take(state: Backend, call: Call, timeout_ms: int):
@@ -333,12 +323,20 @@ def drive(gen, execute):
 
 
 async def adrive(gen, execute):
-    """Run an operation with an async `execute(step) -> reply`."""
+    """Run an operation with an async `execute(step) -> reply`. A step whose
+    connection dropped under it is executed once more, on a new connection
+    (docs/clients.md#a-dropped-connection-is-not-an-outage): a restart or an
+    idle timeout is not an outage; the retry's error is the step's."""
     try:
         step = next(gen)
         while True:
             try:
-                result = await execute(step)
+                try:
+                    result = await execute(step)
+                except Exception as e:
+                    if not (getattr(step, "retry", False) and _core.dropped(e)):
+                        raise
+                    result = await execute(step)
             except Exception as e:
                 step = gen.throw(e)
             else:

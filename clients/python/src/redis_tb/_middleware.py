@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import threading
 from typing import Callable, Generic, List, Optional, Sequence, Tuple, TypeVar, Union
 
-from ._core import Concurrency, Lease, number_text, Decision, InvalidArgument, Limit, LimiterError, LimiterUnavailable, Number, Policy, bucket_key
+from ._core import (Concurrency, Decision, InvalidArgument, Lease, Limit, LimiterError, LimiterUnavailable, Number,
+                    Policy, bucket_key, concurrency_item, number_text, policy_item)
 
 log = logging.getLogger("redis_tb")
 
@@ -35,6 +37,46 @@ def named_policies(spec: Union[Policy, Sequence[Policy], None], concurrency: Opt
     if len({p.name for p in named}) != len(named):
         raise InvalidArgument("policy names must be distinct")
     return named
+
+
+def peer_id(remote: Optional[str]) -> str:
+    """The default key of a peer address: an IPv4-mapped IPv6 address
+    (``::ffff:127.0.0.1``, what a dual-stack socket reports) as the IPv4
+    address, so one client has one bucket whichever language serves it
+    (docs/clients.md#the-same-behaviour-in-all-three); ``unknown`` for none."""
+    if not remote:
+        return "unknown"
+    if remote[:7].lower() == "::ffff:":
+        try:
+            return str(ipaddress.IPv4Address(remote[7:]))
+        except ValueError:
+            pass
+    return remote
+
+
+def on_unavailable_mode(on_unavailable: Optional[str], fail_open: Optional[bool], limiter) -> str:
+    """The middleware's `on_unavailable` ("open", "closed" or "local"),
+    from it or from the older `fail_open` (True: open, False: closed). Local
+    is the limiter's local limiter: it needs one."""
+    if on_unavailable is None:
+        return "closed" if fail_open is False else "open"
+    if on_unavailable not in ("open", "closed", "local"):
+        raise InvalidArgument(f"on_unavailable must be 'open', 'closed' or 'local', not {on_unavailable!r}")
+    if fail_open is not None and (on_unavailable == "closed") == bool(fail_open):
+        raise InvalidArgument(f"fail_open={fail_open!r} contradicts on_unavailable={on_unavailable!r}")
+    if on_unavailable == "local" and getattr(limiter, "on_unavailable", None) != "local":
+        raise InvalidArgument("on_unavailable='local' needs a limiter made with on_unavailable='local' "
+                              "(its instances and local_max_keys)")
+    return on_unavailable
+
+
+def policy_line(policies: Sequence[Policy], concurrency: Optional[Concurrency]) -> str:
+    """The one RateLimit-Policy line of a middleware: the rate policies in
+    their order, the in-flight limit last."""
+    items = [policy_item(p.name, p.capacity, p.rate) for p in policies]
+    if concurrency is not None:
+        items.append(concurrency_item(concurrency.name, concurrency.limit))
+    return ", ".join(items)
 
 
 def check_cost(cost):
@@ -66,6 +108,13 @@ def merged_headers(*decisions) -> List[Tuple[str, str]]:
         for k, v in d.headers().items():
             out[k] = f"{out[k]}, {v}" if k == "RateLimit-Policy" and k in out else v
     return list(out.items())
+
+
+def lease_denied_headers(policies: Sequence[Policy], concurrency: Concurrency, d: Lease) -> List[Tuple[str, str]]:
+    """A lease denial's headers: no rate token was taken (in-flight comes
+    first), but the policy line still names every policy."""
+    return [("RateLimit-Policy", policy_line(policies, concurrency))] + [
+        (k, v) for k, v in d.headers().items() if k != "RateLimit-Policy"]
 
 
 def lease_denied_body(d: Lease, status: int) -> bytes:
@@ -199,7 +248,8 @@ class Middleware(Generic[L]):
         key: Optional[KeyFunc] = None,
         cost=None,
         prefix: str = "ratelimit:",
-        fail_open: bool = True,
+        on_unavailable: Optional[str] = None,
+        fail_open: Optional[bool] = None,
         on_error=None,
     ):
         self.app = app
@@ -210,4 +260,7 @@ class Middleware(Generic[L]):
         self.cost = check_cost(cost)
         self.prefix = prefix
         self.on_error = on_error
-        self.outcomes = Outcomes(fail_open)
+        self.on_unavailable = on_unavailable_mode(on_unavailable, fail_open, limiter)
+        # "local": the limiter answers takes itself while Redis is down; what
+        # still fails (a lease) goes through, as with "open".
+        self.outcomes = Outcomes(self.on_unavailable != "closed")

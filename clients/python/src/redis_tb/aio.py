@@ -16,8 +16,8 @@ import redis.exceptions as rex
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
 
-from . import _core, _engine
-from ._core import Decision, Lease, Limit, Number
+from . import _core, _engine, _local
+from ._core import Decision, Lease, Limit, LimiterUnavailable, Number
 from ._lease import AsyncLeaseGuard
 from .limiter import DEFAULT_TIMEOUT, fast_failing_kwargs, get_connection_args
 
@@ -57,12 +57,19 @@ class AsyncRateLimiter:
     that runs out raises `LimiterUnavailable`. On a standalone client the
     limiter uses a pool of its own with the same settings, which fails fast.
 
+    The other options (on_unavailable, instances, local_max_keys,
+    local_probe_ms, cache_denials, module_recheck_ms) are `RateLimiter`'s.
+
     `await close()` (or leaving an ``async with`` block) closes every
     connection the limiter opened; the client you passed stays yours.
     """
 
-    def __init__(self, client, backend: str = "auto", timeout: Optional[float] = DEFAULT_TIMEOUT):
-        self._state = _engine.Backend(backend)
+    def __init__(self, client, backend: str = "auto", timeout: Optional[float] = DEFAULT_TIMEOUT, *,
+                 on_unavailable: str = "raise", instances: int = 1, local_max_keys: int = 10_000,
+                 local_probe_ms: int = 1_000, cache_denials: bool = False,
+                 module_recheck_ms: int = _engine.MODULE_RECHECK_MS):
+        self._state = _engine.Backend(backend, module_recheck_ms)
+        self._shield = _local.Shield(on_unavailable, instances, local_max_keys, local_probe_ms, cache_denials)
         self.timeout = timeout
         self._cluster = isinstance(client, AsyncRedisCluster)
         self._own_client = timeout is not None and not self._cluster
@@ -157,8 +164,31 @@ class AsyncRateLimiter:
         LimiterUnavailable if the server cannot be reached."""
         return await _engine.adrive(_engine._translated(_engine.ensure(self._state)), self._execute)
 
-    async def _run(self, call: _core.Call) -> Decision:
-        return await _engine.adrive(_engine.run(self._state, call), self._execute)
+    @property
+    def on_unavailable(self) -> str:
+        return self._shield.on_unavailable
+
+    async def _run(self, call: _core.Call, operation=_engine.run, *args):
+        """See `RateLimiter._run`: the shield (denial cache, local limiter) first."""
+        shield, plain = self._shield, operation is _engine.run
+        answer = shield.before(call, plain)
+        if answer is not None:
+            return answer
+        try:
+            result = await _engine.adrive(operation(self._state, call, *args), self._execute)
+        except LimiterUnavailable as e:
+            return shield.failed(call, e, plain)
+        shield.after(call, result, plain)
+        return result
+
+    async def _leased(self, call: _core.Call, fail_open: bool, operation=_engine.run, *args) -> Lease:
+        """See `RateLimiter._leased`."""
+        try:
+            return await self._run(call, operation, *args)
+        except LimiterUnavailable:
+            if not fail_open:
+                raise
+            return _core.failed_open_lease(call)
 
     async def take(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, policy: str = "default",
                    max_wait_ms: Optional[int] = None, block_ms: Optional[int] = None,
@@ -199,14 +229,14 @@ class AsyncRateLimiter:
         module, one reservation and one sleep with the Lua fallback (both FIFO)."""
         timeout_ms = _core.check_timeout_ms(timeout_ms)
         call = _core.single("take", key, capacity, rate, n, policy)
-        return await _engine.adrive(_engine.wait_take(self._state, call, timeout_ms), self._execute)
+        return await self._run(call, _engine.wait_take, timeout_ms)
 
     # --- concurrency limits: see RateLimiter.acquire and docs/leases.md -----
 
     async def acquire(self, key: str, limit: int, lease_ms: int, *, policy: str = "default",
                       fail_open: bool = False) -> Lease:
         call = _core.acquire(key, limit, lease_ms, policy)
-        return await _engine.adrive(_engine.acquire(self._state, call, fail_open), self._execute)
+        return await self._leased(call, fail_open)
 
     async def release(self, key: str, lease) -> bool:
         ident = _core.lease_id(lease)
@@ -230,8 +260,7 @@ class AsyncRateLimiter:
         timeout_ms = _core.check_timeout_ms(timeout_ms)
         poll_s = _core.check_timeout_ms(poll_ms) / 1000 or 0.001
         call = _core.acquire(key, limit, lease_ms, policy)
-        return await _engine.adrive(_engine.wait_acquire(self._state, call, timeout_ms, fail_open, poll_s),
-                                    self._execute)
+        return await self._leased(call, fail_open, _engine.wait_acquire, timeout_ms, poll_s)
 
     def lease(self, key: str, limit: int, lease_ms: int, *, timeout_ms: Optional[Number] = None,
               policy: str = "default", fail_open: bool = False,

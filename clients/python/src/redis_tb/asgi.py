@@ -9,10 +9,11 @@ from .aio import AsyncRateLimiter
 
 
 def client_ip(scope) -> str:
-    """The default key: the peer address ASGI reports (behind a proxy, use
-    the proxy's forwarded header in a key function of your own)."""
+    """The default key: the peer address ASGI reports, ``::ffff:a.b.c.d``
+    as ``a.b.c.d`` (behind a proxy, use the proxy's forwarded header in a
+    key function of your own)."""
     client = scope.get("client")
-    return client[0] if client else "unknown"
+    return mw.peer_id(client[0] if client else None)
 
 
 async def _maybe_await(value):
@@ -25,19 +26,23 @@ class RateLimitMiddleware(mw.Middleware[AsyncRateLimiter]):
     policies: a `Policy` (one bucket per key) or a list (all at once, via
         take_all; the tightest decides); None with `concurrency` only.
     concurrency: a `Concurrency`: at most `limit` requests of one key in
-        flight. A lease is acquired when the request starts (after the rate
-        limit, if any, allowed it), renewed while it runs and released when
-        the app returns: the response finished, failed or the client went
-        away. Denied: 429 (or the Concurrency's status, 503) with
-        ``RateLimit-Policy: "<name>";q=<limit>;qu="concurrent-requests"``
-        and ``Retry-After``. `fail_open` applies: an unavailable limiter
-        lets the request through without a lease, or answers 503.
+        flight. A lease is acquired when the request starts, before the
+        rate limit (a request refused for concurrency spends no token; a
+        rate denial gives its lease back), renewed while it runs and
+        released when the app returns: the response finished, failed or
+        the client went away. Denied: 429 (or the Concurrency's status,
+        503) with the one ``RateLimit-Policy`` line and ``Retry-After``.
+        An unavailable limiter lets the request through without a lease
+        ("open" and "local"), or answers 503 ("closed").
     key(scope) -> str: whose bucket (default, or None: `client_ip`); may be async.
     cost: tokens per request: a number (checked now) or cost(scope) -> number,
         which may be async (default 1).
     prefix: prepended to bucket keys (`<prefix>{<key>}:<policy name>`).
-    fail_open: when the limiter is unavailable (docs/clients.md#the-failure-rule),
-        True (default) lets requests through without headers, False answers 503.
+    on_unavailable: when Redis is unreachable (docs/clients.md#the-failure-rule):
+        "open" (default) lets requests through without headers, "closed"
+        answers 503, "local" lets the limiter's local limiter decide (the
+        limiter must be made with on_unavailable="local").
+    fail_open: the older spelling: True is "open", False "closed".
     on_error(error, scope) -> ASGI app: what answers a request when the
         limiter fails with a bug (WRONGTYPE, a bad cost, ...), which is
         never let through silently; default: a 500 problem+json. The error
@@ -63,22 +68,28 @@ class RateLimitMiddleware(mw.Middleware[AsyncRateLimiter]):
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        guard = None
+        guard = d = None
         try:
             identity = str(await _maybe_await(self.key(scope)))
-            d = await self._decide(scope, identity)
-            if d is not None and not d.allowed:
-                self.outcomes.ok()
-                return await _respond(send, 429, mw.header_list(d), mw.denied_body(d))
-            if self.concurrency is not None:
+            if self.concurrency is not None:  # in flight first: a refused request spends no token
                 c = self.concurrency
                 guard = self.limiter.lease(bucket_key(self.prefix, identity, c.name), c.limit, c.lease_ms, policy=c.name)
                 try:
                     await guard.__aenter__()
                 except LeaseDenied as e:
                     self.outcomes.ok()
-                    headers = mw.merged_headers(d, e.decision)
+                    headers = mw.lease_denied_headers(self.policies, c, e.decision)
                     return await _respond(send, c.status, headers, mw.lease_denied_body(e.decision, c.status))
+            try:
+                d = await self._decide(scope, identity)
+            except BaseException:
+                await _release(guard)
+                raise
+            if d is not None and not d.allowed:
+                self.outcomes.ok()
+                await _release(guard)
+                headers = mw.merged_headers(d, guard.decision if guard is not None else None)
+                return await _respond(send, 429, headers, mw.denied_body(d))
         except LimiterError as e:
             outcome = self.outcomes.failed(e)
             if outcome == mw.FAIL_OPEN:
@@ -102,11 +113,17 @@ class RateLimitMiddleware(mw.Middleware[AsyncRateLimiter]):
         try:
             return await self.app(scope, receive, send_with_headers)
         finally:
-            if guard is not None:
-                try:
-                    await guard.release()
-                except LimiterError as e:
-                    mw.release_failed(e)
+            await _release(guard)
+
+
+async def _release(guard):
+    """Give the request's lease back (if it holds one); a failure is logged."""
+    if guard is None:
+        return
+    try:
+        await guard.release()
+    except LimiterError as e:
+        mw.release_failed(e)
 
 
 async def _respond(send, status, headers, body: bytes):

@@ -20,7 +20,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from . import _core, _engine
+from . import _core, _engine, _local
 from ._core import Decision, Lease, Limit, LimiterError, LimiterUnavailable, Number
 from ._lease import LeaseGuard
 
@@ -35,19 +35,20 @@ def _is_cluster(client) -> bool:
 
 def fast_failing_kwargs(connection_kwargs: dict, timeout: float, retry_class=Retry, read_timeout=None) -> dict:
     """A pool's connection settings with `timeout` for connect and for each
-    command, retrying only a failed connection, once, at once (redis-py's
-    defaults, 5 s and retries with back-off, would hold each request for
-    seconds when the server hangs, and a refused connection for the back-off).
+    command, and no retry of redis-py's own: the limiter retries a call
+    once itself, on a dropped connection only, never after a timeout nor
+    for a refund (`_engine.adrive`, docs/clients.md#a-dropped-connection-is-not-an-outage).
+    redis-py's defaults (5 s, and from 6.0 three retries with back-off that
+    also retry timeouts) would hold each request for seconds when the server
+    hangs, and send a refund twice.
     `retry_class`: redis.asyncio.retry.Retry for an asyncio pool;
     `read_timeout`: the socket's, if not `timeout`."""
     kwargs = dict(connection_kwargs)
     kwargs.update(
         socket_timeout=timeout if read_timeout is None else read_timeout,
         socket_connect_timeout=timeout,
-        retry=retry_class(NoBackoff(), 1, supported_errors=(rex.ConnectionError,)),
-        # redis-py < 6 re-raises at once an error not in this list (a
-        # connection the server closed, as a restart does): retry it.
-        retry_on_error=[rex.ConnectionError],
+        retry=retry_class(NoBackoff(), 0),
+        retry_on_error=[],
     )
     kwargs.pop("retry_on_timeout", None)
     return kwargs
@@ -111,12 +112,28 @@ class RateLimiter:
     `LimiterReplyError` / `LimiterError` (a bug), `InvalidArgument` (before
     sending).
 
+    on_unavailable: "raise" (default: an unreachable Redis raises
+    LimiterUnavailable) or "local": take, take_limit, take_all and peek are
+    answered by a local limiter at 1/`instances` of each limit, in an LRU of
+    `local_max_keys` buckets, trying Redis again every `local_probe_ms`
+    (docs/clients.md#when-redis-is-down-the-local-limiter).
+    cache_denials: remember each denial until its retry time and answer
+    takes on that key in process meanwhile (docs/clients.md#the-denial-cache).
+    module_recheck_ms: on Lua after the module went away, how often to
+    look for it again.
+    A call whose connection dropped (a restart) is sent once more (not a
+    refund or a settle); `decision.source` says where an answer came from.
+
     `close()` (or leaving a ``with`` block) closes every connection the
     limiter opened; the client you passed stays yours.
     """
 
-    def __init__(self, client, backend: str = "auto", timeout: Optional[float] = DEFAULT_TIMEOUT):
-        self._state = _engine.Backend(backend)
+    def __init__(self, client, backend: str = "auto", timeout: Optional[float] = DEFAULT_TIMEOUT, *,
+                 on_unavailable: str = "raise", instances: int = 1, local_max_keys: int = 10_000,
+                 local_probe_ms: int = 1_000, cache_denials: bool = False,
+                 module_recheck_ms: int = _engine.MODULE_RECHECK_MS):
+        self._state = _engine.Backend(backend, module_recheck_ms)
+        self._shield = _local.Shield(on_unavailable, instances, local_max_keys, local_probe_ms, cache_denials)
         self.timeout = timeout
         self._own_client = timeout is not None and not _is_cluster(client)
         self.client = limiter_client(client, timeout)
@@ -201,8 +218,34 @@ class RateLimiter:
         LimiterUnavailable if the server cannot be reached."""
         return _engine.drive(_engine._translated(_engine.ensure(self._state)), self._execute)
 
-    def _run(self, call: _core.Call) -> Decision:
-        return _engine.drive(_engine.run(self._state, call), self._execute)
+    @property
+    def on_unavailable(self) -> str:
+        return self._shield.on_unavailable
+
+    def _run(self, call: _core.Call, operation=_engine.run, *args):
+        """`operation(state, call, *args)` (an `_engine` generator), unless
+        the denial cache or the local limiter answers it without Redis
+        (only a plain call, `_engine.run`: a wait is never answered so)."""
+        shield, plain = self._shield, operation is _engine.run
+        answer = shield.before(call, plain)
+        if answer is not None:
+            return answer
+        try:
+            result = _engine.drive(operation(self._state, call, *args), self._execute)
+        except LimiterUnavailable as e:
+            return shield.failed(call, e, plain)
+        shield.after(call, result, plain)
+        return result
+
+    def _leased(self, call: _core.Call, fail_open: bool, operation=_engine.run, *args) -> Lease:
+        """An acquire; `fail_open`: an unavailable limiter answers a
+        failed-open Lease (acquired, no id) instead of raising."""
+        try:
+            return self._run(call, operation, *args)
+        except LimiterUnavailable:
+            if not fail_open:
+                raise
+            return _core.failed_open_lease(call)
 
     def take(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, policy: str = "default",
              max_wait_ms: Optional[int] = None, block_ms: Optional[int] = None,
@@ -267,7 +310,7 @@ class RateLimiter:
         n > capacity)."""
         timeout_ms = _core.check_timeout_ms(timeout_ms)
         call = _core.single("take", key, capacity, rate, n, policy)
-        return _engine.drive(_engine.wait_take(self._state, call, timeout_ms), self._execute)
+        return self._run(call, _engine.wait_take, timeout_ms)
 
     # --- concurrency limits (docs/leases.md) --------------------------------
 
@@ -278,7 +321,7 @@ class RateLimiter:
         an unavailable limiter answers a Lease with acquired=True,
         lease=None, failed_open=True instead of raising LimiterUnavailable."""
         call = _core.acquire(key, limit, lease_ms, policy)
-        return _engine.drive(_engine.acquire(self._state, call, fail_open), self._execute)
+        return self._leased(call, fail_open)
 
     def release(self, key: str, lease) -> bool:
         """Release `lease` (a Lease or its id): True if it was live. None
@@ -311,7 +354,7 @@ class RateLimiter:
         timeout_ms = _core.check_timeout_ms(timeout_ms)
         poll_s = _core.check_timeout_ms(poll_ms) / 1000 or 0.001
         call = _core.acquire(key, limit, lease_ms, policy)
-        return _engine.drive(_engine.wait_acquire(self._state, call, timeout_ms, fail_open, poll_s), self._execute)
+        return self._leased(call, fail_open, _engine.wait_acquire, timeout_ms, poll_s)
 
     def lease(self, key: str, limit: int, lease_ms: int, *, timeout_ms: Optional[Number] = None,
               policy: str = "default", fail_open: bool = False,

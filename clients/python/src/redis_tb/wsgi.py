@@ -8,9 +8,10 @@ from .limiter import RateLimiter
 
 
 def client_ip(environ) -> str:
-    """The default key: REMOTE_ADDR (behind a proxy, use the proxy's
-    forwarded header in a key function of your own)."""
-    return environ.get("REMOTE_ADDR") or "unknown"
+    """The default key: REMOTE_ADDR, ``::ffff:a.b.c.d`` as ``a.b.c.d``
+    (behind a proxy, use the proxy's forwarded header in a key function of
+    your own)."""
+    return mw.peer_id(environ.get("REMOTE_ADDR"))
 
 
 _STATUS = {429: "429 Too Many Requests", 500: "500 Internal Server Error", 503: "503 Service Unavailable"}
@@ -43,22 +44,28 @@ class RateLimitMiddleware(mw.Middleware[RateLimiter]):
         return self.limiter.take_all(limits)
 
     def __call__(self, environ, start_response):
-        guard = None
+        guard = d = None
         try:
             identity = str(self.key(environ))
-            d = self._decide(environ, identity)
-            if d is not None and not d.allowed:
-                self.outcomes.ok()
-                return _respond(start_response, 429, mw.header_list(d), mw.denied_body(d))
-            if self.concurrency is not None:
+            if self.concurrency is not None:  # in flight first: a refused request spends no token
                 c = self.concurrency
                 guard = self.limiter.lease(bucket_key(self.prefix, identity, c.name), c.limit, c.lease_ms, policy=c.name)
                 try:
                     guard.__enter__()
                 except LeaseDenied as e:
                     self.outcomes.ok()
-                    headers = mw.merged_headers(d, e.decision)
+                    headers = mw.lease_denied_headers(self.policies, c, e.decision)
                     return _respond(start_response, c.status, headers, mw.lease_denied_body(e.decision, c.status))
+            try:
+                d = self._decide(environ, identity)
+            except BaseException:
+                _release(guard)
+                raise
+            if d is not None and not d.allowed:
+                self.outcomes.ok()
+                _release(guard)
+                headers = mw.merged_headers(d, guard.decision if guard is not None else None)
+                return _respond(start_response, 429, headers, mw.denied_body(d))
         except LimiterError as e:
             outcome = self.outcomes.failed(e)
             if outcome == mw.FAIL_OPEN:
@@ -85,6 +92,9 @@ class RateLimitMiddleware(mw.Middleware[RateLimiter]):
 
 
 def _release(guard):
+    """Give the request's lease back (if it holds one); a failure is logged."""
+    if guard is None:
+        return
     try:
         guard.release()
     except LimiterError as e:

@@ -1,0 +1,340 @@
+"""What a limiter answers without Redis: the local limiter for outages and
+the denial cache (docs/clients.md#when-redis-is-down-the-local-limiter,
+#the-denial-cache). Pure: no I/O; the clock is passed in (or injected), so
+both drivers share it and the tests replay clients/conformance/local.json
+on a virtual clock.
+
+The bucket arithmetic is core/src/bucket.rs's `take`, `take_all` and
+`first_ms_when` (which lua/tb.lua follows too), in the same operation
+order, so the doubles, and so the answers, are identical.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict
+from typing import Optional, Tuple
+
+from ._core import Call, Decision, InvalidArgument, LimiterUnavailable, quick_decision, whole_text
+
+log = logging.getLogger("redis_tb")
+
+MAX_EXACT = 2**53
+_MAX_EXACT_F = float(MAX_EXACT)
+
+#: The calls the local limiter answers during an outage; every other call
+#: (refund, charge, unblock, waits, leases) raises LimiterUnavailable.
+LOCAL_OPS = frozenset({"take", "peek", "takeall"})
+#: The calls the denial cache answers (a peek takes nothing: it goes to Redis).
+CACHED_OPS = frozenset({"take", "takeall"})
+#: The calls that drop the key's cached denial (when sent): they may give
+#: tokens back or lift a lock.
+FORGETTING_OPS = frozenset({"refund", "charge", "unblock"})
+
+# An outcome: (allowed, remaining, retry_after_ms, reset_after_ms, write),
+# write the (tokens, last_refill_ms) to store or None.
+
+
+def wall_ms() -> int:
+    """The process's wall clock in whole ms, as the module reads the server's."""
+    return time.time_ns() // 1_000_000
+
+
+def _available(tokens: float, last: float, capacity: float, rate: float, now: float) -> float:
+    """bucket.rs `State::available_at`, operation for operation."""
+    elapsed = now - last
+    if elapsed < 0.0:
+        elapsed = 0.0
+    if tokens < -_MAX_EXACT_F:
+        tokens = -_MAX_EXACT_F
+    refilled = tokens + elapsed / 1000.0 * rate
+    return capacity if refilled > capacity else refilled
+
+
+def _clamp_wait(ms: float) -> int:
+    if ms != ms or ms >= _MAX_EXACT_F:
+        return MAX_EXACT
+    return 0 if ms <= 0.0 else int(ms)
+
+
+def first_ms_when(tokens: float, last: float, capacity: float, rate: float, now: float, wanted: float) -> int:
+    """bucket.rs `first_ms_when`: the fewest whole ms w in [0, 2^53] such
+    that the bucket holds `wanted` tokens at now + w (2^53 if none does).
+    The guess from the deficit is almost always the edge; the gallop and
+    the bisection make it exact where rounding is not kind."""
+
+    def ready(wait_ms: int) -> bool:
+        return _available(tokens, last, capacity, rate, now + wait_ms) >= wanted
+
+    if ready(0):
+        return 0
+    deficit = wanted - _available(tokens, last, capacity, rate, now)
+    raw = deficit / rate * 1000.0
+    guess = _clamp_wait(math.ceil(raw) if math.isfinite(raw) else raw)
+    step = 1
+    if ready(guess):
+        is_ready = guess
+        while True:
+            probe = is_ready - step
+            if probe <= 0:
+                not_ready = 0
+                break
+            if not ready(probe):
+                not_ready = probe
+                break
+            is_ready = probe
+            step *= 2
+    else:
+        not_ready = guess
+        while True:
+            probe = not_ready + step
+            if probe >= MAX_EXACT:
+                is_ready = MAX_EXACT
+                break
+            if ready(probe):
+                is_ready = probe
+                break
+            not_ready = probe
+            step *= 2
+    while is_ready - not_ready > 1:
+        mid = not_ready + (is_ready - not_ready) // 2
+        if ready(mid):
+            is_ready = mid
+        else:
+            not_ready = mid
+    return is_ready
+
+
+def _remaining(tokens: float) -> int:
+    return math.floor(tokens) if tokens > 0.0 else 0
+
+
+def take(state: Optional[Tuple[float, float]], capacity: float, rate: float, n: float, now_ms: int):
+    """bucket.rs `take` on a stored (tokens, last_refill_ms) or None (a
+    full bucket): (allowed, remaining, retry_after_ms, reset_after_ms, write)."""
+    now = float(now_ms)
+    repair = None
+    if state is None:
+        tokens, last = capacity, now
+    else:
+        tokens, last = state
+        if last > now:  # the clock stepped back: the gap is no refill
+            last = now
+            repair = (_available(tokens, now, capacity, rate, now), now)
+    available = _available(tokens, last, capacity, rate, now)
+    if available < n:
+        retry = -1 if n > capacity else first_ms_when(tokens, last, capacity, rate, now, n)
+        reset = first_ms_when(tokens, last, capacity, rate, now, capacity)
+        return False, _remaining(available), retry, reset, repair
+    left = available - n
+    write = (left, now) if n > 0.0 else repair
+    t, l = write if write is not None else (tokens, last)
+    return True, _remaining(left), 0, first_ms_when(t, l, capacity, rate, now, capacity), write
+
+
+def take_all(states, limits, now_ms: int):
+    """bucket.rs `take_all` over `limits` [(capacity, rate, n)] with their
+    `states`: all or nothing. (allowed, decisive index, outcomes)."""
+    outcomes = [take(s, c, r, n, now_ms) for s, (c, r, n) in zip(states, limits)]
+    allowed = all(o[0] for o in outcomes)
+    if not allowed:
+        # Nothing is taken: a bucket that would have allowed is answered as a look.
+        outcomes = [take(s, c, r, 0.0, now_ms) if o[0] else o for o, s, (c, r, n) in zip(outcomes, states, limits)]
+
+    def weight(o):
+        if allowed:
+            return (o[2], -o[1])
+        return (math.inf, 0) if o[2] < 0 else (o[2], 0)  # -1, never, is the longest
+
+    decisive, heaviest = 0, None
+    for i, o in enumerate(outcomes):
+        w = weight(o)
+        if heaviest is None or w > heaviest:
+            decisive, heaviest = i, w
+    return allowed, decisive, outcomes
+
+
+class LRU(OrderedDict):
+    """At most `max_keys` entries; the least recently used goes first."""
+
+    def __init__(self, max_keys: int):
+        super().__init__()
+        self.max_keys = max_keys
+
+    def touch(self, key, value):
+        self[key] = value
+        self.move_to_end(key)
+        if len(self) > self.max_keys:
+            self.popitem(last=False)
+
+
+class LocalBuckets:
+    """Each key's bucket in process at 1/instances of its limit."""
+
+    def __init__(self, instances: int, max_keys: int):
+        self.instances = instances
+        self.buckets = LRU(max_keys)
+
+    def decide(self, call: Call, now_ms: int) -> Decision:
+        """The local answer to a take, peek or take_all `call`."""
+        buckets, k = self.buckets, self.instances
+        if call.op != "takeall":  # the usual call, without take_all's lists
+            key = call.keys[0]
+            policy, capacity, rate = call.limits[0]
+            o = take(buckets.get(key), capacity / k, rate / k, float(call.numbers[0][2]), now_ms)
+            if call.op == "take" and o[4] is not None:
+                buckets.touch(key, o[4])
+            elif key in buckets:
+                buckets.move_to_end(key)
+            return quick_decision(o[0], o[1], o[2], o[3], None, capacity, rate, policy, (), "local")
+        limits = [(cap / k, rate / k, float(nums[2])) for (_, cap, rate), nums in zip(call.limits, call.numbers)]
+        allowed, index, outcomes = take_all([buckets.get(key) for key in call.keys], limits, now_ms)
+        for key, o in zip(call.keys, outcomes):
+            if o[4] is not None:
+                buckets.touch(key, o[4])
+            elif key in buckets:
+                buckets.move_to_end(key)
+        o = outcomes[index]
+        policy, capacity, rate = call.limits[index]
+        return quick_decision(allowed, o[1], o[2], o[3], index, capacity, rate, policy, call.limits, "local")
+
+    def clear(self):
+        self.buckets.clear()
+
+
+class DenialCache:
+    """Denials remembered until the time they name, per key: (until_ms, n,
+    remaining, reset_after_ms, at_ms). Only takes of at least n tokens
+    without a reservation are answered from it."""
+
+    def __init__(self, max_keys: int):
+        self.entries = LRU(max_keys)
+
+    def answer(self, call: Call, now_ms: int) -> Optional[Decision]:
+        entries = self.entries
+        if not entries or "MAXWAIT" in call.options:
+            return None
+        for index, key in enumerate(call.keys):
+            entry = entries.get(key)
+            if entry is None:
+                continue
+            until, n, remaining, reset, at = entry
+            if now_ms >= until:
+                del entries[key]
+                continue
+            if float(call.numbers[index][2]) < n:
+                continue
+            entries.move_to_end(key)
+            policy, capacity, rate = call.limits[index]
+            takeall = call.op == "takeall"
+            return quick_decision(False, remaining, until - now_ms, max(0, reset - (now_ms - at)),
+                                  index if takeall else None, capacity, rate, policy,
+                                  call.limits if takeall else (), "cache")
+        return None
+
+    def remember(self, call: Call, d: Decision, now_ms: int):
+        """Keep the server's denial `d` of `call` until its retry time."""
+        if d.allowed or d.retry_after_ms <= 0 or "MAXWAIT" in call.options:
+            return
+        index = d.index or 0
+        n = float(call.numbers[index][2])
+        self.entries.touch(call.keys[index], (now_ms + d.retry_after_ms, n, d.remaining, d.reset_after_ms, now_ms))
+
+    def forget(self, key: str):
+        self.entries.pop(key, None)
+
+
+def _choice(value, what: str, allowed) -> str:
+    if value not in allowed:
+        raise InvalidArgument(f"{what} must be one of {allowed}, not {value!r}")
+    return value
+
+
+def _positive_int(value, what: str) -> int:
+    whole_text(value, what)
+    if value < 1:
+        raise InvalidArgument(f"{what} must be at least 1, not {value!r}")
+    return int(value)
+
+
+class Shield:
+    """A limiter's answers without a round trip, and its outage state: the
+    denial cache (`cache_denials`), and with on_unavailable="local" the
+    local limiter, which answers while Redis is unreachable, probing it
+    again every `local_probe_ms`. Both drivers ask it before a call
+    (`before`), and tell it how the call went (`after`, `failed`)."""
+
+    def __init__(self, on_unavailable="raise", instances=1, local_max_keys=10_000, local_probe_ms=1_000,
+                 cache_denials=False, clock=wall_ms):
+        self.on_unavailable = _choice(on_unavailable, "on_unavailable", ("raise", "local"))
+        self.instances = _positive_int(instances, "instances")
+        self.local_max_keys = _positive_int(local_max_keys, "local_max_keys")
+        whole_text(local_probe_ms, "local_probe_ms")
+        self.local_probe_ms = int(local_probe_ms)
+        if not isinstance(cache_denials, bool):
+            raise InvalidArgument(f"cache_denials must be a bool, not {cache_denials!r}")
+        self.local = LocalBuckets(self.instances, self.local_max_keys) if on_unavailable == "local" else None
+        self.cache = DenialCache(self.local_max_keys) if cache_denials else None
+        self.clock = clock
+        self.down = False  # in an outage (only with the local limiter)
+        self.next_probe_ms = 0
+        self.reason = ""
+        self._lock = threading.Lock()
+
+    # `plain`: the call is one command (not a wait), so the cache and the
+    # local limiter may answer it.
+
+    def before(self, call: Call, plain: bool = True) -> Optional[Decision]:
+        """An answer without Redis, or None: send the call. During an
+        outage, between probes, a call the local limiter cannot answer
+        raises LimiterUnavailable without a round trip."""
+        cache = self.cache
+        if cache is not None:
+            if call.op in FORGETTING_OPS:
+                cache.forget(call.keys[0])
+            elif plain and call.op in CACHED_OPS:
+                with self._lock:
+                    d = cache.answer(call, self.clock())
+                if d is not None:
+                    return d
+        if not self.down:
+            return None
+        with self._lock:
+            now = self.clock()
+            if now >= self.next_probe_ms:  # this call probes Redis; the others wait for it
+                self.next_probe_ms = now + self.local_probe_ms
+                return None
+            if plain and call.op in LOCAL_OPS:
+                return self.local.decide(call, now)
+        raise LimiterUnavailable(f"Redis unreachable ({self.reason}); next try within {self.local_probe_ms} ms")
+
+    def after(self, call: Call, result, plain: bool = True):
+        """The call reached Redis: an outage is over; a denial is remembered."""
+        if self.down:
+            with self._lock:
+                was_down, self.down = self.down, False
+                self.local.clear()
+            if was_down:
+                log.warning("redis-tb: Redis reachable again; limits come from Redis")
+        if self.cache is not None and plain and call.op in CACHED_OPS:
+            with self._lock:
+                self.cache.remember(call, result, self.clock())
+
+    def failed(self, call: Call, error: LimiterUnavailable, plain: bool = True) -> Decision:
+        """The call found Redis unreachable: raise `error`, or (the local
+        limiter) start the outage and answer locally what it can."""
+        if self.local is None:
+            raise error
+        with self._lock:
+            now = self.clock()
+            if not self.down:
+                self.down, self.reason = True, str(error)
+                self.next_probe_ms = now + self.local_probe_ms
+                log.warning("redis-tb: Redis unreachable (%s); limiting in process at 1/%d of each limit",
+                            error, self.instances)
+            if plain and call.op in LOCAL_OPS:
+                return self.local.decide(call, now)
+        raise error
