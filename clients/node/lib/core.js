@@ -325,7 +325,9 @@ class Limit {
 // per takeAll limit in the call's order); `index` is the deciding limit of a takeAll (null
 // otherwise); `capacity`, `rate` and `policy` are that limit's.
 class Decision {
-  constructor(reply, limits, index) {
+  // source: where the answer came from: 'server' (Redis), 'local' (the local limiter, while
+  // Redis is unreachable), 'cache' (the denial cache).
+  constructor(reply, limits, index, source = 'server') {
     this.allowed = reply[0] === 1;
     this.remaining = reply[1];
     this.retryAfterMs = reply[2];
@@ -335,6 +337,7 @@ class Decision {
     this.capacity = deciding.capacity;
     this.rate = deciding.rate;
     this.policy = deciding.name;
+    this.source = source;
     Object.defineProperty(this, 'limits', { value: limits, enumerable: false });
   }
 
