@@ -999,13 +999,12 @@ class RateLimiter {
           throw err;
         }
         this._release(conn, node);
-        const redirect = this.isCluster ? core.parseRedirect(err.message) : null;
+        const redirect = engine.redirection(err, this.isCluster);
         if (!redirect) {
           throw err;
         }
-        node = { host: redirect.host, port: redirect.port };
-        asking = redirect.kind === 'ASK';
-        if (redirect.kind === 'MOVED' && typeof this.client.refreshSlotsCache === 'function') {
+        ({ node, asking } = redirect);
+        if (redirect.refreshSlots && typeof this.client.refreshSlotsCache === 'function') {
           this.client.refreshSlotsCache(() => {});
         }
       }

@@ -160,7 +160,7 @@ function limiterCore(options) {
 
   // -> { status: 0 | 429 | 500 | 503, headers, body, guard }: a bug never lets requests
   // through (docs/clients.md, the failure rule).
-  return async function decide(req) {
+  async function decide(req) {
     // The key and cost functions are the application's: their errors are its own, and
     // propagate (Express: next(err); Fastify: the error handler).
     const id = await key(req);
@@ -216,7 +216,10 @@ function limiterCore(options) {
         'violated-policies': [decision.policy],
       },
     };
-  };
+  }
+  // What the middleware was configured with, defaults filled in (the behaviour tests').
+  decide.settings = { prefix, onUnavailable: mode, limits, concurrency };
+  return decide;
 
   function concurrencyDenial(denied) {
     limiter._outageOver();
