@@ -584,24 +584,19 @@ class RateLimiter {
     const k = prefixed(this.client, core.checkKey(key));
     const denials = how.cache ? this._denials : null;
     if (denials !== null) {
-      const entry = denials.denial(k, n, Date.now());
+      const now = Date.now();
+      const entry = denials.denial(k, n, now);
       if (entry !== undefined) {
-        return new Decision(cachedReply(entry, Date.now()), limits, null, 'cache');
+        return new Decision(cachedReply(entry, now), limits, null, 'cache');
       }
     }
     const local = how.local ? (now) => new Decision(
-      outcomeReply(...this._localOne(how.local, k, capacity, rate, n, now)), limits, null, 'local') : NO_LOCAL;
+      outcomeReply(this._local.take(k, capacity, rate, n, now, how.local === 'take')), limits, null, 'local') : NO_LOCAL;
     const decision = await this._call(op, [k], numbers, limits, undefined, { retryDrop: how.retryDrop, local });
     if (denials !== null && decision.source === 'server') {
       denials.remember(k, n, decision, Date.now());
     }
     return decision;
-  }
-
-  // [allowed, outcome] of the local limiter's take or peek.
-  _localOne(op, key, capacity, rate, n, now) {
-    const outcome = this._local.take(key, capacity, rate, n, now, op === 'take');
-    return [outcome.allowed, outcome];
   }
 
   // How a take is served: locally when Redis is down if the limiter (or the middleware:
@@ -633,6 +628,12 @@ class RateLimiter {
   async _take(key, capacity, rate, n, options, local) {
     const extra = core.takeOptions(options?.maxWaitMs, options?.blockMs, options?.maxBlockMs);
     return this._single('take', key, capacity, rate, n, options, extra, this._takeHow(options, local));
+  }
+
+  // A take that only Redis answers (waitTake's: a wait is not served locally nor cached).
+  _serverTake(key, capacity, rate, n, options) {
+    const extra = core.takeOptions(options.maxWaitMs, options.blockMs, options.maxBlockMs);
+    return this._single('take', key, capacity, rate, n, options, extra);
   }
 
   // take of one Limit: its key, capacity, rate, n, name and lockout. options.maxWaitMs as take.
@@ -746,7 +747,7 @@ class RateLimiter {
       const all = this._local.takeAll(keys.map((key, i) => ({
         key, capacity: limits[i].capacity, rate: limits[i].rate, n: costs[i],
       })), now);
-      return new Decision(outcomeReply(all.allowed, all.outcomes[all.index]), judged, all.index, 'local');
+      return new Decision(outcomeReply(all.outcomes[all.index], all.allowed), judged, all.index, 'local');
     };
     const decision = await this._call('takeall', keys, numbers, judged, undefined,
       { local: how.local ? answerLocally : NO_LOCAL });
@@ -788,7 +789,7 @@ class RateLimiter {
     // retryAfterMs 0 (the wait is done). A denial (the tokens do not come within the timeout)
     // sleeps out the timeout like TB.BTAKE, then takes once more, plainly, and answers that.
     const name = limits[0].name;
-    const reserved = await this.take(key, capacity, rate, n, { name, maxWaitMs: timeoutMs || core.MAX_TOKENS });
+    const reserved = await this._serverTake(key, capacity, rate, n, { name, maxWaitMs: timeoutMs || core.MAX_TOKENS });
     if (reserved.allowed) {
       if (reserved.retryAfterMs > 0) {
         await sleep(reserved.retryAfterMs);
@@ -803,7 +804,7 @@ class RateLimiter {
     if (left > 0) {
       await sleep(left);
     }
-    return this.take(key, capacity, rate, n, { name });
+    return this._serverTake(key, capacity, rate, n, { name });
   }
 
   // ---------------------------------------------------------------------------------------

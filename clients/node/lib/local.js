@@ -288,7 +288,8 @@ function cachedReply(entry, now) {
   return [0, entry.remaining, Math.max(1, entry.until - now), Math.max(0, entry.resetAt - now)];
 }
 
-function outcomeReply(allowed, outcome) {
+// The reply fields of a local outcome (allowed: a takeAll's, for its deciding bucket).
+function outcomeReply(outcome, allowed = outcome.allowed) {
   return [allowed ? 1 : 0, outcome.remaining, outcome.retryAfterMs, outcome.resetAfterMs];
 }
 

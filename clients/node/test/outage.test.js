@@ -106,52 +106,58 @@ test('the middleware after a restart: the first request is limited, not let thro
   }
 });
 
-test('the outage: 10 takes, server stopped, 100 takes with local and instances=2; Redis again when it is back', async () => {
-  let server = await startServer({ module: true });
-  const capacity = 20;
-  const rate = 2;
-  const { client, limiter, lines } = await limiterOn(server, { onUnavailable: 'local', instances: 2, localProbeMs: 200 });
-  try {
-    for (let i = 0; i < 10; i++) {
-      const d = await limiter.take('outage', capacity, rate);
-      assert.equal(d.allowed, true);
-      assert.equal(d.source, 'server');
-    }
-    await server.stop();
-    const started = Date.now();
-    let allowed = 0;
-    for (let i = 0; i < 100; i++) {
-      const d = await limiter.take('outage', capacity, rate);
-      assert.equal(d.source, 'local');
-      allowed += d.allowed ? 1 : 0;
-    }
-    const refill = Math.ceil(((Date.now() - started) / 1000) * (rate / 2));
-    assert.ok(allowed >= capacity / 2 && allowed <= capacity / 2 + refill, `allowed ${allowed} (refill ${refill})`);
-    const peeked = await limiter.peek('outage', capacity, rate);
-    assert.equal(peeked.source, 'local');
-    const all = await limiter.takeAll([new Limit('{o}:a', capacity, rate), new Limit('{o}:b', capacity, rate)]);
-    assert.equal(all.source, 'local');
-    assert.equal(all.allowed, true);
-    // Not served locally: unavailable.
-    await assert.rejects(limiter.refund('outage', capacity, rate, 1), LimiterUnavailable);
-    await assert.rejects(limiter.charge(new Limit('outage', capacity, rate), 1), LimiterUnavailable);
-    const warned = lines.filter((l) => l.level === 'warn');
-    assert.equal(warned.length, 1, JSON.stringify(lines));
-    assert.match(warned[0].message, /^redis-tb: Redis unreachable \(.+\); limiting in process at 1\/2 of each limit$/);
+for (const module of [true, false]) {
+  test(`${module ? 'module' : 'function'}: the outage: 10 takes, server stopped, 100 takes with local and instances=2; Redis again when it is back`, async () => {
+    let server = await startServer({ module });
+    const capacity = 20;
+    const rate = 2;
+    const { client, limiter, lines } = await limiterOn(server, { onUnavailable: 'local', instances: 2, localProbeMs: 200 });
+    try {
+      for (let i = 0; i < 10; i++) {
+        const d = await limiter.take('outage', capacity, rate);
+        assert.equal(d.allowed, true);
+        assert.equal(d.source, 'server');
+      }
+      await server.stop();
+      const started = Date.now();
+      let allowed = 0;
+      for (let i = 0; i < 100; i++) {
+        const d = await limiter.take('outage', capacity, rate);
+        assert.equal(d.source, 'local');
+        allowed += d.allowed ? 1 : 0;
+      }
+      const refill = Math.ceil(((Date.now() - started) / 1000) * (rate / 2));
+      assert.ok(allowed >= capacity / 2 && allowed <= capacity / 2 + refill, `allowed ${allowed} (refill ${refill})`);
+      const peeked = await limiter.peek('outage', capacity, rate);
+      assert.equal(peeked.source, 'local');
+      const all = await limiter.takeAll([new Limit('{o}:a', capacity, rate), new Limit('{o}:b', capacity, rate)]);
+      assert.equal(all.source, 'local');
+      assert.equal(all.allowed, true);
+      // Not served locally: unavailable.
+      await assert.rejects(limiter.refund('outage', capacity, rate, 1), LimiterUnavailable);
+      await assert.rejects(limiter.charge(new Limit('outage', capacity, rate), 1), LimiterUnavailable);
+      await assert.rejects(limiter.waitTake('outage', capacity, rate, 1, { timeoutMs: 100 }), LimiterUnavailable);
+      await assert.rejects(limiter.acquire('outage:lease', 2, 1000), LimiterUnavailable);
+      const outageLines = () => lines.filter((l) => /^redis-tb: Redis (?:un)?reachable/.test(l.message));
+      const warned = outageLines();
+      assert.ok(warned.every((l) => l.level === 'warn'));
+      assert.equal(warned.length, 1, JSON.stringify(lines));
+      assert.match(warned[0].message, /^redis-tb: Redis unreachable \(.+\); limiting in process at 1\/2 of each limit$/);
 
-    server = await startServer({ module: true, port: server.port });
-    await ready(client);
-    await sleep(250); // past the probe interval
-    const back = await limiter.take('outage', capacity, rate);
-    assert.equal(back.source, 'server');
-    assert.equal(back.remaining, capacity - 1); // the restarted server's bucket, not the local one
-    const after = lines.filter((l) => l.level === 'warn');
-    assert.equal(after.length, 2, JSON.stringify(lines));
-    assert.equal(after[1].message, 'redis-tb: Redis reachable again; limits come from Redis');
-  } finally {
-    await server.stop();
-  }
-});
+      server = await startServer({ module, port: server.port });
+      await ready(client);
+      await sleep(250); // past the probe interval
+      const back = await limiter.take('outage', capacity, rate);
+      assert.equal(back.source, 'server');
+      assert.equal(back.remaining, capacity - 1); // the restarted server's bucket, not the local one
+      const after = outageLines();
+      assert.equal(after.length, 2, JSON.stringify(lines));
+      assert.deepEqual(after[1], { level: 'warn', message: 'redis-tb: Redis reachable again; limits come from Redis' });
+    } finally {
+      await server.stop();
+    }
+  });
+}
 
 test('during an outage nothing is sent until the probe is due', async () => {
   const { limiter } = await limiterOn(await startServer({ module: true }), { onUnavailable: 'local', localProbeMs: 60_000 });
