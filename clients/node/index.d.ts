@@ -29,6 +29,16 @@ export interface RateLimiterOptions {
   blockingIdleMs?: number;
   /** On Lua after the module went away: how often (at most) to look for it again, in ms. Default 30000. */
   moduleRecheckMs?: number;
+  /** 'raise' (default): an unreachable Redis throws LimiterUnavailable; 'local': take, takeLimit, takeAll and peek are answered by the local limiter (docs/clients.md). */
+  onUnavailable?: 'raise' | 'local';
+  /** How many processes share the limits: the local limiter runs at capacity / instances, rate / instances. Default 1. */
+  instances?: number;
+  /** Keys the local limiter and the denial cache hold (least recently used out first). Default 10000. */
+  localMaxKeys?: number;
+  /** During an outage, nothing is sent for this many ms, then one call tries Redis again. Default 1000. */
+  localProbeMs?: number;
+  /** Answer a denied key in process until the time its denial named (no round trip). Default false. */
+  cacheDenials?: boolean;
   /** Where backend changes, outages and errors go. Default: stderr (debug with NODE_DEBUG=redis-tb); false: nowhere. */
   logger?: Logger;
 }
@@ -61,7 +71,7 @@ export interface LimitSpec extends Lockout {
 }
 
 export declare class Limit implements LimitSpec {
-  /** lockout is checked here (InvalidArgument), and sent as BLOCK / MAXBLOCK on this limit's takes. */
+  /** Checked here (InvalidArgument): the key, capacity, rate, n, name and lockout (docs/clients.md). The lockout is sent as BLOCK / MAXBLOCK on this limit's takes. */
   constructor(key: Key, capacity: number, rate: number, n?: number, name?: string | null, lockout?: Lockout);
   key: Key;
   capacity: number;
@@ -96,8 +106,12 @@ export interface RateLimitHeaders {
   'Retry-After'?: string;
 }
 
+/** Where a Decision came from: Redis, the local limiter (Redis unreachable), the denial cache. */
+export type Source = 'server' | 'local' | 'cache';
+
 export declare class Decision {
-  constructor(reply: number[], limits: JudgedLimit[], index: number | null);
+  constructor(reply: number[], limits: JudgedLimit[], index: number | null, source?: Source);
+  readonly source: Source;
   readonly allowed: boolean;
   /** Whole tokens left (when denied: available now). */
   readonly remaining: number;
@@ -273,13 +287,17 @@ export interface PolicyOptions {
 
 export interface MiddlewareBase<Req> {
   limiter: RateLimiter;
-  /** Who is limited. Default: the client IP (req.ip). */
+  /** Who is limited. Default: the client IP (req.ip; an IPv4-mapped IPv6 address as IPv4; "unknown" without one). */
   key?: (req: Req) => string | number | Promise<string | number>;
   /** Tokens a request takes. Default 1. */
   cost?: (req: Req) => number | Promise<number>;
-  /** Bucket keys are bucketKey(keyPrefix, key(req), policy name). Default "ratelimit:". */
+  /** Bucket keys are bucketKey(prefix, key(req), policy name). Default "ratelimit:". */
+  prefix?: string;
+  /** The older name of prefix. */
   keyPrefix?: string;
-  /** true (default): pass requests through when the limiter fails; false: 503. */
+  /** While the limiter is unavailable: 'open' (default) passes requests, 'closed' answers 503, 'local' lets the limiter's local limiter decide. */
+  onUnavailable?: 'open' | 'closed' | 'local';
+  /** The older spelling of onUnavailable: true is 'open', false is 'closed'. */
   failOpen?: boolean;
   /** In-flight limit: a lease per request from its start until its response finishes or its connection closes. */
   concurrency?: ConcurrencyOptions;
@@ -290,7 +308,7 @@ export interface ConcurrencyOptions {
   limit: number;
   /** A request's lease lasts this long unless renewed (every leaseMs / 3 while it runs). Default 60000. */
   leaseMs?: number;
-  /** Its policy name (header, key `${keyPrefix}{id}:${name}`). Default "inflight". */
+  /** Its policy name (header, key `${prefix}{id}:${name}`). Default "inflight". */
   name?: string;
   /** The denial's status: 429 (default) or 503. */
   status?: 429 | 503;

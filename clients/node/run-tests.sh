@@ -7,8 +7,11 @@
 #   - node --test over test/*.test.js: every API test on a server with the module and one
 #     without (function and script backends), 3-master clusters with and without it,
 #     fail-open (stopped, SIGSTOP), migration script -> module, Express/Fastify over HTTP,
-#     npm install/pack of the package, tsc on index.d.ts; the shared conformance suite
-#     (clients/conformance/cases.json) on every backend and topology;
+#     npm install/pack of the package (the README's tarball install, then tsc --strict),
+#     tsc on index.d.ts; the shared conformance suite (clients/conformance/cases.json) on
+#     every backend and topology; without a server: clients/conformance/local.json (the
+#     local limiter), behaviour.json, and lib/engine.js's decisions; against real servers:
+#     restarts between calls, outages with the local limiter, the denial cache under a flood;
 #   - the conformance suite again with the lowest ioredis declared (test/lowest: 5.0.0).
 # Ends with node's summary (# tests/# pass/# fail ... lines, as .ci/run reads them) and
 # "N passed, M failed"; exits non-zero on any failure.

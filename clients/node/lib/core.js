@@ -8,7 +8,7 @@
 
 const util = require('node:util');
 const { LimiterError, InvalidArgument, LimiterReplyError, LimiterUnavailable, isReplyError } = require('./errors');
-const { rateLimitHeaders, sfString, sfInteger } = require('./headers');
+const { rateLimitHeaders, concurrencyItem } = require('./headers');
 
 // ---------------------------------------------------------------------------------------
 // Arguments: refused before anything is sent (docs/clients.md, "Invalid settings never
@@ -307,8 +307,17 @@ function commandFor(backend, op, keys, numbers, sha) {
 // lockout: { blockMs, maxBlockMs } (docs/clients.md, "Reservations, charges and lockout"):
 // a denied take locks the key for blockMs, doubling within a probation up to maxBlockMs;
 // checked here, sent as BLOCK / MAXBLOCK on its takes (takeLimit, takeAll).
+// Checked when it is made (docs/clients.md, "A Limit is validated when it is made"), not
+// when first used.
 class Limit {
   constructor(key, capacity, rate, n = 1, name = null, lockout = {}) {
+    checkKey(key);
+    capacityText(capacity);
+    rateText(rate);
+    costText(n);
+    if (name !== null && name !== undefined) {
+      checkName(name);
+    }
     this.key = key;
     this.capacity = capacity;
     this.rate = rate;
@@ -325,7 +334,9 @@ class Limit {
 // per takeAll limit in the call's order); `index` is the deciding limit of a takeAll (null
 // otherwise); `capacity`, `rate` and `policy` are that limit's.
 class Decision {
-  constructor(reply, limits, index) {
+  // source: where the answer came from: 'server' (Redis), 'local' (the local limiter, while
+  // Redis is unreachable), 'cache' (the denial cache).
+  constructor(reply, limits, index, source = 'server') {
     this.allowed = reply[0] === 1;
     this.remaining = reply[1];
     this.retryAfterMs = reply[2];
@@ -335,6 +346,7 @@ class Decision {
     this.capacity = deciding.capacity;
     this.rate = deciding.rate;
     this.policy = deciding.name;
+    this.source = source;
     Object.defineProperty(this, 'limits', { value: limits, enumerable: false });
   }
 
@@ -391,10 +403,6 @@ class Lease {
     }
     return headers;
   }
-}
-
-function concurrencyItem(name, limit) {
-  return `${sfString(name)};q=${sfInteger(limit)};qu="concurrent-requests"`;
 }
 
 // [acquired, available, retry_after_ms, id or nil]; another shape is a bug.

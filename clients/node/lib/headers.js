@@ -27,6 +27,20 @@ function policyItem(limit) {
   return `${sfString(limit.name)};q=${sfInteger(Math.floor(limit.capacity))};w=${sfInteger(Math.ceil(limit.capacity / limit.rate))}`;
 }
 
+function concurrencyItem(name, limit) {
+  return `${sfString(name)};q=${sfInteger(limit)};qu="concurrent-requests"`;
+}
+
+// The middleware's one RateLimit-Policy line: the rate policies in their order, then the
+// in-flight limit ({ name, limit }) if any.
+function policyLine(policies, concurrency) {
+  const items = policies.map(policyItem);
+  if (concurrency) {
+    items.push(concurrencyItem(concurrency.name, concurrency.limit));
+  }
+  return items.join(', ');
+}
+
 function rateLimitHeaders(decision) {
   const limits = decision.limits;
   const deciding = limits[decision.index ?? 0];
@@ -40,4 +54,4 @@ function rateLimitHeaders(decision) {
   return headers;
 }
 
-module.exports = { rateLimitHeaders, sfString, sfInteger, SF_INTEGER_MAX };
+module.exports = { rateLimitHeaders, policyItem, policyLine, concurrencyItem, sfString, sfInteger, SF_INTEGER_MAX };

@@ -9,6 +9,8 @@ const { createRequire } = require('node:module');
 
 const { LimiterError, InvalidArgument, LimiterUnavailable, LeaseDenied, LeaseLost, isReplyError } = require('./errors');
 const core = require('./core');
+const engine = require('./engine');
+const { LocalLimiter, DenialCache, cachedReply, outcomeReply } = require('./local');
 
 const { Limit, Decision, decisionFrom, classify, limiterError } = core;
 
@@ -147,12 +149,30 @@ function send(client, name, args, keys, timeoutMs) {
 // Calls that arrive during one connection attempt share one wait (and one set of listeners).
 const connecting = new WeakMap();
 
+// How many times each client began reconnecting since it was last ready: 1 means its
+// connection dropped and it has not yet tried again (a restart, CLIENT KILL: worth one wait,
+// docs/clients.md "A dropped connection is not an outage"); more means a reconnection was
+// refused (an outage: fail at once).
+const reconnections = new WeakMap();
+
+function watchReconnections(client) {
+  if (reconnections.has(client) || typeof client.on !== 'function') {
+    return;
+  }
+  reconnections.set(client, 0);
+  client.on('reconnecting', () => reconnections.set(client, reconnections.get(client) + 1));
+  client.on('ready', () => reconnections.set(client, 0));
+}
+
 function whenWritable(client, timeoutMs) {
   if (client.status === 'ready') {
     return Promise.resolve();
   }
   if (client.status === 'wait') {
     client.connect().catch(() => {});
+  }
+  if (client.status === 'reconnecting' && reconnections.get(client) === 1) {
+    return Promise.reject(new LimiterUnavailable('not connected to the server: the connection dropped (client reconnecting)'));
   }
   if (!['wait', 'connecting', 'connect'].includes(client.status)) {
     return Promise.reject(new LimiterUnavailable(`not connected to the server (client ${client.status})`));
@@ -233,6 +253,19 @@ function optionalMs(options, name, fallback) {
   return value;
 }
 
+function optionalCount(options, name, fallback) {
+  const value = options[name] ?? fallback;
+  if (!Number.isSafeInteger(value) || value < 1) {
+    throw new InvalidArgument(`${name} must be a whole number >= 1, got ${util.inspect(value)}`);
+  }
+  return value;
+}
+
+const ON_UNAVAILABLE = ['raise', 'local'];
+
+// A call the local limiter does not serve (_call's how.local).
+const NO_LOCAL = null;
+
 class RateLimiter {
   // client: an ioredis Redis or Cluster. Options:
   //   backend          'auto' (default) | 'module' | 'function' | 'script'
@@ -242,6 +275,16 @@ class RateLimiter {
   //   blockingPoolSize idle blocking connections kept for waitTake, per node, default 4
   //   blockingIdleMs   an idle blocking connection is closed after this, default 5000
   //   moduleRecheckMs  on Lua after the module went away: how often to look for it, default 30000
+  //   onUnavailable    'raise' (default): an unreachable Redis throws LimiterUnavailable;
+  //                    'local': take, takeLimit, takeAll and peek are answered in process
+  //                    (docs/clients.md, "When Redis is down: the local limiter")
+  //   instances        how many processes share the limits (the local limiter's buckets are
+  //                    capacity / instances, rate / instances), default 1
+  //   localMaxKeys     keys the local limiter and the denial cache hold (LRU), default 10000
+  //   localProbeMs     during an outage, how long nothing is sent before one call tries
+  //                    Redis again, default 1000
+  //   cacheDenials     false (default) | true: a denial is answered in process until the
+  //                    time it names (docs/clients.md, "The denial cache")
   //   logger           (level, message) => void, or an object with debug/info/warn/error;
   //                    default stderr; false: nothing
   constructor(client, options = {}) {
@@ -260,7 +303,23 @@ class RateLimiter {
     this.blockingPoolSize = optionalMs(options, 'blockingPoolSize', 4);
     this.blockingIdleMs = optionalMs(options, 'blockingIdleMs', 5000);
     this.moduleRecheckMs = optionalMs(options, 'moduleRecheckMs', 30_000);
+    this.onUnavailable = options.onUnavailable ?? 'raise';
+    if (!ON_UNAVAILABLE.includes(this.onUnavailable)) {
+      throw new InvalidArgument(`onUnavailable must be one of ${ON_UNAVAILABLE.join(', ')}, got ${util.inspect(this.onUnavailable)}`);
+    }
+    this.instances = optionalCount(options, 'instances', 1);
+    this.localMaxKeys = optionalCount(options, 'localMaxKeys', 10_000);
+    this.localProbeMs = optionalMs(options, 'localProbeMs', 1000);
+    const cacheDenials = options.cacheDenials ?? false;
+    if (typeof cacheDenials !== 'boolean') {
+      throw new InvalidArgument(`cacheDenials must be true or false, got ${util.inspect(cacheDenials)}`);
+    }
+    this.cacheDenials = cacheDenials;
+    this._local = new LocalLimiter(this.instances, this.localMaxKeys);
+    this._localOutage = new engine.Outage(this.localProbeMs, this.instances);
+    this._denials = cacheDenials ? new DenialCache(this.localMaxKeys) : null;
     this.log = toLog(options.logger);
+    watchReconnections(client);
     // Calls that failed, by class of the failure rule (LimiterUnavailable, any other error).
     this.stats = { unavailable: 0, errors: 0 };
     this._backend = null;
@@ -302,10 +361,15 @@ class RateLimiter {
   async _ensureBackend() {
     if (this._backend === null) {
       await this._detectAgain();
-    } else if (this._sawModule && this._backend !== 'module' && this.requestedBackend === 'auto'
-      && performance.now() - this._moduleCheckedAt >= this.moduleRecheckMs) {
+    } else if (engine.shouldLookForModule(this._recheckState(), performance.now(), this.moduleRecheckMs)) {
       await this._lookForModule();
     }
+  }
+
+  _recheckState() {
+    return {
+      backend: this._backend, sawModule: this._sawModule, checkedAt: this._moduleCheckedAt, requested: this.requestedBackend,
+    };
   }
 
   // One detection at a time; callers that arrive meanwhile share it.
@@ -325,16 +389,10 @@ class RateLimiter {
     if (backend === 'module') {
       this._sawModule = true;
     }
-    if (previous === null) {
-      this.log('info', `redis-tb backend: ${backend} (${why})`);
-    } else if (previous === 'module' && backend !== 'module') {
+    if (previous === 'module' && backend !== 'module') {
       this._moduleCheckedAt = performance.now();
-      this.log('warn', `redis-tb: the module is gone from the server; going on with the Lua backend: ${backend} (${why})`);
-    } else if (previous !== 'module' && backend === 'module') {
-      this.log('info', `redis-tb: the module is back on the server; moving to it from the Lua backend (${previous})`);
-    } else {
-      this.log('info', `redis-tb backend: ${backend} again (${why})`);
     }
+    this.log(...engine.choiceLine(previous, backend, why, this.requestedBackend));
   }
 
   async _hasModule() {
@@ -352,17 +410,17 @@ class RateLimiter {
   }
 
   async _detect() {
-    const forced = this.requestedBackend;
-    if (forced === 'module') {
-      return this._choose('module', 'forced');
-    }
-    if (forced === 'function') {
-      await this._loadFunction();
-      return this._choose('function', 'forced; FUNCTION LOAD tb done');
-    }
-    if (forced === 'script') {
-      await this._loadScript();
-      return this._choose('script', 'forced; SCRIPT LOAD done');
+    switch (engine.detectionStart(this.requestedBackend)) {
+      case 'module':
+        return this._choose('module', 'forced');
+      case 'function':
+        await this._loadFunction();
+        return this._choose('function', 'forced; FUNCTION LOAD tb done');
+      case 'script':
+        await this._loadScript();
+        return this._choose('script', 'forced; SCRIPT LOAD done');
+      default:
+        break;
     }
     if (await this._hasModule()) {
       return this._choose('module', 'the server has TB.TAKE');
@@ -370,7 +428,7 @@ class RateLimiter {
     try {
       await this._loadFunction();
     } catch (err) {
-      if (!isReplyError(err) || classify(err) === 'unavailable') {
+      if (engine.afterFunctionLoadFailed(err) === 'throw') {
         throw err;
       }
       await this._loadScript();
@@ -425,30 +483,84 @@ class RateLimiter {
     return this._sendTo(this.client, name, args, keys);
   }
 
-  // One call of `op` (take, peek, refund, takeall): the failure rule around one send.
-  // A server change (the module unloaded, a FUNCTION FLUSH, a SCRIPT FLUSH) detects the
-  // backend again and retries once; the retry's error is whatever class it is.
-  // `parse`: the reply -> the answer (default: a Decision over `limits`).
-  async _call(op, keys, numbers, limits, parse = (reply) => decisionFrom(reply, limits, op === 'takeall')) {
+  // One call of `op` (take, peek, refund, takeall, ...): the failure rule around its sends.
+  // `parse`: the reply -> the answer (default: a Decision over `limits`). how.retryDrop:
+  // false for a call that may not be sent twice (refund, settle). how.local: (now) => the
+  // answer of the local limiter, for a call it serves (take, peek, takeAll) when Redis is
+  // unreachable; none: such a call throws LimiterUnavailable.
+  // During the local limiter's outage nothing is sent until its probe is due.
+  async _call(op, keys, numbers, limits, parse = (reply) => decisionFrom(reply, limits, op === 'takeall'),
+    { retryDrop = true, local = NO_LOCAL } = {}) {
+    if (!this._localOutage.shouldSend(Date.now())) {
+      this.stats.unavailable += 1;
+      if (local !== NO_LOCAL) {
+        return local(Date.now());
+      }
+      throw new LimiterUnavailable('Redis unreachable (in an outage: waiting for the next probe)');
+    }
+    let answer;
     try {
-      await this._ensureBackend();
+      answer = await this._exchange(op, keys, numbers, parse, retryDrop);
+    } catch (err) {
+      const error = this._failed(err);
+      if (error instanceof LimiterUnavailable && (local !== NO_LOCAL || this._localOutage.active)) {
+        const line = this._localOutage.failed(error.message, Date.now());
+        if (line) {
+          this.log(...line);
+        }
+        if (local !== NO_LOCAL) {
+          return local(Date.now());
+        }
+      }
+      throw error;
+    }
+    const line = this._localOutage.succeeded();
+    if (line) {
+      this._local.clear();
+      this.log(...line);
+    }
+    return answer;
+  }
+
+  // The sends of one call: a server change (the module unloaded, a FUNCTION FLUSH, a SCRIPT
+  // FLUSH) detects the backend again and sends once more; a dropped connection waits for
+  // the reconnection and sends once more (engine.afterFailure). The last error is thrown.
+  async _exchange(op, keys, numbers, parse, retryDrop) {
+    await this._ensureBackend();
+    const tried = { detected: false, reconnected: false };
+    for (;;) {
       const generation = this._generation;
-      let reply;
       try {
-        reply = await this._sendOp(op, keys, numbers);
+        return parse(await this._sendOp(op, keys, numbers));
       } catch (err) {
-        if (classify(err) !== 'server_changed') {
+        const step = engine.afterFailure(err, tried, retryDrop);
+        if (step === 'detect') {
+          tried.detected = true;
+          this.log('info', `redis-tb: the server changed (${err.message}); detecting the backend again`);
+          if (generation === this._generation) {
+            await this._detectAgain();
+          }
+        } else if (step === 'reconnect') {
+          tried.reconnected = true;
+          await this._reconnected(err);
+        } else {
           throw err;
         }
-        this.log('info', `redis-tb: the server changed (${err.message}); detecting the backend again`);
-        if (generation === this._generation) {
-          await this._detectAgain();
-        }
-        reply = await this._sendOp(op, keys, numbers);
       }
-      return parse(reply);
-    } catch (err) {
-      throw this._failed(err);
+    }
+  }
+
+  // Waits for a client whose connection dropped to be ready again: its first reconnection,
+  // up to timeoutMs (connectTimeoutMs without one); a refusal fails at once.
+  async _reconnected(err) {
+    const client = this.client;
+    if (client.status === 'ready' || this.isCluster) {
+      return;
+    }
+    try {
+      await firstConnection(client, this.timeoutMs || this.connectTimeoutMs);
+    } catch (failure) {
+      throw new LimiterUnavailable(`${err.message}; reconnecting: ${failure.message}`, { cause: err });
     }
   }
 
@@ -463,12 +575,42 @@ class RateLimiter {
     return error;
   }
 
-  // `extra`: the command's options after n (MAXWAIT, BLOCK, MAXBLOCK; MAXDEBT).
-  async _single(op, key, capacity, rate, n, options, extra = []) {
+  // `extra`: the command's options after n (MAXWAIT, BLOCK, MAXBLOCK; MAXDEBT). how:
+  // { retryDrop, local, cache } (local: the local limiter may answer, `take` or `peek`;
+  // cache: the denial cache may answer and learns this call's denial).
+  async _single(op, key, capacity, rate, n, options, extra = [], how = {}) {
     const limits = [{ name: core.checkName((options && options.name) ?? 'default'), capacity, rate }];
     const numbers = [core.capacityText(capacity), core.rateText(rate), core.costText(n), ...extra];
-    const keys = [prefixed(this.client, core.checkKey(key))];
-    return this._call(op, keys, numbers, limits);
+    const k = prefixed(this.client, core.checkKey(key));
+    const denials = how.cache ? this._denials : null;
+    if (denials !== null) {
+      const now = Date.now();
+      const entry = denials.denial(k, n, now);
+      if (entry !== undefined) {
+        return new Decision(cachedReply(entry, now), limits, null, 'cache');
+      }
+    }
+    const local = how.local ? (now) => new Decision(
+      outcomeReply(this._local.take(k, capacity, rate, n, now, how.local === 'take')), limits, null, 'local') : NO_LOCAL;
+    const decision = await this._call(op, [k], numbers, limits, undefined, { retryDrop: how.retryDrop, local });
+    if (denials !== null && decision.source === 'server') {
+      denials.remember(k, n, decision, Date.now());
+    }
+    return decision;
+  }
+
+  // How a take is served: locally when Redis is down if the limiter (or the middleware:
+  // `local`) says so; from the denial cache unless it is a reservation.
+  _takeHow(options, local) {
+    const plain = !(options?.maxWaitMs > 0);
+    return { local: local || this.onUnavailable === 'local' ? 'take' : false, cache: plain };
+  }
+
+  // The denial cache forgets a key this limiter changed (refund, charge, settle, unblock).
+  _changed(key) {
+    if (this._denials !== null) {
+      this._denials.forget(prefixed(this.client, key));
+    }
   }
 
   // Takes n tokens if the bucket holds them. options.name: the policy name for the headers.
@@ -478,7 +620,19 @@ class RateLimiter {
   // for blockMs, doubling within a probation up to maxBlockMs; every take and peek is denied
   // while the lock holds.
   async take(key, capacity, rate, n = 1, options = {}) {
+    return this._take(key, capacity, rate, n, options, false);
+  }
+
+  // take, answered by the local limiter during an outage when `local` (the middleware's
+  // onUnavailable: 'local') or the limiter's onUnavailable says so.
+  async _take(key, capacity, rate, n, options, local) {
     const extra = core.takeOptions(options?.maxWaitMs, options?.blockMs, options?.maxBlockMs);
+    return this._single('take', key, capacity, rate, n, options, extra, this._takeHow(options, local));
+  }
+
+  // A take that only Redis answers (waitTake's: a wait is not served locally nor cached).
+  _serverTake(key, capacity, rate, n, options) {
+    const extra = core.takeOptions(options.maxWaitMs, options.blockMs, options.maxBlockMs);
     return this._single('take', key, capacity, rate, n, options, extra);
   }
 
@@ -487,7 +641,7 @@ class RateLimiter {
     const checked = checkedLimit(limit);
     const extra = core.takeOptions(options?.maxWaitMs, checked.blockMs, checked.maxBlockMs);
     return this._single('take', checked.key, checked.capacity, checked.rate, checked.n ?? 1,
-      { name: checked.name ?? 'default' }, extra);
+      { name: checked.name ?? 'default' }, extra, this._takeHow(options, false));
   }
 
   // TB.CHARGE: a cost learned after the work, always taken, into debt down to
@@ -497,6 +651,7 @@ class RateLimiter {
     const checked = checkedLimit(limit);
     const maxDebt = options?.maxDebt;
     const extra = maxDebt === undefined || maxDebt === null ? [] : ['MAXDEBT', core.costText(maxDebt, 'maxDebt')];
+    this._changed(checked.key);
     return this._single('charge', checked.key, checked.capacity, checked.rate, n, { name: checked.name ?? 'default' }, extra);
   }
 
@@ -508,11 +663,15 @@ class RateLimiter {
     core.costText(reserved, 'reserved');
     core.costText(actual, 'actual');
     const options = { name: checked.name ?? 'default' };
+    // Never sent twice: a refund given twice hands out tokens nobody returned.
+    const how = { retryDrop: false };
     if (actual < reserved) {
-      return this._single('refund', checked.key, checked.capacity, checked.rate, reserved - actual, options);
+      this._changed(checked.key);
+      return this._single('refund', checked.key, checked.capacity, checked.rate, reserved - actual, options, [], how);
     }
     if (actual > reserved) {
-      return this._single('charge', checked.key, checked.capacity, checked.rate, actual - reserved, options);
+      this._changed(checked.key);
+      return this._single('charge', checked.key, checked.capacity, checked.rate, actual - reserved, options, [], how);
     }
     return null;
   }
@@ -523,20 +682,24 @@ class RateLimiter {
     const isLimit = limitOrKey !== null && typeof limitOrKey === 'object' && !Buffer.isBuffer(limitOrKey);
     const key = isLimit ? limitOrKey.key : limitOrKey;
     const k = prefixed(this.client, core.checkKey(key));
+    this._changed(key);
     return this._call('unblock', [k], [], null, core.boolFrom);
   }
 
   // What take would answer now; writes nothing.
   peek(key, capacity, rate, n = 1, options = {}) {
-    return this._single('peek', key, capacity, rate, n, options);
+    return this._single('peek', key, capacity, rate, n, options, [], { local: this.onUnavailable === 'local' ? 'peek' : false });
   }
 
-  // Gives n tokens back (capped at the capacity).
+  // Gives n tokens back (capped at the capacity). Never sent twice (see settle).
   refund(key, capacity, rate, n, options = {}) {
     if (n === undefined) {
       return Promise.reject(new InvalidArgument('refund needs n'));
     }
-    return this._single('refund', key, capacity, rate, n, options);
+    if (typeof key === 'string' || Buffer.isBuffer(key)) {
+      this._changed(key);
+    }
+    return this._single('refund', key, capacity, rate, n, options, [], { retryDrop: false });
   }
 
   // All limits or none: Limit objects (or {key, capacity, rate, n, name}); in a cluster every
@@ -545,6 +708,11 @@ class RateLimiter {
   // maxBlockMs are sent as BLOCK / MAXBLOCK, which TB.TAKEALL applies to every bucket: they
   // must be the same in every limit.
   async takeAll(limits, options = {}) {
+    return this._takeAll(limits, options, false);
+  }
+
+  // takeAll, answered locally during an outage as _take.
+  async _takeAll(limits, options, local) {
     if (!Array.isArray(limits) || limits.length === 0) {
       throw new InvalidArgument('takeAll needs a non-empty array of limits');
     }
@@ -563,7 +731,30 @@ class RateLimiter {
       throw new InvalidArgument("takeAll: every limit must have the same blockMs and maxBlockMs (TB.TAKEALL's BLOCK applies to every bucket)");
     }
     numbers.push(...core.takeOptions(options?.maxWaitMs, limits[0].blockMs, limits[0].maxBlockMs));
-    return this._call('takeall', keys, numbers, judged);
+    const how = this._takeHow(options, local);
+    const costs = limits.map((limit) => limit.n ?? 1);
+    const denials = how.cache ? this._denials : null;
+    if (denials !== null) {
+      const now = Date.now();
+      for (let i = 0; i < keys.length; i++) {
+        const entry = denials.denial(keys[i], costs[i], now);
+        if (entry !== undefined) {
+          return new Decision(cachedReply(entry, now), judged, i, 'cache');
+        }
+      }
+    }
+    const answerLocally = (now) => {
+      const all = this._local.takeAll(keys.map((key, i) => ({
+        key, capacity: limits[i].capacity, rate: limits[i].rate, n: costs[i],
+      })), now);
+      return new Decision(outcomeReply(all.outcomes[all.index], all.allowed), judged, all.index, 'local');
+    };
+    const decision = await this._call('takeall', keys, numbers, judged, undefined,
+      { local: how.local ? answerLocally : NO_LOCAL });
+    if (denials !== null && decision.source === 'server' && !decision.allowed) {
+      denials.remember(keys[decision.index], costs[decision.index], decision, Date.now());
+    }
+    return decision;
   }
 
   // Waits up to options.timeoutMs (required; 0 = no limit) for n tokens.
@@ -598,7 +789,7 @@ class RateLimiter {
     // retryAfterMs 0 (the wait is done). A denial (the tokens do not come within the timeout)
     // sleeps out the timeout like TB.BTAKE, then takes once more, plainly, and answers that.
     const name = limits[0].name;
-    const reserved = await this.take(key, capacity, rate, n, { name, maxWaitMs: timeoutMs || core.MAX_TOKENS });
+    const reserved = await this._serverTake(key, capacity, rate, n, { name, maxWaitMs: timeoutMs || core.MAX_TOKENS });
     if (reserved.allowed) {
       if (reserved.retryAfterMs > 0) {
         await sleep(reserved.retryAfterMs);
@@ -613,7 +804,7 @@ class RateLimiter {
     if (left > 0) {
       await sleep(left);
     }
-    return this.take(key, capacity, rate, n, { name });
+    return this._serverTake(key, capacity, rate, n, { name });
   }
 
   // ---------------------------------------------------------------------------------------
@@ -809,13 +1000,12 @@ class RateLimiter {
           throw err;
         }
         this._release(conn, node);
-        const redirect = this.isCluster ? core.parseRedirect(err.message) : null;
+        const redirect = engine.redirection(err, this.isCluster);
         if (!redirect) {
           throw err;
         }
-        node = { host: redirect.host, port: redirect.port };
-        asking = redirect.kind === 'ASK';
-        if (redirect.kind === 'MOVED' && typeof this.client.refreshSlotsCache === 'function') {
+        ({ node, asking } = redirect);
+        if (redirect.refreshSlots && typeof this.client.refreshSlotsCache === 'function') {
           this.client.refreshSlotsCache(() => {});
         }
       }

@@ -2,12 +2,41 @@
 
 const { InvalidArgument, LimiterUnavailable, LeaseDenied } = require('./errors');
 const { Limit, bucketKey, checkPolicy, checkName, wholeText } = require('./core');
+const { policyLine } = require('./headers');
 
 const QUOTA_EXCEEDED = 'https://iana.org/assignments/http-problem-types#quota-exceeded';
 
-function defaultKey(req) {
-  return req.ip ?? (req.socket && req.socket.remoteAddress) ?? 'unknown';
+// The id of the default key: the peer's address, an IPv4-mapped IPv6 address written as
+// the IPv4 address, 'unknown' without one (docs/clients.md, "The same behaviour in all
+// three": one client, one bucket, whichever language serves it).
+const MAPPED_IPV4 = /^::ffff:(\d{1,3}(?:\.\d{1,3}){3})$/i;
+
+function peerId(remote) {
+  if (remote === undefined || remote === null || remote === '') {
+    return 'unknown';
+  }
+  const mapped = MAPPED_IPV4.exec(remote);
+  return mapped ? mapped[1] : remote;
 }
+
+function defaultKey(req) {
+  return peerId(req.ip ?? (req.socket && req.socket.remoteAddress));
+}
+
+const ON_UNAVAILABLE = ['open', 'closed', 'local'];
+
+// onUnavailable, or the older failOpen (true: 'open', false: 'closed'); default 'open'.
+function unavailableMode(options) {
+  const mode = options.onUnavailable ?? (options.failOpen === undefined ? 'open' : (options.failOpen ? 'open' : 'closed'));
+  if (!ON_UNAVAILABLE.includes(mode)) {
+    throw new InvalidArgument(`onUnavailable must be one of ${ON_UNAVAILABLE.join(', ')}, got ${String(mode)}`);
+  }
+  return mode;
+}
+
+const UNAVAILABLE_BODY = { title: 'Service Unavailable', status: 503, detail: 'The rate limiter is unavailable.' };
+// A limiter bug: 500, no detail of the error (it is logged), never the framework's HTML page.
+const BUG_BODY = { title: 'Internal Server Error', status: 500, detail: 'The rate limiter failed.' };
 
 // The shared part of the Express middleware and the Fastify plugin. Options:
 //   limiter    a RateLimiter (required)
@@ -16,16 +45,21 @@ function defaultKey(req) {
 //                                  default to "limit<index>" and must differ
 //   key(req)   who is limited: default the client IP (req.ip); e.g. req => req.user.id
 //   cost(req)  tokens this request takes (weighted n), default 1
-//   keyPrefix  bucket keys are `${keyPrefix}{${escapeId(key(req))}}:${name}`; default
+//   key(req)   default: the peer address (an IPv4-mapped IPv6 address as IPv4), 'unknown'
+//   prefix     bucket keys are `${prefix}{${escapeId(key(req))}}:${name}`; default
 //              "ratelimit:" (the hash tag keeps one caller's buckets in one cluster slot;
-//              escaping %, { and } keeps any id from changing it)
-//   failOpen   true (default): while the limiter is unavailable the request passes without
-//              headers; false: 503. Any other error (a bug: WRONGTYPE, a bad cost) is never
-//              let through: it is logged and goes to the framework's error handling (500)
+//              escaping %, { and } keeps any id from changing it); keyPrefix: the older name
+//   onUnavailable  'open' (default): while the limiter is unavailable the request passes
+//              without headers; 'closed': 503; 'local': the limiter's local limiter decides
+//              (429 as usual; the in-flight limit counts it as 'open'). failOpen: the older
+//              spelling (true: 'open', false: 'closed'). Any other error (a bug: WRONGTYPE, a
+//              bad cost) is never let through: it is logged and answered 500
+//              application/problem+json
 //   concurrency: { limit, leaseMs = 60000, name = 'inflight', status = 429 }
 //              at most `limit` requests of one key in flight: a lease (docs/leases.md) on
-//              `${keyPrefix}{${escapeId(key(req))}}:${name}`, acquired when the request
-//              starts (after the rate limit, if any, allowed it), renewed every leaseMs/3
+//              `${prefix}{${escapeId(key(req))}}:${name}`, acquired when the request
+//              starts (before the rate limit: a request refused for concurrency spends no
+//              token; a rate denial releases it), renewed every leaseMs/3
 //              while it runs, released when the response finishes or the connection closes
 //              (errors, aborts). Denied: `status` (429, or 503) with RateLimit-Policy:
 //              "<name>";q=<limit>;qu="concurrent-requests" and Retry-After. With it, the
@@ -90,73 +124,83 @@ function limiterCore(options) {
   const concurrency = checkConcurrency(options.concurrency, names);
   const key = options.key ?? defaultKey;
   const cost = options.cost ?? (() => 1);
-  const keyPrefix = options.keyPrefix ?? 'ratelimit:';
-  const failOpen = options.failOpen ?? true;
+  const prefix = options.prefix ?? options.keyPrefix ?? 'ratelimit:';
+  const mode = unavailableMode(options);
+  const local = mode === 'local';
 
-  // -> { status: 0 | 429 | 503, headers, body }; throws (for a 500) on anything but an
-  // outage: a bug never lets requests through (docs/clients.md, the failure rule).
-  return async function decide(req) {
+  // The rate limits' decision (null without any), answered locally during an outage in
+  // 'local' mode.
+  function rateDecision(keyOf, n) {
+    if (several) {
+      return limiter._takeAll(limits.map((l) => new Limit(keyOf(l.name), l.capacity, l.rate, n, l.name)), {}, local);
+    }
+    if (limits.length === 1) {
+      const [l] = limits;
+      return limiter._take(keyOf(l.name), l.capacity, l.rate, n, { name: l.name }, local);
+    }
+    return null;
+  }
+
+  // The in-flight lease first: { guard } or { denied } (a LeaseDenied's Lease). An
+  // unavailable limiter throws unless the mode lets the request through without one.
+  async function inFlight(keyOf) {
+    try {
+      return { guard: await limiter.lease(keyOf(concurrency.name), concurrency.limit, concurrency.leaseMs, { name: concurrency.name }) };
+    } catch (err) {
+      if (err instanceof LeaseDenied) {
+        return { denied: err.decision };
+      }
+      if (err instanceof LimiterUnavailable && mode !== 'closed') {
+        limiter._outageFailed(err, true);
+        return { guard: null };
+      }
+      throw err;
+    }
+  }
+
+  // -> { status: 0 | 429 | 500 | 503, headers, body, guard }: a bug never lets requests
+  // through (docs/clients.md, the failure rule).
+  async function decide(req) {
     // The key and cost functions are the application's: their errors are its own, and
     // propagate (Express: next(err); Fastify: the error handler).
     const id = await key(req);
     const who = id === undefined || id === null ? '' : String(id);
     const n = await cost(req);
-    const keyOf = (name) => bucketKey(keyPrefix, who, name);
+    const keyOf = (name) => bucketKey(prefix, who, name);
     let decision = null;
     let guard = null;
     try {
-      if (several) {
-        decision = await limiter.takeAll(limits.map((l) => new Limit(keyOf(l.name), l.capacity, l.rate, n, l.name)));
-      } else if (limits.length === 1) {
-        const [l] = limits;
-        decision = await limiter.take(keyOf(l.name), l.capacity, l.rate, n, { name: l.name });
-      }
-      if (concurrency && (decision === null || decision.allowed)) {
-        try {
-          guard = await limiter.lease(keyOf(concurrency.name), concurrency.limit, concurrency.leaseMs, { name: concurrency.name });
-        } catch (err) {
-          if (!(err instanceof LeaseDenied)) {
-            throw err;
-          }
-          limiter._outageOver();
-          const denied = err.decision;
-          const headers = mergeHeaders(decision ? decision.headers() : {}, denied.headers());
-          return {
-            status: concurrency.status,
-            headers,
-            body: {
-              type: QUOTA_EXCEEDED,
-              title: concurrency.status === 429 ? 'Too Many Requests' : 'Service Unavailable',
-              status: concurrency.status,
-              detail: `Concurrency limit of policy "${denied.policy}" reached (${denied.limit} at once); retry in ${headers['Retry-After']} s.`,
-              'violated-policies': [denied.policy],
-            },
-          };
+      if (concurrency) {
+        const held = await inFlight(keyOf);
+        if (held.denied) {
+          return concurrencyDenial(held.denied);
         }
+        guard = held.guard;
       }
+      decision = await rateDecision(keyOf, n);
     } catch (err) {
+      if (guard) {
+        releaseQuietly(limiter, guard);
+      }
       if (!(err instanceof LimiterUnavailable)) {
         limiter.log('error', `redis-tb: rate limiter error, answering 500: ${err.name}: ${err.message}`);
-        throw err;
+        return { status: 500, headers: {}, body: BUG_BODY };
       }
-      limiter._outageFailed(err, failOpen);
-      if (failOpen) {
+      limiter._outageFailed(err, mode !== 'closed');
+      if (mode !== 'closed') {
         return { status: 0, headers: {}, body: null };
       }
-      return {
-        status: 503,
-        headers: {},
-        body: {
-          title: 'Service Unavailable',
-          status: 503,
-          detail: 'The rate limiter is unavailable.',
-        },
-      };
+      return { status: 503, headers: {}, body: UNAVAILABLE_BODY };
     }
-    limiter._outageOver();
+    if (decision === null || decision.source === 'server') {
+      limiter._outageOver();
+    }
     const headers = mergeHeaders(decision ? decision.headers() : {}, guard ? guard.decision.headers() : {});
     if (decision === null || decision.allowed) {
       return { status: 0, headers, body: null, guard };
+    }
+    if (guard) {
+      releaseQuietly(limiter, guard);
     }
     const detail = decision.retryAfterMs < 0
       ? `This request costs more than policy "${decision.policy}" can ever allow.`
@@ -172,7 +216,41 @@ function limiterCore(options) {
         'violated-policies': [decision.policy],
       },
     };
-  };
+  }
+  // What the middleware was configured with, defaults filled in (the behaviour tests').
+  decide.settings = { prefix, onUnavailable: mode, limits, concurrency };
+  return decide;
+
+  function concurrencyDenial(denied) {
+    limiter._outageOver();
+    const headers = mergeHeaders(rateHeadersOnly(), denied.headers());
+    return {
+      status: concurrency.status,
+      headers,
+      body: {
+        type: QUOTA_EXCEEDED,
+        title: concurrency.status === 429 ? 'Too Many Requests' : 'Service Unavailable',
+        status: concurrency.status,
+        detail: `Concurrency limit of policy "${denied.policy}" reached (${denied.limit} at once); retry in ${headers['Retry-After']} s.`,
+        'violated-policies': [denied.policy],
+      },
+    };
+  }
+
+  // The rate policies' RateLimit-Policy items, for a request refused before any token was
+  // taken (rate first, then the in-flight policy: one line).
+  function rateHeadersOnly() {
+    return limits.length === 0 ? {} : { 'RateLimit-Policy': policyLine(limits, null) };
+  }
+}
+
+// A lease the request will not use (a rate denial, a bug): released in the background; a
+// failure is logged, never thrown (the lease ends at its deadline by itself).
+function releaseQuietly(limiter, guard) {
+  guard.release().catch((err) => {
+    const level = err instanceof LimiterUnavailable ? 'warn' : 'error';
+    limiter.log(level, `redis-tb: releasing a request's lease failed: ${err.message}`);
+  });
 }
 
 // Releases a request's lease once, when its response finishes or its connection closes
@@ -243,4 +321,4 @@ fastifyRateLimit[Symbol.for('skip-override')] = true;
 fastifyRateLimit[Symbol.for('fastify.display-name')] = 'redis-tb';
 fastifyRateLimit[Symbol.for('plugin-meta')] = { name: 'redis-tb', fastify: '>=4' };
 
-module.exports = { expressRateLimit, fastifyRateLimit, limiterCore, QUOTA_EXCEEDED };
+module.exports = { expressRateLimit, fastifyRateLimit, limiterCore, peerId, QUOTA_EXCEEDED };

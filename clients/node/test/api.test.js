@@ -49,6 +49,9 @@ for (const backend of BACKENDS) {
       const choices = lines.filter(([, m]) => m.startsWith('redis-tb backend:'));
       assert.equal(choices.length, 1, JSON.stringify(lines));
       assert.match(choices[0][1], new RegExp(`^redis-tb backend: ${backend.expect} \\(`));
+      // A Lua fallback that auto chose is a warning, as in Python and Rust (issue 26, item 6).
+      const fallback = backend.option === 'auto' && backend.expect !== 'module';
+      assert.equal(choices[0][0], fallback ? 'warn' : 'info');
     });
 
     test('take, peek, refund: the reply as a Decision', async () => {
@@ -56,7 +59,7 @@ for (const backend of BACKENDS) {
       let d = await limiter.take(key, 10, RATE, 3);
       assert.deepEqual({ ...d }, {
         allowed: true, remaining: 7, retryAfterMs: 0, resetAfterMs: 3_000_000, index: null,
-        capacity: 10, rate: RATE, policy: 'default',
+        capacity: 10, rate: RATE, policy: 'default', source: 'server',
       });
       d = await limiter.peek(key, 10, RATE);
       assert.equal(d.allowed, true);

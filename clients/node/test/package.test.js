@@ -140,13 +140,26 @@ function runUntil(dir, file, env, patterns) {
   });
 }
 
-test('from a clean checkout, npm install <dir> ioredis express as the README says, and its quick start runs as written (issue 18, items 1 and 2)', async () => {
+// The README's install, as written ("## Install"'s sh block), in `dir`: npm pack of the
+// checkout `pkg`, npm install of the tarball and ioredis, plus `extra` (the versions of
+// package-lock.json, so that npm finds them in its cache).
+function readmeInstall(pkg, dir, extra) {
+  const readme = fs.readFileSync(path.join(PKG, 'README.md'), 'utf8');
+  const block = /```sh\n([\s\S]*?)```/.exec(readme.slice(readme.indexOf('\n## Install')))[1];
+  const commands = block.trim().split('\n').map((line) => line.trim().split(/\s+/));
+  assert.deepEqual(commands.map((c) => c.slice(0, 2)), [['npm', 'pack'], ['npm', 'install']]);
+  for (const [, verb, ...args] of commands) {
+    const real = args.map((a) => (a === '/path/to/redis-tb/clients/node' ? pkg : a === 'ioredis' ? 'ioredis@6.0.0' : a));
+    npm([verb, ...real, ...(verb === 'install' ? extra : [])], dir);
+  }
+}
+
+test('from a clean checkout, the README\'s install and its quick start run as written (issue 18, items 1 and 2)', async () => {
   const pkg = cleanCheckout();
   const dir = tempProject();
-  // The versions of package-lock.json, so npm finds them in its cache.
-  npm(['install', pkg, 'ioredis@6.0.0', 'express@5.3.0'], dir);
-  assert.equal(fs.lstatSync(path.join(dir, 'node_modules', 'redis-tb')).isSymbolicLink(), true);
-  assert.equal(fs.existsSync(path.join(pkg, 'node_modules')), false, 'the linked package has no node_modules of its own');
+  readmeInstall(pkg, dir, ['express@5.3.0']);
+  assert.equal(fs.lstatSync(path.join(dir, 'node_modules', 'redis-tb')).isSymbolicLink(), false);
+  assert.equal(fs.existsSync(path.join(pkg, 'dist')), false, 'postpack cleaned the checkout');
   fs.writeFileSync(path.join(dir, 'app.js'), readmeBlock('## Quick start'));
   const server = await startServer();
   const out = await runUntil(dir, 'app.js', { REDIS_URL: server.url, PORT: '0' },
@@ -154,6 +167,32 @@ test('from a clean checkout, npm install <dir> ioredis express as the README say
   const port = Number(/^listening on (\d+)$/m.exec(out)[1]);
   assert.ok(port > 0);
   await server.stop();
+});
+
+test('after the README\'s install, tsc --strict type-checks a file using the types (issue 26, item 2)', () => {
+  const pkg = cleanCheckout();
+  const dir = tempProject();
+  // typescript and @types/node at package-lock.json's versions: from npm's cache.
+  readmeInstall(pkg, dir, ['typescript@7.0.2', '@types/node@20.19.43']);
+  fs.writeFileSync(path.join(dir, 'app.ts'), `
+import { RateLimiter, createClient, expressRateLimit, Decision } from 'redis-tb';
+const limiter = new RateLimiter(createClient('redis://127.0.0.1:6379', { lazyConnect: true }),
+  { onUnavailable: 'local', instances: 2, cacheDenials: true });
+async function main(): Promise<void> {
+  const d: Decision = await limiter.take('k', 5, 1);
+  const source: 'server' | 'local' | 'cache' = d.source;
+  console.log(source, d.remaining);
+}
+void main;
+void expressRateLimit({ limiter, capacity: 5, rate: 1, onUnavailable: 'local', prefix: 'app:' });
+`);
+  const tsc = path.join(dir, 'node_modules', '.bin', 'tsc');
+  try {
+    execFileSync(tsc, ['--strict', '--noEmit', '--module', 'nodenext', '--moduleResolution', 'nodenext', '--types', 'node', 'app.ts'],
+      { cwd: dir, encoding: 'utf8', stdio: 'pipe' });
+  } catch (err) {
+    assert.fail(`tsc --strict failed:\n${err.stdout}${err.stderr}`);
+  }
 });
 
 test('index.d.ts type-checks against test/types/usage.ts (tsc --noEmit)', () => {

@@ -13,6 +13,8 @@ async function main(): Promise<void> {
   const onCluster = new RateLimiter(cluster, { logger: (level, message) => console.log(level, message) });
   const backend: 'module' | 'function' | 'script' = await limiter.connect();
   const d: Decision = await limiter.take('user:42', 10, 0.5);
+  const source: 'server' | 'local' | 'cache' = d.source;
+  void source;
   const allowed: boolean = d.allowed;
   const retry: number = d.retryAfterMs;
   const index: number | null = d.index;
@@ -36,7 +38,7 @@ async function main(): Promise<void> {
   const key: string = bucketKey('ratelimit:', '}x', 'sec');
   const failure: 'unavailable' | 'server_changed' | 'bug' = classify(new Error('x'));
   const failed: number = limiter.stats.unavailable + limiter.stats.errors;
-  void [key, failure, failed, escapeId(''), new RateLimiter(redis, { logger: false, moduleRecheckMs: 1000 })];
+  void [key, failure, failed, escapeId(''), new RateLimiter(redis, { logger: false, moduleRecheckMs: 1000, onUnavailable: 'local', instances: 2, localMaxKeys: 100, localProbeMs: 500, cacheDenials: true })];
   try {
     await limiter.take('k', NaN, 1);
   } catch (err) {
@@ -82,7 +84,7 @@ async function leases(limiter: RateLimiter): Promise<void> {
     }
   }
   const inflight = expressRateLimit({ limiter, concurrency: { limit: 10, leaseMs: 60_000, status: 503 } });
-  const both = expressRateLimit({ limiter, capacity: 10, rate: 1, concurrency: { limit: 10 } });
+  const both = expressRateLimit({ limiter, capacity: 10, rate: 1, prefix: 'app:', onUnavailable: 'local', concurrency: { limit: 10 } });
   void [flags, released, renewed, waited.headers()['Retry-After'], signal, n, inflight, both];
 }
 

@@ -1,0 +1,148 @@
+'use strict';
+
+// The limiter's decisions, pure: which backend, when to look for the module again, what a
+// failed send leads to (detect again and retry, reconnect and retry, fail), where a cluster
+// redirection goes, and the outage of the local limiter. lib/limiter.js does the I/O these
+// decide on and feeds back what happened; nothing here touches a socket, a timer or a
+// logger (the times are passed in), so test/engine.test.js checks every rule without a
+// server. The rules are docs/clients.md's.
+
+const { classify, parseRedirect } = require('./core');
+const { isReplyError } = require('./errors');
+
+// ---------------------------------------------------------------------------------------
+// The backend (docs/clients.md, "How the backend is chosen")
+// ---------------------------------------------------------------------------------------
+
+// The step a detection starts with: a forced backend is loaded as it is; `auto` asks the
+// server for TB.TAKE first.
+function detectionStart(requested) {
+  return requested === 'auto' ? 'ask_module' : requested;
+}
+
+// After FUNCTION LOAD failed with `err` (auto, no module): 'script' when the server refused
+// functions (an error reply that is not about its state); anything else is thrown as it is.
+function afterFunctionLoadFailed(err) {
+  return isReplyError(err) && classify(err) !== 'unavailable' ? 'script' : 'throw';
+}
+
+// The line a backend choice logs: [level, message]. A Lua backend that `auto` chose
+// because the module is missing is a warning (the fallback is slower and a deployment may
+// have meant to load the module); a move off the module too.
+function choiceLine(previous, backend, why, requested) {
+  if (previous === null) {
+    const fallback = requested === 'auto' && backend !== 'module';
+    return [fallback ? 'warn' : 'info', `redis-tb backend: ${backend} (${why})`];
+  }
+  if (previous === 'module' && backend !== 'module') {
+    return ['warn', `redis-tb: the module is gone from the server; going on with the Lua backend: ${backend} (${why})`];
+  }
+  if (previous !== 'module' && backend === 'module') {
+    return ['info', `redis-tb: the module is back on the server; moving to it from the Lua backend (${previous})`];
+  }
+  return ['info', `redis-tb backend: ${backend} again (${why})`];
+}
+
+// On Lua after having seen the module (auto only): look for it again at most every
+// recheckMs. state: { backend, sawModule, checkedAt, requested }.
+function shouldLookForModule(state, now, recheckMs) {
+  return state.sawModule && state.backend !== 'module' && state.requested === 'auto'
+    && now - state.checkedAt >= recheckMs;
+}
+
+// ---------------------------------------------------------------------------------------
+// Retries (docs/clients.md, "The failure rule" and "A dropped connection is not an outage")
+// ---------------------------------------------------------------------------------------
+
+// A connection the server closed (a restart, CLIENT KILL, an idle timeout): a reset, a
+// broken pipe, an end of file, ioredis's "Connection is closed", or our own "dropped"
+// (a client that lost its connection and has not yet tried again). Not a refusal and not a
+// timeout: a timed-out call may still run, and a refused connection is an outage.
+// ioredis rejects a command that was in flight when the connection closed with "Connection
+// is closed" or, with maxRetriesPerRequest 0 (createClient's), its MaxRetriesPerRequestError.
+const DROPPED = /\b(?:ECONNRESET|EPIPE|ECONNABORTED|EOF)\b|Connection is closed|socket hang up|the connection dropped|max retries per request/i;
+
+function isDropped(err) {
+  return Boolean(err) && classify(err) === 'unavailable' && DROPPED.test(String(err.message ?? err));
+}
+
+// What a call does after its send failed with `err`. tried: { detected, reconnected } (what
+// this call already retried); retryDrop: whether the call may be sent twice (refund and
+// settle may not: a refund given twice hands out tokens nobody returned).
+//   'detect'    the server changed: detect the backend again, send once more
+//   'reconnect' the connection dropped: wait for the reconnection, send once more
+//   'fail'      the error is the call's answer (its class decides what the caller sees)
+function afterFailure(err, tried, retryDrop) {
+  const kind = classify(err);
+  if (kind === 'server_changed' && !tried.detected) {
+    return 'detect';
+  }
+  if (retryDrop && !tried.reconnected && isDropped(err)) {
+    return 'reconnect';
+  }
+  return 'fail';
+}
+
+// A MOVED / ASK reply of a cluster -> where the command goes next: { node, asking,
+// refreshSlots }, or null (not a redirection: the error is the answer).
+function redirection(err, isCluster) {
+  const redirect = isCluster ? parseRedirect(err && err.message) : null;
+  if (!redirect) {
+    return null;
+  }
+  return {
+    node: { host: redirect.host, port: redirect.port },
+    asking: redirect.kind === 'ASK',
+    refreshSlots: redirect.kind === 'MOVED',
+  };
+}
+
+// ---------------------------------------------------------------------------------------
+// The local limiter's outage (docs/clients.md, "When it is used")
+// ---------------------------------------------------------------------------------------
+
+// Started by the first unavailable call; while it lasts nothing is sent for probeMs, then
+// one call probes Redis (the others go on locally while it is out); a success ends it.
+class Outage {
+  constructor(probeMs, instances) {
+    this.probeMs = probeMs;
+    this.instances = instances;
+    this.active = false;
+    this.probeAt = 0;
+  }
+
+  // Whether a call at `now` is sent to Redis (and, in an outage, becomes the probe).
+  shouldSend(now) {
+    if (!this.active) {
+      return true;
+    }
+    if (now < this.probeAt) {
+      return false;
+    }
+    this.probeAt = now + this.probeMs;
+    return true;
+  }
+
+  // An unavailable call: the line to log when it starts the outage, else null.
+  failed(reason, now) {
+    this.probeAt = now + this.probeMs;
+    if (this.active) {
+      return null;
+    }
+    this.active = true;
+    return ['warn', `redis-tb: Redis unreachable (${reason}); limiting in process at 1/${this.instances} of each limit`];
+  }
+
+  // A call that reached Redis: the line to log when it ends the outage, else null.
+  succeeded() {
+    if (!this.active) {
+      return null;
+    }
+    this.active = false;
+    return ['warn', 'redis-tb: Redis reachable again; limits come from Redis'];
+  }
+}
+
+module.exports = {
+  detectionStart, afterFunctionLoadFailed, choiceLine, shouldLookForModule, isDropped, afterFailure, redirection, Outage,
+};

@@ -1,0 +1,102 @@
+'use strict';
+
+// lib/engine.js, the limiter's decisions, without I/O (issue 26, item 7): the backend choice
+// and its log line, the module recheck, what a failed send leads to, redirections, and the
+// local limiter's outage.
+
+const assert = require('node:assert/strict');
+const { test } = require('node:test');
+const engine = require('../lib/engine');
+const { LimiterUnavailable, LimiterReplyError, LimiterError } = require('../lib/errors');
+
+function reply(message) {
+  const err = new Error(message);
+  err.name = 'ReplyError';
+  return err;
+}
+
+test('the backend: a forced one is loaded as it is, auto asks for the module first', () => {
+  assert.equal(engine.detectionStart('auto'), 'ask_module');
+  for (const forced of ['module', 'function', 'script']) {
+    assert.equal(engine.detectionStart(forced), forced);
+  }
+  // FUNCTION LOAD refused by the server: the script; the server unreachable: thrown.
+  assert.equal(engine.afterFunctionLoadFailed(reply('ERR unknown command \'FUNCTION\'')), 'script');
+  assert.equal(engine.afterFunctionLoadFailed(reply('NOPERM this user has no permissions')), 'script');
+  assert.equal(engine.afterFunctionLoadFailed(reply('LOADING Redis is loading')), 'throw');
+  assert.equal(engine.afterFunctionLoadFailed(new Error('connect ECONNREFUSED')), 'throw');
+});
+
+test('the choice is logged once: a Lua fallback of auto at warn, the module or a forced backend at info', () => {
+  assert.deepEqual(engine.choiceLine(null, 'module', 'the server has TB.TAKE', 'auto'),
+    ['info', 'redis-tb backend: module (the server has TB.TAKE)']);
+  assert.equal(engine.choiceLine(null, 'function', 'no TB.TAKE', 'auto')[0], 'warn');
+  assert.equal(engine.choiceLine(null, 'script', 'no TB.TAKE', 'auto')[0], 'warn');
+  assert.equal(engine.choiceLine(null, 'script', 'forced', 'script')[0], 'info');
+  assert.match(engine.choiceLine('module', 'function', 'x', 'auto')[1], /the module is gone/);
+  assert.equal(engine.choiceLine('module', 'function', 'x', 'auto')[0], 'warn');
+  assert.deepEqual(engine.choiceLine('function', 'module', 'x', 'auto'),
+    ['info', 'redis-tb: the module is back on the server; moving to it from the Lua backend (function)']);
+});
+
+test('the module recheck: on Lua after having seen the module, at most every recheckMs, auto only', () => {
+  const state = { backend: 'function', sawModule: true, checkedAt: 1000, requested: 'auto' };
+  assert.equal(engine.shouldLookForModule(state, 1000 + 29_999, 30_000), false);
+  assert.equal(engine.shouldLookForModule(state, 1000 + 30_000, 30_000), true);
+  assert.equal(engine.shouldLookForModule({ ...state, sawModule: false }, 1e9, 30_000), false);
+  assert.equal(engine.shouldLookForModule({ ...state, backend: 'module' }, 1e9, 30_000), false);
+  assert.equal(engine.shouldLookForModule({ ...state, requested: 'function' }, 1e9, 30_000), false);
+});
+
+test('after a failed send: detect again once on a server change, reconnect once on a dropped connection, else fail', () => {
+  const fresh = { detected: false, reconnected: false };
+  for (const message of ['NOSCRIPT No matching script', 'ERR unknown command \'TB.TAKE\'', 'ERR Function not found']) {
+    assert.equal(engine.afterFailure(reply(message), fresh, true), 'detect', message);
+    assert.equal(engine.afterFailure(reply(message), { ...fresh, detected: true }, true), 'fail', message);
+  }
+  const dropped = [
+    new Error('Connection is closed.'), new Error('read ECONNRESET'), new Error('write EPIPE'),
+    new Error('Reached the max retries per request limit (which is 0). Refer to "maxRetriesPerRequest" option for details.'),
+    new LimiterUnavailable('not connected to the server: the connection dropped (client reconnecting)'),
+  ];
+  for (const err of dropped) {
+    assert.equal(engine.afterFailure(err, fresh, true), 'reconnect', err.message);
+    assert.equal(engine.afterFailure(err, { ...fresh, reconnected: true }, true), 'fail', err.message);
+    // refund and settle are never sent twice
+    assert.equal(engine.afterFailure(err, fresh, false), 'fail', err.message);
+  }
+  // Never retried: a timeout (the server may still run it), a refusal, a bug, an outage reply.
+  for (const err of [new Error('Command timed out'), new Error('connect ECONNREFUSED 127.0.0.1:1'),
+    new LimiterUnavailable('not connected to the server (client reconnecting)'), reply('WRONGTYPE Operation'),
+    reply('LOADING Redis is loading'), new LimiterError('bug', 'unexpected reply'), new LimiterReplyError('ERR x'),
+    new TypeError('x')]) {
+    assert.equal(engine.afterFailure(err, fresh, true), 'fail', err.message);
+  }
+});
+
+test('redirections: MOVED refreshes the slots, ASK asks; none outside a cluster', () => {
+  assert.deepEqual(engine.redirection(reply('MOVED 3999 127.0.0.1:7001'), true),
+    { node: { host: '127.0.0.1', port: 7001 }, asking: false, refreshSlots: true });
+  assert.deepEqual(engine.redirection(reply('ASK 3999 10.0.0.2:7002'), true),
+    { node: { host: '10.0.0.2', port: 7002 }, asking: true, refreshSlots: false });
+  assert.equal(engine.redirection(reply('MOVED 3999 127.0.0.1:7001'), false), null);
+  assert.equal(engine.redirection(reply('WRONGTYPE x'), true), null);
+});
+
+test('the outage: logged once at each end; nothing sent for probeMs, then one probe', () => {
+  const outage = new engine.Outage(1000, 2);
+  assert.equal(outage.shouldSend(0), true);
+  assert.equal(outage.succeeded(), null);
+  assert.deepEqual(outage.failed('connect ECONNREFUSED', 100),
+    ['warn', 'redis-tb: Redis unreachable (connect ECONNREFUSED); limiting in process at 1/2 of each limit']);
+  assert.equal(outage.failed('again', 150), null);
+  assert.equal(outage.shouldSend(1149), false);
+  assert.equal(outage.shouldSend(1150), true); // the probe
+  assert.equal(outage.shouldSend(1151), false); // the others, while it is out
+  assert.equal(outage.failed('still down', 1160), null);
+  assert.equal(outage.shouldSend(2159), false);
+  assert.equal(outage.shouldSend(2160), true);
+  assert.deepEqual(outage.succeeded(), ['warn', 'redis-tb: Redis reachable again; limits come from Redis']);
+  assert.equal(outage.succeeded(), null);
+  assert.equal(outage.shouldSend(2161), true);
+});
