@@ -946,3 +946,157 @@ impl<B: http_body::Body> http_body::Body for LeaseBody<B> {
         self.inner.size_hint()
     }
 }
+
+/// clients/conformance/behaviour.json (docs/clients.md#the-same-behaviour-in-all-three),
+/// every entry, without a server.
+#[cfg(test)]
+mod behaviour {
+    use super::*;
+    use crate::decision::Fields;
+    use serde_json::Value;
+
+    fn table() -> Value {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../conformance/behaviour.json");
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    /// A number of the table: JSON's, or the text JavaScript and Python parse.
+    fn number(v: &Value) -> f64 {
+        v.as_f64()
+            .unwrap_or_else(|| v.as_str().unwrap().parse().unwrap())
+    }
+
+    #[test]
+    fn default_keys() {
+        for case in table()["default_key"].as_array().unwrap() {
+            let remote = case["remote"].as_str();
+            assert_eq!(default_id(remote), case["id"].as_str().unwrap(), "{case}");
+            // The same through the layers' default key function.
+            if let Some(ip) = remote.and_then(|r| r.parse::<IpAddr>().ok()) {
+                let (mut parts, ()) = Request::new(()).into_parts();
+                parts.extensions.insert(SocketAddr::new(ip, 1));
+                assert_eq!(default_key(&parts).as_deref(), case["id"].as_str());
+            }
+        }
+        let (parts, ()) = Request::new(()).into_parts();
+        assert_eq!(default_key(&parts).as_deref(), Some("unknown"));
+    }
+
+    #[test]
+    fn one_policy_header_line_rate_first() {
+        for case in table()["policy_header"].as_array().unwrap() {
+            let policies: Vec<Policy> = case["policies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| {
+                    let name = p["name"].as_str().unwrap();
+                    Policy::new(name, number(&p["capacity"]), number(&p["rate"]))
+                })
+                .collect();
+            let fields = Fields {
+                allowed: true,
+                remaining: 0,
+                retry_after_ms: 0,
+                reset_after_ms: 0,
+            };
+            let index = (policies.len() > 1).then_some(0);
+            let rate = Decision::answered(fields, policies, index, Source::Server).unwrap();
+            let in_flight = case.get("concurrency").map(|c| LeaseDecision {
+                acquired: true,
+                available: 0,
+                retry_after_ms: 0,
+                lease: Some("1-1-1".into()),
+                failed_open: false,
+                key: "k".into(),
+                policy: c["name"].as_str().unwrap().into(),
+                limit: c["limit"].as_u64().unwrap(),
+                lease_ms: LEASE_MS_DEFAULT,
+            });
+            // Either layer outside: the same one line.
+            for rate_outside in [true, false] {
+                let mut response = Response::new(());
+                let add_rate = |r: &mut Response<()>| {
+                    add_headers(r, rate.header_map(), Place::First);
+                };
+                if rate_outside {
+                    if let Some(d) = &in_flight {
+                        add_headers(&mut response, d.header_map(), Place::Last);
+                    }
+                    add_rate(&mut response);
+                } else {
+                    add_rate(&mut response);
+                    if let Some(d) = &in_flight {
+                        add_headers(&mut response, d.header_map(), Place::Last);
+                    }
+                }
+                let lines: Vec<_> = response
+                    .headers()
+                    .get_all("ratelimit-policy")
+                    .iter()
+                    .collect();
+                assert_eq!(lines, [case["header"].as_str().unwrap()], "{case}");
+            }
+        }
+    }
+
+    #[test]
+    fn limits_are_refused_when_made() {
+        for case in table()["invalid_limits"].as_array().unwrap() {
+            let key = case["key"].as_str().unwrap();
+            let (capacity, rate) = (number(&case["capacity"]), number(&case["rate"]));
+            let limit = Limit::new(key, capacity, rate)
+                .cost(number(&case["n"]))
+                .name(case["name"].as_str().unwrap());
+            assert!(
+                matches!(limit.check(), Err(Error::InvalidArgument(_))),
+                "{case}"
+            );
+            // And by every call's check, before anything is sent.
+            assert!(crate::backend::Call::all(std::slice::from_ref(&limit)).is_err());
+        }
+        assert!(Limit::try_new("k", 5, 1).is_ok());
+        assert!(Limit::try_new("k", 5, 0).is_err());
+    }
+
+    #[test]
+    fn the_shared_option_names_and_defaults() {
+        let table = table();
+        let defaults = &table["defaults"];
+        let limiter = crate::limiter::Options::default();
+        let common = Common::new(None);
+        let names = |v: &Value| v.as_str().unwrap().to_string();
+        let mut seen = 0;
+        for (name, value) in defaults.as_object().unwrap() {
+            match name.as_str() {
+                "prefix" => assert_eq!(common.prefix, names(value)),
+                "lease_ms" => assert_eq!(LEASE_MS_DEFAULT, value.as_u64().unwrap()),
+                "concurrency_name" => assert_eq!(INFLIGHT, names(value)),
+                "module_recheck_ms" => {
+                    assert_eq!(limiter.recheck.as_millis() as u64, value.as_u64().unwrap())
+                }
+                "on_unavailable_limiter" => {
+                    assert_eq!(limiter.local.on_unavailable, OnUnavailable::Raise);
+                    assert_eq!(names(value), "raise");
+                }
+                "on_unavailable_middleware" => {
+                    assert_eq!(common.on_unavailable, LayerOnUnavailable::Open);
+                    assert_eq!(names(value), "open");
+                }
+                "instances" => {
+                    assert_eq!(u64::from(limiter.local.instances), value.as_u64().unwrap())
+                }
+                "local_max_keys" => {
+                    assert_eq!(limiter.local.max_keys as u64, value.as_u64().unwrap())
+                }
+                "local_probe_ms" => assert_eq!(limiter.local.probe_ms, value.as_u64().unwrap()),
+                "cache_denials" => {
+                    assert_eq!(limiter.local.cache_denials, value.as_bool().unwrap())
+                }
+                other => panic!("behaviour.json has a default this test does not know: {other}"),
+            }
+            seen += 1;
+        }
+        assert_eq!(seen, 10);
+    }
+}

@@ -218,33 +218,34 @@ async fn a_bug_is_never_let_through_and_layers_compose() {
     let addr = serve_in_flight(layer_for(&server, 30_000)).await;
     assert_eq!(get_with(addr, "/", &USER).await.status, 500);
 
-    // A rate limit outside an in-flight limit: both policies' headers.
+    // A rate limit beside an in-flight limit, either one outside: ONE
+    // RateLimit-Policy line, the rate policy first (issue 26: it was two
+    // lines, in-flight first).
     let limiter = AsyncRateLimiter::from_client(server.client(), GENEROUS);
     let rate = RateLimitLayer::new(limiter, 10, SLOW).unwrap();
-    let app = Router::new()
-        .route("/", route_get(|| async { "hello" }))
-        .layer(rate.concurrency(5, 30_000).unwrap())
-        .layer(rate.clone());
-    let request = http::Request::builder()
-        .uri("/")
-        .extension(SocketAddr::from(([127, 0, 0, 9], 1)))
-        .body(axum::body::Body::empty())
-        .unwrap();
-    let response = app.oneshot(request).await.unwrap();
-    assert_eq!(response.status(), 200);
-    let policies: Vec<_> = response
-        .headers()
-        .get_all("ratelimit-policy")
-        .iter()
-        .map(|v| v.to_str().unwrap().to_string())
-        .collect();
-    assert_eq!(
-        policies,
-        [
-            "\"inflight\";q=5;qu=\"concurrent-requests\"",
-            "\"default\";q=10;w=10000"
-        ]
-    );
+    let in_flight = rate.concurrency(5, 30_000).unwrap();
+    let route = || Router::new().route("/", route_get(|| async { "hello" }));
+    let rate_outside = route().layer(in_flight.clone()).layer(rate.clone());
+    let in_flight_outside = route().layer(rate.clone()).layer(in_flight);
+    for (app, peer) in [(rate_outside, 9), (in_flight_outside, 10)] {
+        let request = http::Request::builder()
+            .uri("/")
+            .extension(SocketAddr::from(([127, 0, 0, peer], 1)))
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let response = app.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), 200);
+        let policies: Vec<_> = response
+            .headers()
+            .get_all("ratelimit-policy")
+            .iter()
+            .map(|v| v.to_str().unwrap().to_string())
+            .collect();
+        assert_eq!(
+            policies,
+            ["\"default\";q=10;w=10000, \"inflight\";q=5;qu=\"concurrent-requests\""]
+        );
+    }
     assert!(matches!(
         ConcurrencyLimitLayer::named(
             AsyncRateLimiter::from_client(server.client(), GENEROUS),
