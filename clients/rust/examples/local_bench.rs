@@ -10,9 +10,7 @@
 //! JSON on stdout, microseconds per call:
 //! `{"library": "rust", "get_round_trip_us": x, "local_take_us": y, "cached_denial_us": z}`.
 
-use redis_tb_client::{
-    redis, ManagedConnection, OnUnavailable, RateLimiter, Source, Timeouts,
-};
+use redis_tb_client::{redis, ManagedConnection, OnUnavailable, RateLimiter, Source, Timeouts};
 use std::net::TcpListener;
 use std::time::Instant;
 
@@ -61,7 +59,10 @@ fn main() -> Fallible<()> {
 
     // (a) One GET round trip, timed one by one (each is long enough).
     let mut con = ManagedConnection::new(client.clone(), Timeouts::default());
-    let _: () = redis::cmd("SET").arg("bench:get").arg("x").query(&mut con)?;
+    let _: () = redis::cmd("SET")
+        .arg("bench:get")
+        .arg("x")
+        .query(&mut con)?;
     let get_us = median_us(10, || {
         for _ in 0..10 {
             let _: Option<String> = redis::cmd("GET").arg("bench:get").query(&mut con)?;
@@ -77,7 +78,11 @@ fn main() -> Fallible<()> {
         .on_unavailable(OnUnavailable::Local)
         .local_probe_ms(3_600_000);
     let first = local.take("bench:local", 1e9, 1e6, 1)?;
-    assert_eq!(first.source(), Source::Local, "the limiter is not in outage");
+    assert_eq!(
+        first.source(),
+        Source::Local,
+        "the limiter is not in outage"
+    );
     let local_us = median_us(1, || {
         local.take("bench:local", 1e9, 1e6, 1)?;
         Ok(())
