@@ -55,6 +55,8 @@ redis-tb-client = { path = "$here", features = ["axum"] }
 # A user's own redis 1.x (what cargo add redis picks; without its default
 # features so that the copied lock has every crate): its types must fit.
 redis = { version = "1", default-features = false }
+# The README's quick start shows the library's warnings through env_logger.
+env_logger = { version = "0.11", default-features = false }
 TOML
 cat >"$tmp/src/main.rs" <<'RS'
 /// Compiled, not run: a user's own `redis` connections and clients fit.

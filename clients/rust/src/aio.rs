@@ -173,8 +173,8 @@ impl<C: Clone> Clone for AsyncRateLimiter<C> {
 
 impl AsyncRateLimiter<LazyConnectionManager> {
     /// A limiter on a [`LazyConnectionManager`] to `url`, with the default
-    /// timeouts; `wait_take` gets dedicated connections to the same server
-    /// for TB.BTAKE. Nothing is sent yet: only a bad URL is an error here.
+    /// timeouts; `wait_take` and `wait_acquire` get dedicated connections
+    /// to the same server for TB.BTAKE and TB.ACQUIRE. Nothing is sent yet: only a bad URL is an error here.
     pub async fn connect_url<T: IntoConnectionInfo>(url: T) -> Result<Self> {
         Ok(Self::from_client(
             redis::Client::open(url)?,
@@ -235,19 +235,10 @@ where
         Arc::make_mut(&mut self.opts)
     }
 
-    /// Forces a backend instead of choosing one.
-    pub fn with_backend(self, backend: Backend) -> Self {
+    fn force_backend(&mut self, backend: Backend) {
         if let Ok(mut state) = self.state.backend.lock() {
             *state = BackendState::forced(Some(backend));
         }
-        self
-    }
-
-    /// The per-command timeout (`command`) and the connect timeout of the
-    /// connections `wait_take` makes.
-    pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
-        self.opts_mut().timeouts = timeouts;
-        self
     }
 
     crate::limiter::limiter_methods! {
@@ -288,7 +279,17 @@ where
         !self.state.polling_logged.swap(true, Ordering::SeqCst)
     }
 
+    /// One call: answered in process if it can be, else sent under the
+    /// failure rule, its outcome through the outage and the denial cache.
     async fn run<R: Request>(&self, call: &R) -> Result<R::Output> {
+        if let Some(answer) = self.opts.before(call) {
+            return answer;
+        }
+        let outcome = self.send(call).await;
+        self.opts.after(call, outcome)
+    }
+
+    async fn send<R: Request>(&self, call: &R) -> Result<R::Output> {
         let (forced, plan) = match self.state.backend.lock() {
             Ok(state) => (state.forced, state.plan(Instant::now(), self.opts.recheck)),
             Err(_) => return Err(Error::Other("limiter state poisoned".into())),

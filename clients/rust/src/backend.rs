@@ -2,10 +2,11 @@
 //! commands each one takes, and what the sync and async limiters share.
 
 use crate::decision::{
-    check_capacity, check_cost, check_key, check_name, check_rate, lockout_words, number,
-    take_words, Decision, Limit, Policy, TakeOptions, MAX_EXACT,
+    check_capacity, check_cost, check_key, check_name, check_rate, number, take_words, Decision,
+    Fields, Limit, Policy, Source, TakeOptions, MAX_EXACT,
 };
 use crate::error::{Error, Result};
+use crate::local::{BucketRef, InProcess, LocalSettings};
 use redis::{Cmd, Value};
 use std::fmt;
 use std::sync::Arc;
@@ -149,11 +150,26 @@ impl Op {
     }
 }
 
-/// One bucket of a call, its numbers already as text.
+/// One bucket of a call: its numbers (for the in-process answers) and the
+/// same as text (for the server).
 #[derive(Debug, Clone)]
 pub(crate) struct Bucket {
     key: String,
+    capacity: f64,
+    rate: f64,
+    n: f64,
     args: [String; 3],
+}
+
+impl Bucket {
+    fn as_ref(&self) -> BucketRef<'_> {
+        BucketRef {
+            key: &self.key,
+            capacity: self.capacity,
+            rate: self.rate,
+            n: self.n,
+        }
+    }
 }
 
 /// A checked call: the buckets and the policies for the decision.
@@ -164,38 +180,71 @@ pub(crate) struct Call {
     policies: Vec<Policy>,
     /// After the numbers: MAXWAIT, BLOCK, MAXBLOCK (take, takeall), MAXDEBT (charge).
     options: Vec<String>,
+    /// A reservation (`MAXWAIT`): the denial cache does not answer it.
+    reserves: bool,
+    /// The local limiter may answer it in an outage (not the takes of a wait).
+    local: bool,
+    /// A dropped connection may send it again (not a refund, not a settle).
+    resend: bool,
 }
 
 impl Call {
     pub fn single(op: Op, key: &str, capacity: f64, rate: f64, n: f64, name: &str) -> Result<Call> {
         check_name(name)?;
-        Ok(Call {
+        Ok(Call::new(
             op,
-            buckets: vec![bucket(key, capacity, rate, n)?],
-            policies: vec![Policy::new(name, capacity, rate)],
+            vec![bucket(key, capacity, rate, n)?],
+            vec![Policy::new(name, capacity, rate)],
+        ))
+    }
+
+    fn new(op: Op, buckets: Vec<Bucket>, policies: Vec<Policy>) -> Call {
+        Call {
+            op,
+            buckets,
+            policies,
             options: Vec::new(),
-        })
+            reserves: false,
+            local: matches!(op, Op::Take | Op::Peek | Op::TakeAll),
+            // A refund given twice hands out tokens nobody returned.
+            resend: op != Op::Refund,
+        }
+    }
+
+    /// The same call with `options` after its numbers.
+    fn with_options(self, options: Vec<String>, max_wait_ms: u64) -> Call {
+        Call {
+            options,
+            reserves: max_wait_ms > 0,
+            ..self
+        }
+    }
+
+    /// The same call as one step of a wait (`wait_take`), which the local
+    /// limiter does not serve.
+    pub fn waiting(self) -> Call {
+        Call {
+            local: false,
+            ..self
+        }
     }
 
     /// A take with its options (`take_with`).
     pub fn take_with(call: Call, options: &TakeOptions) -> Result<Call> {
         let words = take_words(options.max_wait_ms, options.block_ms, options.max_block_ms)?;
-        Ok(Call {
-            options: words,
-            ..call
-        })
+        Ok(call.with_options(words, options.max_wait_ms))
     }
 
     /// A take of one `Limit`: its numbers, name and lockout, and `max_wait_ms`.
     pub fn limit_take(limit: &Limit, max_wait_ms: u64) -> Result<Call> {
         let call = Call::of_limit(Op::Take, limit, limit.n)?;
         let options = take_words(max_wait_ms, limit.block_ms, limit.max_block_ms)?;
-        Ok(Call { options, ..call })
+        Ok(call.with_options(options, max_wait_ms))
     }
 
     /// `op` on `limit`'s bucket with `n` (its lockout checked, not sent).
     fn of_limit(op: Op, limit: &Limit, n: f64) -> Result<Call> {
-        lockout_words(limit.block_ms, limit.max_block_ms)?;
+        limit.check()?;
         let name = limit.name.as_deref().unwrap_or("default");
         Call::single(op, &limit.key, limit.capacity, limit.rate, n, name)
     }
@@ -215,7 +264,7 @@ impl Call {
                 )))
             }
         };
-        Ok(Call { options, ..call })
+        Ok(call.with_options(options, 0))
     }
 
     /// The one call that turns a take of `reserved` into a cost of
@@ -232,14 +281,20 @@ impl Call {
                 "actual must be a non-negative finite number at most 2^53, got {actual}"
             ))
         })?;
-        Ok(if actual < reserved {
-            Some(Call::of_limit(Op::Refund, limit, reserved - actual)?)
+        let call = if actual < reserved {
+            Call::of_limit(Op::Refund, limit, reserved - actual)?
         } else if actual > reserved {
-            Some(Call::of_limit(Op::Charge, limit, actual - reserved)?)
+            Call::of_limit(Op::Charge, limit, actual - reserved)?
         } else {
             Call::of_limit(Op::Refund, limit, 0.0)?;
-            None
-        })
+            return Ok(None);
+        };
+        // Not sent again after a dropped connection: a settle that ran
+        // twice would refund (or charge) the difference twice.
+        Ok(Some(Call {
+            resend: false,
+            ..call
+        }))
     }
 
     /// A take as ONE reservation of up to `timeout_ms` (0: no limit, 2^53):
@@ -251,10 +306,8 @@ impl Call {
             } else {
                 timeout_ms.min(MAX_EXACT as u64)
             };
-            Call {
-                options: vec!["MAXWAIT".into(), ms.to_string()],
-                ..self.clone()
-            }
+            self.clone()
+                .with_options(vec!["MAXWAIT".into(), ms.to_string()], ms)
         })
     }
 
@@ -274,7 +327,7 @@ impl Call {
             ));
         }
         let options = take_words(max_wait_ms, first.block_ms, first.max_block_ms)?;
-        Ok(Call { options, ..call })
+        Ok(call.with_options(options, max_wait_ms))
     }
 
     pub fn all(limits: &[Limit]) -> Result<Call> {
@@ -286,17 +339,12 @@ impl Call {
         let mut buckets = Vec::with_capacity(limits.len());
         let mut policies = Vec::with_capacity(limits.len());
         for (i, limit) in limits.iter().enumerate() {
+            limit.check()?;
             buckets.push(bucket(&limit.key, limit.capacity, limit.rate, limit.n)?);
             let name = limit.name.clone().unwrap_or_else(|| format!("limit{i}"));
-            check_name(&name)?;
             policies.push(Policy::new(name, limit.capacity, limit.rate));
         }
-        Ok(Call {
-            op: Op::TakeAll,
-            buckets,
-            policies,
-            options: Vec::new(),
-        })
+        Ok(Call::new(Op::TakeAll, buckets, policies))
     }
 
     /// The command for `backend` (the script: EVALSHA, or with `eval` the
@@ -335,7 +383,7 @@ impl Call {
     /// The peek a wait sends first, whatever the call it waits for: it makes
     /// the limiter choose its backend, and any server answers it.
     pub fn probe(key: &str) -> Result<Call> {
-        Call::single(Op::Peek, key, 1.0, 1.0, 0.0, "default")
+        Ok(Call::single(Op::Peek, key, 1.0, 1.0, 0.0, "default")?.waiting())
     }
 
     /// `TB.BTAKE key capacity rate n timeout_ms` (single-bucket calls only).
@@ -351,6 +399,22 @@ impl Call {
     pub fn decision(&self, value: &Value) -> Result<Decision> {
         Decision::from_reply(value, self.policies.clone(), self.op == Op::TakeAll)
     }
+
+    fn bucket_refs(&self) -> Vec<BucketRef<'_>> {
+        self.buckets.iter().map(Bucket::as_ref).collect()
+    }
+
+    /// A decision answered in process (`index`: the deciding bucket).
+    fn in_process(&self, fields: Fields, index: usize, source: Source) -> Option<Decision> {
+        let index = (self.op == Op::TakeAll).then_some(index);
+        Decision::answered(fields, self.policies.clone(), index, source)
+    }
+
+    /// A take the denial cache can answer: a plain or locking take (not a
+    /// reservation, not a peek).
+    fn cacheable(&self) -> bool {
+        matches!(self.op, Op::Take | Op::TakeAll) && !self.reserves
+    }
 }
 
 fn bucket(key: &str, capacity: f64, rate: f64, n: f64) -> Result<Bucket> {
@@ -360,6 +424,9 @@ fn bucket(key: &str, capacity: f64, rate: f64, n: f64) -> Result<Bucket> {
     check_cost(n)?;
     Ok(Bucket {
         key: key.to_string(),
+        capacity,
+        rate,
+        n,
         args: [
             number("capacity", capacity)?,
             number("rate", rate)?,
@@ -424,6 +491,23 @@ pub(crate) trait Request {
     fn first_key(&self) -> &str;
     /// The reply, read.
     fn parse(&self, value: &Value) -> Result<Self::Output>;
+
+    /// The local limiter's answer in an outage, or `None`: the call is
+    /// not served locally (it is unavailable).
+    fn local(&self, _: &InProcess, _: &LocalSettings, _now_ms: i64) -> Option<Self::Output> {
+        None
+    }
+    /// A cached denial that answers the call without a round trip.
+    fn cached(&self, _: &InProcess, _: &LocalSettings, _now_ms: i64) -> Option<Self::Output> {
+        None
+    }
+    /// What the denial cache learns from the server's answer.
+    fn observe(&self, _: &Self::Output, _: &InProcess, _: &LocalSettings, _now_ms: i64) {}
+    /// Whether a connection dropped under the call may send it again
+    /// (docs/clients.md#a-dropped-connection-is-not-an-outage).
+    fn resend_on_drop(&self) -> bool {
+        true
+    }
 }
 
 /// A call that can wait in the server (TB.BTAKE, TB.ACQUIRE with a timeout).
@@ -456,6 +540,63 @@ impl Request for Call {
     }
     fn parse(&self, value: &Value) -> Result<Decision> {
         self.decision(value)
+    }
+
+    fn local(&self, local: &InProcess, settings: &LocalSettings, now_ms: i64) -> Option<Decision> {
+        if !self.local {
+            return None;
+        }
+        let write = self.op != Op::Peek;
+        let answer = local.take(settings, &self.bucket_refs(), write, now_ms)?;
+        let outcome = answer.outcome;
+        let fields = Fields {
+            allowed: answer.allowed,
+            remaining: u64::try_from(outcome.remaining).unwrap_or(0),
+            retry_after_ms: outcome.retry_after_ms,
+            reset_after_ms: u64::try_from(outcome.reset_after_ms).unwrap_or(0),
+        };
+        self.in_process(fields, answer.index, Source::Local)
+    }
+
+    fn cached(&self, local: &InProcess, settings: &LocalSettings, now_ms: i64) -> Option<Decision> {
+        if !self.cacheable() {
+            return None;
+        }
+        let hit = local.cached(settings, &self.bucket_refs(), now_ms)?;
+        let fields = Fields {
+            allowed: false,
+            remaining: hit.remaining,
+            retry_after_ms: hit.retry_after_ms,
+            reset_after_ms: hit.reset_after_ms,
+        };
+        self.in_process(fields, hit.index, Source::Cache)
+    }
+
+    fn observe(&self, answer: &Decision, local: &InProcess, settings: &LocalSettings, now_ms: i64) {
+        match self.op {
+            // This limiter changed the bucket: its cached denial may be wrong now.
+            Op::Refund | Op::Charge => {
+                for b in &self.buckets {
+                    local.forget(&b.key);
+                }
+            }
+            _ if self.cacheable() && !answer.allowed => {
+                let Some(denied) = self.buckets.get(answer.index.unwrap_or(0)) else {
+                    return;
+                };
+                let fields = (
+                    answer.remaining,
+                    answer.retry_after_ms,
+                    answer.reset_after_ms,
+                );
+                local.remember(settings, &denied.key, denied.n, fields, now_ms);
+            }
+            _ => {}
+        }
+    }
+
+    fn resend_on_drop(&self) -> bool {
+        self.resend
     }
 }
 
@@ -505,6 +646,11 @@ impl Request for UnblockCall {
             Value::Int(1) => Ok(true),
             other => Err(Error::Other(format!("unexpected reply: {other:?}"))),
         }
+    }
+
+    fn observe(&self, _: &bool, local: &InProcess, _: &LocalSettings, _now_ms: i64) {
+        // The lock is gone: a denial cached because of it is wrong now.
+        local.forget(&self.key);
     }
 }
 

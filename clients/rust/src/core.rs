@@ -5,7 +5,7 @@
 //! back what the server answered.
 
 use crate::backend::{self, Backend, Line, Request, Resolved};
-use crate::error::{classify, error_of, reply_text, Error, FailureClass, Result};
+use crate::error::{classify, error_of, is_dropped, reply_text, Error, FailureClass, Result};
 use redis::{Cmd, RedisError, Value};
 use std::time::{Duration, Instant};
 
@@ -115,6 +115,13 @@ impl BackendState {
                         log::Level::Info,
                         format!("redis-tb backend: the module is back, moving to it ({why})"),
                     )),
+                    // A Lua fallback chosen because the module is missing
+                    // is a warning, as in the other two libraries; the
+                    // module, or a backend the caller forced, is news.
+                    _ if after != Backend::Module && why != backend::WHY_FORCED => Some((
+                        log::Level::Warn,
+                        format!("redis-tb backend: {after} ({why})"),
+                    )),
                     _ => Some((
                         log::Level::Info,
                         format!("redis-tb backend: {after} ({why})"),
@@ -158,6 +165,10 @@ pub(crate) struct Exchange<'a, R: Request> {
     forced: Option<Backend>,
     phase: Phase,
     retried: bool,
+    /// The command in flight is the script's full text (EVAL), not EVALSHA.
+    eval: bool,
+    /// The call was sent again after a dropped connection (once at most).
+    resent: bool,
     /// What to record in the limiter's [`BackendState`] when done (in order).
     pub learned: Vec<Learned>,
 }
@@ -173,6 +184,8 @@ impl<'a, R: Request> Exchange<'a, R> {
             forced,
             phase: Phase::CommandInfo { recheck: None },
             retried: false,
+            eval: false,
+            resent: false,
             learned: Vec::new(),
         };
         let step = match plan {
@@ -239,8 +252,20 @@ impl<'a, R: Request> Exchange<'a, R> {
     }
 
     fn send_call(&mut self, resolved: Resolved) -> Step<R::Output> {
+        self.eval = false;
         let cmd = self.call.command(&resolved, false);
         self.go(Phase::Call(resolved), cmd)
+    }
+
+    /// The command of the phase in flight, to send again on a new connection.
+    fn resend(&mut self) -> Step<R::Output> {
+        self.resent = true;
+        Step::Send(match &self.phase {
+            Phase::CommandInfo { .. } => backend::command_info(),
+            Phase::FunctionLoad { .. } => backend::function_load(),
+            Phase::ScriptLoad { .. } => backend::script_load(),
+            Phase::Call(resolved) => self.call.command(resolved, self.eval),
+        })
     }
 
     pub fn on_reply(&mut self, reply: std::result::Result<Value, RedisError>) -> Step<R::Output> {
@@ -251,6 +276,12 @@ impl<'a, R: Request> Exchange<'a, R> {
         };
         let class = classify(&error);
         if class == FailureClass::Unavailable {
+            // A dropped connection is not an outage: the driver's next
+            // command goes out on a new one. Once, and only for calls that
+            // may run twice (not a refund or a settle).
+            if is_dropped(&error) && !self.resent && self.call.resend_on_drop() {
+                return self.resend();
+            }
             return Step::Done(Err(error_of(&error)));
         }
         match phase {
@@ -277,6 +308,7 @@ impl<'a, R: Request> Exchange<'a, R> {
                 {
                     // EVAL with the whole text also caches it on the node
                     // that answered (in a cluster, scripts are per node).
+                    self.eval = true;
                     let cmd = self.call.command(&resolved, true);
                     return self.go(Phase::Call(resolved), cmd);
                 }

@@ -114,6 +114,36 @@ impl Limit {
         self.name = Some(name.into());
         self
     }
+
+    /// A limit checked when it is made ([`check`](Self::check)): the form
+    /// for numbers that come from configuration.
+    pub fn try_new(
+        key: impl Into<String>,
+        capacity: impl Into<f64>,
+        rate: impl Into<f64>,
+    ) -> Result<Limit> {
+        let limit = Limit::new(key, capacity, rate);
+        limit.check()?;
+        Ok(limit)
+    }
+
+    /// [`Error::InvalidArgument`] for a field the server would refuse: an
+    /// empty key, a capacity or rate that is not a positive finite number
+    /// (capacity at most 2^53), a cost that is not a non-negative finite
+    /// number at most 2^53, a name that is empty or not printable ASCII, a
+    /// lockout out of range. Every call checks its limits this way before
+    /// anything is sent; call it yourself to refuse a limit where it is
+    /// made (after `.cost(..)`, `.name(..)`, `.block(..)`).
+    pub fn check(&self) -> Result<()> {
+        check_key(&self.key)?;
+        check_capacity(self.capacity)?;
+        check_rate(self.rate)?;
+        check_cost(self.n)?;
+        if let Some(name) = &self.name {
+            check_name(name)?;
+        }
+        lockout_words(self.block_ms, self.max_block_ms).map(drop)
+    }
 }
 
 /// The answer of a limiter call: the module's (or the script's) reply plus
@@ -142,9 +172,72 @@ pub struct Decision {
     /// Every limit judged, in the call's order (one outside `take_all`), for
     /// the `RateLimit-Policy` header.
     pub policies: Vec<Policy>,
+    /// Who answered: see [`source`](Decision::source).
+    source: Source,
+}
+
+/// Where a [`Decision`] came from (docs/clients.md#which-answers-were-local).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// Redis (the module or the Lua backend).
+    #[default]
+    Server,
+    /// The local limiter, while Redis is unreachable.
+    Local,
+    /// The denial cache (`cache_denials`), without a round trip.
+    Cache,
+}
+
+impl Source {
+    /// `"server"`, `"local"` or `"cache"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Source::Server => "server",
+            Source::Local => "local",
+            Source::Cache => "cache",
+        }
+    }
+}
+
+/// The four numbers of an answer, from the server or from the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fields {
+    pub allowed: bool,
+    pub remaining: u64,
+    pub retry_after_ms: i64,
+    pub reset_after_ms: u64,
 }
 
 impl Decision {
+    /// The decision of `fields` judged with `policies` (`index`: the
+    /// deciding one of a `take_all`), answered by `source`.
+    pub(crate) fn answered(
+        fields: Fields,
+        policies: Vec<Policy>,
+        index: Option<usize>,
+        source: Source,
+    ) -> Option<Decision> {
+        let deciding = policies.get(index.unwrap_or(0))?;
+        Some(Decision {
+            allowed: fields.allowed,
+            remaining: fields.remaining,
+            retry_after_ms: fields.retry_after_ms,
+            reset_after_ms: fields.reset_after_ms,
+            policy: deciding.name.clone(),
+            capacity: deciding.capacity,
+            rate: deciding.rate,
+            index,
+            policies,
+            source,
+        })
+    }
+
+    /// Who answered: [`Source::Server`] (Redis), [`Source::Local`] (the
+    /// local limiter during an outage) or [`Source::Cache`] (a cached denial).
+    pub fn source(&self) -> Source {
+        self.source
+    }
+
     /// Renames the deciding policy (the only one outside `take_all`).
     pub fn with_policy_name(mut self, name: impl Into<String>) -> Decision {
         let name = name.into();
@@ -235,18 +328,13 @@ impl Decision {
         } else {
             None
         };
-        let deciding = policies.get(index.unwrap_or(0)).cloned().ok_or_else(bad)?;
-        Ok(Decision {
+        let fields = Fields {
             allowed: field(0)? == 1,
             remaining: u64::try_from(field(1)?).map_err(|_| bad())?,
             retry_after_ms: field(2)?,
             reset_after_ms: u64::try_from(field(3)?).map_err(|_| bad())?,
-            policy: deciding.name,
-            capacity: deciding.capacity,
-            rate: deciding.rate,
-            index,
-            policies,
-        })
+        };
+        Decision::answered(fields, policies, index, Source::Server).ok_or_else(bad)
     }
 }
 
@@ -341,11 +429,11 @@ pub(crate) fn check_key(key: &str) -> Result<()> {
 }
 
 pub(crate) fn check_name(name: &str) -> Result<()> {
-    if name.chars().all(|c| matches!(c, ' '..='~')) {
+    if !name.is_empty() && name.chars().all(|c| matches!(c, ' '..='~')) {
         Ok(())
     } else {
         Err(invalid(format!(
-            "a policy name must be printable ASCII, got {name:?}"
+            "a policy name must be printable ASCII and not empty, got {name:?}"
         )))
     }
 }
@@ -496,6 +584,7 @@ mod tests {
             rate: 2.0,
             index: None,
             policies: vec![Policy::new("default", 10, 2)],
+            source: Source::Server,
         }
     }
 
@@ -542,6 +631,7 @@ mod tests {
                 Policy::new("sec", 10, 2),
                 Policy::new("day", 5000, 5000.0 / 86400.0),
             ],
+            source: Source::Server,
         };
         let h = d.headers();
         assert_eq!(h[0].1, "\"sec\";q=10;w=5, \"day\";q=5000;w=86400");
@@ -564,6 +654,7 @@ mod tests {
             rate: 1e-300,
             index: None,
             policies: vec![Policy::new("big", 9007199254740992.0, 1e-300)],
+            source: Source::Server,
         };
         let h = d.headers();
         assert_eq!(h[0].1, "\"big\";q=999999999999999;w=999999999999999");

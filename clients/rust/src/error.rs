@@ -142,6 +142,15 @@ pub(crate) fn is_connection_problem(e: &RedisError) -> bool {
         || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
 }
 
+/// The server closed the connection under the call (a reset, a broken
+/// pipe, an end of file: a restart, a failover, `CLIENT KILL`), often while
+/// it is already back: worth sending the call once more on a new
+/// connection. A refused connection (the server is down) and a timeout (it
+/// may be slow and still run the first copy) are not.
+pub(crate) fn is_dropped(e: &RedisError) -> bool {
+    e.is_connection_dropped() && !e.is_connection_refusal() && !e.is_timeout()
+}
+
 /// The class of any error the `redis` crate returns.
 pub(crate) fn classify(e: &RedisError) -> FailureClass {
     match reply_text(e) {

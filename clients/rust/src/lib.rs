@@ -44,6 +44,7 @@ mod decision;
 mod error;
 mod lease;
 mod limiter;
+mod local;
 #[cfg(feature = "tower")]
 mod middleware;
 mod sync;
@@ -52,14 +53,16 @@ pub use crate::core::{bucket_key, escape_id, key_slot};
 #[cfg(feature = "tokio")]
 pub use aio::{AsyncLeaseGuard, AsyncRateLimiter, LazyConnectionManager};
 pub use backend::{lua_script, Backend, Logger, Timeouts, LUA_LIBRARY};
-pub use decision::{check_policy, BucketKey, Decision, Limit, Policy, TakeOptions};
+pub use decision::{check_policy, BucketKey, Decision, Limit, Policy, Source, TakeOptions};
 pub use error::{classify_reply, Error, FailureClass, Result};
 pub use lease::{LeaseDecision, LeaseId, Permit, LEASE_POLL_DEFAULT};
+pub use local::{OnUnavailable, LOCAL_MAX_KEYS_DEFAULT, LOCAL_PROBE_MS_DEFAULT};
 #[cfg(feature = "tower")]
 pub use middleware::{
-    client_ip, connect_info_ip, lease_problem_body, problem_body, ConcurrencyLimitLayer,
-    ConcurrencyLimitService, CostFn, ErrorHandler, KeyFn, LeaseBody, RateLimitLayer,
-    RateLimitService, INFLIGHT, QUOTA_EXCEEDED,
+    client_ip, connect_info_ip, default_id, lease_problem_body, problem_body,
+    ConcurrencyLimitLayer, ConcurrencyLimitService, CostFn, ErrorHandler, KeyFn,
+    LayerOnUnavailable, LeaseBody, RateLimitLayer, RateLimitService, INFLIGHT, LEASE_MS_DEFAULT,
+    QUOTA_EXCEEDED,
 };
 pub use sync::{LeaseGuard, ManagedConnection, RateLimiter};
 

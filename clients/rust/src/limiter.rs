@@ -4,10 +4,12 @@
 //! only difference between the two is `&mut self` or `&self`, `async` and
 //! `.await`: written once, so that their code and docs cannot drift apart.
 
-use crate::backend::{Call, Logger, Op, Timeouts};
+use crate::backend::{emit, Call, Logger, Op, Request, Timeouts};
 use crate::core::MODULE_RECHECK;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::lease::{self, AcquireCall, LeaseDecision};
+use crate::local::{now_ms, InProcess, LocalSettings, Turn};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Settings shared by both limiters.
@@ -25,6 +27,12 @@ pub(crate) struct Options {
     /// Where `wait_take` and `wait_acquire` open their dedicated
     /// connections; `None`: they poll.
     pub blocking: Option<redis::Client>,
+    /// `on_unavailable`, `instances`, `local_max_keys`, `local_probe_ms`,
+    /// `cache_denials`.
+    pub local: LocalSettings,
+    /// The local buckets, the denial cache and the outage (shared by
+    /// clones of the limiter, and by a middleware made from it).
+    pub in_process: Arc<InProcess>,
 }
 
 impl Default for Options {
@@ -37,6 +45,8 @@ impl Default for Options {
             lease_fail_open: false,
             lease_poll: lease::LEASE_POLL_DEFAULT,
             blocking: None,
+            local: LocalSettings::default(),
+            in_process: Arc::default(),
         }
     }
 }
@@ -56,6 +66,67 @@ impl Options {
     ) -> Result<Call> {
         let (capacity, rate, n) = (capacity.into(), rate.into(), n.into());
         Call::single(op, key, capacity, rate, n, &self.policy_name)
+    }
+
+    /// The answer given without a round trip, if there is one: a cached
+    /// denial, or (in an outage, before its next probe) the local limiter's
+    /// answer or `Unavailable`. `None`: send the call.
+    pub fn before<R: Request>(&self, call: &R) -> Option<Result<R::Output>> {
+        let settings = &self.local;
+        if !settings.cache_denials && !settings.local() {
+            return None;
+        }
+        let now = now_ms();
+        if settings.cache_denials {
+            if let Some(denied) = call.cached(&self.in_process, settings, now) {
+                return Some(Ok(denied));
+            }
+        }
+        if settings.local() && self.in_process.quiet(settings, now) {
+            return Some(self.locally(call, now, "Redis unreachable: waiting to probe it again"));
+        }
+        None
+    }
+
+    /// The server's `outcome` of `call`, through the outage and the denial
+    /// cache: an unreachable Redis answered locally (with `local`), a
+    /// reachable one ending the outage, a denial kept.
+    pub fn after<R: Request>(&self, call: &R, outcome: Result<R::Output>) -> Result<R::Output> {
+        let settings = &self.local;
+        match outcome {
+            Err(Error::Unavailable(reason)) if settings.local() => {
+                let now = now_ms();
+                if self.in_process.unreachable(settings, now) == Turn::Started {
+                    let line = format!(
+                        "redis-tb: Redis unreachable ({reason}); limiting in process at 1/{} of each limit",
+                        settings.instances.max(1)
+                    );
+                    emit(&self.logger, log::Level::Warn, &line);
+                }
+                self.locally(call, now, &reason)
+            }
+            Err(Error::Unavailable(reason)) => Err(Error::Unavailable(reason)),
+            outcome => {
+                if settings.local() && self.in_process.reachable() == Turn::Ended {
+                    emit(
+                        &self.logger,
+                        log::Level::Warn,
+                        "redis-tb: Redis reachable again; limits come from Redis",
+                    );
+                }
+                if let (true, Ok(answer)) = (settings.cache_denials, &outcome) {
+                    call.observe(answer, &self.in_process, settings, now_ms());
+                }
+                outcome
+            }
+        }
+    }
+
+    /// The local limiter's answer to `call`, or `Unavailable` for a call it
+    /// does not serve.
+    fn locally<R: Request>(&self, call: &R, now: i64, reason: &str) -> Result<R::Output> {
+        call.local(&self.in_process, &self.local, now)
+            .ok_or_else(|| Error::Unavailable(reason.to_string()))
     }
 
     /// An acquire under the limiter's policy name and polling cap.
@@ -96,8 +167,9 @@ pub(crate) fn wait_read_bound(timeouts: &Timeouts, timeout_ms: u64) -> Option<Du
 /// `async`, which one trait cannot cover without boxing every future.
 ///
 /// They rest on what each driver has of its own: the field `opts`
-/// ([`Options`]), `opts_mut`, `backend`, `run` (one call under the failure
-/// rule), `learn`, `btake` (a wait in the server on a dedicated
+/// ([`Options`]), `opts_mut`, `force_backend`, `backend`, `run` (one call
+/// under the failure rule, through [`Options::before`] and
+/// [`Options::after`]), `learn`, `btake` (a wait in the server on a dedicated
 /// connection) and `first_poll` (true once, when a wait first polls
 /// although the module is there). The rest comes in as arguments: `sleep`
 /// (the driver's sleep function), and the doc lines that differ between the
@@ -112,6 +184,69 @@ macro_rules! limiter_methods {
         $(#[$blocking_client:meta])* blocking_client;
         $(#[$lease_fail_open:meta])* lease_fail_open;
     ) => {
+        /// Forces a backend instead of choosing one.
+        pub fn with_backend(mut self, backend: $crate::backend::Backend) -> Self {
+            self.force_backend(backend);
+            self
+        }
+
+        /// Timeouts of the dedicated connections `wait_take` and
+        /// `wait_acquire` open (`command` is also the margin added to a
+        /// wait's own timeout); the async limiter also bounds every command
+        /// by `command`. Default 200 ms each.
+        pub fn with_timeouts(mut self, timeouts: $crate::backend::Timeouts) -> Self {
+            self.opts_mut().timeouts = timeouts;
+            self
+        }
+
+        /// What an unreachable Redis does to the plain API (after the one
+        /// resend of a dropped connection): [`OnUnavailable::Raise`](crate::OnUnavailable::Raise)
+        /// (the default), [`Error::Unavailable`](crate::Error::Unavailable);
+        /// [`OnUnavailable::Local`](crate::OnUnavailable::Local), takes,
+        /// `take_limit`, `take_all` and peeks are answered by the local
+        /// limiter (the module's arithmetic at `1/instances` of each limit,
+        /// [`Source::Local`](crate::Source::Local)). The outage's start and
+        /// end are logged once each at warning level; meanwhile nothing is
+        /// sent for `local_probe_ms`, then one call tries Redis again.
+        /// Charges, refunds, `settle`, `unblock`, waits and leases are not
+        /// served locally: they stay `Error::Unavailable`.
+        pub fn on_unavailable(mut self, mode: $crate::local::OnUnavailable) -> Self {
+            self.opts_mut().local.on_unavailable = mode;
+            self
+        }
+
+        /// How many processes share each limit (default 1, at least 1): the
+        /// local limiter allows each `1/instances` of it.
+        pub fn instances(mut self, instances: u32) -> Self {
+            self.opts_mut().local.instances = instances.max(1);
+            self
+        }
+
+        /// The most keys the local limiter and the denial cache each keep
+        /// (default 10,000, at least 1), the least recently used forgotten first.
+        pub fn local_max_keys(mut self, keys: usize) -> Self {
+            self.opts_mut().local.max_keys = keys.max(1);
+            self
+        }
+
+        /// How long an outage sends nothing before one call tries Redis
+        /// again (default 1,000 ms).
+        pub fn local_probe_ms(mut self, ms: u64) -> Self {
+            self.opts_mut().local.probe_ms = ms;
+            self
+        }
+
+        /// `true`: a take denied until time T (`retry_after_ms > 0`) is
+        /// denied in process until T for takes of at least as many tokens,
+        /// without a round trip ([`Source::Cache`](crate::Source::Cache)).
+        /// A refund, charge, settle or unblock through this limiter drops
+        /// the key's entry; a refund or unblock by another process is not
+        /// seen until T. Default `false` (docs/clients.md#the-denial-cache).
+        pub fn cache_denials(mut self, cache: bool) -> Self {
+            self.opts_mut().local.cache_denials = cache;
+            self
+        }
+
         /// Sends the log lines to `logger` instead of the `log` crate.
         pub fn with_logger(mut self, logger: $crate::backend::Logger) -> Self {
             self.opts_mut().logger = Some(logger);
@@ -174,7 +309,7 @@ macro_rules! limiter_methods {
         /// needed) instead of at the first call: a peek of a key that is never
         /// written.
         pub $($asy)? fn connect($($recv)+ self) -> $crate::error::Result<$crate::backend::Backend> {
-            self.peek("redis-tb:connect", 1, 1, 0) $($aw)* ?;
+            self.run(&$crate::backend::Call::probe("redis-tb:connect")?) $($aw)* ?;
             self.backend()
                 .ok_or_else(|| $crate::error::Error::Other("no backend chosen".into()))
         }
@@ -300,7 +435,7 @@ macro_rules! limiter_methods {
             n: impl Into<f64>,
             timeout_ms: u64,
         ) -> $crate::error::Result<$crate::decision::Decision> {
-            let call = self.opts.single($crate::backend::Op::Take, key, capacity, rate, n)?;
+            let call = self.opts.single($crate::backend::Op::Take, key, capacity, rate, n)?.waiting();
             let probe = $crate::backend::Call::probe(key)?;
             self.wait(&call, &probe, timeout_ms) $($aw)*
         }

@@ -4,9 +4,10 @@
 use crate::aio::{AsyncLeaseGuard, AsyncRateLimiter};
 use crate::backend::{emit, Logger};
 use crate::core::bucket_key;
-use crate::decision::{check_policy, sf_string, Decision, Limit, Policy};
+use crate::decision::{check_policy, sf_string, Decision, Limit, Policy, Source};
 use crate::error::{Error, Result};
 use crate::lease::{LeaseDecision, Permit};
+use crate::local::OnUnavailable;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
@@ -20,7 +21,8 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 /// The caller's identity from the request: `None` lets the request through
-/// unlimited (e.g. health checks).
+/// unlimited (e.g. health checks; callers without an id of their own belong
+/// in a shared bucket such as `"anon"`, not here).
 pub type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 /// The request's cost in tokens (default 1).
 pub type CostFn = Arc<dyn Fn(&Parts) -> f64 + Send + Sync>;
@@ -47,6 +49,34 @@ pub fn client_ip(parts: &Parts) -> Option<IpAddr> {
         return Some(addr.ip());
     }
     parts.extensions.get::<IpAddr>().copied()
+}
+
+/// The default caller id (docs/clients.md#the-same-behaviour-in-all-three):
+/// the peer address `remote` as the server gives it, an IPv4-mapped IPv6
+/// address (`::ffff:127.0.0.1`) written as the IPv4 address, `"unknown"`
+/// when there is none. So the same client gets one bucket whichever
+/// language serves it.
+pub fn default_id(remote: Option<&str>) -> String {
+    let Some(remote) = remote else {
+        return "unknown".into();
+    };
+    match remote.parse::<IpAddr>() {
+        Ok(ip) => ip.to_canonical().to_string(),
+        Err(_) => remote.to_string(),
+    }
+}
+
+/// What a layer does when the limiter is unavailable (docs/clients.md#when-redis-is-down-the-local-limiter).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum LayerOnUnavailable {
+    /// The request goes through unlimited, without headers (the default).
+    #[default]
+    Open,
+    /// 503.
+    Closed,
+    /// The limiter's local limiter decides (429 as usual); what it does not
+    /// serve (the in-flight limit's leases) goes through as with `Open`.
+    Local,
 }
 
 /// For key functions: the IP of an extension of type `T` that dereferences
@@ -81,10 +111,10 @@ impl Outage {
 
     /// A call found the limiter unavailable: counted, and one warning when
     /// an outage starts.
-    fn failed(&self, logger: &Option<Logger>, fail_open: bool, e: &Error) {
+    fn failed(&self, logger: &Option<Logger>, passes: bool, e: &Error) {
         self.failed_calls.fetch_add(1, Ordering::SeqCst);
         if !self.failing.swap(true, Ordering::SeqCst) {
-            let action = if fail_open {
+            let action = if passes {
                 "letting requests through"
             } else {
                 "answering 503"
@@ -123,7 +153,7 @@ enum Verdict<P, D> {
 struct Common {
     key_fn: KeyFn,
     prefix: String,
-    fail_open: bool,
+    on_unavailable: LayerOnUnavailable,
     logger: Option<Logger>,
     on_error: ErrorHandler,
     /// Per layer: a layer made from another's settings gets its own.
@@ -135,7 +165,7 @@ impl Common {
         Common {
             key_fn: Arc::new(default_key),
             prefix: "ratelimit:".into(),
-            fail_open: true,
+            on_unavailable: LayerOnUnavailable::Open,
             logger,
             on_error: Arc::new(internal_error),
             outage: Arc::new(Outage::default()),
@@ -154,17 +184,26 @@ impl Common {
         self.outage.failed_calls.load(Ordering::SeqCst)
     }
 
-    /// `result` under the failure rule: a success ends an outage and is
-    /// the caller's to judge; an outage is counted (and warned of once); a
-    /// bug is logged every time.
-    fn settle<T, P, D>(&self, result: Result<T>) -> std::result::Result<T, Verdict<P, D>> {
+    /// An unavailable limiter lets the request through (`Open`, and
+    /// `Local` for what the local limiter does not serve).
+    fn passes(&self) -> bool {
+        self.on_unavailable != LayerOnUnavailable::Closed
+    }
+
+    /// `result` under the failure rule: a success from Redis ends an
+    /// outage (a local answer does not: the limiter logs its own outage),
+    /// and is the caller's to judge; an outage is counted (and warned of
+    /// once); a bug is logged every time.
+    fn settle<T: Served, P, D>(&self, result: Result<T>) -> std::result::Result<T, Verdict<P, D>> {
         match result {
             Ok(value) => {
-                self.outage.recovered(&self.logger);
+                if !value.served_locally() {
+                    self.outage.recovered(&self.logger);
+                }
                 Ok(value)
             }
             Err(e) if e.is_unavailable() => {
-                self.outage.failed(&self.logger, self.fail_open, &e);
+                self.outage.failed(&self.logger, self.passes(), &e);
                 Err(Verdict::Unavailable)
             }
             Err(e) => {
@@ -180,6 +219,23 @@ impl Common {
     }
 }
 
+/// An answer a layer judges, and whether the local limiter gave it.
+trait Served {
+    fn served_locally(&self) -> bool;
+}
+
+impl Served for Decision {
+    fn served_locally(&self) -> bool {
+        self.source() == Source::Local
+    }
+}
+
+impl<G> Served for Permit<G> {
+    fn served_locally(&self) -> bool {
+        false
+    }
+}
+
 /// The settings both layers take the same way, on their `common` part
 /// (the layer's `shared` state, changed through its `edit`): one text, so
 /// that the two layers' settings and docs cannot drift apart.
@@ -190,9 +246,11 @@ macro_rules! common_settings {
             self.shared.common.unavailable_count()
         }
 
-        /// The caller's identity (default: the client IP, see [`client_ip`]);
-        /// `None` lets the request through unlimited. Per user:
-        /// `|p| p.headers.get("x-user").and_then(|v| v.to_str().ok()).map(String::from)`;
+        /// The caller's identity (default: the client IP as [`default_id`]
+        /// writes it, `"unknown"` without one); `None` lets the request
+        /// through unlimited (e.g. a health check). Per user, callers
+        /// without the header sharing one `"anon"` bucket:
+        /// `|p| Some(p.headers.get("x-user").and_then(|v| v.to_str().ok()).unwrap_or("anon").to_string())`;
         /// per route and IP: `|p| client_ip(p).map(|ip| format!("{ip}:{}", p.uri.path()))`.
         pub fn key_fn(self, f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
             self.edit(|s| s.common.key_fn = Arc::new(f))
@@ -208,9 +266,31 @@ macro_rules! common_settings {
         /// `false` (fail closed): answer 503 when the limiter is unavailable.
         /// `true` (the default, fail open): let the request through
         /// unlimited: without rate-limit headers, and in the in-flight layer
-        /// without a lease.
+        /// without a lease. The older spelling of
+        /// [`on_unavailable`](Self::on_unavailable)`(Open | Closed)`.
         pub fn fail_open(self, fail_open: bool) -> Self {
-            self.edit(|s| s.common.fail_open = fail_open)
+            self.on_unavailable(if fail_open {
+                LayerOnUnavailable::Open
+            } else {
+                LayerOnUnavailable::Closed
+            })
+        }
+
+        /// What an unavailable limiter does to a request:
+        /// [`LayerOnUnavailable::Open`] (the default: through, unlimited),
+        /// [`Closed`](LayerOnUnavailable::Closed) (503) or
+        /// [`Local`](LayerOnUnavailable::Local): the limiter's local limiter
+        /// decides (its `instances`, `local_max_keys` and `local_probe_ms`;
+        /// the in-flight limit, not served locally, goes through as `Open`).
+        pub fn on_unavailable(self, mode: LayerOnUnavailable) -> Self {
+            self.edit(|s| {
+                s.common.on_unavailable = mode;
+                if mode == LayerOnUnavailable::Local {
+                    // This layer's own copy of the limiter's settings; the
+                    // local buckets stay the limiter's.
+                    s.limiter = s.limiter.clone().on_unavailable(OnUnavailable::Local);
+                }
+            })
         }
 
         /// Where the outage lines go (default: the limiter's logger, else `log`).
@@ -303,7 +383,7 @@ macro_rules! layer_service {
                     let passed = match verdict {
                         Verdict::Pass(passed) => passed,
                         Verdict::Deny(denial) => return Ok(shared.denied(denial)),
-                        Verdict::Unavailable if shared.common.fail_open => None,
+                        Verdict::Unavailable if shared.common.passes() => None,
                         Verdict::Unavailable => return Ok(unavailable_response()),
                         Verdict::Bug(e) => return Ok(shared.common.bug_response(&e)),
                     };
@@ -330,8 +410,8 @@ struct Shared<C> {
 /// The bucket of policy `name` for caller `id` is `<prefix>{<escaped id>}:<name>`
 /// (prefix default `"ratelimit:"`, see [`bucket_key`]): one hash tag per
 /// caller that no id can break, so all its buckets share a cluster slot.
-/// The caller id comes from the key function (default: the client IP, see
-/// [`client_ip`]; a request without one is not limited).
+/// The caller id comes from the key function (default: the client IP as
+/// [`default_id`] writes it, `"unknown"` for a request without one).
 ///
 /// On allow the request goes through and the response gets the
 /// `RateLimit-Policy` / `RateLimit` headers; on deny the answer is 429
@@ -349,7 +429,10 @@ pub struct RateLimitLayer<C> {
 }
 
 fn default_key(parts: &Parts) -> Option<String> {
-    client_ip(parts).map(|ip| ip.to_string())
+    Some(match client_ip(parts) {
+        Some(ip) => ip.to_canonical().to_string(),
+        None => default_id(None),
+    })
 }
 
 impl<C> RateLimitLayer<C>
@@ -414,6 +497,10 @@ where
 /// part of its lease set keys: `<prefix>{<escaped id>}:inflight`.
 pub const INFLIGHT: &str = "inflight";
 
+/// The default `lease_ms` of an in-flight limit: 60 s, as in the Python and
+/// Node libraries.
+pub const LEASE_MS_DEFAULT: u64 = 60_000;
+
 impl<C> RateLimitLayer<C>
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
@@ -422,6 +509,12 @@ where
     /// [`concurrency_named`](Self::concurrency_named).
     pub fn concurrency(&self, limit: u64, lease_ms: u64) -> Result<ConcurrencyLimitLayer<C>> {
         self.concurrency_named(INFLIGHT, limit, lease_ms)
+    }
+
+    /// [`concurrency`](Self::concurrency) with the default `lease_ms`,
+    /// [`LEASE_MS_DEFAULT`] (60 s).
+    pub fn in_flight(&self, limit: u64) -> Result<ConcurrencyLimitLayer<C>> {
+        self.concurrency(limit, LEASE_MS_DEFAULT)
     }
 
     /// An in-flight limit (at most `limit` requests of one caller at once)
@@ -498,7 +591,7 @@ where
     /// An allowed response gets the decision's headers (none without one).
     fn through<B>(&self, decision: Option<Decision>, mut response: Response<B>) -> Response<B> {
         if let Some(decision) = decision {
-            append_headers(&mut response, decision.header_map());
+            add_headers(&mut response, decision.header_map(), Place::First);
         }
         response
     }
@@ -548,15 +641,38 @@ fn internal_error(_: &Error) -> Response<String> {
     )
 }
 
-/// Adds `headers` to the response's own: `RateLimit-Policy` and `RateLimit`
-/// are lists, so an inner layer's items stay (a rate limit and an in-flight
-/// limit on one response).
-fn append_headers<B>(response: &mut Response<B>, headers: http::HeaderMap) {
-    let mut name = None;
-    for (key, value) in headers {
-        name = key.or(name);
-        if let Some(name) = &name {
-            response.headers_mut().append(name.clone(), value);
+/// Where a layer's `RateLimit-Policy` items go in the response's line.
+#[derive(Clone, Copy)]
+enum Place {
+    /// The rate policies: first.
+    First,
+    /// The in-flight policy: last.
+    Last,
+}
+
+/// Adds `headers` to the response's own (an inner layer's stay).
+/// `RateLimit-Policy` stays ONE line, the rate policies before the
+/// in-flight one, whichever of the two layers is outside.
+fn add_headers<B>(response: &mut Response<B>, headers: http::HeaderMap, place: Place) {
+    for (name, value) in &headers {
+        let merged = (name == http::header::HeaderName::from_static("ratelimit-policy"))
+            .then(|| response.headers().get(name))
+            .flatten()
+            .and_then(|existing| {
+                let (existing, mine) = (existing.to_str().ok()?, value.to_str().ok()?);
+                let line = match place {
+                    Place::First => format!("{mine}, {existing}"),
+                    Place::Last => format!("{existing}, {mine}"),
+                };
+                HeaderValue::from_str(&line).ok()
+            });
+        match merged {
+            Some(line) => {
+                response.headers_mut().insert(name.clone(), line);
+            }
+            None => {
+                response.headers_mut().append(name.clone(), value.clone());
+            }
         }
     }
 }
@@ -640,6 +756,11 @@ where
     /// that is one of its policies'.
     pub fn new(limiter: AsyncRateLimiter<C>, limit: u64, lease_ms: u64) -> Result<Self> {
         Self::named(limiter, INFLIGHT, limit, lease_ms)
+    }
+
+    /// [`new`](Self::new) with the default `lease_ms`, [`LEASE_MS_DEFAULT`] (60 s).
+    pub fn with_limit(limiter: AsyncRateLimiter<C>, limit: u64) -> Result<Self> {
+        Self::new(limiter, limit, LEASE_MS_DEFAULT)
     }
 
     /// [`new`](Self::new) with the policy `name` instead of `"inflight"`.
@@ -738,7 +859,7 @@ where
         let (guard, decision) = held.unzip();
         let mut response = response.map(|b| LeaseBody::new(b, guard));
         if let Some(decision) = decision {
-            append_headers(&mut response, decision.header_map());
+            add_headers(&mut response, decision.header_map(), Place::Last);
         }
         response
     }
@@ -823,5 +944,159 @@ impl<B: http_body::Body> http_body::Body for LeaseBody<B> {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// clients/conformance/behaviour.json (docs/clients.md#the-same-behaviour-in-all-three),
+/// every entry, without a server.
+#[cfg(test)]
+mod behaviour {
+    use super::*;
+    use crate::decision::Fields;
+    use serde_json::Value;
+
+    fn table() -> Value {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../conformance/behaviour.json");
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    /// A number of the table: JSON's, or the text JavaScript and Python parse.
+    fn number(v: &Value) -> f64 {
+        v.as_f64()
+            .unwrap_or_else(|| v.as_str().unwrap().parse().unwrap())
+    }
+
+    #[test]
+    fn default_keys() {
+        for case in table()["default_key"].as_array().unwrap() {
+            let remote = case["remote"].as_str();
+            assert_eq!(default_id(remote), case["id"].as_str().unwrap(), "{case}");
+            // The same through the layers' default key function.
+            if let Some(ip) = remote.and_then(|r| r.parse::<IpAddr>().ok()) {
+                let (mut parts, ()) = Request::new(()).into_parts();
+                parts.extensions.insert(SocketAddr::new(ip, 1));
+                assert_eq!(default_key(&parts).as_deref(), case["id"].as_str());
+            }
+        }
+        let (parts, ()) = Request::new(()).into_parts();
+        assert_eq!(default_key(&parts).as_deref(), Some("unknown"));
+    }
+
+    #[test]
+    fn one_policy_header_line_rate_first() {
+        for case in table()["policy_header"].as_array().unwrap() {
+            let policies: Vec<Policy> = case["policies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| {
+                    let name = p["name"].as_str().unwrap();
+                    Policy::new(name, number(&p["capacity"]), number(&p["rate"]))
+                })
+                .collect();
+            let fields = Fields {
+                allowed: true,
+                remaining: 0,
+                retry_after_ms: 0,
+                reset_after_ms: 0,
+            };
+            let index = (policies.len() > 1).then_some(0);
+            let rate = Decision::answered(fields, policies, index, Source::Server).unwrap();
+            let in_flight = case.get("concurrency").map(|c| LeaseDecision {
+                acquired: true,
+                available: 0,
+                retry_after_ms: 0,
+                lease: Some("1-1-1".into()),
+                failed_open: false,
+                key: "k".into(),
+                policy: c["name"].as_str().unwrap().into(),
+                limit: c["limit"].as_u64().unwrap(),
+                lease_ms: LEASE_MS_DEFAULT,
+            });
+            // Either layer outside: the same one line.
+            for rate_outside in [true, false] {
+                let mut response = Response::new(());
+                let add_rate = |r: &mut Response<()>| {
+                    add_headers(r, rate.header_map(), Place::First);
+                };
+                if rate_outside {
+                    if let Some(d) = &in_flight {
+                        add_headers(&mut response, d.header_map(), Place::Last);
+                    }
+                    add_rate(&mut response);
+                } else {
+                    add_rate(&mut response);
+                    if let Some(d) = &in_flight {
+                        add_headers(&mut response, d.header_map(), Place::Last);
+                    }
+                }
+                let lines: Vec<_> = response
+                    .headers()
+                    .get_all("ratelimit-policy")
+                    .iter()
+                    .collect();
+                assert_eq!(lines, [case["header"].as_str().unwrap()], "{case}");
+            }
+        }
+    }
+
+    #[test]
+    fn limits_are_refused_when_made() {
+        for case in table()["invalid_limits"].as_array().unwrap() {
+            let key = case["key"].as_str().unwrap();
+            let (capacity, rate) = (number(&case["capacity"]), number(&case["rate"]));
+            let limit = Limit::new(key, capacity, rate)
+                .cost(number(&case["n"]))
+                .name(case["name"].as_str().unwrap());
+            assert!(
+                matches!(limit.check(), Err(Error::InvalidArgument(_))),
+                "{case}"
+            );
+            // And by every call's check, before anything is sent.
+            assert!(crate::backend::Call::all(std::slice::from_ref(&limit)).is_err());
+        }
+        assert!(Limit::try_new("k", 5, 1).is_ok());
+        assert!(Limit::try_new("k", 5, 0).is_err());
+    }
+
+    #[test]
+    fn the_shared_option_names_and_defaults() {
+        let table = table();
+        let defaults = &table["defaults"];
+        let limiter = crate::limiter::Options::default();
+        let common = Common::new(None);
+        let names = |v: &Value| v.as_str().unwrap().to_string();
+        let mut seen = 0;
+        for (name, value) in defaults.as_object().unwrap() {
+            match name.as_str() {
+                "prefix" => assert_eq!(common.prefix, names(value)),
+                "lease_ms" => assert_eq!(LEASE_MS_DEFAULT, value.as_u64().unwrap()),
+                "concurrency_name" => assert_eq!(INFLIGHT, names(value)),
+                "module_recheck_ms" => {
+                    assert_eq!(limiter.recheck.as_millis() as u64, value.as_u64().unwrap())
+                }
+                "on_unavailable_limiter" => {
+                    assert_eq!(limiter.local.on_unavailable, OnUnavailable::Raise);
+                    assert_eq!(names(value), "raise");
+                }
+                "on_unavailable_middleware" => {
+                    assert_eq!(common.on_unavailable, LayerOnUnavailable::Open);
+                    assert_eq!(names(value), "open");
+                }
+                "instances" => {
+                    assert_eq!(u64::from(limiter.local.instances), value.as_u64().unwrap())
+                }
+                "local_max_keys" => {
+                    assert_eq!(limiter.local.max_keys as u64, value.as_u64().unwrap())
+                }
+                "local_probe_ms" => assert_eq!(limiter.local.probe_ms, value.as_u64().unwrap()),
+                "cache_denials" => {
+                    assert_eq!(limiter.local.cache_denials, value.as_bool().unwrap())
+                }
+                other => panic!("behaviour.json has a default this test does not know: {other}"),
+            }
+            seen += 1;
+        }
+        assert_eq!(seen, 10);
     }
 }

@@ -157,8 +157,8 @@ pub struct RateLimiter<C = ManagedConnection> {
 
 impl RateLimiter<ManagedConnection> {
     /// A limiter on a [`ManagedConnection`] to `url` with the default
-    /// timeouts (200 ms connect, 200 ms per command); `wait_take` gets its
-    /// own connections to the same server. Nothing is sent yet: a server
+    /// timeouts (200 ms connect, 200 ms per command); `wait_take` and
+    /// `wait_acquire` get their own connections to the same server. Nothing is sent yet: a server
     /// that is down makes the first calls [`Error::Unavailable`], not this.
     pub fn open<T: IntoConnectionInfo>(url: T) -> Result<Self> {
         Ok(Self::from_client(
@@ -191,19 +191,6 @@ impl<C: ConnectionLike> RateLimiter<C> {
         }
     }
 
-    /// Forces a backend instead of choosing one.
-    pub fn with_backend(mut self, backend: Backend) -> Self {
-        self.state = BackendState::forced(Some(backend));
-        self
-    }
-
-    /// Timeouts for the connections `wait_take` makes (`command` is also
-    /// the margin added to a TB.BTAKE's own timeout).
-    pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
-        self.opts.timeouts = timeouts;
-        self
-    }
-
     crate::limiter::limiter_methods! {
         receiver: [&mut],
         asyncness: [],
@@ -218,6 +205,10 @@ impl<C: ConnectionLike> RateLimiter<C> {
 
     fn opts_mut(&mut self) -> &mut Options {
         &mut self.opts
+    }
+
+    fn force_backend(&mut self, backend: Backend) {
+        self.state = BackendState::forced(Some(backend));
     }
 
     /// The backend in use, once chosen.
@@ -236,7 +227,17 @@ impl<C: ConnectionLike> RateLimiter<C> {
         &mut self.con
     }
 
+    /// One call: answered in process if it can be, else sent under the
+    /// failure rule, its outcome through the outage and the denial cache.
     fn run<R: Request>(&mut self, call: &R) -> Result<R::Output> {
+        if let Some(answer) = self.opts.before(call) {
+            return answer;
+        }
+        let outcome = self.send(call);
+        self.opts.after(call, outcome)
+    }
+
+    fn send<R: Request>(&mut self, call: &R) -> Result<R::Output> {
         let plan = self.state.plan(Instant::now(), self.opts.recheck);
         let (mut exchange, mut step) = Exchange::start(call, self.state.forced, plan);
         let outcome = loop {

@@ -323,3 +323,45 @@ fn buckets_are_the_modules_hash_with_its_expiry() {
         assert!((1..=1500).contains(&pttl), "{pttl}");
     }
 }
+
+/// Issue 26 (item 8): the two drivers share one builder, so every setting
+/// is spelled the same on both, and both answer the same with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_limiters_take_the_same_settings() {
+    macro_rules! configure {
+        ($limiter:expr) => {
+            $limiter
+                .with_timeouts(GENEROUS)
+                .with_policy_name("same")
+                .with_module_recheck(Duration::from_secs(5))
+                .with_lease_fail_open(true)
+                .with_lease_poll(Duration::from_millis(20))
+                .with_backend(Backend::Module)
+                .on_unavailable(redis_tb_client::OnUnavailable::Local)
+                .instances(2)
+                .local_max_keys(100)
+                .local_probe_ms(500)
+                .cache_denials(true)
+        };
+    }
+    let server = Server::with_module();
+    let mut sync = configure!(RateLimiter::from_client(server.client(), GENEROUS));
+    let asynchronous = configure!(AsyncRateLimiter::from_client(server.client(), GENEROUS));
+    // The same answers (but for the ms between the two calls), and the
+    // denial cached by both.
+    let same = |d: &Decision| (d.allowed, d.remaining, d.policy.clone(), d.source());
+    for _ in 0..3 {
+        let a = sync.take("same:sync", 1, SLOW, 1).unwrap();
+        let b = asynchronous.take("same:async", 1, SLOW, 1).await.unwrap();
+        assert_eq!(same(&a), same(&b));
+        assert!(
+            a.retry_after_ms.abs_diff(b.retry_after_ms) < 1000,
+            "{a:?} {b:?}"
+        );
+    }
+    let a = sync.take("same:sync", 1, SLOW, 1).unwrap();
+    assert_eq!(
+        (a.allowed, a.source()),
+        (false, redis_tb_client::Source::Cache)
+    );
+}

@@ -289,3 +289,21 @@ fn an_error_reply_to_command_info_means_no_module() {
     assert_eq!(l.take("acl", 5, SLOW, 1).unwrap().remaining, 4);
     assert_eq!(l.backend(), Some(Backend::Function));
 }
+
+/// Issue 26: the Lua fallback that `auto` chose because the module is
+/// missing is a warning, as in Python and Node; the module is an info line.
+#[test]
+fn the_lua_fallback_is_logged_at_warning_level() {
+    for server in Server::both() {
+        let lines = Lines::default();
+        let mut limiter =
+            RateLimiter::from_client(server.client(), GENEROUS).with_logger(lines.logger());
+        limiter.take("fallback", 1, 1, 1).unwrap();
+        let (level, name) = if server.module {
+            (log::Level::Info, "redis-tb backend: module")
+        } else {
+            (log::Level::Warn, "redis-tb backend: function")
+        };
+        assert_eq!(lines.count(level, name), 1, "{:?}", lines.all());
+    }
+}

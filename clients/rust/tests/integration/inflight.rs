@@ -218,33 +218,34 @@ async fn a_bug_is_never_let_through_and_layers_compose() {
     let addr = serve_in_flight(layer_for(&server, 30_000)).await;
     assert_eq!(get_with(addr, "/", &USER).await.status, 500);
 
-    // A rate limit outside an in-flight limit: both policies' headers.
+    // A rate limit beside an in-flight limit, either one outside: ONE
+    // RateLimit-Policy line, the rate policy first (issue 26: it was two
+    // lines, in-flight first).
     let limiter = AsyncRateLimiter::from_client(server.client(), GENEROUS);
     let rate = RateLimitLayer::new(limiter, 10, SLOW).unwrap();
-    let app = Router::new()
-        .route("/", route_get(|| async { "hello" }))
-        .layer(rate.concurrency(5, 30_000).unwrap())
-        .layer(rate.clone());
-    let request = http::Request::builder()
-        .uri("/")
-        .extension(SocketAddr::from(([127, 0, 0, 9], 1)))
-        .body(axum::body::Body::empty())
-        .unwrap();
-    let response = app.oneshot(request).await.unwrap();
-    assert_eq!(response.status(), 200);
-    let policies: Vec<_> = response
-        .headers()
-        .get_all("ratelimit-policy")
-        .iter()
-        .map(|v| v.to_str().unwrap().to_string())
-        .collect();
-    assert_eq!(
-        policies,
-        [
-            "\"inflight\";q=5;qu=\"concurrent-requests\"",
-            "\"default\";q=10;w=10000"
-        ]
-    );
+    let in_flight = rate.concurrency(5, 30_000).unwrap();
+    let route = || Router::new().route("/", route_get(|| async { "hello" }));
+    let rate_outside = route().layer(in_flight.clone()).layer(rate.clone());
+    let in_flight_outside = route().layer(rate.clone()).layer(in_flight);
+    for (app, peer) in [(rate_outside, 9), (in_flight_outside, 10)] {
+        let request = http::Request::builder()
+            .uri("/")
+            .extension(SocketAddr::from(([127, 0, 0, peer], 1)))
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let response = app.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), 200);
+        let policies: Vec<_> = response
+            .headers()
+            .get_all("ratelimit-policy")
+            .iter()
+            .map(|v| v.to_str().unwrap().to_string())
+            .collect();
+        assert_eq!(
+            policies,
+            ["\"default\";q=10;w=10000, \"inflight\";q=5;qu=\"concurrent-requests\""]
+        );
+    }
     assert!(matches!(
         ConcurrencyLimitLayer::named(
             AsyncRateLimiter::from_client(server.client(), GENEROUS),
@@ -271,4 +272,82 @@ async fn a_bug_is_never_let_through_and_layers_compose() {
     assert!(per_inflight
         .concurrency_named("in-flight", 5, 30_000)
         .is_ok());
+}
+
+/// The deadline of the one live lease at `key`, in ms from now (server clock).
+fn lease_left_ms(server: &Server, key: &str) -> i64 {
+    let mut con = server.conn();
+    let scores: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(&mut con)
+        .unwrap();
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query(&mut con).unwrap();
+    let now_ms = secs * 1000 + micros / 1000;
+    let deadline = scores.iter().map(|(_, s)| *s as i64).max().unwrap();
+    deadline - now_ms
+}
+
+/// Issue 26, "the same behaviour in all three": the in-flight limit is
+/// checked before the rate (a request refused for concurrency spends no
+/// token; a rate denial releases its lease), one `RateLimit-Policy` line,
+/// and `lease_ms` defaults to 60 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_before_rate_and_the_default_lease() {
+    let server = Server::with_module();
+    let limiter = AsyncRateLimiter::from_client(server.client(), GENEROUS);
+    let rate = RateLimitLayer::new(limiter, 3, SLOW)
+        .unwrap()
+        .key_fn(x_user);
+    let in_flight = rate.in_flight(1).unwrap();
+    let app = Router::new()
+        .route("/", route_get(|| async { "hello" }))
+        .route(
+            "/slow",
+            route_get(|| async {
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+                "slow"
+            }),
+        )
+        .layer(rate)
+        .layer(in_flight);
+    let addr = serve_app(app).await;
+    let bucket = "ratelimit:{alice}:default";
+    let tokens = || {
+        let mut sync = redis_tb_client::RateLimiter::new(server.conn());
+        sync.peek(bucket, 3, SLOW, 0).unwrap().remaining
+    };
+
+    let slow = tokio::spawn(async move { get_with(addr, "/slow", &USER).await });
+    until_live(&server, KEY, 1).await;
+    let left = lease_left_ms(&server, KEY);
+    assert!((50_000..=60_000).contains(&left), "{left} ms");
+    let refused = get_with(addr, "/", &USER).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(
+        refused.header("ratelimit-policy"),
+        Some("\"inflight\";q=1;qu=\"concurrent-requests\"")
+    );
+    assert_eq!(
+        tokens(),
+        2,
+        "a request refused for concurrency spent a token"
+    );
+    let slow = slow.await.unwrap();
+    assert_eq!(slow.status, 200);
+    assert_eq!(
+        slow.header("ratelimit-policy"),
+        Some("\"default\";q=3;w=3000, \"inflight\";q=1;qu=\"concurrent-requests\"")
+    );
+
+    for _ in 0..2 {
+        assert_eq!(get_with(addr, "/", &USER).await.status, 200);
+    }
+    let denied = get_with(addr, "/", &USER).await;
+    assert_eq!(denied.status, 429);
+    assert!(denied.body.contains("\"violated-policies\": [\"default\"]"));
+    // The rate denial's lease is released with its response.
+    until_live(&server, KEY, 0).await;
 }

@@ -11,6 +11,7 @@ mod keys;
 mod leases;
 mod middleware;
 mod migration;
+mod outage;
 mod package;
 mod wait_take;
 mod web;

@@ -186,3 +186,52 @@ async fn as_a_plain_tower_service_with_oneshot() {
     assert_eq!(denied.status(), 429);
     assert_eq!(denied.headers()["retry-after"], "1000");
 }
+
+/// Issue 26: the README's per-user example keys callers without the header
+/// to one shared "anon" bucket: a request without it is limited, not let
+/// through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_callers_share_one_limited_bucket() {
+    let server = Server::with_module();
+    let layer = RateLimitLayer::new(limiter(&server).await, 2, SLOW)
+        .unwrap()
+        .key_fn(|p| {
+            let user = p.headers.get("x-user").and_then(|v| v.to_str().ok());
+            Some(user.unwrap_or("anon").to_string())
+        });
+    let addr = serve(layer).await;
+    let statuses = [
+        get(addr, "/").await.status,
+        get(addr, "/").await.status,
+        get(addr, "/").await.status,
+    ];
+    assert_eq!(statuses, [200, 200, 429]);
+    let exists: bool = redis::cmd("EXISTS")
+        .arg("ratelimit:{anon}:default")
+        .query(&mut server.conn())
+        .unwrap();
+    assert!(exists);
+}
+
+/// Issue 26: the default key writes an IPv4-mapped IPv6 peer as the IPv4
+/// address, as the Python and Node libraries do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_key_normalises_ipv4_mapped_addresses() {
+    let server = Server::with_module();
+    let layer = RateLimitLayer::new(limiter(&server).await, 2, SLOW).unwrap();
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "hello" }))
+        .layer(layer);
+    let mapped: std::net::SocketAddr = "[::ffff:127.0.0.1]:4000".parse().unwrap();
+    let request = http::Request::builder()
+        .uri("/")
+        .extension(mapped)
+        .body(axum::body::Body::empty())
+        .unwrap();
+    assert_eq!(app.oneshot(request).await.unwrap().status(), 200);
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("ratelimit:*")
+        .query(&mut server.conn())
+        .unwrap();
+    assert_eq!(keys, ["ratelimit:{127.0.0.1}:default"]);
+}

@@ -1,0 +1,478 @@
+//! What a limiter answers in process, without a round trip: the local
+//! limiter of an outage (docs/clients.md#when-redis-is-down-the-local-limiter)
+//! and the denial cache (docs/clients.md#the-denial-cache). The arithmetic is
+//! the module's own, from the pure core crate (`redis-tb-core`); this file
+//! only keeps the buckets, the denials and the outage's state, each behind
+//! one short-held lock so that the sync and the async limiter share it.
+
+use lru::LruCache;
+use redis_tb_core::bucket::{self, Charge, Limit as CoreLimit, Outcome, State, TakeOptions};
+use std::num::NonZeroUsize;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// What a limiter's plain API does when Redis is unreachable (after the one
+/// retry of a dropped connection).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum OnUnavailable {
+    /// The call fails with [`Error::Unavailable`](crate::Error::Unavailable) (the default).
+    #[default]
+    Raise,
+    /// Takes, `take_limit`, `take_all` and peeks are answered by the local
+    /// limiter at `1/instances` of each limit; the other calls fail with
+    /// `Error::Unavailable`.
+    Local,
+}
+
+/// Default of `local_max_keys`: the most keys the local limiter and the
+/// denial cache each keep.
+pub const LOCAL_MAX_KEYS_DEFAULT: usize = 10_000;
+/// Default of `local_probe_ms`: how long an outage sends nothing before one
+/// call tries Redis again.
+pub const LOCAL_PROBE_MS_DEFAULT: u64 = 1_000;
+
+/// The settings of the in-process answers (part of the limiter's options).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LocalSettings {
+    pub on_unavailable: OnUnavailable,
+    /// How many processes share each limit (at least 1).
+    pub instances: u32,
+    pub max_keys: usize,
+    pub probe_ms: u64,
+    pub cache_denials: bool,
+}
+
+impl Default for LocalSettings {
+    fn default() -> Self {
+        LocalSettings {
+            on_unavailable: OnUnavailable::Raise,
+            instances: 1,
+            max_keys: LOCAL_MAX_KEYS_DEFAULT,
+            probe_ms: LOCAL_PROBE_MS_DEFAULT,
+            cache_denials: false,
+        }
+    }
+}
+
+impl LocalSettings {
+    pub fn local(&self) -> bool {
+        self.on_unavailable == OnUnavailable::Local
+    }
+}
+
+/// The wall clock in whole ms since the Unix epoch, as the module reads it.
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// One bucket of a call, as the in-process answers see it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BucketRef<'a> {
+    pub key: &'a str,
+    pub capacity: f64,
+    pub rate: f64,
+    pub n: f64,
+}
+
+/// A local answer: the deciding bucket's outcome, and whether the call
+/// (every bucket of it) was allowed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LocalAnswer {
+    pub allowed: bool,
+    /// The deciding bucket (0 outside `take_all`).
+    pub index: usize,
+    pub outcome: Outcome,
+}
+
+/// A denial the server gave, kept until `until_ms`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Denial {
+    /// The tokens the denied take asked for: a take of fewer goes to the server.
+    pub n: f64,
+    pub until_ms: i64,
+    pub remaining: u64,
+    pub reset_at_ms: i64,
+}
+
+/// A cached denial answering a call: which bucket, and the answer's fields.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct CachedDenial {
+    pub index: usize,
+    pub remaining: u64,
+    pub retry_after_ms: i64,
+    pub reset_after_ms: u64,
+}
+
+/// A map of at most `max_keys` keys, the least recently used first out,
+/// made at its first use (most limiters never need one).
+struct Bounded<V>(Option<LruCache<String, V>>);
+
+impl<V> Default for Bounded<V> {
+    fn default() -> Self {
+        Bounded(None)
+    }
+}
+
+impl<V> Bounded<V> {
+    fn map(&mut self, max_keys: usize) -> &mut LruCache<String, V> {
+        let cap = NonZeroUsize::new(max_keys).unwrap_or(NonZeroUsize::MIN);
+        let map = self.0.get_or_insert_with(|| LruCache::new(cap));
+        if map.cap() != cap {
+            map.resize(cap);
+        }
+        map
+    }
+
+    fn clear(&mut self) {
+        self.0 = None;
+    }
+}
+
+/// Whether Redis is taken to be down, and when to try it again.
+#[derive(Debug, Default)]
+struct Outage {
+    down: bool,
+    probe_at_ms: i64,
+}
+
+/// What a change of the outage's state asks the limiter to log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Turn {
+    Started,
+    Ended,
+    Unchanged,
+}
+
+/// The in-process state of one limiter (shared by its clones): the local
+/// buckets, the denial cache and the outage.
+#[derive(Default)]
+pub(crate) struct InProcess {
+    buckets: Mutex<Bounded<State>>,
+    denials: Mutex<Bounded<Denial>>,
+    outage: Mutex<Outage>,
+}
+
+/// A poisoned lock only means a panic elsewhere while it was held; the
+/// maps stay usable (at worst one entry is stale), so go on.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl InProcess {
+    /// True while in an outage and before its next probe: answer without
+    /// sending. The first call at or after the probe time is let through
+    /// (and the next probe moved on), so one call tries Redis per interval.
+    pub fn quiet(&self, settings: &LocalSettings, now_ms: i64) -> bool {
+        let mut outage = lock(&self.outage);
+        if !outage.down {
+            return false;
+        }
+        if now_ms >= outage.probe_at_ms {
+            outage.probe_at_ms = now_ms.saturating_add_unsigned(settings.probe_ms);
+            return false;
+        }
+        true
+    }
+
+    /// A call found Redis unreachable: the outage starts (or goes on) and
+    /// sends nothing for another `probe_ms`.
+    pub fn unreachable(&self, settings: &LocalSettings, now_ms: i64) -> Turn {
+        let mut outage = lock(&self.outage);
+        outage.probe_at_ms = now_ms.saturating_add_unsigned(settings.probe_ms);
+        if std::mem::replace(&mut outage.down, true) {
+            Turn::Unchanged
+        } else {
+            Turn::Started
+        }
+    }
+
+    /// A call reached Redis: an outage ends, and its local buckets are
+    /// forgotten (the next outage starts from full buckets).
+    pub fn reachable(&self) -> Turn {
+        let ended = std::mem::replace(&mut lock(&self.outage).down, false);
+        if !ended {
+            return Turn::Unchanged;
+        }
+        lock(&self.buckets).clear();
+        Turn::Ended
+    }
+
+    /// A take (`write`) or a peek on the local buckets at `1/instances` of
+    /// each limit: all or nothing over `buckets`, as TB.TAKEALL.
+    pub fn take(
+        &self,
+        settings: &LocalSettings,
+        buckets: &[BucketRef<'_>],
+        write: bool,
+        now_ms: i64,
+    ) -> Option<LocalAnswer> {
+        let share = f64::from(settings.instances.max(1));
+        let limit = |b: &BucketRef<'_>| CoreLimit {
+            capacity: b.capacity / share,
+            refill_per_sec: b.rate / share,
+        };
+        let mut guard = lock(&self.buckets);
+        let map = guard.map(settings.max_keys);
+        if let [one] = buckets {
+            let outcome = bucket::take(map.get(one.key).copied(), &limit(one), one.n, now_ms);
+            if write {
+                store(map, one.key, outcome.write);
+            }
+            return Some(LocalAnswer {
+                allowed: outcome.allowed,
+                index: 0,
+                outcome,
+            });
+        }
+        let charges: Vec<Charge> = buckets
+            .iter()
+            .map(|b| Charge {
+                state: map.get(b.key).copied(),
+                limit: limit(b),
+                n: b.n,
+                behind: None,
+                lock: None,
+                options: TakeOptions::PLAIN,
+            })
+            .collect();
+        let all = bucket::take_all(&charges, now_ms);
+        if write {
+            for (b, outcome) in buckets.iter().zip(&all.outcomes) {
+                store(map, b.key, outcome.write);
+            }
+        }
+        let outcome = *all.outcomes.get(all.decisive)?;
+        Some(LocalAnswer {
+            allowed: all.allowed,
+            index: all.decisive,
+            outcome,
+        })
+    }
+
+    /// The first of `buckets` held in the denial cache for at least its
+    /// `n` tokens, answered with the time left. Expired entries go.
+    pub fn cached(
+        &self,
+        settings: &LocalSettings,
+        buckets: &[BucketRef<'_>],
+        now_ms: i64,
+    ) -> Option<CachedDenial> {
+        let mut guard = lock(&self.denials);
+        let map = guard.map(settings.max_keys);
+        for (index, b) in buckets.iter().enumerate() {
+            let Some(denial) = map.get(b.key).copied() else {
+                continue;
+            };
+            if now_ms >= denial.until_ms {
+                map.pop(b.key);
+                continue;
+            }
+            if b.n >= denial.n {
+                return Some(CachedDenial {
+                    index,
+                    remaining: denial.remaining,
+                    retry_after_ms: (denial.until_ms - now_ms).max(1),
+                    reset_after_ms: u64::try_from(denial.reset_at_ms - now_ms).unwrap_or(0),
+                });
+            }
+        }
+        None
+    }
+
+    /// Keeps the server's denial of `n` tokens on `key` until its retry
+    /// time; "never" (-1) and 0 are not kept.
+    pub fn remember(
+        &self,
+        settings: &LocalSettings,
+        key: &str,
+        n: f64,
+        fields: (u64, i64, u64),
+        now_ms: i64,
+    ) {
+        let (remaining, retry_after_ms, reset_after_ms) = fields;
+        if retry_after_ms <= 0 {
+            return;
+        }
+        let denial = Denial {
+            n,
+            until_ms: now_ms.saturating_add(retry_after_ms),
+            remaining,
+            reset_at_ms: now_ms.saturating_add(i64::try_from(reset_after_ms).unwrap_or(i64::MAX)),
+        };
+        lock(&self.denials)
+            .map(settings.max_keys)
+            .put(key.to_string(), denial);
+    }
+
+    /// Drops `key`'s cached denial: this limiter changed the bucket.
+    pub fn forget(&self, key: &str) {
+        if let Some(map) = lock(&self.denials).0.as_mut() {
+            map.pop(key);
+        }
+    }
+}
+
+fn store(map: &mut LruCache<String, State>, key: &str, state: Option<State>) {
+    let Some(state) = state else { return };
+    match map.get_mut(key) {
+        Some(slot) => *slot = state,
+        None => {
+            map.put(key.to_string(), state);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn settings(instances: u32) -> LocalSettings {
+        LocalSettings {
+            instances,
+            on_unavailable: OnUnavailable::Local,
+            ..LocalSettings::default()
+        }
+    }
+
+    fn bucket_of(v: &Value) -> BucketRef<'_> {
+        BucketRef {
+            key: v["key"].as_str().unwrap(),
+            capacity: v["capacity"].as_f64().unwrap(),
+            rate: v["rate"].as_f64().unwrap(),
+            n: v["n"].as_f64().unwrap(),
+        }
+    }
+
+    /// clients/conformance/local.json, written by the pure core: every step
+    /// on a virtual clock gives exactly the expected fields.
+    #[test]
+    fn the_local_limiter_replays_the_core_case_table() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../conformance/local.json");
+        let table: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut steps = 0;
+        for case in table["cases"].as_array().unwrap() {
+            let name = case["name"].as_str().unwrap();
+            let settings = settings(case["instances"].as_u64().unwrap() as u32);
+            let local = InProcess::default();
+            for (i, step) in case["steps"].as_array().unwrap().iter().enumerate() {
+                let now = step["now_ms"].as_i64().unwrap();
+                let (buckets, write) = match step["op"].as_str().unwrap() {
+                    "take" => (vec![bucket_of(step)], true),
+                    "peek" => (vec![bucket_of(step)], false),
+                    "take_all" => (
+                        step["limits"]
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .map(bucket_of)
+                            .collect(),
+                        true,
+                    ),
+                    other => panic!("unknown op {other}"),
+                };
+                let answer = local.take(&settings, &buckets, write, now).unwrap();
+                let expect = &step["expect"];
+                let got = (
+                    answer.allowed,
+                    answer.outcome.remaining,
+                    answer.outcome.retry_after_ms,
+                    answer.outcome.reset_after_ms,
+                );
+                let want = (
+                    expect["allowed"].as_bool().unwrap(),
+                    expect["remaining"].as_i64().unwrap(),
+                    expect["retry_after_ms"].as_i64().unwrap(),
+                    expect["reset_after_ms"].as_i64().unwrap(),
+                );
+                assert_eq!(got, want, "{name}, step {i}");
+                if let Some(index) = expect["index"].as_u64() {
+                    assert_eq!(answer.index as u64, index, "{name}, step {i}");
+                }
+                steps += 1;
+            }
+        }
+        assert!(steps > 100, "only {steps} steps");
+    }
+
+    #[test]
+    fn the_local_buckets_keep_at_most_max_keys() {
+        let settings = LocalSettings {
+            max_keys: 2,
+            ..settings(1)
+        };
+        let local = InProcess::default();
+        let take = |key: &str| {
+            let b = BucketRef {
+                key,
+                capacity: 1.0,
+                rate: 0.001,
+                n: 1.0,
+            };
+            local.take(&settings, &[b], true, 0).unwrap().allowed
+        };
+        assert!(take("a") && take("b"));
+        assert!(!take("a"), "a is spent");
+        assert!(take("c"), "c pushes out b, the least recently used");
+        assert!(!take("a"), "a was used more recently than b: kept");
+        assert!(take("b"), "b was forgotten: a full bucket again");
+    }
+
+    #[test]
+    fn denials_are_cached_until_their_retry_time_for_at_least_their_n() {
+        let settings = LocalSettings {
+            cache_denials: true,
+            ..LocalSettings::default()
+        };
+        let local = InProcess::default();
+        let b = |n| BucketRef {
+            key: "k",
+            capacity: 5.0,
+            rate: 1.0,
+            n,
+        };
+        local.remember(&settings, "k", 2.0, (1, 1000, 4000), 10_000);
+        let hit = local.cached(&settings, &[b(2.0)], 10_400).unwrap();
+        assert_eq!(
+            (hit.remaining, hit.retry_after_ms, hit.reset_after_ms),
+            (1, 600, 3600)
+        );
+        assert!(
+            local.cached(&settings, &[b(1.0)], 10_400).is_none(),
+            "fewer tokens"
+        );
+        assert!(
+            local.cached(&settings, &[b(3.0)], 11_000).is_none(),
+            "expired"
+        );
+        local.remember(&settings, "k", 2.0, (0, -1, 0), 10_000);
+        assert!(
+            local.cached(&settings, &[b(3.0)], 10_001).is_none(),
+            "never is not kept"
+        );
+        local.remember(&settings, "k", 2.0, (0, 500, 0), 10_000);
+        local.forget("k");
+        assert!(
+            local.cached(&settings, &[b(3.0)], 10_001).is_none(),
+            "forgotten"
+        );
+    }
+
+    #[test]
+    fn an_outage_sends_nothing_until_its_probe_time() {
+        let settings = settings(1);
+        let local = InProcess::default();
+        assert!(!local.quiet(&settings, 0));
+        assert_eq!(local.unreachable(&settings, 0), Turn::Started);
+        assert!(local.quiet(&settings, 999));
+        assert!(!local.quiet(&settings, 1000), "one probe");
+        assert!(local.quiet(&settings, 1001), "and only one");
+        assert_eq!(local.unreachable(&settings, 1002), Turn::Unchanged);
+        assert_eq!(local.reachable(), Turn::Ended);
+        assert_eq!(local.reachable(), Turn::Unchanged);
+        assert!(!local.quiet(&settings, 1003));
+    }
+}
