@@ -78,10 +78,14 @@ command -v redis-server >/dev/null 2>&1 || add_pkg redis-server
 command -v redis-cli >/dev/null 2>&1 || add_pkg redis-tools
 command -v redis-benchmark >/dev/null 2>&1 || add_pkg redis-tools
 have_libfaketime() {
-    shopt -s nullglob
-    local libs=(/usr/lib/*/faketime/libfaketime.so.1 /usr/lib/faketime/libfaketime.so.1)
-    shopt -u nullglob
-    ((${#libs[@]} > 0))
+    # Each candidate is tested: nullglob drops an unmatched pattern, but a
+    # plain path without wildcards would stay in the list whether or not it
+    # exists.
+    local lib
+    for lib in /usr/lib/*/faketime/libfaketime.so.1 /usr/lib/faketime/libfaketime.so.1; do
+        [[ -e "$lib" ]] && return 0
+    done
+    return 1
 }
 have_libfaketime || add_pkg faketime
 command -v objdump >/dev/null 2>&1 || add_pkg binutils
