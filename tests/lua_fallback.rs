@@ -1254,6 +1254,26 @@ fn differential_with_options(
         pairs.push(pair);
     }
     let mut tally = Tally::default();
+    // The deep-in-debt bucket within its probation, denied once with BLOCK first: an
+    // escalation is rare among the random calls, and whether one comes depends on timing.
+    let in_debt = seed_states(now).len() + 4;
+    if let Some(pair) = pairs.get(in_debt) {
+        let numbers = vec![vec![
+            pair.capacity.clone(),
+            pair.rate.clone(),
+            "1".to_string(),
+        ]];
+        let options: Vec<String> = ["BLOCK", "50", "MAXBLOCK", "500"].map(String::from).into();
+        let call = call_with_options(fallback, "take", &[pair], &numbers, &options);
+        let what = format!(
+            "the escalation first ({}), numbers {numbers:?}",
+            fallback.name()
+        );
+        if let Some(seen) = compared_call(con, &call, &what, STEP_ATTEMPTS, None, &mut tally) {
+            seen.assert_twins(&what);
+            tally_option_call(&mut tally, &seen, "take", &what);
+        }
+    }
     for step in 0..steps {
         let index = rng.below(pairs.len());
         if rng.chance(8) {
