@@ -1,4 +1,5 @@
 #!lua name=tb
+-- version 0.1.0: the root Cargo.toml's, like every package of redis-tb (tests/release.rs checks it)
 -- tb.lua: redis-tb's commands in Lua, for servers that cannot load modules
 -- (managed Redis, hosted Valkey). Same replies, same hash, same TTL, same
 -- errors as the module, so either can take over a bucket from the other.

@@ -5,11 +5,24 @@
 #                                            SHA256SUMS, in one folder of the same name
 #   redis-tb_<version>_<arch>.deb            the same module and snippet for Debian's
 #                                            redis-server, built with dpkg-deb
-#   SHA256SUMS                               both of the above
+#   redis_tb-<version>.tar.gz                the Python library's sdist (clients/python)
+#   redis_tb-<version>-py3-none-any.whl      its wheel, built from that sdist
+#   redis-tb-<version>.tgz                   the Node library (`npm pack` of clients/node)
+#   redis-tb-core-<version>.crate            the module's pure core (core/), `cargo package`
+#   redis-tb-client-<version>.crate          the Rust library (clients/rust), `cargo package`
+#                                            verified against the core's .crate above
+#   SHA256SUMS                               all of the above
 #
 # usage: scripts/dist.sh            build the artifacts
-#        scripts/dist.sh --names    print the two artifact names, one a line, build nothing
+#        scripts/dist.sh --names    print the artifact names, one a line, build nothing
 #                                   (tests/release.rs compares them with the version)
+#
+# The three libraries each hold a symlink to lua/tb.lua (the one copy). Each is built from a
+# staged copy of its tracked files in a temporary directory, with the link replaced by the
+# file's text, so every package carries the real tb.lua and nothing is written into the
+# checkout. The Python build tools (build, setuptools, pinned in PY_TOOLS below) come from
+# PyPI into a venv of dist's own, target/dist-tools, made on the first run; `cargo package`
+# reads the crates.io index and the crates the client's Cargo.lock names.
 #
 # <version> is the root Cargo.toml's package version, the one place it is set.
 # <arch> is Debian's name for the machine (dpkg --print-architecture: amd64, arm64),
@@ -20,9 +33,13 @@
 #               `make dist` builds first)
 #   DIST_DIR    where to write (default dist/ at the repository root)
 #   DEB_MAINTAINER  the .deb's Maintainer field
+#   CRATE_TARGET_DIR  where `cargo package` builds the crates to verify them (default
+#               clients/rust/target, so the client's dependencies are built once)
 #
-# The output depends only on the module and the tracked files: file times are the last
-# commit's (SOURCE_DATE_EPOCH), owners are root, and gzip writes no name or time.
+# The module's artifacts depend only on the module and the tracked files: file times are the
+# last commit's (SOURCE_DATE_EPOCH), owners are root, and gzip writes no name or time. The
+# wheel follows SOURCE_DATE_EPOCH too (setuptools' zip times), the sdist is packed again
+# with it, and npm and cargo write fixed times of their own.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -37,10 +54,17 @@ TARBALL_BASE="redis-tb-$VERSION-linux-$ARCH"
 # a tilde (0.2.0~rc.1); a hyphen would be read as a Debian revision.
 DEB_VERSION="${VERSION/-/\~}"
 DEB="redis-tb_${DEB_VERSION}_$ARCH.deb"
+# The names each packaging tool gives. Python normalizes the version (PEP 440: 0.2.0-rc.1 is
+# 0.2.0rc1), which dist checks after the build rather than guess here.
+SDIST="redis_tb-$VERSION.tar.gz"
+WHEEL="redis_tb-$VERSION-py3-none-any.whl"
+NPM_TGZ="redis-tb-$VERSION.tgz"
+CORE_CRATE="redis-tb-core-$VERSION.crate"
+CLIENT_CRATE="redis-tb-client-$VERSION.crate"
+ARTIFACTS=("$TARBALL_BASE.tar.gz" "$DEB" "$SDIST" "$WHEEL" "$NPM_TGZ" "$CORE_CRATE" "$CLIENT_CRATE")
 
 if [[ "${1:-}" == "--names" ]]; then
-    echo "$TARBALL_BASE.tar.gz"
-    echo "$DEB"
+    printf '%s\n' "${ARTIFACTS[@]}"
     exit 0
 elif [[ $# -gt 0 ]]; then
     echo "usage: $0 [--names]" >&2
@@ -54,7 +78,7 @@ if [[ ! -f "$MODULE" ]]; then
     echo "dist: no module at $MODULE; build it first: cargo build --release (make dist does)" >&2
     exit 1
 fi
-for tool in objdump strip dpkg-deb sha256sum; do
+for tool in objdump strip dpkg-deb sha256sum python3 npm git; do
     command -v "$tool" >/dev/null 2>&1 || {
         echo "dist: $tool not found (make deps installs it)" >&2
         exit 1
@@ -181,18 +205,92 @@ EOF
 chmod 0644 "$stage/DEBIAN/control" "$stage/DEBIAN/conffiles" "$stage/DEBIAN/md5sums"
 touch_all "$stage"
 
+# -- the libraries ----------------------------------------------------------------
+# stage_tracked DIR DEST: the tracked files of DIR (as in the work tree, edits included)
+# copied to DEST with symlinks read through (cp -rL), so tb.lua arrives as text.
+stage_tracked() {
+    local dir="$1" dest="$2"
+    mkdir -p "$dest"
+    (cd "$ROOT/$dir" && git ls-files -z . | xargs -0 cp -rL --parents -t "$dest")
+    touch_all "$dest"
+}
+libs="$work/libs"
+mkdir "$libs"
+
+# Python: `python -m build` makes the sdist, then the wheel from the unpacked sdist, so the
+# sdist is proven to build. --no-isolation: the venv already holds the pinned setuptools,
+# so a build downloads nothing and always uses the same tools.
+PY_TOOLS=(build==1.6.1 setuptools==84.2.1 wheel==0.48.0)
+tools="$ROOT/target/dist-tools"
+if ! "$tools/bin/python" -m pip freeze 2>/dev/null | grep -qx "setuptools==84.2.1"; then
+    rm -rf "$tools"
+    python3 -m venv "$tools"
+    "$tools/bin/python" -m pip install --quiet --disable-pip-version-check "${PY_TOOLS[@]}"
+fi
+stage_tracked clients/python "$work/python"
+"$tools/bin/python" -m build --no-isolation --outdir "$libs" "$work/python" >"$work/python.log" 2>&1 || {
+    cat "$work/python.log" >&2
+    exit 1
+}
+# setuptools writes the sdist's PKG-INFO files with the time of the build, and gzip's header
+# too; packed again like the module's tarball, the sdist depends on the sources only.
+mkdir "$work/sdist"
+tar -xzf "$libs/$SDIST" -C "$work/sdist"
+touch_all "$work/sdist"
+tar -C "$work/sdist" --sort=name --owner=0 --group=0 --numeric-owner \
+    --mtime="@$SOURCE_DATE_EPOCH" -cf - "${SDIST%.tar.gz}" | gzip -9n >"$libs/$SDIST"
+
+# Node: the staged copy holds dist/tb.lua (the text) and no tb.lua link, which is what the
+# package's own prepack script leaves in a checkout (clients/node/scripts/pack-lua.js);
+# its scripts are skipped, so the stage is packed as it is.
+stage_tracked clients/node "$work/node"
+mkdir -p "$work/node/dist"
+rm "$work/node/tb.lua"
+cp "$ROOT/lua/tb.lua" "$work/node/dist/tb.lua"
+(cd "$work/node" && npm pack --ignore-scripts --silent --pack-destination "$libs" >/dev/null)
+
+# Rust: core/ and clients/rust staged as one workspace, so `cargo package` packages both
+# and verifies the client against the core's .crate (Cargo's local registry overlay for
+# the crates it packages together) without publishing anything. The client's path to the
+# core changes from ../../core to ../core there; its Cargo.lock becomes the workspace's (and
+# gains the core's dev-dependencies, so not --locked).
+crates="$work/crates"
+stage_tracked core "$crates/core"
+stage_tracked clients/rust "$crates/client"
+sed -i 's|path = "../../core"|path = "../core"|; /^\[workspace\]$/d' "$crates/client/Cargo.toml"
+cp "$crates/client/Cargo.lock" "$crates/Cargo.lock"
+printf '[workspace]\nmembers = ["core", "client"]\nresolver = "2"\n' >"$crates/Cargo.toml"
+crate_target="${CRATE_TARGET_DIR:-$ROOT/clients/rust/target}"
+(cd "$crates" && cargo package --workspace --allow-dirty --quiet \
+    --target-dir "$crate_target") || {
+    echo "dist: cargo package failed" >&2
+    exit 1
+}
+cp "$crate_target/package/$CORE_CRATE" "$crate_target/package/$CLIENT_CRATE" "$libs/"
+
+for name in "$SDIST" "$WHEEL" "$NPM_TGZ" "$CORE_CRATE" "$CLIENT_CRATE"; do
+    if [[ ! -f "$libs/$name" ]]; then
+        echo "dist: the library build wrote no $name; it wrote: $(ls "$libs")" >&2
+        exit 1
+    fi
+done
+
 # -- out ----------------------------------------------------------------------------
 mkdir -p "$DIST_DIR"
 # Only this version's files: dist/ may hold another version's, which SHA256SUMS then omits.
-rm -f "$DIST_DIR/$TARBALL_BASE.tar.gz" "$DIST_DIR/$DEB" "$DIST_DIR/SHA256SUMS"
+for name in "${ARTIFACTS[@]}"; do
+    rm -f "$DIST_DIR/$name"
+done
+rm -f "$DIST_DIR/SHA256SUMS"
 tar -C "$work" --sort=name --owner=0 --group=0 --numeric-owner \
     --mtime="@$SOURCE_DATE_EPOCH" -cf - "$TARBALL_BASE" | gzip -9n >"$DIST_DIR/$TARBALL_BASE.tar.gz"
 # --root-owner-group: files owned by root in the package without fakeroot, so the build
 # works the same as a normal user.
 dpkg-deb --root-owner-group --build "$stage" "$DIST_DIR/$DEB" >/dev/null
-(cd "$DIST_DIR" && sha256sum "$TARBALL_BASE.tar.gz" "$DEB" >SHA256SUMS)
+cp "$libs/"* "$DIST_DIR/"
+(cd "$DIST_DIR" && sha256sum "${ARTIFACTS[@]}" >SHA256SUMS)
 
-echo "dist: $DIST_DIR/$TARBALL_BASE.tar.gz"
-echo "dist: $DIST_DIR/$DEB"
-echo "dist: $DIST_DIR/SHA256SUMS"
+for name in "${ARTIFACTS[@]}" SHA256SUMS; do
+    echo "dist: $DIST_DIR/$name"
+done
 echo "dist: the module needs glibc >= $GLIBC"

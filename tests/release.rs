@@ -1,16 +1,22 @@
 //! Releases: one version everywhere, and the artifacts `make dist` writes (scripts/dist.sh),
 //! each installed the way a user would install it and loaded by a real server.
 //!
-//! Each artifact test builds its own artifacts from the module under test (`TB_MODULE`) into a
-//! directory of its own, so it never reads a stale `dist/` and tests can run in parallel.
+//! The artifact tests share one run of scripts/dist.sh on the module under test (`TB_MODULE`),
+//! made by the first test that needs it into a directory of this test process's own
+//! (`dist()`), so no test reads a stale `dist/`. One run, not one per test: a run builds
+//! seven artifacts (two `cargo package` verification builds among them), and the tests only
+//! read what it wrote; each test unpacks or installs into a directory of its own.
 
 mod common;
 
 use common::*;
 use std::collections::BTreeSet;
 use std::fs;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::sync::{mpsc, OnceLock};
+use std::time::{Duration, Instant};
 
 /// The package name of the .deb, as in scripts/dist.sh.
 const DEB_PACKAGE: &str = "redis-tb";
@@ -139,26 +145,53 @@ impl Drop for TempDir {
     }
 }
 
-/// scripts/dist.sh run on the module under test, writing into `out`; checks the checksum
-/// file of the whole and returns the paths of the tarball and the .deb.
-fn build_dist(out: &Path) -> (PathBuf, PathBuf) {
-    run(Command::new("bash")
-        .arg(root().join("scripts/dist.sh"))
-        .env("TB_MODULE", module_path())
-        .env("DIST_DIR", out));
-    let names = dist_names();
-    let listed: BTreeSet<String> = fs::read_dir(out)
-        .expect("read dist dir")
-        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    let expected: BTreeSet<String> = [names[0].clone(), names[1].clone(), "SHA256SUMS".into()]
+/// The artifacts of scripts/dist.sh run once on the module under test, for every test of
+/// this process: the first caller builds them (checking that dist.sh wrote exactly the
+/// files `--names` gives, and that SHA256SUMS holds for all of them), the others wait.
+/// The directory stays until the next run of this test binary, which removes it first.
+fn dist() -> &'static Path {
+    static DIST: OnceLock<PathBuf> = OnceLock::new();
+    DIST.get_or_init(|| {
+        let base = match option_env!("CARGO_TARGET_TMPDIR") {
+            Some(tmp) => PathBuf::from(tmp),
+            None => root().join("target"),
+        };
+        let out = base.join("tb-release-dist");
+        let _ = fs::remove_dir_all(&out);
+        let started = Instant::now();
+        run(Command::new("bash")
+            .arg(root().join("scripts/dist.sh"))
+            .env("TB_MODULE", module_path())
+            .env("DIST_DIR", &out));
+        eprintln!("dist.sh took {:.1?}", started.elapsed());
+        let listed: BTreeSet<String> = fs::read_dir(&out)
+            .expect("read dist dir")
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        let mut expected: BTreeSet<String> = dist_names().into_iter().collect();
+        expected.insert("SHA256SUMS".into());
+        assert_eq!(listed, expected, "what dist.sh wrote");
+        let sums = fs::read_to_string(out.join("SHA256SUMS")).unwrap();
+        assert_eq!(
+            sums.lines().count(),
+            expected.len() - 1,
+            "SHA256SUMS covers every artifact:\n{sums}"
+        );
+        run(Command::new("sha256sum")
+            .args(["--check", "--strict", "SHA256SUMS"])
+            .current_dir(&out));
+        out
+    })
+}
+
+/// The path in `dist()` of the artifact whose name ends with `suffix` (one of them).
+fn artifact(suffix: &str) -> PathBuf {
+    let names: Vec<String> = dist_names()
         .into_iter()
+        .filter(|name| name.ends_with(suffix))
         .collect();
-    assert_eq!(listed, expected, "what dist.sh wrote");
-    run(Command::new("sha256sum")
-        .args(["--check", "--strict", "SHA256SUMS"])
-        .current_dir(out));
-    (out.join(&names[0]), out.join(&names[1]))
+    assert_eq!(names.len(), 1, "one artifact named *{suffix}: {names:?}");
+    dist().join(&names[0])
 }
 
 /// The artifact names dist.sh gives, without building anything.
@@ -223,12 +256,30 @@ fn one_version_everywhere() {
         );
     }
 
+    // lua/tb.lua's second line (the first is the FUNCTION library's `#!lua name=tb`).
+    let lua = read("lua/tb.lua");
+    let lua_version = lua
+        .lines()
+        .nth(1)
+        .and_then(|line| line.strip_prefix("-- version "))
+        .and_then(|rest| rest.split(':').next())
+        .unwrap_or_else(|| panic!("lua/tb.lua's second line is not `-- version X.Y.Z: ...`"));
+    assert_eq!(
+        lua_version, version,
+        "lua/tb.lua says {lua_version}, the root Cargo.toml {version}"
+    );
+
     let arch = debian_arch();
     assert_eq!(
         dist_names(),
         [
             format!("redis-tb-{version}-linux-{arch}.tar.gz"),
             format!("redis-tb_{}_{arch}.deb", version.replacen('-', "~", 1)),
+            format!("redis_tb-{version}.tar.gz"),
+            format!("redis_tb-{version}-py3-none-any.whl"),
+            format!("redis-tb-{version}.tgz"),
+            format!("redis-tb-core-{version}.crate"),
+            format!("redis-tb-client-{version}.crate"),
         ]
     );
 
@@ -239,6 +290,75 @@ fn one_version_everywhere() {
             .any(|line| line.starts_with(&format!("## [{version}] - "))),
         "CHANGELOG.md has no `## [{version}] - <date>` entry"
     );
+}
+
+/// What each library package says its version is, read from the built package itself: the
+/// wheel's and the sdist's METADATA / PKG-INFO, the npm tarball's package.json, each
+/// .crate's Cargo.toml. All of them are the root Cargo.toml's.
+#[test]
+fn every_library_package_carries_the_one_version() {
+    let version = version();
+    let wheel = artifact(".whl");
+    let wheel_metadata = run(Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import sys, zipfile\n\
+             z = zipfile.ZipFile(sys.argv[1])\n\
+             name = next(n for n in z.namelist() if n.endswith('.dist-info/METADATA'))\n\
+             print(z.read(name).decode())",
+        )
+        .arg(&wheel));
+    let sdist = artifact(&format!("redis_tb-{version}.tar.gz"));
+    let in_tar = |tarball: &Path, member: &str| {
+        run(Command::new("tar").arg("-xzOf").arg(tarball).arg(member))
+    };
+    let sdist_metadata = in_tar(&sdist, &format!("redis_tb-{version}/PKG-INFO"));
+    let npm = in_tar(&artifact(".tgz"), "package/package.json");
+    let crate_version = |name: &str| {
+        let manifest = in_tar(
+            &artifact(&format!("{name}-{version}.crate")),
+            &format!("{name}-{version}/Cargo.toml"),
+        );
+        manifest_version(&manifest)
+    };
+    let metadata_version = |text: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix("Version: "))
+            .map(str::to_string)
+    };
+    let npm_version = npm
+        .lines()
+        .find_map(|line| line.strip_prefix("  \"version\": \""))
+        .map(|rest| rest.trim_end_matches(',').trim_end_matches('"').to_string());
+    for (package, theirs) in [
+        ("the wheel's METADATA", metadata_version(&wheel_metadata)),
+        ("the sdist's PKG-INFO", metadata_version(&sdist_metadata)),
+        ("the npm tarball's package.json", npm_version),
+        ("redis-tb-core's .crate", crate_version("redis-tb-core")),
+        ("redis-tb-client's .crate", crate_version("redis-tb-client")),
+    ] {
+        assert_eq!(
+            theirs.as_deref(),
+            Some(version.as_str()),
+            "{package} says {theirs:?}, the root Cargo.toml {version}"
+        );
+    }
+}
+
+/// The `[package]` version of a manifest's text (as `cargo package` writes it).
+fn manifest_version(manifest: &str) -> Option<String> {
+    let mut in_package = false;
+    for line in manifest.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            in_package = line == "[package]";
+        } else if in_package {
+            if let Some(value) = line.strip_prefix("version = \"") {
+                return value.strip_suffix('"').map(str::to_string);
+            }
+        }
+    }
+    None
 }
 
 /// The README states the glibc the module needs, as measured from the module under test (a
@@ -269,7 +389,7 @@ fn readme_states_the_measured_glibc() {
 #[test]
 fn release_tarball_loads_in_a_plain_server() {
     let dir = TempDir::new("tarball");
-    let (tarball, _) = build_dist(&dir.0.join("dist"));
+    let tarball = artifact(&format!("-linux-{}.tar.gz", debian_arch()));
     let unpacked = dir.0.join("unpacked");
     fs::create_dir(&unpacked).unwrap();
     run(Command::new("tar")
@@ -372,8 +492,7 @@ fn debian_package_installs_serves_and_removes_cleanly() {
         return;
     }
 
-    let dir = TempDir::new("deb");
-    let (_, deb) = build_dist(&dir.0.join("dist"));
+    let deb = artifact(".deb");
     let field = |name: &str| {
         run(Command::new("dpkg-deb").arg("--field").arg(&deb).arg(name))
             .trim()
@@ -475,4 +594,303 @@ fn debian_package_installs_serves_and_removes_cleanly() {
         Vec::<String>::new(),
         "left after dpkg -P (from the .deb's contents)"
     );
+}
+
+// -- the library packages: each installed alone, its README's quick start run ----------
+
+/// The text of the first ```lang block after the line `heading` of a README.
+fn readme_block(readme: &str, heading: &str, lang: &str) -> String {
+    let text = read(readme);
+    let after = text
+        .split_once(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("{readme} has no {heading}"))
+        .1;
+    let block = after
+        .split_once(&format!("```{lang}\n"))
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .unwrap_or_else(|| panic!("{readme}: no ```{lang} block after {heading}"));
+    block.0.to_string()
+}
+
+fn url(server: &Server) -> String {
+    format!("redis://127.0.0.1:{}/", server.port)
+}
+
+/// Runs `command` until its stdout holds every one of `patterns` (each in some line), then
+/// kills it, for a program that serves until stopped; its stdout so far.
+fn run_until(command: &mut Command, patterns: &[&str], timeout: Duration) -> String {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    let (lines, received) = mpsc::channel();
+    let stdout = child.stdout.take().expect("piped stdout");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + timeout;
+    let mut out = String::new();
+    let seen_all = |out: &str| patterns.iter().all(|p| out.contains(p));
+    while !seen_all(&out) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match received.recv_timeout(left) {
+            Ok(line) => {
+                out.push_str(&line);
+                out.push('\n');
+            }
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    let output = child.wait_with_output().expect("wait for the child");
+    assert!(
+        seen_all(&out),
+        "{command:?} did not print {patterns:?} within {timeout:?}\nstdout:\n{out}\nstderr:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    out
+}
+
+/// A new venv with `package` (a wheel or an sdist) installed by pip, alone, with the
+/// dependencies it declares from PyPI; then the README's quick start run in it against a
+/// server with the module and one without (the Lua fallback, FUNCTION LOAD of the
+/// package's own tb.lua, which must be the repository's text).
+fn python_package_runs_the_quick_start(package: &Path) {
+    let started = Instant::now();
+    let name = package.file_name().unwrap().to_string_lossy().into_owned();
+    let dir = TempDir::new(&name);
+    let venv = dir.0.join("venv");
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv));
+    let python = venv.join("bin/python");
+    run(Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
+        .arg(package)
+        .current_dir(&dir.0));
+    // Run from the test's own directory, so `import redis_tb` finds only the venv's.
+    let lua = run(Command::new(&python)
+        .args([
+            "-c",
+            "import redis_tb; print(redis_tb.lua_library(), end='')",
+        ])
+        .current_dir(&dir.0));
+    assert!(
+        lua == read("lua/tb.lua"),
+        "{name}'s tb.lua is not lua/tb.lua's text"
+    );
+
+    let quick_start = dir.0.join("quickstart.py");
+    fs::write(
+        &quick_start,
+        readme_block("clients/python/README.md", "## Quick start", "python"),
+    )
+    .unwrap();
+    for (server, backend) in [
+        (Server::start(), "module"),
+        (Server::start_without_module(&[]), "function"),
+    ] {
+        let out = run(Command::new(&python)
+            .arg(&quick_start)
+            .env("REDIS_URL", url(&server))
+            .current_dir(&dir.0));
+        assert!(
+            out.lines()
+                .any(|line| line.starts_with(&format!("{backend} "))),
+            "{name}: the quick start did not use the {backend} backend:\n{out}"
+        );
+    }
+    eprintln!("{name}: installed and ran in {:.1?}", started.elapsed());
+}
+
+#[test]
+fn the_wheel_alone_in_a_new_venv_runs_the_readme_quick_start() {
+    python_package_runs_the_quick_start(&artifact(".whl"));
+}
+
+#[test]
+fn the_sdist_alone_in_a_new_venv_runs_the_readme_quick_start() {
+    python_package_runs_the_quick_start(&artifact(&format!("redis_tb-{}.tar.gz", version())));
+}
+
+/// The version clients/node/package.json's devDependencies pin for `name` (the one
+/// package-lock.json holds, so npm finds it in its cache).
+fn node_dev_dependency(name: &str) -> String {
+    let manifest = read("clients/node/package.json");
+    let version = manifest
+        .lines()
+        .find_map(|line| line.trim().strip_prefix(&format!("\"{name}\": \"")))
+        .unwrap_or_else(|| panic!("clients/node/package.json pins no {name}"));
+    format!(
+        "{name}@{}",
+        version.trim_end_matches(',').trim_end_matches('"')
+    )
+}
+
+/// A new npm project with the npm tarball installed, and `extra` (ioredis and the like).
+fn npm_project(name: &str, extra: &[&str]) -> TempDir {
+    let dir = TempDir::new(name);
+    fs::write(
+        dir.0.join("package.json"),
+        "{ \"name\": \"tb-release-npm\", \"version\": \"0.0.0\", \"private\": true }\n",
+    )
+    .unwrap();
+    let mut install = Command::new("npm");
+    install
+        .args(["install", "--no-audit", "--no-fund", "--silent"])
+        .arg(artifact(".tgz"))
+        .arg(node_dev_dependency("ioredis"))
+        .args(extra.iter().map(|name| node_dev_dependency(name)))
+        .current_dir(&dir.0);
+    run(&mut install);
+    let installed = dir.0.join("node_modules/redis-tb");
+    assert!(
+        fs::read_to_string(installed.join("dist/tb.lua")).ok() == Some(read("lua/tb.lua")),
+        "the npm tarball's dist/tb.lua is not lua/tb.lua's text"
+    );
+    dir
+}
+
+#[test]
+fn the_npm_tarball_alone_in_a_new_project_runs_the_readme_quick_start() {
+    let started = Instant::now();
+    // The quick start's app part needs express (the README says so).
+    let dir = npm_project("npm-quickstart", &["express"]);
+    fs::write(
+        dir.0.join("app.js"),
+        readme_block("clients/node/README.md", "## Quick start", "js"),
+    )
+    .unwrap();
+    for server in [Server::start(), Server::start_without_module(&[])] {
+        run_until(
+            Command::new("node")
+                .arg("app.js")
+                .env("REDIS_URL", url(&server))
+                .env("PORT", "0")
+                .current_dir(&dir.0),
+            &["listening on ", "true 19 \"default\";r=19;t=1"],
+            Duration::from_secs(20),
+        );
+    }
+    eprintln!("npm quick start: {:.1?}", started.elapsed());
+}
+
+#[test]
+fn the_npm_tarball_types_pass_tsc_strict_in_a_new_project() {
+    let started = Instant::now();
+    let dir = npm_project("npm-tsc", &["typescript", "@types/node"]);
+    fs::write(
+        dir.0.join("app.ts"),
+        r#"import { RateLimiter, createClient, expressRateLimit, Decision } from 'redis-tb';
+const limiter = new RateLimiter(createClient(process.env.REDIS_URL, { lazyConnect: true }));
+async function main(): Promise<void> {
+  const d: Decision = await limiter.take('user:42', 20, 5);
+  const allowed: boolean = d.allowed;
+  console.log(allowed, d.remaining, d.headers().RateLimit);
+}
+void main;
+void expressRateLimit({ limiter, capacity: 20, rate: 5 });
+"#,
+    )
+    .unwrap();
+    run(Command::new(dir.0.join("node_modules/.bin/tsc"))
+        .args(["--strict", "--noEmit", "--module", "nodenext"])
+        .args([
+            "--moduleResolution",
+            "nodenext",
+            "--types",
+            "node",
+            "app.ts",
+        ])
+        .current_dir(&dir.0));
+    eprintln!("npm tsc: {:.1?}", started.elapsed());
+}
+
+/// The client's .crate unpacked and used as a path dependency of a new cargo project (the
+/// core's .crate standing in for crates.io's, through [patch]), the README's quick start
+/// as its main, run against a server with the module and one without. The project gets
+/// clients/rust's Cargo.lock and target directory, so the dependencies are built once.
+#[test]
+fn the_crate_as_a_path_dependency_of_a_new_project_runs_the_readme_quick_start() {
+    let started = Instant::now();
+    let version = version();
+    let dir = TempDir::new("crate");
+    for name in ["redis-tb-core", "redis-tb-client"] {
+        run(Command::new("tar")
+            .arg("-xzf")
+            .arg(artifact(&format!("{name}-{version}.crate")))
+            .arg("-C")
+            .arg(&dir.0));
+    }
+    let project = dir.0.join("app");
+    fs::create_dir_all(project.join("src")).unwrap();
+    fs::write(
+        project.join("Cargo.toml"),
+        format!(
+            r#"[package]
+name = "tb-release-crate"
+version = "0.0.0"
+edition = "2021"
+publish = false
+
+[dependencies]
+redis-tb-client = {{ path = "../redis-tb-client-{version}" }}
+env_logger = {{ version = "0.11", default-features = false }}
+
+[patch.crates-io]
+redis-tb-core = {{ path = "../redis-tb-core-{version}" }}
+
+[workspace]
+"#
+        ),
+    )
+    .unwrap();
+    fs::copy(
+        root().join("clients/rust/Cargo.lock"),
+        project.join("Cargo.lock"),
+    )
+    .unwrap();
+    // The README's block is a function body with `?`; its URL becomes the test server's.
+    let body = readme_block("clients/rust/README.md", "## Quick start", "rust");
+    let (uses, body): (Vec<&str>, Vec<&str>) =
+        body.lines().partition(|line| line.starts_with("use "));
+    fs::write(
+        project.join("src/main.rs"),
+        format!(
+            "{}\nfn main() -> Result<(), Box<dyn std::error::Error>> {{\n\
+             let url = std::env::var(\"REDIS_URL\")?;\n{}\nOk(())\n}}\n",
+            uses.join("\n"),
+            body.join("\n")
+                .replace("\"redis://127.0.0.1/\"", "url.as_str()")
+        ),
+    )
+    .unwrap();
+    let target = root().join("clients/rust/target");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    run(Command::new(&cargo)
+        .args(["build", "--quiet", "--target-dir"])
+        .arg(&target)
+        .current_dir(&project));
+    for (server, backend) in [
+        (Server::start(), "Module"),
+        (Server::start_without_module(&[]), "Function"),
+    ] {
+        let out = run(Command::new(target.join("debug/tb-release-crate"))
+            .env("REDIS_URL", url(&server))
+            .current_dir(&project));
+        assert!(
+            out.contains(&format!("backend: Some({backend})")),
+            "the crate's quick start did not use the {backend} backend:\n{out}"
+        );
+    }
+    eprintln!("crate quick start: {:.1?}", started.elapsed());
 }
