@@ -44,7 +44,7 @@ run: build ## Start redis-server in the foreground with the module (PORT=6379)
 # TB_MODULE is given so that `make dist` packages the release build even when TB_MODULE
 # points the tests at another module. tests/release.rs runs the same script on the module
 # under test and installs what it writes.
-dist: build ## Release artifacts in dist/: the module's tarball and .deb, and SHA256SUMS (scripts/dist.sh)
+dist: build ## Release artifacts in dist/: the module's tarball and .deb, the library packages, SHA256SUMS (scripts/dist.sh)
 	cd $(ROOT) && TB_MODULE=$(MODULE) bash scripts/dist.sh
 
 # Python 3 standard library only: runs before anything is built or installed.

@@ -1009,17 +1009,19 @@ fn a_cluster_failover_with_waiters_coming_due_never_writes_during_its_pause() {
     let new_master = cluster.nodes[replica].port();
     let keys = cluster.keys_on(old_master, "due", 6);
     let mut master = cluster.node(old_master).con();
-    // Drained at 100 tokens/s: waiter i's 2 + 2i tokens come due 20-120 ms on.
+    // Drained at 100 tokens/s: waiter i's 2 + 2i tokens come due 20-120 ms on. A capacity
+    // of 2000 keeps each bucket 20 s from full, so none expires however long the failover
+    // takes (at 20 they did, on a loaded machine, and the states compared were gone).
     let mut waiters = Vec::new();
     for (i, key) in keys.iter().enumerate() {
         let drained: Vec<i64> = redis::cmd("TB.TAKE")
-            .arg(&[key.as_str(), "20", "100", "20"])
+            .arg(&[key.as_str(), "2000", "100", "2000"])
             .query(&mut master)
             .expect("TB.TAKE");
         assert_eq!(drained[0], 1, "{key}");
         let n = (2 + 2 * i).to_string();
         let mut waiter = RawClient::connect(&cluster.node(old_master).server);
-        waiter.send(&["TB.BTAKE", key, "20", "100", &n, "0"]);
+        waiter.send(&["TB.BTAKE", key, "2000", "100", &n, "0"]);
         waiters.push(waiter);
     }
     ok(

@@ -726,7 +726,12 @@ fn the_sdist_alone_in_a_new_venv_runs_the_readme_quick_start() {
 /// package-lock.json holds, so npm finds it in its cache).
 fn node_dev_dependency(name: &str) -> String {
     let manifest = read("clients/node/package.json");
-    let version = manifest
+    // After "devDependencies": ioredis is a peer dependency too (">=5"), which would
+    // install whatever is newest (ioredis 6.1.0's own types fail tsc --strict).
+    let dev = manifest
+        .split_once("\"devDependencies\"")
+        .map_or("", |(_, rest)| rest);
+    let version = dev
         .lines()
         .find_map(|line| line.trim().strip_prefix(&format!("\"{name}\": \"")))
         .unwrap_or_else(|| panic!("clients/node/package.json pins no {name}"));
