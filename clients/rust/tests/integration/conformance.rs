@@ -964,12 +964,7 @@ fn check_resend(call: &Json, outcome: Result<LeaseAnswer, Error>, at: &str) {
     check_lease(call, outcome, &mut HashMap::new(), at)
 }
 
-fn resend_sync<C: redis::ConnectionLike>(
-    l: &mut RateLimiter<C>,
-    env: &Env,
-    case: &Json,
-    at: &str,
-) {
+fn resend_sync<C: redis::ConnectionLike>(l: &mut RateLimiter<C>, env: &Env, case: &Json, at: &str) {
     for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
         let at = format!("{at} call {i}");
         if call["op"] == "kill_clients" {
@@ -1002,7 +997,11 @@ where
 
 /// A case with a refund, which must not be sent again.
 fn has_a_refund(case: &Json) -> bool {
-    case["calls"].as_array().unwrap().iter().any(|c| c["op"] == "refund")
+    case["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["op"] == "refund")
 }
 
 fn run_resend_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) -> usize {
