@@ -315,6 +315,9 @@ where
         outcome
     }
 
+    /// The wait on the node that owns the key's slot, on a pooled
+    /// connection of its own, following `MOVED`/`ASK`; sent once more on a
+    /// new connection when the server closed the one it went out on.
     async fn btake<R: Blocking>(
         &self,
         client: &redis::Client,
@@ -326,7 +329,9 @@ where
         let slot = core::key_slot(call.first_key());
         let mut addr = pool.owner(slot);
         let mut asking = false;
-        for _ in 0..=core::MAX_REDIRECTS {
+        let mut resent = false;
+        // One round more than the redirects: the one resend.
+        for _ in 0..=core::MAX_REDIRECTS + 1 {
             let con = match pool.checkout(&addr) {
                 Some(con) => con,
                 None => {
@@ -359,6 +364,16 @@ where
                 let query = async move { cmd.query_async::<Value>(&mut sender).await };
                 self.blocking_query(timeout_ms, query).await
             };
+            // A connection the server closed: a new one, and the wait sent
+            // once more (docs/clients.md#a-dropped-connection-is-not-an-outage);
+            // a timed-out wait (`Err(None)`) is never sent again.
+            if let Err(Some(e)) = &reply {
+                if error::is_dropped(e) && !resent && call.resend_on_drop() {
+                    resent = true;
+                    pool.clear();
+                    continue;
+                }
+            }
             if let Some(outcome) =
                 self.after_wait(reply, call, pool, &mut addr, &mut asking, slot, con)
             {

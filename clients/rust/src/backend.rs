@@ -6,7 +6,7 @@ use crate::decision::{
     Fields, Limit, Policy, Source, TakeOptions, MAX_EXACT,
 };
 use crate::error::{Error, Result};
-use crate::local::{BucketRef, InProcess, LocalSettings};
+use crate::local::{primed_denial_ms, BucketRef, InProcess, LocalSettings};
 use redis::{Cmd, Value};
 use std::fmt;
 use std::sync::Arc;
@@ -591,6 +591,19 @@ impl Request for Call {
                 );
                 local.remember(settings, &denied.key, denied.n, fields, now_ms);
             }
+            // The flood bound: an allowed take that leaves fewer than its n
+            // is cached as the denial the same take would get until n is
+            // back. Not for a lockout take: its next denial must reach the
+            // server to lock the key.
+            _ if self.cacheable() && answer.allowed && self.options.is_empty() => {
+                let Some(b) = self.buckets.get(answer.index.unwrap_or(0)) else {
+                    return;
+                };
+                let (remaining, reset) = (answer.remaining, answer.reset_after_ms);
+                if let Some(window) = primed_denial_ms(b.capacity, b.rate, b.n, remaining, reset) {
+                    local.remember(settings, &b.key, b.n, (remaining, window, reset), now_ms);
+                }
+            }
             _ => {}
         }
     }
@@ -700,6 +713,46 @@ pub(crate) const WHY_FORCED: &str = "forced by the caller";
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn an_allowed_take_that_leaves_fewer_than_n_is_answered_denied_from_the_cache_until_n_is_back()
+    {
+        use crate::decision::{Fields, Source};
+        let settings = LocalSettings {
+            cache_denials: true,
+            ..LocalSettings::default()
+        };
+        let local = InProcess::default();
+        let take = Call::single(Op::Take, "k", 5.0, 1.0, 1.0, "default").unwrap();
+        let fields = Fields {
+            allowed: true,
+            remaining: 0,
+            retry_after_ms: 0,
+            reset_after_ms: 5000,
+        };
+        let policies = vec![Policy::new("default", 5.0, 1.0)];
+        let last_token = Decision::answered(fields, policies, None, Source::Server).unwrap();
+        take.observe(&last_token, &local, &settings, 10_000);
+        let hit = take.cached(&local, &settings, 10_400).unwrap();
+        // Until 10_000 + 1000 + the 1 ms rounding margin.
+        assert_eq!(
+            (hit.allowed, hit.retry_after_ms, hit.remaining, hit.source()),
+            (false, 601, 0, Source::Cache)
+        );
+        assert!(
+            take.cached(&local, &settings, 11_001).is_none(),
+            "n is back"
+        );
+        // A lockout take is not primed: its denial must reach the server.
+        let options = TakeOptions {
+            block_ms: Some(1000),
+            ..TakeOptions::default()
+        };
+        let locking = Call::take_with(take.clone(), &options).unwrap();
+        let local = InProcess::default();
+        locking.observe(&last_token, &local, &settings, 10_000);
+        assert!(locking.cached(&local, &settings, 10_400).is_none());
+    }
 
     /// A command's words, to hold against the expected ones (the lease
     /// commands' tests use it too).

@@ -239,6 +239,8 @@ macro_rules! limiter_methods {
         /// `true`: a take denied until time T (`retry_after_ms > 0`) is
         /// denied in process until T for takes of at least as many tokens,
         /// without a round trip ([`Source::Cache`](crate::Source::Cache)).
+        /// An allowed take that leaves fewer than its `n` tokens is cached
+        /// the same way, as denied until `n` is back (the flood bound).
         /// A refund, charge, settle or unblock through this limiter drops
         /// the key's entry; a refund or unblock by another process is not
         /// seen until T. Default `false` (docs/clients.md#the-denial-cache).

@@ -315,6 +315,35 @@ impl InProcess {
     }
 }
 
+/// The flood bound (docs/clients.md#the-denial-cache): an allowed take of
+/// `n` whose reply leaves fewer than `n` tokens (`remaining < n`) means the
+/// same take is denied until the bucket holds `n` again, which is
+/// `w = reset_after_ms - ceil((capacity - n) * 1000 / rate)` ms after the
+/// reply (the reset is the time to a full bucket; the second term the time
+/// from `n` tokens to full). `w + 1` ms, when `w` is a positive time;
+/// `None` otherwise (tokens left for another take, or a rate that is not
+/// > 0). The 1 ms is the server's rounding: its tokens are doubles
+/// (`tokens + elapsed / 1000 * rate`), so the `n`-th token can be whole a
+/// ms after `w` (0.002 + 0.998 < 1), and a take at `w` would be one more
+/// denied call per window. Cached as a denial, it keeps the flood's next
+/// take off the server: one call per retry window, the one that finds its
+/// token back.
+pub(crate) fn primed_denial_ms(
+    capacity: f64,
+    rate: f64,
+    n: f64,
+    remaining: u64,
+    reset_after_ms: u64,
+) -> Option<i64> {
+    if !(rate > 0.0) || (remaining as f64) >= n {
+        return None;
+    }
+    let from_n_to_full = ((capacity - n) * 1000.0 / rate).ceil();
+    let window = reset_after_ms as f64 - from_n_to_full;
+    // Whole ms: the reset is, and so is the ceiling.
+    (window.is_finite() && window > 0.0 && window < i64::MAX as f64).then_some(window as i64 + 1)
+}
+
 fn store(map: &mut LruCache<String, State>, key: &str, state: Option<State>) {
     let Some(state) = state else { return };
     match map.get_mut(key) {
@@ -459,6 +488,33 @@ mod tests {
             local.cached(&settings, &[b(3.0)], 10_001).is_none(),
             "forgotten"
         );
+    }
+
+    #[test]
+    fn an_allowed_take_that_leaves_fewer_than_n_primes_a_denial_until_n_is_back() {
+        // 5 of capacity, 1 per s, the last token taken: full in 5 s, 1 token in 1 s.
+        // (Each window is w + 1: the server's rounding margin.)
+        assert_eq!(primed_denial_ms(5.0, 1.0, 1.0, 0, 5000), Some(1001));
+        // Part of a token left (0.4): 600 ms to the next whole one.
+        assert_eq!(primed_denial_ms(5.0, 1.0, 1.0, 0, 4600), Some(601));
+        // n = 2 with 1 left: 2 tokens again in 1 s (reset 4000 ms).
+        assert_eq!(primed_denial_ms(5.0, 1.0, 2.0, 1, 4000), Some(1001));
+        // A slow bucket: 0.5 per s, ceil of the time from n to full (2 s).
+        assert_eq!(primed_denial_ms(3.0, 0.5, 1.0, 0, 6000), Some(2001));
+        // 0.3 per s: 2 tokens from n to full in ceil(6666.7) ms; 1 ms left.
+        assert_eq!(primed_denial_ms(3.0, 0.3, 1.0, 0, 6668), Some(2));
+        assert_eq!(
+            primed_denial_ms(5.0, 1.0, 1.0, 1, 4000),
+            None,
+            "a token is left for the next take"
+        );
+        assert_eq!(
+            primed_denial_ms(5.0, 1.0, 1.0, 0, 4000),
+            None,
+            "n is back already"
+        );
+        assert_eq!(primed_denial_ms(5.0, 0.0, 1.0, 0, 5000), None, "no refill");
+        assert_eq!(primed_denial_ms(5.0, 1.0, 0.0, 0, 5000), None, "n = 0");
     }
 
     #[test]

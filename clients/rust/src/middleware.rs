@@ -389,7 +389,7 @@ macro_rules! layer_service {
                     };
                     // Held across the inner call: a dropped future drops it.
                     let response = inner.call(request).await?;
-                    Ok(shared.through(passed, response))
+                    Ok(shared.through(passed, response).await)
                 })
             }
         }
@@ -551,7 +551,7 @@ impl<C> Shared<C>
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
-    async fn judge(&self, parts: &Parts) -> Verdict<Decision, Decision> {
+    async fn judge(&self, parts: &Parts) -> Verdict<(Decision, Vec<Limit>), Decision> {
         let Some(id) = (self.common.key_fn)(parts) else {
             return Verdict::Pass(None);
         };
@@ -575,7 +575,7 @@ where
             _ => self.limiter.take_all(&limits).await,
         };
         match self.common.settle(result) {
-            Ok(decision) if decision.allowed => Verdict::Pass(Some(decision)),
+            Ok(decision) if decision.allowed => Verdict::Pass(Some((decision, limits))),
             Ok(decision) => Verdict::Deny(decision),
             Err(verdict) => verdict,
         }
@@ -589,11 +589,41 @@ where
     }
 
     /// An allowed response gets the decision's headers (none without one).
-    fn through<B>(&self, decision: Option<Decision>, mut response: Response<B>) -> Response<B> {
-        if let Some(decision) = decision {
-            add_headers(&mut response, decision.header_map(), Place::First);
+    /// A request that an in-flight layer inside this one refused did not
+    /// run: its tokens are refunded, so that a request refused for
+    /// concurrency spends none whichever layer is outside
+    /// (docs/clients.md#the-same-behaviour-in-all-three), and its 429 is
+    /// the in-flight layer's alone.
+    async fn through<B>(
+        &self,
+        passed: Option<(Decision, Vec<Limit>)>,
+        mut response: Response<B>,
+    ) -> Response<B> {
+        let Some((decision, limits)) = passed else {
+            return response;
+        };
+        if response.extensions().get::<RefusedInFlight>().is_some() {
+            self.refund(&limits).await;
+            return response;
         }
+        add_headers(&mut response, decision.header_map(), Place::First);
         response
+    }
+
+    /// Gives back the tokens of `limits`, one refund each. Best effort: an
+    /// unavailable limiter keeps them (the caller is limited a little
+    /// early, never let past its limit); a bug is logged.
+    async fn refund(&self, limits: &[Limit]) {
+        for limit in limits.iter().filter(|l| l.n > 0.0) {
+            let refunded = self
+                .limiter
+                .refund(&limit.key, limit.capacity, limit.rate, limit.n)
+                .await;
+            match refunded {
+                Err(e) if !e.is_unavailable() => log_bug(&self.common.logger, &e),
+                _ => {}
+            }
+        }
     }
 }
 
@@ -808,6 +838,11 @@ layer_service!(
     body LeaseBody<ResBody>
 );
 
+/// The response extension of an in-flight denial: a rate layer outside
+/// the in-flight one refunds the tokens it took for that request.
+#[derive(Clone, Copy, Debug)]
+struct RefusedInFlight;
+
 /// Through with the lease and its decision, or denied.
 type Admission = Verdict<(AsyncLeaseGuard, LeaseDecision), LeaseDecision>;
 
@@ -841,17 +876,19 @@ where
         }
     }
 
-    /// `deny_status` with the problem document and the headers.
+    /// `deny_status` with the problem document and the headers, marked as
+    /// an in-flight refusal for a rate layer outside this one.
     fn denied<B: From<String>>(&self, decision: LeaseDecision) -> Response<B> {
         let body = lease_problem_body(&decision, self.deny_status);
         let mut response = problem_response(self.deny_status, body);
         response.headers_mut().extend(decision.header_map());
+        response.extensions_mut().insert(RefusedInFlight);
         response
     }
 
     /// The body holds the lease until it is sent (none without one), and
     /// the response gets the decision's headers.
-    fn through<B>(
+    async fn through<B>(
         &self,
         held: Option<(AsyncLeaseGuard, LeaseDecision)>,
         response: Response<B>,

@@ -4,7 +4,7 @@
 
 use crate::backend::{emit, emit_line, Backend, Blocking, Request, Timeouts};
 use crate::core::{BackendState, Exchange, Learned, Step};
-use crate::error::{is_connection_problem, Error, Result};
+use crate::error::{is_connection_problem, is_dropped, Error, Result};
 use crate::lease::{self, LeaseDecision, Permit, Renewal};
 use crate::limiter::{wait_read_bound, Options};
 use redis::{ConnectionLike, IntoConnectionInfo, RedisResult, Value};
@@ -263,7 +263,10 @@ impl<C: ConnectionLike> RateLimiter<C> {
 
     /// TB.BTAKE on the node that owns the key's slot, found by following
     /// `MOVED`/`ASK` from `client`'s node; the wait's connection is kept for
-    /// the next wait on that node.
+    /// the next wait on that node. A connection the server closed is made
+    /// again and the wait sent once more, as any call is
+    /// (docs/clients.md#a-dropped-connection-is-not-an-outage); a timed-out
+    /// wait is not.
     fn btake<R: Blocking>(
         &mut self,
         client: &redis::Client,
@@ -273,7 +276,9 @@ impl<C: ConnectionLike> RateLimiter<C> {
         let read = wait_read_bound(&self.opts.timeouts, timeout_ms);
         let mut addr: Option<String> = None;
         let mut asking = false;
-        for _ in 0..=crate::core::MAX_REDIRECTS {
+        let mut resent = false;
+        // One round more than the redirects: the one resend.
+        for _ in 0..=crate::core::MAX_REDIRECTS + 1 {
             let mut con = match self.waits.remove(&addr) {
                 Some(con) => con,
                 None => ManagedConnection::with_read_timeout(
@@ -301,6 +306,16 @@ impl<C: ConnectionLike> RateLimiter<C> {
                 Ok(_) => None,
             };
             self.waits.insert(addr.clone(), con);
+            if let Err(e) = &reply {
+                if is_dropped(e) && !resent && call.resend_on_drop() {
+                    // What closed this connection (a restart, CLIENT KILL)
+                    // closed the other nodes' idle ones too, as the async
+                    // limiter assumes: every wait connection is made anew.
+                    resent = true;
+                    self.waits.clear();
+                    continue;
+                }
+            }
             match (reply, redirect) {
                 (_, Some((ask, to))) => {
                     asking = ask;

@@ -16,11 +16,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tower::ServiceExt;
 
-async fn serve_in_flight<C>(layer: ConcurrencyLimitLayer<C>) -> SocketAddr
-where
-    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
-{
-    let app = Router::new()
+/// The app the tests limit: `/` answers at once, `/slow` after a second.
+fn routes() -> Router {
+    Router::new()
         .route("/", route_get(|| async { "hello" }))
         .route(
             "/slow",
@@ -29,8 +27,13 @@ where
                 "slow"
             }),
         )
-        .layer(layer);
-    serve_app(app).await
+}
+
+async fn serve_in_flight<C>(layer: ConcurrencyLimitLayer<C>) -> SocketAddr
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    serve_app(routes().layer(layer)).await
 }
 
 fn live(server: &Server, key: &str) -> i64 {
@@ -292,27 +295,22 @@ fn lease_left_ms(server: &Server, key: &str) -> i64 {
 
 /// Issue 26, "the same behaviour in all three": the in-flight limit is
 /// checked before the rate (a request refused for concurrency spends no
-/// token; a rate denial releases its lease), one `RateLimit-Policy` line,
-/// and `lease_ms` defaults to 60 s.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_flight_before_rate_and_the_default_lease() {
+/// token; a rate denial holds no lease after its 429), one `RateLimit-Policy`
+/// line, and `lease_ms` defaults to 60 s; with the in-flight layer outside
+/// (`in_flight_outside`) or inside the rate layer.
+async fn in_flight_before_rate(in_flight_outside: bool) {
     let server = Server::with_module();
     let limiter = AsyncRateLimiter::from_client(server.client(), GENEROUS);
     let rate = RateLimitLayer::new(limiter, 3, SLOW)
         .unwrap()
         .key_fn(x_user);
     let in_flight = rate.in_flight(1).unwrap();
-    let app = Router::new()
-        .route("/", route_get(|| async { "hello" }))
-        .route(
-            "/slow",
-            route_get(|| async {
-                tokio::time::sleep(Duration::from_millis(1000)).await;
-                "slow"
-            }),
-        )
-        .layer(rate)
-        .layer(in_flight);
+    // axum's last `.layer` is the outermost.
+    let app = if in_flight_outside {
+        routes().layer(rate).layer(in_flight)
+    } else {
+        routes().layer(in_flight).layer(rate)
+    };
     let addr = serve_app(app).await;
     let bucket = "ratelimit:{alice}:default";
     let tokens = || {
@@ -330,6 +328,7 @@ async fn in_flight_before_rate_and_the_default_lease() {
         refused.header("ratelimit-policy"),
         Some("\"inflight\";q=1;qu=\"concurrent-requests\"")
     );
+    assert_eq!(refused.header("ratelimit"), None, "the in-flight 429 alone");
     assert_eq!(
         tokens(),
         2,
@@ -345,9 +344,21 @@ async fn in_flight_before_rate_and_the_default_lease() {
     for _ in 0..2 {
         assert_eq!(get_with(addr, "/", &USER).await.status, 200);
     }
+    assert_eq!(tokens(), 0);
     let denied = get_with(addr, "/", &USER).await;
     assert_eq!(denied.status, 429);
     assert!(denied.body.contains("\"violated-policies\": [\"default\"]"));
-    // The rate denial's lease is released with its response.
+    // The rate denial holds no lease (released with its response, or never taken).
     until_live(&server, KEY, 0).await;
+    assert_eq!(tokens(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_before_rate_with_the_in_flight_layer_outside() {
+    in_flight_before_rate(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_before_rate_with_the_rate_layer_outside() {
+    in_flight_before_rate(false).await;
 }

@@ -183,33 +183,41 @@ async fn the_local_limiter_limits_while_redis_is_down_async_and_in_the_middlewar
 fn a_flood_by_one_id_reaches_redis_once_per_retry_window() {
     for server in Server::both() {
         let mut limiter = RateLimiter::from_client(server.client(), GENEROUS).cache_denials(true);
-        // 5 of burst, 1 per second: a denial's retry window is 1 s.
+        // 5 of burst, 2 per second: one token back every 500 ms, the retry window.
+        let window_ms = 500;
         for _ in 0..5 {
-            assert!(limiter.take("flood", 5, 1, 1).unwrap().allowed);
+            assert!(limiter.take("flood", 5, 2, 1).unwrap().allowed);
         }
         let before = calls(&server, take_command(&server));
         let started = Instant::now();
         let mut cached = 0;
+        // 10,000 takes spread over a few windows (a pause after each).
         for _ in 0..10_000 {
-            let d = limiter.take("flood", 5, 1, 1).unwrap();
+            let d = limiter.take("flood", 5, 2, 1).unwrap();
             if d.source() == Source::Cache {
                 assert!(!d.allowed && d.retry_after_ms >= 1, "{d:?}");
                 cached += 1;
             }
+            std::thread::sleep(Duration::from_micros(250));
         }
-        let windows = started.elapsed().as_millis() as u64 / 1000 + 1;
+        let windows = started.elapsed().as_millis() as u64 / window_ms + 1;
         let sent = calls(&server, take_command(&server)) - before;
-        // Each window: the take that finds its token refilled, and the
-        // denial after it, which the cache then answers until the next.
+        eprintln!(
+            "flood on {}: {sent} server calls in {windows} windows",
+            take_command(&server)
+        );
+        // Each window: only the take that finds its token back, whose reply
+        // (no token left) the cache answers as a denial until the next
+        // token; one more for the window edge.
         assert!(
-            sent <= 2 * windows,
+            windows >= 4 && sent <= windows + 1,
             "{sent} takes reached the server in {windows} windows ({} backend)",
             take_command(&server)
         );
-        assert!(cached >= 10_000 - 2 * windows, "{cached}");
+        assert!(cached >= 10_000 - (windows + 1), "{cached}");
         // A refund through this limiter drops the key's entry.
-        limiter.refund("flood", 5, 1, 1).unwrap();
-        let d = limiter.take("flood", 5, 1, 1).unwrap();
+        limiter.refund("flood", 5, 2, 1).unwrap();
+        let d = limiter.take("flood", 5, 2, 1).unwrap();
         assert_eq!((d.allowed, d.source()), (true, Source::Server));
     }
 }
