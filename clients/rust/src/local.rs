@@ -321,8 +321,8 @@ impl InProcess {
 /// `w = reset_after_ms - ceil((capacity - n) * 1000 / rate)` ms after the
 /// reply (the reset is the time to a full bucket; the second term the time
 /// from `n` tokens to full). `w + 1` ms, when `w` is a positive time;
-/// `None` otherwise (tokens left for another take, or a rate that is not
-/// > 0). The 1 ms is the server's rounding: its tokens are doubles
+/// `None` otherwise (tokens left for another take, or no refill at all).
+/// The 1 ms is the server's rounding: its tokens are doubles
 /// (`tokens + elapsed / 1000 * rate`), so the `n`-th token can be whole a
 /// ms after `w` (0.002 + 0.998 < 1), and a take at `w` would be one more
 /// denied call per window. Cached as a denial, it keeps the flood's next
@@ -335,7 +335,7 @@ pub(crate) fn primed_denial_ms(
     remaining: u64,
     reset_after_ms: u64,
 ) -> Option<i64> {
-    if !(rate > 0.0) || (remaining as f64) >= n {
+    if rate.is_nan() || rate <= 0.0 || (remaining as f64) >= n {
         return None;
     }
     let from_n_to_full = ((capacity - n) * 1000.0 / rate).ceil();
