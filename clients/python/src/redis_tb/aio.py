@@ -194,7 +194,8 @@ class AsyncRateLimiter:
                    max_wait_ms: Optional[int] = None, block_ms: Optional[int] = None,
                    max_block_ms: Optional[int] = None) -> Decision:
         """See `RateLimiter.take` (reservations, lockout)."""
-        options = _core.take_options(max_wait_ms, block_ms, max_block_ms)
+        options = () if max_wait_ms is block_ms is max_block_ms is None else \
+            _core.take_options(max_wait_ms, block_ms, max_block_ms)
         return await self._run(_core.single("take", key, capacity, rate, n, policy, options))
 
     async def peek(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, policy: str = "default") -> Decision:
