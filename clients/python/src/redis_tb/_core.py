@@ -661,6 +661,15 @@ def single(op: str, key: str, capacity: Number, rate: Number, n: Number, policy:
     return call
 
 
+def take(key: str, capacity: Number, rate: Number, n: Number, policy: str, max_wait_ms=None, block_ms=None,
+         max_block_ms=None) -> Call:
+    """TB.TAKE with its options, for both limiters' `take` (without an
+    option: no option checks, the memoised call)."""
+    if max_wait_ms is None and block_ms is None and max_block_ms is None:
+        return single("take", key, capacity, rate, n, policy)
+    return single("take", key, capacity, rate, n, policy, take_options(max_wait_ms, block_ms, max_block_ms))
+
+
 def _limit(limit) -> Limit:
     if not isinstance(limit, Limit):
         raise InvalidArgument(f"expected a Limit, not {type(limit).__name__}")
