@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import math
 import numbers
@@ -374,15 +375,22 @@ class Limit:
 
     def __post_init__(self):
         check_key(self.key)
-        limit_numbers(self.capacity, self.rate, self.n)
+        numbers = limit_numbers(self.capacity, self.rate, self.n)
         if self.policy is not None:
             check_name(self.policy)
-        lockout_options(self.block_ms, self.max_block_ms)
+        lockout = lockout_options(self.block_ms, self.max_block_ms)
+        # Checked once, here: the texts a call sends and its plain take are
+        # kept (not fields: no part of eq, repr or replace) so that no call
+        # checks or formats a Limit again.
+        object.__setattr__(self, "_numbers", numbers)
+        object.__setattr__(self, "_lockout", lockout)
+        object.__setattr__(self, "_take", Call("take", (self.key,), (numbers,),
+                                               ((self.policy or "default", self.capacity, self.rate),), lockout))
 
     @property
     def lockout(self) -> Tuple[str, ...]:
         """``BLOCK ms [MAXBLOCK ms]`` as sent, or () without a lockout."""
-        return lockout_options(self.block_ms, self.max_block_ms)
+        return self._lockout
 
 
 @dataclass(frozen=True)
@@ -616,12 +624,50 @@ class Call:
     def with_options(self, options: Tuple[str, ...]) -> "Call":
         return dataclasses.replace(self, options=options)
 
+    @functools.cached_property
+    def amounts(self) -> Tuple[float, ...]:
+        """Each bucket's n as a float (a take, peek, refund, charge or
+        take_all), parsed once per Call for the local answers."""
+        return tuple(float(nums[2]) for nums in self.numbers)
+
+
+#: The calls `single` built without options, by their arguments: a key
+#: taken again is neither checked nor formatted again (the local limiter
+#: and the denial cache answer in about the time the checks took). Each
+#: entry keeps the numbers' types too: True == 1 and Decimal(1) == 1 hash
+#: alike, and must still be refused. Emptied when full, so it stays small.
+_CALLS: dict = {}
+_CALLS_MAX = 4096
+
 
 def single(op: str, key: str, capacity: Number, rate: Number, n: Number, policy: str,
            options: Tuple[str, ...] = ()) -> Call:
+    memo = None
+    if not options:
+        memo = (op, key, capacity, rate, n, policy)
+        try:
+            known = _CALLS.get(memo)
+        except TypeError:  # an unhashable argument: the checks below refuse it
+            known = memo = None
+        if known is not None and known[1] is type(capacity) and known[2] is type(rate) and known[3] is type(n):
+            return known[0]
     check_key(key)
     check_name(policy)
-    return Call(op, (key,), (limit_numbers(capacity, rate, n),), ((policy, capacity, rate),), options, op != "refund")
+    call = Call(op, (key,), (limit_numbers(capacity, rate, n),), ((policy, capacity, rate),), options, op != "refund")
+    if memo is not None:
+        if len(_CALLS) >= _CALLS_MAX:
+            _CALLS.clear()
+        _CALLS[memo] = (call, type(capacity), type(rate), type(n))
+    return call
+
+
+def take(key: str, capacity: Number, rate: Number, n: Number, policy: str, max_wait_ms=None, block_ms=None,
+         max_block_ms=None) -> Call:
+    """TB.TAKE with its options, for both limiters' `take` (without an
+    option: no option checks, the memoised call)."""
+    if max_wait_ms is None and block_ms is None and max_block_ms is None:
+        return single("take", key, capacity, rate, n, policy)
+    return single("take", key, capacity, rate, n, policy, take_options(max_wait_ms, block_ms, max_block_ms))
 
 
 def _limit(limit) -> Limit:
@@ -631,10 +677,15 @@ def _limit(limit) -> Limit:
 
 
 def limit_take(limit: Limit, max_wait_ms=None) -> Call:
-    """TB.TAKE of one Limit, with its lockout and the reservation."""
+    """TB.TAKE of one Limit, with its lockout and the reservation (the
+    Limit was checked when created, and keeps its plain take)."""
     limit = _limit(limit)
-    options = take_options(max_wait_ms) + limit.lockout
-    return single("take", limit.key, limit.capacity, limit.rate, limit.n, limit.policy or "default", options)
+    if max_wait_ms is None:
+        return limit._take
+    options = take_options(max_wait_ms)
+    if not options:
+        return limit._take
+    return limit._take.with_options(options + limit._lockout)
 
 
 def charge(limit: Limit, n: Number, max_debt: Optional[Number]) -> Call:
@@ -695,9 +746,9 @@ def take_all(limits: Sequence[Limit], max_wait_ms=None) -> Call:
         if not isinstance(lim, Limit):
             raise InvalidArgument(f"take_all takes Limit objects, not {type(lim).__name__}")
         keys.append(lim.key)
-        nums.append(limit_numbers(lim.capacity, lim.rate, lim.n))
+        nums.append(lim._numbers)  # checked when the Limit was created
         named.append((lim.policy or f"limit{i}", lim.capacity, lim.rate))
-    lockouts = {lim.lockout for lim in limits}
+    lockouts = {lim._lockout for lim in limits}
     if len(lockouts) > 1:
         raise InvalidArgument("take_all: every Limit must have the same block_ms and max_block_ms "
                               "(TB.TAKEALL's BLOCK applies to every bucket)")

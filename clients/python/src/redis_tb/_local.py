@@ -64,25 +64,42 @@ def first_ms_when(tokens: float, last: float, capacity: float, rate: float, now:
     """bucket.rs `first_ms_when`: the fewest whole ms w in [0, 2^53] such
     that the bucket holds `wanted` tokens at now + w (2^53 if none does).
     The guess from the deficit is almost always the edge; the gallop and
-    the bisection make it exact where rounding is not kind."""
-
-    def ready(wait_ms: int) -> bool:
-        return _available(tokens, last, capacity, rate, now + wait_ms) >= wanted
-
-    if ready(0):
+    the bisection make it exact where rounding is not kind. (`_available`
+    is called by name, not through a closure: this runs on every local take.)"""
+    available = _available
+    now_available = available(tokens, last, capacity, rate, now)
+    if now_available >= wanted:
         return 0
-    deficit = wanted - _available(tokens, last, capacity, rate, now)
+    deficit = wanted - now_available
     raw = deficit / rate * 1000.0
     guess = _clamp_wait(math.ceil(raw) if math.isfinite(raw) else raw)
+    if 1 <= guess < MAX_EXACT:
+        # The usual answer, without the loops below (this runs on every local
+        # take): ready at the guess and not a ms before. `_available` inline,
+        # operation for operation.
+        floor = -_MAX_EXACT_F if tokens < -_MAX_EXACT_F else tokens
+        elapsed = (now + guess) - last
+        if elapsed < 0.0:
+            elapsed = 0.0
+        refilled = floor + elapsed / 1000.0 * rate
+        if (capacity if refilled > capacity else refilled) >= wanted:
+            if guess == 1:
+                return 1
+            elapsed = (now + (guess - 1)) - last
+            if elapsed < 0.0:
+                elapsed = 0.0
+            refilled = floor + elapsed / 1000.0 * rate
+            if (capacity if refilled > capacity else refilled) < wanted:
+                return guess
     step = 1
-    if ready(guess):
+    if available(tokens, last, capacity, rate, now + guess) >= wanted:
         is_ready = guess
         while True:
             probe = is_ready - step
             if probe <= 0:
                 not_ready = 0
                 break
-            if not ready(probe):
+            if available(tokens, last, capacity, rate, now + probe) < wanted:
                 not_ready = probe
                 break
             is_ready = probe
@@ -94,14 +111,14 @@ def first_ms_when(tokens: float, last: float, capacity: float, rate: float, now:
             if probe >= MAX_EXACT:
                 is_ready = MAX_EXACT
                 break
-            if ready(probe):
+            if available(tokens, last, capacity, rate, now + probe) >= wanted:
                 is_ready = probe
                 break
             not_ready = probe
             step *= 2
     while is_ready - not_ready > 1:
         mid = not_ready + (is_ready - not_ready) // 2
-        if ready(mid):
+        if available(tokens, last, capacity, rate, now + mid) >= wanted:
             is_ready = mid
         else:
             not_ready = mid
@@ -124,7 +141,12 @@ def take(state: Optional[Tuple[float, float]], capacity: float, rate: float, n: 
         if last > now:  # the clock stepped back: the gap is no refill
             last = now
             repair = (_available(tokens, now, capacity, rate, now), now)
-    available = _available(tokens, last, capacity, rate, now)
+    # `_available(tokens, last, capacity, rate, now)`, inline (every local take runs it).
+    elapsed = now - last
+    if elapsed < 0.0:
+        elapsed = 0.0
+    refilled = (-_MAX_EXACT_F if tokens < -_MAX_EXACT_F else tokens) + elapsed / 1000.0 * rate
+    available = capacity if refilled > capacity else refilled
     if available < n:
         retry = -1 if n > capacity else first_ms_when(tokens, last, capacity, rate, now, n)
         reset = first_ms_when(tokens, last, capacity, rate, now, capacity)
@@ -132,7 +154,7 @@ def take(state: Optional[Tuple[float, float]], capacity: float, rate: float, n: 
     left = available - n
     write = (left, now) if n > 0.0 else repair
     t, l = write if write is not None else (tokens, last)
-    return True, _remaining(left), 0, first_ms_when(t, l, capacity, rate, now, capacity), write
+    return True, math.floor(left) if left > 0.0 else 0, 0, first_ms_when(t, l, capacity, rate, now, capacity), write
 
 
 def take_all(states, limits, now_ms: int):
@@ -184,13 +206,13 @@ class LocalBuckets:
         if call.op != "takeall":  # the usual call, without take_all's lists
             key = call.keys[0]
             policy, capacity, rate = call.limits[0]
-            o = take(buckets.get(key), capacity / k, rate / k, float(call.numbers[0][2]), now_ms)
+            o = take(buckets.get(key), capacity / k, rate / k, call.amounts[0], now_ms)
             if call.op == "take" and o[4] is not None:
                 buckets.touch(key, o[4])
             elif key in buckets:
                 buckets.move_to_end(key)
             return quick_decision(o[0], o[1], o[2], o[3], None, capacity, rate, policy, (), "local")
-        limits = [(cap / k, rate / k, float(nums[2])) for (_, cap, rate), nums in zip(call.limits, call.numbers)]
+        limits = [(cap / k, rate / k, n) for (_, cap, rate), n in zip(call.limits, call.amounts)]
         allowed, index, outcomes = take_all([buckets.get(key) for key in call.keys], limits, now_ms)
         for key, o in zip(call.keys, outcomes):
             if o[4] is not None:
@@ -205,10 +227,26 @@ class LocalBuckets:
         self.buckets.clear()
 
 
+def refill_wait_ms(remaining: int, n: float, capacity: float, rate: float, reset_after_ms: int) -> int:
+    """After an allowed take of `n` that left `remaining` < n whole tokens:
+    the ms until the bucket holds n again, from the reply alone. The bucket
+    is full after reset_after_ms and holds n (capacity - n) / rate seconds
+    before that, so w = reset_after_ms - ceil((capacity - n) * 1000 / rate),
+    rounded towards the earlier edge (a take sent a ms early is only
+    answered by the server). 0 (nothing to remember) when the take left n,
+    the bucket does not refill, the reply has no reset time or w <= 0."""
+    if remaining >= n or not rate > 0 or reset_after_ms < 0:
+        return 0
+    w = reset_after_ms - math.ceil((capacity - n) * 1000 / rate)
+    return w if w > 0 else 0
+
+
 class DenialCache:
-    """Denials remembered until the time they name, per key: (until_ms, n,
-    remaining, reset_after_ms, at_ms). Only takes of at least n tokens
-    without a reservation are answered from it."""
+    """Denials remembered until the time they name, per key: [until_ms, n,
+    remaining, reset_after_ms, at_ms, call, answered_ms, decision]. Only
+    takes of at least n tokens without a reservation are answered from it.
+    The last three are its last answer: the same call in the same ms (a
+    flood) gets that very Decision back (immutable), built once."""
 
     def __init__(self, max_keys: int):
         self.entries = LRU(max_keys)
@@ -221,27 +259,51 @@ class DenialCache:
             entry = entries.get(key)
             if entry is None:
                 continue
-            until, n, remaining, reset, at = entry
+            until = entry[0]
             if now_ms >= until:
                 del entries[key]
                 continue
-            if float(call.numbers[index][2]) < n:
+            if entry[5] is call:  # the call this entry answered last (so n is enough)
+                entries.move_to_end(key)
+                if entry[6] == now_ms:
+                    return entry[7]
+            elif call.amounts[index] < entry[1]:
                 continue
-            entries.move_to_end(key)
+            else:
+                entries.move_to_end(key)
             policy, capacity, rate = call.limits[index]
             takeall = call.op == "takeall"
-            return quick_decision(False, remaining, until - now_ms, max(0, reset - (now_ms - at)),
-                                  index if takeall else None, capacity, rate, policy,
-                                  call.limits if takeall else (), "cache")
+            d = quick_decision(False, entry[2], until - now_ms, max(0, entry[3] - (now_ms - entry[4])),
+                               index if takeall else None, capacity, rate, policy,
+                               call.limits if takeall else (), "cache")
+            entry[5], entry[6], entry[7] = call, now_ms, d
+            return d
         return None
 
     def remember(self, call: Call, d: Decision, now_ms: int):
-        """Keep the server's denial `d` of `call` until its retry time."""
-        if d.allowed or d.retry_after_ms <= 0 or "MAXWAIT" in call.options:
+        """Keep the server's denial `d` of `call` until its retry time; and
+        an allowed take that left fewer than n tokens as the denial the
+        next one would get, until the bucket holds n again
+        (`refill_wait_ms`): so a flood by one id reaches the server once
+        per retry window, not twice."""
+        if d.allowed:
+            # Only a plain take: a reservation may go into debt, and under a
+            # lockout the next take's denial would lock the key, which only
+            # the server does.
+            if call.op != "take" or call.options:
+                return
+            n = call.amounts[0]
+            wait = refill_wait_ms(d.remaining, n, float(d.capacity), float(d.rate), d.reset_after_ms)
+            index = 0
+        else:
+            if "MAXWAIT" in call.options:
+                return
+            index = d.index or 0
+            n = call.amounts[index]
+            wait = d.retry_after_ms
+        if wait <= 0:
             return
-        index = d.index or 0
-        n = float(call.numbers[index][2])
-        self.entries.touch(call.keys[index], (now_ms + d.retry_after_ms, n, d.remaining, d.reset_after_ms, now_ms))
+        self.entries.touch(call.keys[index], [now_ms + wait, n, d.remaining, d.reset_after_ms, now_ms, None, -1, None])
 
     def forget(self, key: str):
         self.entries.pop(key, None)
@@ -295,7 +357,7 @@ class Shield:
         if cache is not None:
             if call.op in FORGETTING_OPS:
                 cache.forget(call.keys[0])
-            elif plain and call.op in CACHED_OPS:
+            elif plain and cache.entries and call.op in CACHED_OPS:
                 with self._lock:
                     d = cache.answer(call, self.clock())
                 if d is not None:

@@ -194,8 +194,7 @@ class AsyncRateLimiter:
                    max_wait_ms: Optional[int] = None, block_ms: Optional[int] = None,
                    max_block_ms: Optional[int] = None) -> Decision:
         """See `RateLimiter.take` (reservations, lockout)."""
-        options = _core.take_options(max_wait_ms, block_ms, max_block_ms)
-        return await self._run(_core.single("take", key, capacity, rate, n, policy, options))
+        return await self._run(_core.take(key, capacity, rate, n, policy, max_wait_ms, block_ms, max_block_ms))
 
     async def peek(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, policy: str = "default") -> Decision:
         return await self._run(_core.single("peek", key, capacity, rate, n, policy))

@@ -258,8 +258,7 @@ class RateLimiter:
         block_ms / max_block_ms: lockout (BLOCK/MAXBLOCK): a denial locks
         the key for block_ms, doubling within a probation up to
         max_block_ms; every take and peek is denied while it holds."""
-        options = _core.take_options(max_wait_ms, block_ms, max_block_ms)
-        return self._run(_core.single("take", key, capacity, rate, n, policy, options))
+        return self._run(_core.take(key, capacity, rate, n, policy, max_wait_ms, block_ms, max_block_ms))
 
     def peek(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, policy: str = "default") -> Decision:
         """What `take` would answer now; writes nothing."""
