@@ -11,16 +11,20 @@ function (over the reply's text, and over redis-py's exception for it)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
 
 import pytest
 import redis
+import redis.asyncio as aredis
 from redis._parsers import BaseParser
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
-from redis_tb import InvalidArgument, Limit, LimiterReplyError, LimiterUnavailable, RateLimiter, bucket_key
+from redis_tb import (AsyncRateLimiter, InvalidArgument, Limit, LimiterReplyError, LimiterUnavailable, RateLimiter,
+                      bucket_key)
 from redis_tb._core import classify, classify_reply
 
 from conftest import REPO
@@ -31,6 +35,8 @@ CASES = json.loads((REPO / "clients" / "conformance" / "cases.json").read_text(e
 LEASES = json.loads((REPO / "clients" / "conformance" / "leases.json").read_text(encoding="utf-8"))
 # Reservations, charges, settling, lockout: the same format, a file of its own.
 JOBS = json.loads((REPO / "clients" / "conformance" / "jobs.json").read_text(encoding="utf-8"))
+# The one resend after a dropped connection: the same format, with `kill_clients`.
+RESEND = json.loads((REPO / "clients" / "conformance" / "resend.json").read_text(encoding="utf-8"))
 # jobs.json's lua runs wait for the Lua twin of those commands (its "about").
 LUA_HAS_JOBS = "tb_charge" in (REPO / "lua" / "tb.lua").read_text(encoding="utf-8")
 # `<ms>-<n>-<incarnation>` (docs/leases.md#lease-ids): every case makes its sets anew.
@@ -64,6 +70,7 @@ def test_the_suite_has_the_version_this_runner_reads():
     assert CASES["version"] == 1 and CASES["cases"]
     assert LEASES["version"] == 1 and LEASES["cases"]
     assert JOBS["version"] == 1 and JOBS["cases"]
+    assert RESEND["version"] == 1 and RESEND["cases"]
 
 
 @pytest.fixture
@@ -184,3 +191,88 @@ def test_case(limiter_for, case, topology, fixture, arg):
             assert d.headers() == call["headers"], where
     if case["calls"][0]["op"] not in ("classify", "keys") and "error" not in case["calls"][0]:
         assert lim.backend == EXPECTED_BACKEND["module" if fixture.startswith("module") else arg]
+
+
+def resend_runs():
+    for case in RESEND["cases"]:
+        for backend in case["backends"]:
+            for topology in case["topologies"]:
+                for fixture, arg in WAYS[(backend, topology)]:
+                    way = EXPECTED_BACKEND["module" if backend == "module" else arg]
+                    for mode in ("sync", "async"):
+                        yield pytest.param(case, topology, fixture, arg, mode,
+                                           id=f"{case['name']}-{way}-{topology}-{mode}")
+
+
+def kill_clients(server, topology):
+    """resend.json's kill_clients: every node closes every connection but
+    this one's (the limiter's included, blocking ones too); no restart."""
+    for node in server.nodes if topology == "cluster" else [server]:
+        with node.client() as r:
+            r.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+
+
+async def run_resend_case(lim, server, topology, case):
+    refunded = 0  # tokens a refund after the kill gave back (resend.json's about)
+    for i, call in enumerate(case["calls"]):
+        where = f"call {i}: {call}"
+        if call["op"] == "kill_clients":
+            kill_clients(server, topology)
+            continue
+        answer = call_limiter(lim, call)
+        if "error" in call and call["op"] == "refund":
+            # redis-py finds the closed connection before it writes (its pool
+            # checks a connection before lending it) and sends the refund on
+            # a new one: never written before, so it runs once.
+            try:
+                d = await answer if asyncio.iscoroutine(answer) else answer
+            except ERRORS[call["error"]] as e:
+                assert str(e).startswith(call["message"]), (where, str(e))
+            else:
+                assert d.allowed, where
+                refunded = call["n"]
+            continue
+        if "error" in call:
+            with pytest.raises(ERRORS[call["error"]]) as e:
+                await answer if asyncio.iscoroutine(answer) else answer
+            assert str(e.value).startswith(call["message"]), (where, str(e.value))
+            continue
+        d = await answer if asyncio.iscoroutine(answer) else answer
+        expected = dict(call["decision"])
+        if "remaining" in expected:
+            expected["remaining"] += refunded
+        check_decision(d, expected)
+
+
+@pytest.mark.parametrize("case,topology,fixture,arg,mode", list(resend_runs()))
+def test_resend_case(request, case, topology, fixture, arg, mode):
+    server = request.getfixturevalue(fixture)
+    if topology == "cluster":
+        reset(server)
+    else:
+        with server.client() as r:
+            r.flushall()
+            r.execute_command("FUNCTION", "FLUSH")
+            r.execute_command("SCRIPT", "FLUSH")
+    if mode == "sync":
+        client = (RedisCluster(host="127.0.0.1", port=server.port, socket_timeout=1, socket_connect_timeout=1)
+                  if topology == "cluster" else redis.Redis(port=server.port))
+        lim = RateLimiter(client, backend=arg, timeout=1)
+        try:
+            asyncio.run(run_resend_case(lim, server, topology, case))
+        finally:
+            lim.close()
+            client.close()
+        return
+
+    async def run_async():
+        client = (AsyncRedisCluster(host="127.0.0.1", port=server.port, socket_timeout=1, socket_connect_timeout=1)
+                  if topology == "cluster" else aredis.Redis(port=server.port))
+        lim = AsyncRateLimiter(client, backend=arg, timeout=1)
+        try:
+            await run_resend_case(lim, server, topology, case)
+        finally:
+            await lim.close()
+            await client.aclose() if hasattr(client, "aclose") else await client.close()
+
+    asyncio.run(run_async())

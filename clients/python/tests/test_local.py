@@ -155,11 +155,11 @@ def allowed(remaining, reset, capacity=10, rate=1):
 
 
 @pytest.mark.parametrize("remaining,n,capacity,rate,reset,wait", [
-    (0, 1, 10, 1, 9500, 500),  # 0.5 tokens left: 1 is back in 500 ms
+    (0, 1, 10, 1, 9500, 501),  # 0.5 tokens left: 1 is back in 500 ms (+1: rounding)
     (0, 1, 10, 1, 9000, 0),  # exactly 1 token left: the next take is allowed
     (1, 1, 10, 1, 9000, 0),  # a whole token left
-    (0, 1, 10, 3, 3001, 1),  # ceil(9 * 1000 / 3) = 3000: 1 is back a ms after the take
-    (2, 3, 10, 2, 3600, 100),  # ceil(7 * 1000 / 2) = 3500
+    (0, 1, 10, 3, 3001, 2),  # ceil(9 * 1000 / 3) = 3000: 1 is back a ms after the take
+    (2, 3, 10, 2, 3600, 101),  # ceil(7 * 1000 / 2) = 3500
     (0, 0.5, 10, 1, 9300, 0),  # 0.7 left holds n = 0.5: nothing to remember
     (0, 1, 10, 1, -1, 0),  # no reset time
     (0, 1, 10, 0, 9500, 0),  # a bucket that does not refill
@@ -172,11 +172,11 @@ def test_an_allowed_take_that_left_fewer_than_n_waits_until_the_bucket_holds_n_a
 def test_an_allowed_take_that_left_fewer_than_n_is_remembered_as_the_next_denial():
     clock = Clock()
     s = shield(clock, cache_denials=True)
-    s.after(TAKE, allowed(0, 9500))  # 0.5 tokens left: a take of 1 is denied for 500 ms
+    s.after(TAKE, allowed(0, 9500))  # 0.5 tokens left: a take of 1 is denied for 500 ms (+1)
     d = s.before(TAKE)
-    assert (d.allowed, d.remaining, d.retry_after_ms, d.reset_after_ms, d.source) == (False, 0, 500, 9500, "cache")
-    clock.now += 499
-    assert (s.before(TAKE).retry_after_ms, s.before(TAKE).reset_after_ms) == (1, 9001)
+    assert (d.allowed, d.remaining, d.retry_after_ms, d.reset_after_ms, d.source) == (False, 0, 501, 9500, "cache")
+    clock.now += 500
+    assert (s.before(TAKE).retry_after_ms, s.before(TAKE).reset_after_ms) == (1, 9000)
     assert s.before(_core.single("take", "k", 10, 1, 0.5, "default")) is None  # a smaller take may pass
     clock.now += 1
     assert s.before(TAKE) is None and not s.cache.entries

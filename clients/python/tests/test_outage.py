@@ -255,17 +255,17 @@ def test_a_flood_by_one_id_reaches_the_server_once_per_retry_window(setup):
     server, arg, backend = setup
     client = server.client()
     with RateLimiter(redis.Redis(port=server.port), backend=arg, cache_denials=True) as lim:
-        # A token, so one take, every 1000/7 ms. (capacity - n) * 1000 / rate
-        # is whole (1000 ms) and the edges fall between whole ms: there the
-        # remembered wait is exact (else it may end a ms early, and that ms
-        # costs a second call to the server).
-        capacity, rate = 8, 7.0
+        # A token, so one take, every 100 ms. The edges fall on whole ms,
+        # where the server's doubles may bring the n-th token back a ms
+        # after the reply says: the remembered wait has one ms more for it
+        # (without it this flood cost up to twice the calls).
+        capacity, rate = 5, 10.0
         for _ in range(capacity):
             assert lim.take("f:user", capacity, rate).allowed
         client.config_resetstat()
         started = time.monotonic()
         denied = []
-        while time.monotonic() - started < 1.0:  # about 7 retry windows
+        while time.monotonic() - started < 1.0:  # about 10 retry windows
             denied.append(lim.take("f:user", capacity, rate))
         elapsed = time.monotonic() - started
         sent = calls(client, backend)

@@ -229,16 +229,19 @@ class LocalBuckets:
 
 def refill_wait_ms(remaining: int, n: float, capacity: float, rate: float, reset_after_ms: int) -> int:
     """After an allowed take of `n` that left `remaining` < n whole tokens:
-    the ms until the bucket holds n again, from the reply alone. The bucket
+    how long the same take stays denied, from the reply alone. The bucket
     is full after reset_after_ms and holds n (capacity - n) / rate seconds
     before that, so w = reset_after_ms - ceil((capacity - n) * 1000 / rate),
-    rounded towards the earlier edge (a take sent a ms early is only
-    answered by the server). 0 (nothing to remember) when the take left n,
-    the bucket does not refill, the reply has no reset time or w <= 0."""
+    and the answer is w + 1 ms: the server's tokens are doubles and both
+    terms are rounded up, so the n-th token can come back a ms after w, and
+    a take sent then is one more denied call per window (docs/clients.md,
+    the same rule in every library). 0 (nothing to remember) when the take
+    left n, the bucket does not refill, the reply has no reset time or
+    w <= 0."""
     if remaining >= n or not rate > 0 or reset_after_ms < 0:
         return 0
     w = reset_after_ms - math.ceil((capacity - n) * 1000 / rate)
-    return w if w > 0 else 0
+    return w + 1 if w > 0 else 0
 
 
 class DenialCache:
