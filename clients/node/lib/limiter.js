@@ -594,7 +594,9 @@ class RateLimiter {
       outcomeReply(this._local.take(k, capacity, rate, n, now, how.local === 'take')), limits, null, 'local') : NO_LOCAL;
     const decision = await this._call(op, [k], numbers, limits, undefined, { retryDrop: how.retryDrop, local });
     if (denials !== null && decision.source === 'server') {
-      denials.remember(k, n, decision, Date.now());
+      // Only a plain take primes a denial (no MAXWAIT, no BLOCK: `extra` is empty).
+      const primable = op === 'take' && extra.length === 0 ? { capacity, rate } : null;
+      denials.remember(k, n, decision, Date.now(), primable);
     }
     return decision;
   }

@@ -243,20 +243,43 @@ class LocalLimiter {
 // tokens as denied until then, with no round trip.
 // ---------------------------------------------------------------------------------------
 
+// docs/clients.md#the-denial-cache: after an allowed take of n that left `remaining` < n,
+// the same take is denied until the bucket holds n again. The reset is the time to full,
+// and (capacity - n) / rate seconds before it the bucket holds n, so
+// w = resetAfterMs - ceil((capacity - n) * 1000 / rate); kept as w + 1 because the
+// server's tokens are doubles and both terms are rounded up, so the n-th token can come
+// back a ms after w. 0 (nothing to remember) when n is left, the bucket does not refill,
+// there is no reset time or w <= 0.
+function primedDenialMs(capacity, rate, n, remaining, resetAfterMs) {
+  if (!(rate > 0) || !(remaining < n) || !(resetAfterMs >= 0)) {
+    return 0;
+  }
+  const w = resetAfterMs - Math.ceil(((capacity - n) * 1000) / rate);
+  return Number.isFinite(w) && w > 0 ? w + 1 : 0;
+}
+
 class DenialCache {
   constructor(maxKeys) {
     this.entries = new LruMap(maxKeys);
   }
 
-  // After a server's denial at `now`: kept when it names a time (retryAfterMs > 0; -1
-  // depends on the call's n).
-  remember(key, n, decision, now) {
-    if (decision.allowed || !(decision.retryAfterMs > 0)) {
+  // After a server's answer at `now`. A denial is kept when it names a time
+  // (retryAfterMs > 0; -1 depends on the call's n). An allowed take is kept as the denial
+  // the next one would get when it left fewer than n tokens and `primable` (a plain take:
+  // { capacity, rate }; null for a lockout, whose denial must reach the server to lock),
+  // until the bucket holds n again (primedDenialMs).
+  remember(key, n, decision, now, primable = null) {
+    let wait = decision.retryAfterMs;
+    if (decision.allowed) {
+      wait = primable === null ? 0
+        : primedDenialMs(primable.capacity, primable.rate, n, decision.remaining, decision.resetAfterMs);
+    }
+    if (!(wait > 0)) {
       return;
     }
     this.entries.set(mapKey(key), {
       n,
-      until: now + decision.retryAfterMs,
+      until: now + wait,
       remaining: decision.remaining,
       resetAt: now + decision.resetAfterMs,
     });
@@ -293,4 +316,4 @@ function outcomeReply(outcome, allowed = outcome.allowed) {
   return [allowed ? 1 : 0, outcome.remaining, outcome.retryAfterMs, outcome.resetAfterMs];
 }
 
-module.exports = { LruMap, LocalLimiter, DenialCache, take, takeAll, cachedReply, outcomeReply };
+module.exports = { LruMap, LocalLimiter, DenialCache, primedDenialMs, take, takeAll, cachedReply, outcomeReply };

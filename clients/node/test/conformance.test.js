@@ -220,3 +220,65 @@ for (const topology of TOPOLOGIES) {
     });
   }
 }
+
+// clients/conformance/resend.json: the one resend after a dropped connection. Each case runs
+// on one limiter of its own (a new one per call would never meet a killed connection);
+// kill_clients is CLIENT KILL TYPE normal SKIPME yes on every node over a connection of the
+// runner's own, which closes the limiter's connections while the servers stay up.
+const RESEND = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', 'conformance', 'resend.json'), 'utf8'));
+
+test('resend.json is version 1 and names known backends and topologies', () => {
+  assert.equal(RESEND.version, 1);
+  for (const c of RESEND.cases) {
+    assert.ok(c.backends.every((b) => BACKENDS.some((x) => x.name === b)), c.name);
+    assert.ok(c.topologies.every((t) => TOPOLOGIES.includes(t)), c.name);
+  }
+});
+
+async function killClients(server) {
+  for (const node of server.nodes ?? [server]) {
+    const admin = new Redis({ host: '127.0.0.1', port: node.port, lazyConnect: true });
+    admin.on('error', () => {});
+    try {
+      await admin.connect();
+      await admin.call('client', 'kill', 'type', 'normal', 'skipme', 'yes');
+    } finally {
+      admin.disconnect();
+    }
+  }
+}
+
+for (const topology of TOPOLOGIES) {
+  for (const backend of BACKENDS) {
+    const cases = RESEND.cases.filter((c) => c.backends.includes(backend.name) && c.topologies.includes(topology));
+    describe(`resend: ${backend.name} backend, ${topology}, ioredis ${IOREDIS_VERSION}`, () => {
+      let server;
+      before(async () => {
+        server = topology === 'cluster'
+          ? await startCluster({ module: backend.module })
+          : await startServer({ module: backend.module });
+      }, { timeout: 60_000 });
+
+      for (const c of cases) {
+        // Not yet met (issue 26): a call sent while ioredis reconnects after the kill fails
+        // with "Stream isn't writeable" / "Cluster isn't ready" (no offline queue), which the
+        // library does not count as a dropped connection, and a cluster client is not waited
+        // for before the resend. Run and reported, not counted, until the library waits.
+        test(c.name, { todo: 'Node does not yet wait for ioredis to reconnect before its one resend' }, async () => {
+          const client = await connect(topology, server);
+          await Promise.all(masters(client).map((node) => node.call('flushall')));
+          const limiter = new RateLimiter(client, { timeoutMs: 2000, logger: false });
+          assert.equal(await limiter.connect(), backend.expect);
+          for (const [i, call] of c.calls.entries()) {
+            const what = `${c.name}, call ${i} (${call.op})`;
+            if (call.op === 'kill_clients') {
+              await killClients(server);
+            } else {
+              await runCall(limiter, client, call, what, {});
+            }
+          }
+        });
+      }
+    });
+  }
+}

@@ -8,7 +8,7 @@ const assert = require('node:assert/strict');
 const fs = require('node:fs');
 const path = require('node:path');
 const { test } = require('node:test');
-const { LocalLimiter, DenialCache, LruMap } = require('../lib/local');
+const { LocalLimiter, DenialCache, LruMap, primedDenialMs } = require('../lib/local');
 
 const TABLE = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', 'conformance', 'local.json'), 'utf8'));
 
@@ -79,4 +79,33 @@ test('the denial cache: until the named time, takes of at least n; -1 and grants
   }
   assert.equal(cache.entries.size, 2);
   assert.equal(cache.denial('a', 1, now), undefined);
+});
+
+test('an allowed take that left fewer than n waits until the bucket holds n again, plus a ms', () => {
+  // [capacity, rate, n, remaining, resetAfterMs, wait]
+  const table = [
+    [10, 1, 1, 0, 9500, 501], // 0.5 tokens left: 1 is back in 500 ms
+    [10, 1, 1, 0, 9000, 0], // exactly 1 token left: the next take is allowed
+    [10, 1, 1, 1, 9000, 0], // a whole token left
+    [10, 3, 1, 0, 3001, 2], // ceil(9 * 1000 / 3) = 3000
+    [10, 2, 3, 2, 3600, 101], // ceil(7 * 1000 / 2) = 3500
+    [10, 1, 0.5, 0, 9300, 0], // 0.7 left holds n = 0.5
+    [10, 1, 1, 0, -1, 0], // no reset time
+    [10, 0, 1, 0, 9500, 0], // a bucket that does not refill
+  ];
+  for (const [capacity, rate, n, remaining, reset, wait] of table) {
+    assert.equal(primedDenialMs(capacity, rate, n, remaining, reset), wait, JSON.stringify([capacity, rate, n, remaining, reset]));
+  }
+});
+
+test('an allowed plain take that left fewer than n is remembered as the next denial; a lockout take is not', () => {
+  const cache = new DenialCache(10);
+  const now = 1_700_000_000_000;
+  const granted = { allowed: true, remaining: 0, retryAfterMs: 0, resetAfterMs: 9500 };
+  cache.remember('k', 1, granted, now, { capacity: 10, rate: 1 });
+  assert.equal(cache.denial('k', 1, now + 500).until, now + 501);
+  assert.equal(cache.denial('k', 0.5, now), undefined);
+  assert.equal(cache.denial('k', 1, now + 501), undefined);
+  cache.remember('locked', 1, granted, now, null);
+  assert.equal(cache.denial('locked', 1, now), undefined);
 });
