@@ -24,7 +24,7 @@
 # reported as skipped). Then the libraries' in-process answers
 # (bench/local_bench.py): a take on the local limiter and a denial from the
 # denial cache against one GET round trip, in Python, Node and Rust
-# (its results go beside the others, in the local-results files).
+# (bench/results/local-results.md and .json).
 #
 # Knobs (environment or flags passed through to bench/bench.py):
 #   BENCH_REPS=3     repetitions (medians and min-max spreads over these)
