@@ -66,6 +66,16 @@ function isDropped(err) {
   return Boolean(err) && classify(err) === 'unavailable' && DROPPED.test(String(err.message ?? err));
 }
 
+// ioredis without an offline queue refuses a command while it reconnects after a dropped
+// connection: nothing was written, so sending it once more is safe for every call, a refund
+// included. (During an outage the limiter fails before ioredis sees the command: its own
+// "not connected" check, limiter.js whenWritable.)
+const UNSENT = /(?:Stream|Cluster) isn't (?:writeable|ready) and enableOfflineQueue options is false/;
+
+function isUnsent(err) {
+  return Boolean(err) && UNSENT.test(String(err.message ?? err));
+}
+
 // What a call does after its send failed with `err`. tried: { detected, reconnected } (what
 // this call already retried); retryDrop: whether the call may be sent twice (refund and
 // settle may not: a refund given twice hands out tokens nobody returned).
@@ -77,7 +87,7 @@ function afterFailure(err, tried, retryDrop) {
   if (kind === 'server_changed' && !tried.detected) {
     return 'detect';
   }
-  if (retryDrop && !tried.reconnected && isDropped(err)) {
+  if (!tried.reconnected && (isUnsent(err) || (retryDrop && isDropped(err)))) {
     return 'reconnect';
   }
   return 'fail';
@@ -144,5 +154,5 @@ class Outage {
 }
 
 module.exports = {
-  detectionStart, afterFunctionLoadFailed, choiceLine, shouldLookForModule, isDropped, afterFailure, redirection, Outage,
+  detectionStart, afterFunctionLoadFailed, choiceLine, shouldLookForModule, isDropped, isUnsent, afterFailure, redirection, Outage,
 };

@@ -211,6 +211,30 @@ function firstConnection(client, timeoutMs) {
   });
 }
 
+// A client that lost its connection is ready again: a cluster client (it emits 'error' for
+// each node it cannot reach meanwhile), or one that has yet to see its socket close. Only
+// 'ready', 'end' and the timer decide.
+function readyAgain(cluster, timeoutMs) {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => done(new LimiterUnavailable(
+      `the cluster was not ready again within ${timeoutMs} ms (client ${cluster.status})`)), timeoutMs);
+    const onReady = () => done(null);
+    const onEnd = () => done(new LimiterUnavailable(`not connected to the cluster (client ${cluster.status})`));
+    function done(err) {
+      clearTimeout(timer);
+      cluster.off('ready', onReady);
+      cluster.off('end', onEnd);
+      if (err) {
+        reject(err);
+      } else {
+        resolve();
+      }
+    }
+    cluster.once('ready', onReady);
+    cluster.once('end', onEnd);
+  });
+}
+
 function prefixed(client, key) {
   const prefix = client.options && client.options.keyPrefix;
   if (!prefix) {
@@ -554,11 +578,14 @@ class RateLimiter {
   // up to timeoutMs (connectTimeoutMs without one); a refusal fails at once.
   async _reconnected(err) {
     const client = this.client;
-    if (client.status === 'ready' || this.isCluster) {
+    // Still 'ready' with a socket the server closed: ioredis has not seen the close yet, and
+    // reconnects as soon as it does.
+    const closing = client.status === 'ready' && client.stream != null && client.stream.writable === false;
+    if (client.status === 'ready' && !closing) {
       return;
     }
     try {
-      await firstConnection(client, this.timeoutMs || this.connectTimeoutMs);
+      await (this.isCluster || closing ? readyAgain : firstConnection)(client, this.timeoutMs || this.connectTimeoutMs);
     } catch (failure) {
       throw new LimiterUnavailable(`${err.message}; reconnecting: ${failure.message}`, { cause: err });
     }
@@ -983,6 +1010,7 @@ class RateLimiter {
     const clientTimeout = timeoutMs === 0 ? 0 : timeoutMs + this.blockingMarginMs;
     let node = this._owner(key);
     let asking = false;
+    let resent = false;
     for (let hop = 0; hop <= MAX_REDIRECTIONS; hop++) {
       const conn = await this._acquire(node);
       try {
@@ -999,6 +1027,13 @@ class RateLimiter {
         // connection) leaves its state unknown: close it, which also ends the server-side wait.
         if (!isReplyError(err)) {
           conn.disconnect();
+          // An idle connection the server closed (a restart, CLIENT KILL) can still look
+          // ready: once, on a new one (docs/clients.md, a dropped connection).
+          if (!resent && engine.isDropped(err)) {
+            resent = true;
+            hop -= 1;
+            continue;
+          }
           throw err;
         }
         this._release(conn, node);

@@ -65,6 +65,14 @@ test('after a failed send: detect again once on a server change, reconnect once 
     // refund and settle are never sent twice
     assert.equal(engine.afterFailure(err, fresh, false), 'fail', err.message);
   }
+  // Refused by ioredis while it reconnects (no offline queue): never written, so sent once
+  // more even for refund and settle.
+  for (const err of [new Error("Stream isn't writeable and enableOfflineQueue options is false"),
+    new Error("Cluster isn't ready and enableOfflineQueue options is false")]) {
+    assert.equal(engine.afterFailure(err, fresh, true), 'reconnect', err.message);
+    assert.equal(engine.afterFailure(err, fresh, false), 'reconnect', err.message);
+    assert.equal(engine.afterFailure(err, { ...fresh, reconnected: true }, false), 'fail', err.message);
+  }
   // Never retried: a timeout (the server may still run it), a refusal, a bug, an outage reply.
   for (const err of [new Error('Command timed out'), new Error('connect ECONNREFUSED 127.0.0.1:1'),
     new LimiterUnavailable('not connected to the server (client reconnecting)'), reply('WRONGTYPE Operation'),
