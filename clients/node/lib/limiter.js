@@ -185,19 +185,20 @@ function whenWritable(client, timeoutMs) {
   return pending;
 }
 
-function firstConnection(client, timeoutMs) {
+// Resolves at the client's next 'ready'; rejects (LimiterUnavailable) after timeoutMs (0:
+// never) or at the first of `failOn` ('error', 'close', 'end').
+function untilReady(client, timeoutMs, failOn) {
   return new Promise((resolve, reject) => {
     const timer = timeoutMs > 0 ? setTimeout(() => done(new LimiterUnavailable(
       `not connected to the server within ${timeoutMs} ms (client ${client.status})`)), timeoutMs) : null;
     const onReady = () => done(null);
-    const onError = (err) => done(new LimiterUnavailable(`not connected to the server: ${err.message}`, { cause: err }));
-    const onClose = () => done(new LimiterUnavailable(`not connected to the server (client ${client.status})`));
+    const onFailure = (err) => done(err instanceof Error
+      ? new LimiterUnavailable(`not connected to the server: ${err.message}`, { cause: err })
+      : new LimiterUnavailable(`not connected to the server (client ${client.status})`));
     function done(err) {
       clearTimeout(timer);
       client.off('ready', onReady);
-      client.off('error', onError);
-      client.off('close', onClose);
-      client.off('end', onClose);
+      failOn.forEach((event) => client.off(event, onFailure));
       if (err) {
         reject(err);
       } else {
@@ -205,34 +206,20 @@ function firstConnection(client, timeoutMs) {
       }
     }
     client.once('ready', onReady);
-    client.once('error', onError);
-    client.once('close', onClose);
-    client.once('end', onClose);
+    failOn.forEach((event) => client.once(event, onFailure));
   });
+}
+
+// A client connecting for the first time, or reconnecting after a drop: a refusal fails at once.
+function firstConnection(client, timeoutMs) {
+  return untilReady(client, timeoutMs, ['error', 'close', 'end']);
 }
 
 // A client that lost its connection is ready again: a cluster client (it emits 'error' for
 // each node it cannot reach meanwhile), or one that has yet to see its socket close. Only
 // 'ready', 'end' and the timer decide.
-function readyAgain(cluster, timeoutMs) {
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => done(new LimiterUnavailable(
-      `the cluster was not ready again within ${timeoutMs} ms (client ${cluster.status})`)), timeoutMs);
-    const onReady = () => done(null);
-    const onEnd = () => done(new LimiterUnavailable(`not connected to the cluster (client ${cluster.status})`));
-    function done(err) {
-      clearTimeout(timer);
-      cluster.off('ready', onReady);
-      cluster.off('end', onEnd);
-      if (err) {
-        reject(err);
-      } else {
-        resolve();
-      }
-    }
-    cluster.once('ready', onReady);
-    cluster.once('end', onEnd);
-  });
+function readyAgain(client, timeoutMs) {
+  return untilReady(client, timeoutMs, ['end']);
 }
 
 function prefixed(client, key) {
