@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,22 @@ def test_the_local_limiter_replays_the_core_case_table(case):
             got["index"] = d.index
         assert got == step["expect"], f"step {i}: {step}"
         assert d.source == "local"
+
+
+def test_the_allowed_takes_reset_time_is_first_ms_when_of_the_written_bucket():
+    # _full_after is first_ms_when's usual case, inline: it must answer the
+    # same on every bucket an allowed take can write, awkward doubles included.
+    rng = random.Random(26)
+    now = 1_764_000_000_123.0
+    for _ in range(20_000):
+        capacity = rng.choice([1.0, 3.0, 5.0, 10.0, 1e9, 2.0**53, rng.uniform(1e-6, 1e6)])
+        rate = rng.choice([0.001, 0.1, 1.0, 7.0, 10.0, 1e9, 1e-300, rng.uniform(1e-9, 1e7)])
+        left = rng.choice([0.0, capacity, capacity * (1 - 1e-16), rng.uniform(0.0, capacity),
+                           float(rng.randint(0, 10))])
+        if left > capacity:
+            left = capacity
+        want = _local.first_ms_when(left, now, capacity, rate, now, capacity)
+        assert _local._full_after(left, capacity, rate, now) == want, (left, capacity, rate)
 
 
 def test_the_local_buckets_are_an_lru_of_local_max_keys():

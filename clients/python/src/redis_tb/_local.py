@@ -24,6 +24,7 @@ log = logging.getLogger("redis_tb")
 
 MAX_EXACT = 2**53
 _MAX_EXACT_F = float(MAX_EXACT)
+_floor, _ceil = math.floor, math.ceil  # module globals: a local take looks them up without `math.`
 
 #: The calls the local limiter answers during an outage; every other call
 #: (refund, charge, unblock, waits, leases) raises LimiterUnavailable.
@@ -152,9 +153,29 @@ def take(state: Optional[Tuple[float, float]], capacity: float, rate: float, n: 
         reset = first_ms_when(tokens, last, capacity, rate, now, capacity)
         return False, _remaining(available), retry, reset, repair
     left = available - n
-    write = (left, now) if n > 0.0 else repair
-    t, l = write if write is not None else (tokens, last)
-    return True, math.floor(left) if left > 0.0 else 0, 0, first_ms_when(t, l, capacity, rate, now, capacity), write
+    remaining = _floor(left) if left > 0.0 else 0
+    if n > 0.0:
+        return True, remaining, 0, _full_after(left, capacity, rate, now), (left, now)
+    t, l = repair if repair is not None else (tokens, last)
+    return True, remaining, 0, first_ms_when(t, l, capacity, rate, now, capacity), repair
+
+
+def _full_after(left: float, capacity: float, rate: float, now: float) -> int:
+    """`first_ms_when(left, now, capacity, rate, now, capacity)` of a bucket
+    just written with `left` tokens at `now` (every allowed local take):
+    what it holds now is `left` itself, so the first test and the guess
+    need no `_available`; the guess is checked as first_ms_when checks it,
+    and anything else is left to first_ms_when."""
+    deficit = capacity - left
+    if deficit <= 0.0:
+        return 0
+    raw = deficit / rate * 1000.0
+    if raw < _MAX_EXACT_F:
+        guess = _ceil(raw)
+        if guess < MAX_EXACT and left + ((now + guess) - now) / 1000.0 * rate >= capacity:
+            if guess == 1 or left + ((now + (guess - 1)) - now) / 1000.0 * rate < capacity:
+                return guess
+    return first_ms_when(left, now, capacity, rate, now, capacity)
 
 
 def take_all(states, limits, now_ms: int):
