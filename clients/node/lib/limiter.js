@@ -215,11 +215,17 @@ function firstConnection(client, timeoutMs) {
   return untilReady(client, timeoutMs, ['error', 'close', 'end']);
 }
 
-// A client that lost its connection is ready again: a cluster client (it emits 'error' for
-// each node it cannot reach meanwhile), or one that has yet to see its socket close. Only
-// 'ready', 'end' and the timer decide.
-function readyAgain(client, timeoutMs) {
+// A cluster client that lost its connection is ready again. It emits 'error' for each node it
+// cannot reach meanwhile, so only 'ready', 'end' and the timer decide.
+function clusterReadyAgain(client, timeoutMs) {
   return untilReady(client, timeoutMs, ['end']);
+}
+
+// A standalone client that has yet to see the socket the server closed: the 'close' to come is
+// expected (ioredis reconnects on it), but a refused reconnection ('error') is an outage, so it
+// fails then rather than after timeoutMs.
+function reconnection(client, timeoutMs) {
+  return untilReady(client, timeoutMs, ['error', 'end']);
 }
 
 function prefixed(client, key) {
@@ -572,7 +578,8 @@ class RateLimiter {
       return;
     }
     try {
-      await (this.isCluster || closing ? readyAgain : firstConnection)(client, this.timeoutMs || this.connectTimeoutMs);
+      const wait = this.isCluster ? clusterReadyAgain : closing ? reconnection : firstConnection;
+      await wait(client, this.timeoutMs || this.connectTimeoutMs);
     } catch (failure) {
       throw new LimiterUnavailable(`${err.message}; reconnecting: ${failure.message}`, { cause: err });
     }

@@ -89,6 +89,21 @@ test('refund is not sent twice: after a restart it is unavailable; a stopped ser
   }
 });
 
+test('a stopped server is unavailable at its refused reconnection, not after timeoutMs', async () => {
+  const server = await startServer({ module: true });
+  const { limiter } = await limiterOn(server, { timeoutMs: 5000 });
+  try {
+    await limiter.take('refused', 5, 1);
+    await server.stop();
+    const started = performance.now();
+    await assert.rejects(limiter.take('refused', 5, 1), LimiterUnavailable);
+    const waited = performance.now() - started;
+    assert.ok(waited < 2500, `unavailable after ${Math.round(waited)} ms, not at the refusal`);
+  } finally {
+    await server.stop();
+  }
+});
+
 test('the middleware after a restart: the first request is limited, not let through (issue 26, item 3)', async () => {
   let server = await startServer({ module: true });
   const { limiter, lines } = await limiterOn(server);
