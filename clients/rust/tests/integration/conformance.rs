@@ -29,15 +29,86 @@ use redis_tb_client::{
 use serde_json::Value as Json;
 use std::collections::HashMap;
 
-fn cases() -> Vec<Json> {
-    let path = repo_root().join("clients/conformance/cases.json");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let doc: Json = serde_json::from_str(&text).unwrap();
-    assert_eq!(
-        doc["version"], 1,
-        "a version of cases.json this runner knows"
-    );
+/// `$sync` with `$l` a `&mut RateLimiter`, or `$async` with `$l` an
+/// `&AsyncRateLimiter`, on `$env` under the policy name `$policy`: the
+/// driver × topology limiter every runner needs (a cluster one with node 0
+/// as its blocking client). A macro, because the four limiters have four
+/// types.
+macro_rules! on_limiter {
+    ($env:expr, $driver:expr, $rt:expr, $policy:expr, |$l:ident| $sync:expr, $async:expr) => {
+        if $driver == "sync" {
+            match $env {
+                Env::Standalone(s) => {
+                    let $l = &mut RateLimiter::from_client(s.client(), GENEROUS)
+                        .with_policy_name($policy);
+                    $sync
+                }
+                Env::Cluster(c) => {
+                    let $l = &mut RateLimiter::new(c.client().get_connection().unwrap())
+                        .with_blocking_client(c.nodes[0].client())
+                        .with_timeouts(GENEROUS)
+                        .with_policy_name($policy);
+                    $sync
+                }
+            }
+        } else {
+            $rt.block_on(async {
+                match $env {
+                    Env::Standalone(s) => {
+                        let $l = &AsyncRateLimiter::from_client(s.client(), GENEROUS)
+                            .with_policy_name($policy);
+                        $async
+                    }
+                    Env::Cluster(c) => {
+                        let con = c.client().get_async_connection().await.unwrap();
+                        let $l = &AsyncRateLimiter::new(con)
+                            .with_blocking_client(c.nodes[0].client())
+                            .with_timeouts(GENEROUS)
+                            .with_policy_name($policy);
+                        $async
+                    }
+                }
+            })
+        }
+    };
+}
+
+/// The cases of clients/conformance/`file`, whose version this runner knows.
+fn cases_of(file: &str) -> Vec<Json> {
+    let path = repo_root().join("clients/conformance").join(file);
+    let doc: Json = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(doc["version"], 1, "a version of {file} this runner knows");
     doc["cases"].as_array().unwrap().clone()
+}
+
+/// A runner's four tests: the module and lua, standalone and in a cluster;
+/// each asserts that some case ran there.
+macro_rules! on_every_backend {
+    ($run:ident: $module_standalone:ident, $lua_standalone:ident, $module_cluster:ident, $lua_cluster:ident) => {
+        #[test]
+        fn $module_standalone() {
+            assert!($run("module", "standalone", &runtime()) > 0);
+        }
+
+        #[test]
+        fn $lua_standalone() {
+            assert!($run("lua", "standalone", &runtime()) > 0);
+        }
+
+        #[test]
+        fn $module_cluster() {
+            assert!($run("module", "cluster", &runtime()) > 0);
+        }
+
+        #[test]
+        fn $lua_cluster() {
+            assert!($run("lua", "cluster", &runtime()) > 0);
+        }
+    };
+}
+
+fn cases() -> Vec<Json> {
+    cases_of("cases.json")
 }
 
 fn lists(case: &Json, field: &str, value: &str) -> bool {
@@ -377,14 +448,7 @@ fn run_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) -> usize
 }
 
 fn lease_cases() -> Vec<Json> {
-    let path = repo_root().join("clients/conformance/leases.json");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let doc: Json = serde_json::from_str(&text).unwrap();
-    assert_eq!(
-        doc["version"], 1,
-        "a version of leases.json this runner knows"
-    );
-    doc["cases"].as_array().unwrap().clone()
+    cases_of("leases.json")
 }
 
 /// One lease call the runner can make on either driver.
@@ -564,40 +628,14 @@ fn run_lease_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) ->
                     }
                 };
                 let policy = call["policy"].as_str().unwrap_or("default");
-                let outcome = if driver == "sync" {
-                    match &env {
-                        Env::Standalone(s) => sync_lease(
-                            &mut RateLimiter::from_client(s.client(), GENEROUS)
-                                .with_policy_name(policy),
-                            &lease,
-                        ),
-                        Env::Cluster(c) => sync_lease(
-                            &mut RateLimiter::new(c.client().get_connection().unwrap())
-                                .with_blocking_client(c.nodes[0].client())
-                                .with_timeouts(GENEROUS)
-                                .with_policy_name(policy),
-                            &lease,
-                        ),
-                    }
-                } else {
-                    rt.block_on(async {
-                        match &env {
-                            Env::Standalone(s) => {
-                                let l = AsyncRateLimiter::from_client(s.client(), GENEROUS)
-                                    .with_policy_name(policy);
-                                async_lease(&l, &lease).await
-                            }
-                            Env::Cluster(c) => {
-                                let con = c.client().get_async_connection().await.unwrap();
-                                let l = AsyncRateLimiter::new(con)
-                                    .with_blocking_client(c.nodes[0].client())
-                                    .with_timeouts(GENEROUS)
-                                    .with_policy_name(policy);
-                                async_lease(&l, &lease).await
-                            }
-                        }
-                    })
-                };
+                let outcome = on_limiter!(
+                    &env,
+                    driver,
+                    rt,
+                    policy,
+                    |l| sync_lease(l, &lease),
+                    async_lease(l, &lease).await
+                );
                 check_lease(call, outcome, &mut saved, &at);
             }
             ran += 1;
@@ -606,25 +644,13 @@ fn run_lease_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) ->
     ran
 }
 
-#[test]
-fn lease_cases_on_the_module_standalone() {
-    assert!(run_lease_env("module", "standalone", &runtime()) > 0);
-}
-
-#[test]
-fn lease_cases_on_lua_standalone() {
-    assert!(run_lease_env("lua", "standalone", &runtime()) > 0);
-}
-
-#[test]
-fn lease_cases_on_the_module_in_a_cluster() {
-    assert!(run_lease_env("module", "cluster", &runtime()) > 0);
-}
-
-#[test]
-fn lease_cases_on_lua_in_a_cluster() {
-    assert!(run_lease_env("lua", "cluster", &runtime()) > 0);
-}
+on_every_backend!(
+    run_lease_env:
+    lease_cases_on_the_module_standalone,
+    lease_cases_on_lua_standalone,
+    lease_cases_on_the_module_in_a_cluster,
+    lease_cases_on_lua_in_a_cluster
+);
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -633,25 +659,13 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-#[test]
-fn conformance_cases_on_the_module_standalone() {
-    assert!(run_env("module", "standalone", &runtime()) > 0);
-}
-
-#[test]
-fn conformance_cases_on_lua_standalone() {
-    assert!(run_env("lua", "standalone", &runtime()) > 0);
-}
-
-#[test]
-fn conformance_cases_on_the_module_in_a_cluster() {
-    assert!(run_env("module", "cluster", &runtime()) > 0);
-}
-
-#[test]
-fn conformance_cases_on_lua_in_a_cluster() {
-    assert!(run_env("lua", "cluster", &runtime()) > 0);
-}
+on_every_backend!(
+    run_env:
+    conformance_cases_on_the_module_standalone,
+    conformance_cases_on_lua_standalone,
+    conformance_cases_on_the_module_in_a_cluster,
+    conformance_cases_on_lua_in_a_cluster
+);
 
 // --- clients/conformance/jobs.json: reservations, charges, settling, lockout ---------
 //
@@ -664,13 +678,7 @@ fn conformance_cases_on_lua_in_a_cluster() {
 // The lua runs wait for lua/tb.lua to have tb_charge (the file's "about").
 
 fn job_cases() -> Vec<Json> {
-    let path = repo_root().join("clients/conformance/jobs.json");
-    let doc: Json = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    assert_eq!(
-        doc["version"], 1,
-        "a version of jobs.json this runner knows"
-    );
-    doc["cases"].as_array().unwrap().clone()
+    cases_of("jobs.json")
 }
 
 fn lua_has_jobs() -> bool {
@@ -849,40 +857,14 @@ fn run_jobs_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) -> 
                     }
                 };
                 let policy = call["policy"].as_str().unwrap_or("default");
-                let outcome = if driver == "sync" {
-                    match &env {
-                        Env::Standalone(s) => sync_job(
-                            &mut RateLimiter::from_client(s.client(), GENEROUS)
-                                .with_policy_name(policy),
-                            &job,
-                        ),
-                        Env::Cluster(c) => sync_job(
-                            &mut RateLimiter::new(c.client().get_connection().unwrap())
-                                .with_blocking_client(c.nodes[0].client())
-                                .with_timeouts(GENEROUS)
-                                .with_policy_name(policy),
-                            &job,
-                        ),
-                    }
-                } else {
-                    rt.block_on(async {
-                        match &env {
-                            Env::Standalone(s) => {
-                                let l = AsyncRateLimiter::from_client(s.client(), GENEROUS)
-                                    .with_policy_name(policy);
-                                async_job(&l, &job).await
-                            }
-                            Env::Cluster(c) => {
-                                let con = c.client().get_async_connection().await.unwrap();
-                                let l = AsyncRateLimiter::new(con)
-                                    .with_blocking_client(c.nodes[0].client())
-                                    .with_timeouts(GENEROUS)
-                                    .with_policy_name(policy);
-                                async_job(&l, &job).await
-                            }
-                        }
-                    })
-                };
+                let outcome = on_limiter!(
+                    &env,
+                    driver,
+                    rt,
+                    policy,
+                    |l| sync_job(l, &job),
+                    async_job(l, &job).await
+                );
                 check_job(call, outcome, &at);
             }
             ran += 1;
@@ -891,25 +873,13 @@ fn run_jobs_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) -> 
     ran
 }
 
-#[test]
-fn job_cases_on_the_module_standalone() {
-    assert!(run_jobs_env("module", "standalone", &runtime()) > 0);
-}
-
-#[test]
-fn job_cases_on_lua_standalone() {
-    assert!(run_jobs_env("lua", "standalone", &runtime()) > 0);
-}
-
-#[test]
-fn job_cases_on_the_module_in_a_cluster() {
-    assert!(run_jobs_env("module", "cluster", &runtime()) > 0);
-}
-
-#[test]
-fn job_cases_on_lua_in_a_cluster() {
-    assert!(run_jobs_env("lua", "cluster", &runtime()) > 0);
-}
+on_every_backend!(
+    run_jobs_env:
+    job_cases_on_the_module_standalone,
+    job_cases_on_lua_standalone,
+    job_cases_on_the_module_in_a_cluster,
+    job_cases_on_lua_in_a_cluster
+);
 
 // --- clients/conformance/resend.json: one resend after a dropped connection ---------
 //
@@ -921,13 +891,7 @@ fn job_cases_on_lua_in_a_cluster() {
 // module is TB.BTAKE on a dedicated connection there too.
 
 fn resend_cases() -> Vec<Json> {
-    let path = repo_root().join("clients/conformance/resend.json");
-    let doc: Json = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    assert_eq!(
-        doc["version"], 1,
-        "a version of resend.json this runner knows"
-    );
-    doc["cases"].as_array().unwrap().clone()
+    cases_of("resend.json")
 }
 
 /// Closes every client connection of every node, the runner's own excepted.
@@ -1025,57 +989,24 @@ fn run_resend_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) -
                 "{backend}/{topology}/{driver}: resend case {:?}",
                 case["name"].as_str().unwrap()
             );
-            match (&env, driver) {
-                (Env::Standalone(s), "sync") => resend_sync(
-                    &mut RateLimiter::from_client(s.client(), GENEROUS),
-                    &env,
-                    &case,
-                    &at,
-                ),
-                (Env::Cluster(c), "sync") => resend_sync(
-                    &mut RateLimiter::new(c.client().get_connection().unwrap())
-                        .with_blocking_client(c.nodes[0].client())
-                        .with_timeouts(GENEROUS),
-                    &env,
-                    &case,
-                    &at,
-                ),
-                (Env::Standalone(s), _) => rt.block_on(resend_async(
-                    &AsyncRateLimiter::from_client(s.client(), GENEROUS),
-                    &env,
-                    &case,
-                    &at,
-                )),
-                (Env::Cluster(c), _) => rt.block_on(async {
-                    let con = c.client().get_async_connection().await.unwrap();
-                    let l = AsyncRateLimiter::new(con)
-                        .with_blocking_client(c.nodes[0].client())
-                        .with_timeouts(GENEROUS);
-                    resend_async(&l, &env, &case, &at).await
-                }),
-            }
+            on_limiter!(
+                &env,
+                driver,
+                rt,
+                "default",
+                |l| resend_sync(l, &env, &case, &at),
+                resend_async(l, &env, &case, &at).await
+            );
             ran += 1;
         }
     }
     ran
 }
 
-#[test]
-fn resend_cases_on_the_module_standalone() {
-    assert!(run_resend_env("module", "standalone", &runtime()) > 0);
-}
-
-#[test]
-fn resend_cases_on_lua_standalone() {
-    assert!(run_resend_env("lua", "standalone", &runtime()) > 0);
-}
-
-#[test]
-fn resend_cases_on_the_module_in_a_cluster() {
-    assert!(run_resend_env("module", "cluster", &runtime()) > 0);
-}
-
-#[test]
-fn resend_cases_on_lua_in_a_cluster() {
-    assert!(run_resend_env("lua", "cluster", &runtime()) > 0);
-}
+on_every_backend!(
+    run_resend_env:
+    resend_cases_on_the_module_standalone,
+    resend_cases_on_lua_standalone,
+    resend_cases_on_the_module_in_a_cluster,
+    resend_cases_on_lua_in_a_cluster
+);
