@@ -12,7 +12,7 @@ MODULE := $(ROOT)/target/release/libredis_tb.so
 # Port for `make run`.
 PORT ?= 6379
 
-# Read by the integration tests (tests/common): which module and which server
+# Read by the integration tests (tests/it/harness): which module and which server
 # binary to use. Override e.g. with `make test TB_SERVER=/path/to/valkey-server`.
 export TB_MODULE ?= $(MODULE)
 export TB_SERVER ?= redis-server
@@ -42,7 +42,7 @@ run: build ## Start redis-server in the foreground with the module (PORT=6379)
 	cd $(ROOT) && exec redis-server redis.conf.example --port $(PORT)
 
 # TB_MODULE is given so that `make dist` packages the release build even when TB_MODULE
-# points the tests at another module. tests/release.rs runs the same script on the module
+# points the tests at another module. tests/it/release.rs runs the same script on the module
 # under test and installs what it writes.
 dist: build ## Release artifacts in dist/: the module's tarball and .deb, the library packages, SHA256SUMS (scripts/dist.sh)
 	cd $(ROOT) && TB_MODULE=$(MODULE) bash scripts/dist.sh
@@ -64,13 +64,13 @@ lint: deps ## rustfmt check and clippy with warnings as errors
 # integration tests would load a stale module. The tests themselves are built
 # in the dev profile (overflow checks on, no LTO: minutes faster); they load
 # the release module, the one users run.
-# tests/write_failures.rs also needs the test-only fault-injection build
+# tests/it/server/write_failures.rs also needs the test-only fault-injection build
 # (src/testing/fault.rs), kept in its own target directory so it never replaces the
 # module users run.
 FAULT_BUILD := cargo build --features fault-injection --target-dir target/fault
 
 # `servers` before the first `cargo test`: the lease tests that step the clock back run the
-# server under libfaketime, which needs a libc-malloc build (tests/common/clock.rs).
+# server under libfaketime, which needs a libc-malloc build (tests/it/harness/clock.rs).
 test: check-paths deps lint servers ## Everything: path check, lint, unit/property/integration tests on Redis and Valkey, client libraries
 	cd $(ROOT) && cargo build --release
 	cd $(ROOT) && $(FAULT_BUILD)
@@ -87,7 +87,7 @@ test-valkey: servers ## Integration tests against Valkey 8.1 and 9.1 (fetched by
 	@status=0; for v in $(VALKEYS); do \
 	  server=$(ROOT)/.cache/servers/valkey-$$v/valkey-server; \
 	  echo "--- integration tests on $$("$$server" --version)"; \
-	  ( cd $(ROOT) && TB_SERVER="$$server" cargo test --test '*' ) || status=1; \
+	  ( cd $(ROOT) && TB_SERVER="$$server" cargo test --test it ) || status=1; \
 	done; exit $$status
 
 # Each library's own suite (clients/<lang>/run-tests.sh): real servers with

@@ -1,5 +1,5 @@
 -- The token bucket TB.TAKE replaces, as the seeds write it: what `make bench` races and
--- what the tests (tests/common/mod.rs, REFERENCE_LUA) run alongside TB.TAKE.
+-- what the tests (tests/it/harness/mod.rs, REFERENCE_LUA) run alongside TB.TAKE.
 --
 -- KEYS[1]  bucket hash {tokens, last_refill (Unix ms)}
 -- ARGV[1]  capacity     tokens when full

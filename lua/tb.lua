@@ -1,5 +1,5 @@
 #!lua name=tb
--- version 0.1.0: the root Cargo.toml's, like every package of redis-tb (tests/release.rs checks it)
+-- version 0.1.0: the root Cargo.toml's, like every package of redis-tb (tests/it/release.rs checks it)
 -- tb.lua: redis-tb's commands in Lua, for servers that cannot load modules
 -- (managed Redis, hosted Valkey). Same replies, same hash, same TTL, same
 -- errors as the module, so either can take over a bucket from the other.
@@ -38,14 +38,14 @@
 --
 -- Each step mirrors core/src/bucket.rs and core/src/number.rs operation for
 -- operation, so both produce the same doubles, the same waits to the ms and
--- byte-identical `tokens` text (tests/lua_fallback.rs compares them). The
+-- byte-identical `tokens` text (tests/it/twin/differential.rs compares them). The
 -- leases (docs/leases.md) store the module's sorted set, members, scores and
--- expiry (tests/leases_lua.rs compares them). The clock is the server's
+-- expiry (tests/it/twin/leases.rs compares them). The clock is the server's
 -- TIME, read once per call, never the caller's. Replicas and the AOF receive
 -- the effects (HSET, ZREM, ZADD, PEXPIREAT with an absolute deadline), never
 -- the script.
 --
--- Known differences from the module (see tests/lua_fallback.rs):
+-- Known differences from the module (see tests/it/twin/differential.rs):
 -- * no TB.BTAKE and no timeout_ms for acquire (a script cannot wait: one
 --   more argument is the wrong-arity error), no INFO tb counters, and
 --   tb.shadow-mode does not apply;

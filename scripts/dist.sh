@@ -15,7 +15,7 @@
 #
 # usage: scripts/dist.sh            build the artifacts
 #        scripts/dist.sh --names    print the artifact names, one a line, build nothing
-#                                   (tests/release.rs compares them with the version)
+#                                   (tests/it/release.rs compares them with the version)
 #
 # The three libraries each hold a symlink to lua/tb.lua (the one copy). Each is built from a
 # staged copy of its tracked files in a temporary directory, with the link replaced by the

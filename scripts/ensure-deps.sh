@@ -9,7 +9,7 @@
 #     API bindings at build time and loads libclang to do it)
 #   - redis-server, redis-cli, redis-benchmark (integration tests and `make run`)
 #   - libfaketime (the `faketime` package): the lease tests step the server's
-#     clock back (tests/common/clock.rs)
+#     clock back (tests/it/harness/clock.rs)
 #   - objdump and strip (binutils), dpkg-deb: `make dist` strips the module, measures
 #     the glibc it needs and builds the .deb (scripts/dist.sh)
 #

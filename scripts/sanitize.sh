@@ -4,8 +4,9 @@
 #   scripts/sanitize.sh [phase ...]          (`make sanitize`; default: suite leaks growth)
 #
 # Phases:
-#   suite   Integration tests (SANITIZE_TESTS, default: take errors takeall refund
-#           peek btake btake_events leases) against redis-server under valgrind memcheck. Every memcheck
+#   suite   Integration tests (SANITIZE_TESTS: module paths of tests/it, default: the
+#           commands take, errors, takeall, refund, peek, and waiting::btake,
+#           waiting::btake_events, leases) against redis-server under valgrind memcheck. Every memcheck
 #           error (invalid read/write/free, uninitialised value, overlap) is
 #           reported; one whose stack goes through libredis_tb.so fails the run.
 #           The harness SIGKILLs its servers, so this phase cannot see leaks.
@@ -37,7 +38,7 @@ ROOT=$PWD
 OUT=$ROOT/.cache/sanitize
 MODULE=$ROOT/target/release/libredis_tb.so
 SERVER_BIN=${TB_SERVER_BIN:-redis-server}
-TESTS=${SANITIZE_TESTS:-take errors takeall refund peek btake btake_events leases}
+TESTS=${SANITIZE_TESTS:-commands::take:: commands::errors:: commands::takeall:: commands::refund:: commands::peek:: waiting::btake:: waiting::btake_events:: leases::}
 THREADS=${SANITIZE_THREADS:-2}
 LEAK_ROUNDS=${LEAK_ROUNDS:-100}
 GROWTH_CALLS=${GROWTH_CALLS:-100000}
@@ -222,7 +223,7 @@ phase_build() {
 phase_suite() {
     local dir=$OUT/valgrind-suite start args=() skips=() t rc
     rm -rf "$dir"; mkdir -p "$dir"
-    for t in $TESTS; do args+=(--test "$t"); done
+    args=(--test it)
     for t in $SKIP; do skips+=(--skip "$t"); done
     echo "--- suite under valgrind: ${TESTS} (${THREADS} threads); logs in $dir"
     start=$(now)
@@ -233,7 +234,7 @@ phase_suite() {
     TB_VALGRIND_EXTRA="--suppressions=$ROOT/scripts/valgrind.supp" \
     TB_START_TIMEOUT_MS=${TB_START_TIMEOUT_MS:-180000} \
     TB_MODULE="$MODULE" \
-        cargo test --release --no-fail-fast "${args[@]}" -- --test-threads="$THREADS" "${skips[@]}" 2>&1 | tee "$dir/cargo-test.log"
+        cargo test --release --no-fail-fast "${args[@]}" -- --test-threads="$THREADS" $TESTS "${skips[@]}" 2>&1 | tee "$dir/cargo-test.log"
     rc=${PIPESTATUS[0]}
     set -e
     local servers
@@ -453,10 +454,10 @@ export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:halt_on_error=1:log_path=$di
 exec "$SERVER_BIN" "\$@"
 EOF
     chmod +x "$dir/server.sh"
-    for t in $TESTS; do args+=(--test "$t"); done
+    args=(--test it)
     set +e
     TB_SERVER="$dir/server.sh" TB_MODULE="$module" \
-        cargo test --release "${args[@]}" -- --test-threads="$THREADS" > "$dir/cargo-test.log" 2>&1
+        cargo test --release "${args[@]}" -- --test-threads="$THREADS" $TESTS > "$dir/cargo-test.log" 2>&1
     rc=$?
     set -e
     grep -E "^test result|FAILED|panicked" "$dir/cargo-test.log" | head -n 20 || true

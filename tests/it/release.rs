@@ -7,9 +7,7 @@
 //! seven artifacts (two `cargo package` verification builds among them), and the tests only
 //! read what it wrote; each test unpacks or installs into a directory of its own.
 
-mod common;
-
-use common::*;
+use crate::harness::*;
 use std::collections::BTreeSet;
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -223,7 +221,7 @@ fn assert_module_serves(server: &Server) {
 
 /// Every manifest that carries a version carries the root Cargo.toml's, and so do the
 /// artifact names and the changelog. No server: this is the cheap half; the loaded module's
-/// MODULE LIST ver is checked by the artifact tests below (and tests/lifecycle.rs).
+/// MODULE LIST ver is checked by the artifact tests below (and tests/it/server/lifecycle.rs).
 ///
 /// lua/tb.lua carries no version of its own (its text is compared with the clients' copies,
 /// so a version line would have to be added there too); nothing to compare for it yet.

@@ -130,7 +130,7 @@ function admin(port) {
 
 const SLOT_RANGES = [[0, 5460], [5461, 10922], [10923, 16383]];
 
-// Three masters owning all slots (the recipe of tests/cluster.rs: explicit bus ports,
+// Three masters owning all slots (the recipe of tests/it/topology/cluster.rs: explicit bus ports,
 // SET-CONFIG-EPOCH, ADDSLOTSRANGE, MEET, wait for cluster_state:ok on every node).
 async function startCluster({ module = false } = {}) {
   const nodes = [];

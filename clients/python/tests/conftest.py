@@ -103,7 +103,7 @@ class Server:
 
 
 class Cluster:
-    """Three masters owning all slots (as tests/cluster.rs builds it)."""
+    """Three masters owning all slots (as tests/it/topology/cluster.rs builds it)."""
 
     def __init__(self, module: bool):
         self.nodes = []

@@ -1,8 +1,6 @@
 //! Command metadata: COMMAND INFO, COMMAND DOCS, COMMAND GETKEYS for tb.take and tb.peek.
 
-mod common;
-
-use common::*;
+use crate::harness::*;
 use redis::Value;
 use std::collections::BTreeMap;
 

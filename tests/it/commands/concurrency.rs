@@ -5,13 +5,11 @@
 //! test runs the refill adds well under one token: the exact bound `floor(capacity + rate *
 //! elapsed)` equals the capacity, and is also asserted as computed from the measured time.
 
-mod common;
-
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Instant;
 
-use common::*;
+use crate::harness::*;
 
 const THREADS: usize = 8;
 /// One token per 1000 s.

@@ -1,9 +1,7 @@
 //! Every bad input from the contract: exact error text, the server alive afterwards, and the key
 //! (bucket or foreign value) byte-for-byte and expiry-for-expiry untouched.
 
-mod common;
-
-use common::*;
+use crate::harness::*;
 
 const CAPACITY_ERR: &str = "ERR capacity must be a positive finite number";
 const RATE_ERR: &str = "ERR rate must be a positive finite number";

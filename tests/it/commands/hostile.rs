@@ -21,9 +21,7 @@
 //! Timing: buckets that must not refill during a test use a rate of one token per 1000 s, and
 //! waits that shrink while a test runs are asserted as ranges with `SLACK_MS` of slack.
 
-mod common;
-
-use common::*;
+use crate::harness::*;
 
 /// Slack for waits that shrink while a test runs: far more than any test takes.
 const SLACK_MS: i64 = 10_000;

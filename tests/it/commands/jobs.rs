@@ -12,18 +12,17 @@
 //! the test's sleeps; where a reply depends on the instant of the call, it is bounded by
 //! the server clock read before and after it. Every wait is a bounded poll.
 
-mod common;
-
 use std::net::TcpListener;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::{
+use crate::harness;
+use crate::harness::{
     aof_without_select, argv, assert_no_tb_command, assert_replica_holds_the_same_buckets, bucket,
-    error_text, exists, hgetall, pexpiretime, promote, repl_offset, server_time_ms, snapshot,
-    start_cluster_node, start_replica_of, tb_field, wait_for_replica, wait_for_waiting, wait_until,
-    RawClient, Resp, Server, AOF_ARGS, CAPACITY_ERROR, N_ERROR, QUIET_MASTER_ARGS, RATE_ERROR,
-    WRONGTYPE_ERROR,
+    drain, error_text, exists, hgetall, pexpiretime, promote, repl_offset, server_time_ms,
+    snapshot, start_cluster_node, start_replica_of, tb_field, wait_for_replica, wait_for_waiting,
+    wait_until, RawClient, Resp, Server, AOF_ARGS, CAPACITY_ERROR, N_ERROR, QUIET_MASTER_ARGS,
+    RATE_ERROR, WRONGTYPE_ERROR,
 };
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::{ConnectionLike, Value};
@@ -91,7 +90,7 @@ fn has_lock_fields(con: &mut redis::Connection, key: &str) -> bool {
 
 /// The stored `tokens` as a number (may be below zero: debt).
 fn tokens(con: &mut redis::Connection, key: &str) -> f64 {
-    common::stored_tokens(con, key)
+    harness::stored_tokens(con, key)
 }
 
 /// Runs `args` between two readings of the server clock: `(before, reply, after)`.
@@ -116,12 +115,6 @@ fn counter(con: &mut redis::Connection, name: &str) -> i64 {
     tb_field(con, name)
         .parse()
         .unwrap_or_else(|e| panic!("INFO tb {name}: {e}"))
-}
-
-/// Empties a new bucket of `capacity` at `rate` (one TB.TAKE of all of it).
-fn drain(con: &mut redis::Connection, key: &str, capacity: &str, rate: &str) {
-    let reply = call(con, &["TB.TAKE", key, capacity, rate, capacity]);
-    assert_eq!(reply[..2], [1, 0], "{key} drained: {reply:?}");
 }
 
 /// A drained bucket of one token refilled at one per 1000 s, locked by a denial with
@@ -151,7 +144,7 @@ fn a_denial_with_block_locks_the_key_until_the_lock_ends_while_tokens_keep_refil
     // A token would be back within 100 ms; the lock is the later, so it is the wait.
     assert_eq!(reply[..3], [0, 0, 3000], "{reply:?}");
     let (until, strikes, probation) = stored_lock(&mut con, "tb:lock");
-    common::assert_within("locked_until", until, before + 3000, after + 3000);
+    harness::assert_within("locked_until", until, before + 3000, after + 3000);
     assert_eq!(strikes, 1);
     assert_eq!(
         probation,
@@ -193,7 +186,7 @@ fn a_denial_with_block_locks_the_key_until_the_lock_ends_while_tokens_keep_refil
             "{}: denied, the bucket full: {reply:?}",
             args.join(" ")
         );
-        common::assert_within("retry_after_ms", reply[2], until - after, until - before);
+        harness::assert_within("retry_after_ms", reply[2], until - after, until - before);
         assert_eq!(reply[3], 0, "full: reset_after_ms 0");
         if args[0] == "TB.TAKEALL" {
             assert_eq!(reply[4], 0, "the locked bucket decides");
@@ -230,7 +223,7 @@ fn a_locked_denial_waits_for_the_later_of_the_lock_end_and_the_tokens() {
     let (until, _, _) = locked_slow_bucket(&mut con, "tb:slow", "2000");
     let reply = call(&mut con, &["TB.PEEK", "tb:slow", "1", "0.001", "1"]);
     assert_eq!(reply[..2], [0, 0]);
-    common::assert_within("retry_after_ms (the token)", reply[2], 990_000, 1_000_000);
+    harness::assert_within("retry_after_ms (the token)", reply[2], 990_000, 1_000_000);
     assert!(server_time_ms(&mut con) < until, "still locked");
     // More than the capacity can never succeed, lock or not.
     let reply = call(&mut con, &["TB.TAKE", "tb:slow", "1", "0.001", "2"]);
@@ -283,7 +276,7 @@ fn with_maxblock_each_lock_within_the_probation_doubles_up_to_maxblock_and_after
         let next = deny(&mut con);
         assert!(at < lock.2, "denied after the probation; machine too slow");
         assert_eq!((next.1, next.2 - next.0), (strikes, length), "{next:?}");
-        common::assert_within(
+        harness::assert_within(
             "locked_until",
             next.0,
             at + length,
@@ -355,7 +348,7 @@ fn tb_btake_waiters_queued_before_a_lock_are_served_as_their_tokens_come() {
     let mut con = server.conn();
     // 1 token, 2 per second: the waiter's token is back 500 ms after the drain.
     drain(&mut con, "tb:queued", "1", "2");
-    let drained_at = common::stored_last_refill(&mut con, "tb:queued");
+    let drained_at = harness::stored_last_refill(&mut con, "tb:queued");
     let mut waiter = RawClient::connect(&server);
     waiter.send(&["TB.BTAKE", "tb:queued", "1", "2", "1", "10000"]);
     wait_for_waiting(&mut con, 1);
@@ -371,7 +364,7 @@ fn tb_btake_waiters_queued_before_a_lock_are_served_as_their_tokens_come() {
         Some(Resp::Ints(reply)) => assert_eq!(reply[..3], [1, 0, 0], "{reply:?}"),
         other => panic!("the waiter got {other:?}"),
     }
-    let served_at = common::stored_last_refill(&mut con, "tb:queued");
+    let served_at = harness::stored_last_refill(&mut con, "tb:queued");
     assert!(
         served_at >= drained_at + 500 && served_at < until,
         "served at {served_at}"
@@ -593,13 +586,13 @@ fn a_denial_during_a_lock_leaves_a_watch_alone_and_tb_unblock_signals_it_only_wh
             call(other, args);
         }
     };
-    assert!(common::watch_survives(
+    assert!(harness::watch_survives(
         &server,
         &mut con,
         "tb:watched",
         denied
     ));
-    assert!(common::watch_survives(
+    assert!(harness::watch_survives(
         &server,
         &mut con,
         "tb:never-locked",
@@ -607,7 +600,7 @@ fn a_denial_during_a_lock_leaves_a_watch_alone_and_tb_unblock_signals_it_only_wh
             assert_eq!(unblock(other, "tb:never-locked"), 0);
         }
     ));
-    assert!(!common::watch_survives(
+    assert!(!harness::watch_survives(
         &server,
         &mut con,
         "tb:watched",
@@ -615,7 +608,7 @@ fn a_denial_during_a_lock_leaves_a_watch_alone_and_tb_unblock_signals_it_only_wh
             assert_eq!(unblock(other, "tb:watched"), 1);
         }
     ));
-    assert!(common::watch_survives(
+    assert!(harness::watch_survives(
         &server,
         &mut con,
         "tb:watched",
@@ -685,14 +678,14 @@ fn a_reservation_is_allowed_into_debt_and_retry_after_ms_is_its_wait() {
         &["TB.TAKE", "tb:res", "10", "10", "5", "MAXWAIT", "1000"],
     );
     assert_eq!(reply[..2], [1, 0], "allowed, nothing left: {reply:?}");
-    common::assert_within("retry_after_ms", reply[2], 450, 500);
+    harness::assert_within("retry_after_ms", reply[2], 450, 500);
     let debt = tokens(&mut con, "tb:res");
     assert!(
         (-5.0..-4.5).contains(&debt),
         "stored tokens {debt}: a debt of about 5"
     );
     // Full again after the debt and the capacity: 15 tokens, 1.5 s.
-    common::assert_within(
+    harness::assert_within(
         "reset_after_ms",
         reply[3],
         reply[2] + 1000 - 1,
@@ -717,7 +710,7 @@ fn reservations_are_served_in_arrival_order() {
     let mut con = server.conn();
     // 10 tokens, 10 per second, drained: each reservation waits behind the ones before.
     drain(&mut con, "tb:order", "10", "10");
-    let drained_at = common::stored_last_refill(&mut con, "tb:order");
+    let drained_at = harness::stored_last_refill(&mut con, "tb:order");
     // Each caller acts when every token reserved before it, and its own, has been
     // refilled since the drain: 2, 3, 6, 7 and 9 tokens, 100 ms each.
     for (n, ahead) in [("2", 2), ("1", 3), ("3", 6), ("1", 7), ("2", 9)] {
@@ -728,7 +721,7 @@ fn reservations_are_served_in_arrival_order() {
         assert_eq!(reply[..2], [1, 0], "reserved: {reply:?}");
         let go = drained_at + ahead * 100;
         // The call ran between `before` and `after`; 1 ms of rounding.
-        common::assert_within(
+        harness::assert_within(
             "when it may act",
             go,
             before + reply[2] - 1,
@@ -747,7 +740,7 @@ fn a_reservation_that_cannot_be_served_within_maxwait_is_denied_and_writes_nothi
     let mut con = server.conn();
     // 10 tokens, 1 per second, drained: 5 tokens take 5 s, more than MAXWAIT 2000.
     drain(&mut con, "tb:far", "10", "1");
-    let drained_at = common::stored_last_refill(&mut con, "tb:far");
+    let drained_at = harness::stored_last_refill(&mut con, "tb:far");
     let before = snapshot(&mut con, b"tb:far");
     let (t0, reply, t1) = timed(
         &mut con,
@@ -757,7 +750,7 @@ fn a_reservation_that_cannot_be_served_within_maxwait_is_denied_and_writes_nothi
     // Denied with the soonest a call with the same MAXWAIT is allowed: when 5 tokens are
     // 2 s away, 3 s after the drain.
     let go = drained_at + 3000;
-    common::assert_within("retry_after_ms", reply[2], go - t1, go - t0 + 1);
+    harness::assert_within("retry_after_ms", reply[2], go - t1, go - t0 + 1);
     assert_eq!(snapshot(&mut con, b"tb:far"), before, "nothing written");
     assert_eq!(counter(&mut con, "tb_reservations_waited"), 0);
     // More than the capacity is never reserved.
@@ -797,7 +790,7 @@ fn tb_takeall_with_maxwait_reserves_in_every_bucket_or_in_none_and_waits_for_the
         (1, 0, 1),
         "the slow bucket decides: {reply:?}"
     );
-    common::assert_within("retry_after_ms", reply[2], 400, 500);
+    harness::assert_within("retry_after_ms", reply[2], 400, 500);
     assert!(tokens(&mut con, "{w}:fast") < 0.0 && tokens(&mut con, "{w}:slow") < 0.0);
     assert_eq!(counter(&mut con, "tb_reservations_waited"), 1, "one call");
 
@@ -882,12 +875,12 @@ fn a_charge_goes_into_debt_down_to_maxdebt_and_later_takes_wait_until_it_is_repa
     assert_eq!(tokens(&mut con, "tb:llm"), -5.0);
     assert_eq!(counter(&mut con, "tb_charges"), 1);
     assert_eq!(tb_field(&mut con, "tb_tokens_charged"), "25");
-    let charged_at = common::stored_last_refill(&mut con, "tb:llm");
+    let charged_at = harness::stored_last_refill(&mut con, "tb:llm");
     // A take is denied until the debt and its own token are back: 600 ms.
     let (before, reply, after) = timed(&mut con, &["TB.TAKE", "tb:llm", "10", "10", "1"]);
     assert_eq!(reply[..2], [0, 0], "{reply:?}");
     let go = charged_at + 600;
-    common::assert_within("retry_after_ms", reply[2], go - after, go - before + 1);
+    harness::assert_within("retry_after_ms", reply[2], go - after, go - before + 1);
     wait_for_server_time(&mut con, go + 10);
     let reply = call(&mut con, &["TB.TAKE", "tb:llm", "10", "10", "1"]);
     assert_eq!(reply[0], 1, "repaid: {reply:?}");
@@ -950,7 +943,7 @@ fn a_bucket_in_debt_denies_even_n_0_until_the_debt_is_repaid() {
         call(&mut con, &["TB.CHARGE", "tb:debt0", "10", "10", "15"])[..3],
         [1, 0, 500]
     );
-    let charged_at = common::stored_last_refill(&mut con, "tb:debt0");
+    let charged_at = harness::stored_last_refill(&mut con, "tb:debt0");
     let before = snapshot(&mut con, b"tb:debt0");
     for args in [
         &["TB.PEEK", "tb:debt0", "10", "10", "0"][..],
@@ -960,7 +953,7 @@ fn a_bucket_in_debt_denies_even_n_0_until_the_debt_is_repaid() {
         let (t0, reply, t1) = timed(&mut con, args);
         assert_eq!(reply[..2], [0, 0], "{}: {reply:?}", args.join(" "));
         let repaid = charged_at + 500;
-        common::assert_within("retry_after_ms", reply[2], repaid - t1, repaid - t0 + 1);
+        harness::assert_within("retry_after_ms", reply[2], repaid - t1, repaid - t0 + 1);
     }
     assert_eq!(snapshot(&mut con, b"tb:debt0"), before, "nothing written");
     wait_for_server_time(&mut con, charged_at + 510);
@@ -1175,7 +1168,7 @@ fn a_lock_survives_a_failover_to_the_promoted_replica() {
         [0, 1],
         "locked there too, with the token in it: {reply:?}"
     );
-    common::assert_within("retry_after_ms", reply[2], lock.0 - after, lock.0 - before);
+    harness::assert_within("retry_after_ms", reply[2], lock.0 - after, lock.0 - before);
     assert_eq!(bucket(&mut r, "tb:fo"), held, "the denial wrote nothing");
     // It can be lifted there.
     assert_eq!(unblock(&mut r, "tb:fo"), 1);
@@ -1362,7 +1355,7 @@ fn a_damaged_lock_field_is_refused_as_a_corrupt_bucket_and_left_as_it_is() {
         ("probation_until", "-1"),
     ] {
         let now = server_time_ms(&mut con);
-        common::hset(
+        harness::hset(
             &mut con,
             "tb:bad",
             &[
@@ -1452,7 +1445,7 @@ fn command_getkeys_of_tb_takeall_leaves_its_options_out() {
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
 const SLOT_RANGES: [(u16, u16); 3] = [(0, 5460), (5461, 10922), (10923, 16383)];
 
-/// Three masters owning every slot (assembled as tests/cluster.rs does, without replicas).
+/// Three masters owning every slot (assembled as tests/it/topology/cluster.rs does, without replicas).
 struct Cluster {
     nodes: Vec<Server>,
 }

@@ -1,8 +1,6 @@
 //! TB.PEEK: the reply TB.TAKE would give, without writing anything.
 
-mod common;
-
-use common::*;
+use crate::harness::*;
 
 #[test]
 fn peek_on_a_missing_key_reports_a_full_bucket_and_creates_nothing() {

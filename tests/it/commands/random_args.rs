@@ -22,12 +22,10 @@
 //! `TB_FUZZ_SEED` (decimal or 0x-hex) and `TB_FUZZ_CALLS` override the seed and the count; a
 //! failure message names the seed and the call, which is enough to replay it.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use common::*;
+use crate::harness::*;
 
 const DEFAULT_SEED: u64 = 0x7b5e_ed00_2026_0005;
 const DEFAULT_CALLS: usize = 20_000;
@@ -217,7 +215,7 @@ const FUTURE_KEY: &str = "pool:future";
 /// non-hash.
 fn seed_pool(con: &mut redis::Connection) {
     take(con, "pool:bucket", "1000000", "0.001", "1");
-    // Hand-edited but readable: the recovery rules apply (see tests/hostile.rs).
+    // Hand-edited but readable: the recovery rules apply (see tests/it/commands/hostile.rs).
     hset(
         con,
         FUTURE_KEY,

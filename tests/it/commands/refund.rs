@@ -7,26 +7,13 @@
 //! Timing: buckets use slow rates (a token per 100 s or slower) unless a test needs a refill,
 //! and time-dependent figures are asserted as ranges bounded by the server's own clock.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::*;
+use crate::harness::*;
 
 fn refund_cmd(key: &str, capacity: &str, rate: &str, n: &str) -> redis::Cmd {
     tb_cmd("TB.REFUND", key, capacity, rate, n)
-}
-
-/// `TB.REFUND key capacity rate n`; panics, naming the call, on an error reply.
-fn refund(con: &mut redis::Connection, key: &str, capacity: &str, rate: &str, n: &str) -> Vec<i64> {
-    let reply = tb(con, "TB.REFUND", key, capacity, rate, n);
-    assert_eq!(
-        reply.len(),
-        4,
-        "TB.REFUND {key} {capacity} {rate} {n} replied {reply:?}"
-    );
-    reply
 }
 
 // --- Arithmetic ----------------------------------------------------------------------------------

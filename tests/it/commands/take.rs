@@ -3,9 +3,7 @@
 //! Timing assertions are bounded by the server's own clock (TIME read before and after a call),
 //! or are one-sided, so they cannot flake on a slow machine.
 
-mod common;
-
-use common::*;
+use crate::harness::*;
 
 #[test]
 fn fresh_bucket_is_full_and_allows_with_time_to_full() {

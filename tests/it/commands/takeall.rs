@@ -15,11 +15,9 @@
 //! slower, and waits are asserted as ranges whose slack (seconds) dwarfs the time a test takes.
 //! Every wait for a replica or the cluster is a bounded poll.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::harness::*;
 
 /// One bucket of a TB.TAKEALL call: key, capacity, rate, n.
 type Group<'a> = (&'a str, &'a str, &'a str, &'a str);

@@ -3,12 +3,10 @@
 //! stands for, converted to the module's hash by the first call that writes.
 //!
 //! Most tests write the TAT themselves (`SET key <ns>`), as redis-cell does; those that need
-//! redis-cell itself load it beside the module (tests/common/cell.rs: skipped with a loud
+//! redis-cell itself load it beside the module (tests/it/harness/cell.rs: skipped with a loud
 //! message when it cannot be built, a failure under `CI=true`).
 
-mod common;
-
-use common::*;
+use crate::harness::*;
 
 const LOAD_FAILED: &str = "ERR Error loading the extension. Please check the server logs.";
 const CONFLICT: &str = "<tb> tb: not loaded: cell-compat: CL.THROTTLE is already registered by another module (redis-cell?); load redis-tb without cell-compat or unload it";

@@ -19,14 +19,12 @@
 //! of `k1`, which stays on redis-cell.
 //!
 //! Without redis-cell (scripts/build-redis-cell.sh failed) the tests skip loudly, and fail
-//! under `CI=true` (tests/common/cell.rs).
-
-mod common;
+//! under `CI=true` (tests/it/harness/cell.rs).
 
 use std::thread;
 use std::time::Instant;
 
-use common::*;
+use crate::harness::*;
 
 /// The largest clock difference between the twin calls of one step that is put down to the
 /// clocks (ns against ms, and the microseconds between the two calls), in ms.

@@ -12,7 +12,7 @@ use super::server::{info_field, wait_until, Server};
 /// The reference Lua token bucket (our own version of the seeds' algorithm), the same file
 /// `make bench` races. KEYS[1] bucket; ARGV capacity, rate, n, now_ms; returns
 /// `{allowed, floor(tokens)}`.
-pub const REFERENCE_LUA: &str = include_str!("../../bench/reference_token_bucket.lua");
+pub const REFERENCE_LUA: &str = include_str!("../../../bench/reference_token_bucket.lua");
 
 /// Largest wait the module reports, in ms (contract: waits are capped at 2^53 ms).
 pub const MAX_WAIT_MS: i64 = 1 << 53;
@@ -63,6 +63,25 @@ pub fn tb_error(
 /// `TB.TAKE key capacity rate n`; panics (naming the call) on an error reply.
 pub fn take(con: &mut Connection, key: &str, capacity: &str, rate: &str, n: &str) -> Vec<i64> {
     tb(con, "TB.TAKE", key, capacity, rate, n)
+}
+
+/// Empties a new bucket: one allowed TB.TAKE of its whole `capacity`. Returns the stored
+/// `last_refill`, the instant the bucket was empty, from which a test times its refill.
+pub fn drain(con: &mut Connection, key: &str, capacity: &str, rate: &str) -> i64 {
+    let reply = take(con, key, capacity, rate, capacity);
+    assert_eq!(reply[..2], [1, 0], "{key} drained: {reply:?}");
+    stored_last_refill(con, key)
+}
+
+/// `TB.REFUND key capacity rate n`; panics, naming the call, on an error reply.
+pub fn refund(con: &mut Connection, key: &str, capacity: &str, rate: &str, n: &str) -> Vec<i64> {
+    let reply = tb(con, "TB.REFUND", key, capacity, rate, n);
+    assert_eq!(
+        reply.len(),
+        4,
+        "TB.REFUND {key} {capacity} {rate} {n} replied {reply:?}"
+    );
+    reply
 }
 
 /// `WATCH key` on `con`.

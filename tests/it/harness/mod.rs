@@ -21,9 +21,6 @@
 //! - `TB_START_TIMEOUT_MS`: how long a starting server may take to answer PING (default
 //!   10000); raised by `scripts/sanitize.sh`, whose server runs under valgrind.
 
-// Each test file compiles its own copy of this module and uses only part of it.
-#![allow(dead_code)]
-
 pub mod aof;
 pub mod cell;
 pub mod clock;
@@ -31,12 +28,11 @@ pub mod commands;
 pub mod raw_client;
 pub mod replication;
 pub mod rng;
+mod self_check;
 pub mod server;
 pub mod twin;
 
-// Every test file takes what it needs from one flat namespace (`use common::*`); a file that
-// needs no twin or AOF helper would otherwise warn about the glob it does not use.
-#[allow(unused_imports)]
+// Every test file takes what it needs from one flat namespace (`use crate::harness::*`).
 pub use self::{
     aof::*, cell::*, clock::*, commands::*, raw_client::*, replication::*, rng::*, server::*,
     twin::*,

@@ -18,6 +18,16 @@ pub enum Resp {
     Other(String),
 }
 
+impl Resp {
+    /// The integer array of a reply that must be one (a TB.* grant or denial).
+    pub fn ints(self) -> Vec<i64> {
+        match self {
+            Resp::Ints(ints) => ints,
+            other => panic!("expected an integer array, got {other:?}"),
+        }
+    }
+}
+
 /// A bare RESP client on its own TCP connection, for blocking commands: it can send a command
 /// and look for the reply later, with a timeout, without giving up the connection (a TB.BTAKE
 /// waiter is a client whose reply has not come yet).

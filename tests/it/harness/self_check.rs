@@ -1,9 +1,7 @@
 //! The test harness itself: start, stop, restart, failure reporting and cleanup. If these fail,
 //! every other integration test is suspect.
 
-mod common;
-
-use common::*;
+use crate::harness::*;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 

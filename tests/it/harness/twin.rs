@@ -10,7 +10,7 @@ use super::server::Server;
 
 /// The one Lua source, `lua/tb.lua`: loaded as it is by FUNCTION LOAD, and without its first
 /// line as an EVAL script (see `tb_lua_script`).
-pub const TB_LUA: &str = include_str!("../../lua/tb.lua");
+pub const TB_LUA: &str = include_str!("../../../lua/tb.lua");
 
 /// `TB_LUA` as an EVAL script: without the `#!lua name=tb` shebang, whose `name=` EVAL refuses.
 pub fn tb_lua_script() -> &'static str {

@@ -3,9 +3,8 @@
 //! are never handed out twice, and what replicas, the AOF, restarts and
 //! failovers see (docs/leases.md).
 
-mod common;
-
-use common::{
+use crate::harness;
+use crate::harness::{
     aof_commands, expect_error, id_parts, incarnation, members, pexpiretime, repl_offset,
     server_time_ms, sleep_ms, start_replica_of, wait_for_replica, wait_until, FakeClock, Server,
     QUIET_MASTER_ARGS, SYNC_TIMEOUT, TEN_AM, TEN_AM_AND_30_S, TEN_AM_MS,
@@ -341,7 +340,7 @@ fn ids_are_never_handed_out_twice_even_after_the_key_expires_and_is_made_anew() 
             assert!(seen.insert(lease.clone()), "round {round}: {lease} twice");
         }
         wait_until("the lease set to expire", SYNC_TIMEOUT, || {
-            !common::exists(&mut con, "jobs")
+            !harness::exists(&mut con, "jobs")
         });
     }
     // And in one MULTI, where every call sees the same instant.
@@ -396,7 +395,7 @@ fn an_id_is_never_handed_out_again_after_the_clock_steps_back() {
     assert_eq!(server_time_ms(&mut con), TEN_AM_MS, "the fake clock");
     let old = id_of(&acquire(&mut con, "lc:1", 1, 1000));
     clock.set(TEN_AM_AND_30_S);
-    assert!(!common::exists(&mut con, "lc:1"), "the set expired");
+    assert!(!harness::exists(&mut con, "lc:1"), "the set expired");
     clock.set(TEN_AM);
     assert_eq!(
         server_time_ms(&mut con),
@@ -608,7 +607,7 @@ fn a_writing_call_removes_at_most_64_ended_leases_and_still_counts_exactly() {
         .collect();
     assert_eq!(left, vec![id_of(&lasting), id_of(&grant)]);
     assert_eq!(members(&mut con, "jobs").len(), 4, "and seq and inc");
-    let info = common::info_field(&mut con, "tb", "tb_leases_expired").unwrap();
+    let info = harness::info_field(&mut con, "tb", "tb_leases_expired").unwrap();
     assert_eq!(info, "100");
 }
 
@@ -628,7 +627,7 @@ fn replies_and_counters_show_in_info_tb() {
         ("tb_leases_released", "1"),
     ] {
         assert_eq!(
-            common::info_field(&mut con, "tb", field).as_deref(),
+            harness::info_field(&mut con, "tb", field).as_deref(),
             Some(value),
             "{field}"
         );
@@ -797,12 +796,12 @@ fn leases_work_inside_multi_and_scripts() {
 
 // --- Waiting: TB.ACQUIRE with timeout_ms ------------------------------------------------
 
-use common::{turn_replica_under_waiter, wait_for_waiting, RawClient, Resp};
+use crate::harness::{turn_replica_under_waiter, wait_for_waiting, RawClient, Resp};
 use std::time::{Duration, Instant};
 
 /// `INFO tb` field `tb_<field>` as an integer.
 fn tb_field(con: &mut redis::Connection, field: &str) -> i64 {
-    common::info_field(con, "tb", field)
+    harness::info_field(con, "tb", field)
         .unwrap_or_else(|| panic!("INFO tb {field}"))
         .parse::<f64>()
         .unwrap_or_else(|e| panic!("{field}: {e}")) as i64

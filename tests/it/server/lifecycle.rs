@@ -7,13 +7,11 @@
 //! Load arguments are `shadow-mode yes|no`; anything else makes the module refuse to load,
 //! with a `<tb> tb: not loaded: ...` line in the server log, and the server carries on.
 
-mod common;
-
 use std::fs;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::harness::*;
 
 const MODULE_ARGS: &[&str] = &["--enable-module-command", "yes"];
 /// The server's reply to any failed MODULE LOAD; the reason is in its log.

@@ -9,11 +9,9 @@
 //! receives must be the marker's. Events are delivered in order on one
 //! connection, so anything TB.TAKE published would arrive first.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{take, Server};
+use crate::harness::{take, Server};
 
 /// Upper bound for any single wait for an event.
 const EVENT_TIMEOUT: Duration = Duration::from_secs(5);

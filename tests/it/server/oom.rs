@@ -9,11 +9,9 @@
 //! SETRANGE) pushes memory use far above a `maxmemory` set 16 MB below the use measured with
 //! it; deleting the ballast brings use 16 MB under the limit again.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::harness::*;
 
 const OOM_ERR: &str = "OOM command not allowed when used memory > 'maxmemory'.";
 const BALLAST_BYTES: i64 = 32 << 20;

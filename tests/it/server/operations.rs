@@ -2,12 +2,10 @@
 //! config file) and ACL users, on whatever server `TB_SERVER` names (Redis 7.0 by default;
 //! Valkey 8.1/9.1 from `scripts/fetch-servers.sh` when present).
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use common::*;
+use crate::harness::*;
 
 /// Every field of `INFO tb`, in order.
 const FIELDS: [&str; 24] = [

@@ -6,9 +6,8 @@
 //! and Lua the command behaves as on its own, and from Lua its effects are
 //! persisted as HSET/PEXPIREAT like any other TB.TAKE.
 
-mod common;
-
-use common::{
+use crate::harness;
+use crate::harness::{
     aof_commands, hgetall_bytes, pexpiretime, take, watch, watched_transaction_runs, Server,
     AOF_ARGS,
 };
@@ -167,11 +166,11 @@ fn take_from_eval_replies_and_its_effects_reach_the_aof_as_hset_and_pexpireat() 
 /// Which clock the module reads, as `INFO tb` reports it: `cached` (the server's command time,
 /// Redis 7.2+ and Valkey) or `wall` (Redis 7.0).
 fn clock(con: &mut redis::Connection) -> String {
-    common::info_field(con, "tb", "tb_clock").expect("INFO tb tb_clock")
+    harness::info_field(con, "tb", "tb_clock").expect("INFO tb tb_clock")
 }
 
 fn last_refill(con: &mut redis::Connection, key: &str) -> i64 {
-    common::stored_last_refill(con, key)
+    harness::stored_last_refill(con, key)
 }
 
 /// `MULTI; TB.TAKE a; DEBUG SLEEP 0.01; TB.TAKE b; EXEC`: with the cached command time every

@@ -13,9 +13,7 @@
 //! that nothing is, and its `without_the_rollback_` twin, loaded with `fault-skip-rollback yes`
 //! (the rollback is skipped), asserts that the first bucket then differs on the master.
 
-mod common;
-
-use common::*;
+use crate::harness::*;
 
 const REFUSED: &str = "ERR tb: the server refused to store the bucket; nothing was changed";
 /// One token per 1000 s: nothing refills noticeably during a test.

@@ -21,15 +21,15 @@
 //! (`CLUSTER_TIMEOUT`). Buckets use a refill rate of 1 token per 1000 s, so the few seconds
 //! a test runs never show up in `remaining`: the numbers asserted are exact.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::{
-    hgetall_bytes, id_parts, members, pexpiretime, start_cluster_node, RawClient, Resp, Server,
+use crate::harness;
+use crate::harness::{
+    drain, hgetall_bytes, id_parts, members, pexpiretime, start_cluster_node, RawClient, Resp,
+    Server,
 };
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::{ConnectionLike, Value};
@@ -632,19 +632,9 @@ fn stored_all(con: &mut redis::Connection, keys: &[String]) -> Vec<Stored> {
         .collect()
 }
 
-/// Takes every token of a new bucket of `capacity` refilled at one token per 1000 s: a
-/// waiter on it is not served by the refill while a test runs.
-fn drain(con: &mut redis::Connection, key: &str, capacity: &str) {
-    let drained: Vec<i64> = redis::cmd("TB.TAKE")
-        .arg(&[key, capacity, RATE, capacity])
-        .query(con)
-        .expect("TB.TAKE");
-    assert_eq!(drained[0], 1, "{key} drained");
-}
-
 /// `TB.TAKE key` of one token from a slow bucket, as a command.
 fn take_cmd(key: &str) -> redis::Cmd {
-    common::tb_cmd("TB.TAKE", key, CAPACITY, RATE, "1")
+    harness::tb_cmd("TB.TAKE", key, CAPACITY, RATE, "1")
 }
 
 /// Three slow buckets of one caller (a hash tag on the first master), in one slot, taken
@@ -685,7 +675,7 @@ fn assert_moved_as_they_were(keys: &[String], before: &[Stored], after: &[Stored
 fn error_of(con: &mut redis::Connection, cmd: &redis::Cmd) -> String {
     match cmd.query::<Value>(con) {
         Ok(v) => panic!("expected an error from {:?}, got {v:?}", cmd_text(cmd)),
-        Err(e) => common::error_text(&e),
+        Err(e) => harness::error_text(&e),
     }
 }
 
@@ -714,7 +704,7 @@ fn buckets_live_on_the_node_owning_their_slot_and_other_nodes_redirect() {
         let slot = keyslot(&mut con, key);
         // The bucket is a plain hash on its owner, with the absolute deadline.
         // 4 tokens, plus the refill of the ms between the two takes.
-        let tokens = common::stored_tokens(&mut con, key);
+        let tokens = harness::stored_tokens(&mut con, key);
         assert!((4.0..4.01).contains(&tokens), "{key} on {owner}: {tokens}");
         assert!(pexpiretime(&mut con, key) > 0);
         assert_eq!(tb_peek(&mut con, key)[..2], [1, 3]);
@@ -769,8 +759,8 @@ fn hash_tags_keep_one_callers_buckets_on_one_node() {
         .query(&mut con)
         .expect("EXISTS");
     assert_eq!(both, 2, "both buckets live on node {owner}");
-    assert_eq!(common::stored_tokens(&mut con, per_second), 3.0);
-    assert_eq!(common::stored_tokens(&mut con, per_hour), 8.0);
+    assert_eq!(harness::stored_tokens(&mut con, per_second), 3.0);
+    assert_eq!(harness::stored_tokens(&mut con, per_hour), 8.0);
 
     // A MULTI/EXEC over the tagged buckets runs on their node.
     let replies: Vec<Vec<i64>> = redis::pipe()
@@ -806,7 +796,7 @@ fn hash_tags_keep_one_callers_buckets_on_one_node() {
         .expect_err("TB.TAKEALL across slots");
     assert_eq!(error.code(), Some("CROSSSLOT"), "{error}");
     let mut owner_a = cluster.node(cluster.owner_of(&a)).con();
-    assert!(!common::exists(&mut owner_a, &a), "nothing was taken");
+    assert!(!harness::exists(&mut owner_a, &a), "nothing was taken");
 }
 
 #[test]
@@ -985,7 +975,7 @@ fn a_waiter_on_a_slot_that_moves_away_is_redirected_and_takes_nothing() {
     let key = cluster.key_on(cluster.master_ports()[0], "waiting");
     let mut moving = SlotMove::of(&cluster, &key);
     // Drained, and refilled at one token per 1000 s: the waiter cannot be served in time.
-    drain(&mut moving.src, &key, "1");
+    drain(&mut moving.src, &key, "1", RATE);
     let before = stored(&mut moving.src, &key);
 
     let mut waiter = RawClient::connect(&cluster.node(moving.source).server);
@@ -1070,7 +1060,7 @@ fn a_waiter_sent_on_by_ask_is_served_on_the_importing_node() {
     let cluster = Cluster::start();
     let key = cluster.key_on(cluster.master_ports()[0], "asked");
     let mut moving = SlotMove::of(&cluster, &key);
-    drain(&mut moving.src, &key, "2");
+    drain(&mut moving.src, &key, "2", RATE);
     moving.move_key_mid_slot(&key);
     let target = &cluster.node(moving.target).server;
     let mut waiter = RawClient::connect(target);
@@ -1200,7 +1190,7 @@ fn a_waiter_timing_out_mid_move_gets_the_most_cautious_denial() {
 
     let bucket = cluster.key_on(cluster.master_ports()[0], "bucket");
     let mut moving = SlotMove::of(&cluster, &bucket);
-    drain(&mut moving.src, &bucket, "5");
+    drain(&mut moving.src, &bucket, "5", RATE);
     let mut waiter = RawClient::connect(&cluster.node(moving.source).server);
     waiter.send(&["TB.BTAKE", &bucket, "5", RATE, "2", "1500"]);
     wait_for_one_waiter(&mut moving.src);

@@ -11,12 +11,10 @@
 //!
 //! Every wait is bounded (`SYNC_TIMEOUT`, `WAIT_TIMEOUT`).
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{
+use crate::harness::{
     aof_commands, error_text, exists, hgetall_bytes, info_field, module_path, peek, pexpiretime,
     promote, take, wait_for_replica, wait_until, Server, QUIET_MASTER_ARGS, SYNC_TIMEOUT,
 };

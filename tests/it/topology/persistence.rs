@@ -6,11 +6,9 @@
 //! replaying `TB.TAKE` at load time would refill against a later clock. A call
 //! that writes nothing (denied, or n = 0) must add nothing to the AOF.
 
-mod common;
-
 use std::collections::BTreeMap;
 
-use common::{aof_commands, hgetall_bytes, pexpiretime, take, Server, AOF_ARGS};
+use crate::harness::{aof_commands, hgetall_bytes, pexpiretime, take, Server, AOF_ARGS};
 
 /// Fields and absolute deadline of each key.
 type Snapshot = Vec<(BTreeMap<Vec<u8>, Vec<u8>>, i64)>;

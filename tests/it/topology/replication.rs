@@ -12,11 +12,10 @@
 //! `master_repl_offset` at a random moment and make the "offset does not move"
 //! tests flaky.
 //!
-//! All waits are bounded polls (`common::SYNC_TIMEOUT`).
+//! All waits are bounded polls (`harness::SYNC_TIMEOUT`).
 
-mod common;
-
-use common::{
+use crate::harness;
+use crate::harness::{
     exists, hgetall_bytes, peek, pexpiretime, pttl, repl_offset, start_replica_of, take, Server,
     QUIET_MASTER_ARGS,
 };
@@ -36,7 +35,7 @@ impl Pair {
 
     /// Waits until the replica has applied everything the master has sent.
     fn wait_for_replica(&self) {
-        common::wait_for_replica(&self.master, &self.replica);
+        harness::wait_for_replica(&self.master, &self.replica);
     }
 }
 
@@ -47,7 +46,7 @@ fn allowed_takes_reach_the_replica_as_identical_fields_and_deadline() {
     let mut r = pair.replica.conn();
 
     // A bucket with a field of its own, which TB.TAKE must leave alone.
-    common::hset(
+    harness::hset(
         &mut m,
         "tb:extra",
         &[("owner", "alice"), ("tokens", "100"), ("last_refill", "0")],

@@ -1,7 +1,7 @@
 //! The Lua twin (`lua/tb.lua`) on its own, on a server without the module: what its
 //! reservations (`MAXWAIT`), locks (`BLOCK`, `MAXBLOCK`), `tb_charge`, `tb_unblock` and
 //! `tb_throttle` do, one behaviour per test, against the contract of core/src/bucket.rs,
-//! core/src/lockout.rs and core/src/throttle.rs. tests/lua_fallback.rs compares the same
+//! core/src/lockout.rs and core/src/throttle.rs. tests/it/twin/differential.rs compares the same
 //! calls with the module's.
 //!
 //! Exact figures come from buckets whose `last_refill` lies far in the future: such a
@@ -10,9 +10,7 @@
 //! clock, an hour from now, or read back from what a call stored (`last_refill` is the
 //! call's `now`).
 
-mod common;
-
-use common::*;
+use crate::harness::*;
 use redis::Value;
 
 /// A `last_refill` far ahead of any clock: the bucket is seen as it is stored, at now.

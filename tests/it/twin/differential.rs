@@ -20,9 +20,7 @@
 //! seeded (`TB_SEED` to replay one); timing decides only which pairs are compared, never what a
 //! compared pair must show.
 
-mod common;
-
-use common::*;
+use crate::harness::*;
 use redis::Value;
 
 /// The default seed of the random sequences; `TB_SEED=<u64>` replays another.

@@ -7,14 +7,12 @@
 //! (`SLOW`); where tokens must appear by themselves at a known moment, the rate is a few per
 //! second and the moment is checked against the stored `last_refill` of the drain.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::*;
+use crate::harness::*;
 
 /// One token per 1000 s: nothing refills during a test.
 const SLOW: &str = "0.001";
@@ -62,28 +60,6 @@ fn btake_in_db(server: &Server, db: i64, args: &[&str]) -> RawClient {
 }
 
 /// A drained bucket: `capacity` taken at once. Returns the drain's `last_refill`.
-fn drain(con: &mut redis::Connection, key: &str, capacity: &str, rate: &str) -> i64 {
-    assert_eq!(
-        take(con, key, capacity, rate, capacity)[0],
-        1,
-        "drain {key}"
-    );
-    stored_last_refill(con, key)
-}
-
-fn refund(con: &mut redis::Connection, key: &str, capacity: &str, rate: &str, n: &str) {
-    let _: Vec<i64> = tb_cmd("TB.REFUND", key, capacity, rate, n)
-        .query(con)
-        .unwrap_or_else(|e| panic!("TB.REFUND {key}: {e}"));
-}
-
-fn ints(reply: Resp) -> Vec<i64> {
-    match reply {
-        Resp::Ints(ints) => ints,
-        other => panic!("expected an integer array, got {other:?}"),
-    }
-}
-
 /// The waiter's reply, due within `within`; a dead server fails with the reason it died.
 fn reply_of(server: &Server, waiter: &mut RawClient, within: Duration, what: &str) -> Resp {
     match waiter.try_reply_within(within) {
@@ -302,7 +278,7 @@ fn client_pause_write_with_aof_takes_nothing_and_serves_the_waiter_after_unpause
     assert_eq!(tb_count(&mut con, "tb_waiting"), 1);
 
     ok(&mut con, &["CLIENT", "UNPAUSE"]);
-    let reply = ints(reply_of(&server, &mut waiter, DUE, "after UNPAUSE"));
+    let reply = reply_of(&server, &mut waiter, DUE, "after UNPAUSE").ints();
     assert_eq!((reply[0], reply[2]), (1, 0), "served: {reply:?}");
     assert_alive(&server, "after the pause");
     assert!(stored_last_refill(&mut con, "k") > drained_at + 3_000);
@@ -345,7 +321,7 @@ fn client_pause_write_with_a_replica_takes_nothing_and_serves_the_waiter_when_it
         "nothing taken while paused"
     );
 
-    let reply = ints(reply_of(&master, &mut waiter, DUE, "after the pause"));
+    let reply = reply_of(&master, &mut waiter, DUE, "after the pause").ints();
     assert!(
         paused_at.elapsed() >= Duration::from_millis(4_990),
         "answered {:?} into a 5000 ms pause",
@@ -391,7 +367,7 @@ fn a_bucket_whose_ttl_runs_out_during_a_pause_serves_its_waiter_after_the_pause(
     );
 
     ok(&mut con, &["CLIENT", "UNPAUSE"]);
-    let reply = ints(reply_of(&master, &mut waiter, DUE, "after UNPAUSE"));
+    let reply = reply_of(&master, &mut waiter, DUE, "after UNPAUSE").ints();
     assert_eq!(reply[..3], [1, 0, 0], "10 of a full bucket of 10");
     assert_served_and_replicated(&master, &replica, &reply, "after the pause");
 }
@@ -429,7 +405,7 @@ fn client_pause_all_takes_nothing_and_serves_the_waiter_after_it_ends() {
         "nothing in the AOF while paused"
     );
 
-    let reply = ints(reply_of(&server, &mut waiter, DUE, "after the pause"));
+    let reply = reply_of(&server, &mut waiter, DUE, "after the pause").ints();
     assert!(
         paused_at.elapsed() >= Duration::from_millis(4_990),
         "answered {:?} into a 5000 ms pause",
@@ -455,7 +431,7 @@ fn a_waiter_whose_timeout_passes_during_a_pause_is_denied_on_time_and_takes_noth
     assert_eq!(stored_last_refill(&mut con, "k"), drained_at);
     let before = snapshot(&mut con, b"k");
     let hsets = aof_hsets(&server, "k");
-    let reply = ints(reply_of(&server, &mut waiter, DUE, "at its timeout"));
+    let reply = reply_of(&server, &mut waiter, DUE, "at its timeout").ints();
     let after = sent.elapsed();
     assert_eq!(reply[0], 0, "denied: {reply:?}");
     assert!(
@@ -515,7 +491,7 @@ fn a_failover_that_times_out_takes_nothing_during_its_pause_and_serves_the_waite
         failover_state(&mut con) == "no-failover"
     });
     assert_eq!(role(&mut con), "master");
-    let reply = ints(reply_of(&master, &mut waiter, DUE, "after the failover"));
+    let reply = reply_of(&master, &mut waiter, DUE, "after the failover").ints();
     signal(&replica, libc::SIGCONT);
     assert_served_and_replicated(&master, &replica, &reply, "after the failover");
 }
@@ -594,7 +570,7 @@ fn swapdb_serves_a_db_0_waiter_whose_key_is_missing_in_the_swapped_in_db() {
     drain(&mut con, "k", "5", SLOW);
     let drained = snapshot(&mut con, b"k");
     let mut waiter = swap_dbs_under_a_waiter(&server, &mut con, 0);
-    let reply = ints(reply_of(&server, &mut waiter, DUE, "after SWAPDB"));
+    let reply = reply_of(&server, &mut waiter, DUE, "after SWAPDB").ints();
     assert_eq!(reply[..3], [1, 3, 0], "2 of a full bucket of 5");
     assert_eq!(stored_tokens(&mut con, "k"), 3.0, "taken in db 0");
     // db 1 holds the old bucket, untouched.
@@ -612,7 +588,7 @@ fn swapdb_serves_a_db_1_waiter_whose_key_is_missing_in_the_swapped_in_db() {
     drain(&mut con, "k", "5", SLOW);
     let drained = snapshot(&mut con, b"k");
     let mut waiter = swap_dbs_under_a_waiter(&server, &mut con, 1);
-    let reply = ints(reply_of(&server, &mut waiter, DUE, "after SWAPDB"));
+    let reply = reply_of(&server, &mut waiter, DUE, "after SWAPDB").ints();
     assert_eq!(reply[..3], [1, 3, 0], "2 of a full bucket of 5");
     assert_eq!(stored_tokens(&mut con, "k"), 3.0, "taken in db 1");
     // db 0 holds the old bucket, untouched.
@@ -654,7 +630,7 @@ fn swapdb_bringing_in_a_drained_bucket_keeps_the_waiter_until_a_refund() {
     stays_quiet(&server, &mut waiter, QUICK, "a drained bucket swapped in");
     assert_eq!(tb_count(&mut con, "tb_waiting"), 1);
     refund(&mut con, "k", "5", SLOW, "3");
-    let reply = ints(reply_of(&server, &mut waiter, DUE, "after the refund"));
+    let reply = reply_of(&server, &mut waiter, DUE, "after the refund").ints();
     assert_eq!(reply[..3], [1, 1, 0], "3 refunded, 2 taken");
     ok(&mut con, &["SELECT", "1"]);
     assert!(
@@ -686,7 +662,7 @@ fn short_waits(clients: &mut [RawClient], rounds: usize) {
                     let reply = client
                         .reply_within(Duration::from_secs(30))
                         .unwrap_or_else(|| panic!("short wait {round}: no reply"));
-                    assert_eq!(ints(reply)[0], 0, "short wait {round}");
+                    assert_eq!(reply.ints()[0], 0, "short wait {round}");
                 }
             });
         }
@@ -730,7 +706,7 @@ fn short_waits_behind_a_long_one_leave_no_memory_behind() {
     );
     refund(&mut con, "k", "1", SLOW, "1");
     assert_eq!(
-        ints(reply_of(&server, &mut head, DUE, "the head"))[..3],
+        reply_of(&server, &mut head, DUE, "the head").ints()[..3],
         [1, 0, 0]
     );
     assert_eq!(tb_count(&mut con, "tb_waiting"), 0);
@@ -816,7 +792,7 @@ fn a_waiter_is_never_granted_after_its_deadline_nor_denied_before_it() {
                     else {
                         panic!("the script's reply");
                     };
-                    let reply = ints(reply_of(server, &mut wait.client, DUE, &wait.key));
+                    let reply = reply_of(server, &mut wait.client, DUE, &wait.key).ints();
                     (arrived.parse().expect("µs"), reply, wall_us())
                 })
             })
@@ -900,7 +876,7 @@ fn one_refund_serves_three_hundred_waiters_in_arrival_order() {
     let started = Instant::now();
     refund(&mut con, "k", "1000", SLOW, &WAITERS.to_string());
     for (index, waiter) in waiters.iter_mut().enumerate() {
-        let reply = ints(reply_of(&server, waiter, DUE, &format!("waiter {index}")));
+        let reply = reply_of(&server, waiter, DUE, &format!("waiter {index}")).ints();
         assert_eq!(
             reply[..3],
             [1, (WAITERS - 1 - index) as i64, 0],
@@ -929,7 +905,7 @@ fn renaming_the_bucket_away_serves_its_waiter_from_a_full_one() {
     let mut waiter = btake(&server, &["k", "3", SLOW, "2", "0"]);
     wait_for_waiting(&mut con, 1);
     ok(&mut con, &["RENAME", "k", "k2"]);
-    let reply = ints(reply_of(&server, &mut waiter, DUE, "after RENAME"));
+    let reply = reply_of(&server, &mut waiter, DUE, "after RENAME").ints();
     assert_eq!(reply[..3], [1, 1, 0], "a missing bucket is full");
     assert_eq!(
         snapshot(&mut con, b"k2"),
@@ -949,7 +925,7 @@ fn renaming_a_bucket_onto_the_waiters_key_serves_it_from_the_moved_in_bucket() {
     let mut waiter = btake(&server, &["k2", "5", SLOW, "3", "0"]);
     wait_for_waiting(&mut con, 1);
     ok(&mut con, &["RENAME", "k", "k2"]);
-    let reply = ints(reply_of(&server, &mut waiter, DUE, "after RENAME"));
+    let reply = reply_of(&server, &mut waiter, DUE, "after RENAME").ints();
     assert_eq!(reply[..3], [1, 1, 0], "3 of the moved-in 4");
     assert!(!exists(&mut con, "k"));
 }
@@ -968,7 +944,7 @@ fn renaming_a_drained_bucket_onto_the_waiters_key_keeps_it_waiting_on_the_new_on
     ok(&mut con, &["RENAME", "k", "k2"]);
     stays_quiet(&server, &mut waiter, QUICK, "1 token is not 3");
     refund(&mut con, "k2", "5", SLOW, "2");
-    let reply = ints(reply_of(&server, &mut waiter, DUE, "after the refund"));
+    let reply = reply_of(&server, &mut waiter, DUE, "after the refund").ints();
     assert_eq!(reply[..3], [1, 0, 0], "the moved-in 1 and the refunded 2");
 }
 
@@ -988,7 +964,7 @@ fn moving_the_bucket_to_another_db_serves_its_waiter_from_a_full_one() {
         .query(&mut con)
         .expect("MOVE");
     assert_eq!(moved, 1);
-    let reply = ints(reply_of(&server, &mut waiter, DUE, "after MOVE"));
+    let reply = reply_of(&server, &mut waiter, DUE, "after MOVE").ints();
     assert_eq!(reply[..3], [1, 1, 0], "a missing bucket is full");
     ok(&mut con, &["SELECT", "1"]);
     assert_eq!(

@@ -12,15 +12,13 @@
 //! fixed) the seed of every random choice, printed at the start to replay a run's choices
 //! (the interleaving itself is the machine's).
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::harness::*;
 
 const BUCKETS: usize = 4;
 /// Large enough never to be reached, so a refund always adds exactly what it says.

@@ -1,0 +1,12 @@
+//! Each command against one real server: replies, errors, stored state and expiry.
+
+mod command_info;
+mod concurrency;
+mod errors;
+mod hostile;
+mod jobs;
+mod peek;
+mod random_args;
+mod refund;
+mod take;
+mod takeall;

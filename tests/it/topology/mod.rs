@@ -1,0 +1,6 @@
+//! More than one server, or one server over time: replicas, the AOF and RDB, failover, cluster.
+
+mod cluster;
+mod failover;
+mod persistence;
+mod replication;
