@@ -48,57 +48,24 @@ dist: build ## Release artifacts in dist/: the module's tarball and .deb, the li
 	cd $(ROOT) && TB_MODULE=$(MODULE) bash scripts/dist.sh
 
 # Python 3 standard library only: runs before anything is built or installed.
-check-paths: ## Fail if the docs or a comment name a path that does not exist, or the README's map misses a src/ file
+check-paths: ## Fail if the docs or a comment name a path that does not exist, or the map in docs/development.md misses a src/ file
 	cd $(ROOT) && python3 scripts/check-paths.py --self-test
 	cd $(ROOT) && python3 scripts/check-paths.py
 
-lint: deps ## rustfmt check and clippy with warnings as errors
-	cd $(ROOT) && cargo fmt --all -- --check
-	@# The Rust client and the fuzz targets are workspaces of their own, which --all does not reach.
-	cd $(ROOT) && cargo fmt --manifest-path clients/rust/Cargo.toml -- --check
-	cd $(ROOT) && cargo fmt --manifest-path fuzz/Cargo.toml -- --check
-	cd $(ROOT) && cargo clippy --workspace --all-targets -- -D warnings
-	cd $(ROOT) && cargo clippy --all-targets --features bench-floor -- -D warnings
+lint: ## rustfmt check and clippy with warnings as errors (scripts/test.sh's lint step)
+	cd $(ROOT) && bash scripts/test.sh deps lint
 
-# `cargo test` does not rebuild the crate's cdylib, so build it first or the
-# integration tests would load a stale module. The tests themselves are built
-# in the dev profile (overflow checks on, no LTO: minutes faster); they load
-# the release module, the one users run.
-# tests/it/server/write_failures.rs also needs the test-only fault-injection build
-# (src/testing/fault.rs), kept in its own target directory so it never replaces the
-# module users run.
-FAULT_BUILD := cargo build --features fault-injection --target-dir target/fault
+# Every step, in order, is in scripts/test.sh (paths deps lint build rust valkey-8.1
+# valkey-9.1 python node rust-client fuzz); a failing step does not stop the others, and the
+# run ends with one line per step. `scripts/test.sh <step ...>` runs some of them.
+test: ## Everything (scripts/test.sh): path check, lint, build, Rust tests on Redis 7.0, the integration tests on Valkey 8.1 and 9.1, the three libraries, fuzz
+	cd $(ROOT) && bash scripts/test.sh
 
-# `servers` before the first `cargo test`: the lease tests that step the clock back run the
-# server under libfaketime, which needs a libc-malloc build (tests/it/harness/clock.rs).
-test: check-paths deps lint servers ## Everything: path check, lint, unit/property/integration tests on Redis and Valkey, client libraries
-	cd $(ROOT) && cargo build --release
-	cd $(ROOT) && $(FAULT_BUILD)
-	cd $(ROOT) && cargo test --workspace
-	@$(MAKE) --no-print-directory test-valkey test-clients
-	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10
+test-valkey: ## The integration tests on Valkey 8.1 and 9.1 (fetched by `make servers`)
+	cd $(ROOT) && bash scripts/test.sh deps build valkey-8.1 valkey-9.1
 
-# The same .so, unchanged, in each Valkey: every integration test runs again
-# against it (unit and property tests do not depend on the server).
-VALKEYS := 8.1 9.1
-test-valkey: servers ## Integration tests against Valkey 8.1 and 9.1 (fetched by `make servers`)
-	cd $(ROOT) && cargo build --release
-	cd $(ROOT) && $(FAULT_BUILD)
-	@status=0; for v in $(VALKEYS); do \
-	  server=$(ROOT)/.cache/servers/valkey-$$v/valkey-server; \
-	  echo "--- integration tests on $$("$$server" --version)"; \
-	  ( cd $(ROOT) && TB_SERVER="$$server" cargo test --test it ) || status=1; \
-	done; exit $$status
-
-# Each library's own suite (clients/<lang>/run-tests.sh): real servers with
-# and without the module, a cluster, fail-open; it installs its own
-# dependencies (a venv, npm ci, cargo) on the first run.
-CLIENTS := python node rust
-test-clients: build ## Client libraries (Python, Node, Rust) against real servers, with and without the module
-	@status=0; for client in $(CLIENTS); do \
-	  echo "--- clients/$$client"; \
-	  ( cd $(ROOT) && TB_MODULE=$(MODULE) bash clients/$$client/run-tests.sh ) || status=1; \
-	done; exit $$status
+test-clients: ## The client libraries (Python, Node, Rust) against real servers, with and without the module
+	cd $(ROOT) && bash scripts/test.sh deps build python node rust-client
 
 FUZZ_SECONDS ?= 60
 fuzz: ## Fuzz parsing, stored-state decoding and the arithmetic (FUZZ_SECONDS per target)

@@ -32,7 +32,7 @@ When a mention is true:
     repository;
   - without a slash (`bucket.rs`): some file of that name exists anywhere.
 
-The layout map: README.md's code block just below the line LAYOUT_MARKER must
+The layout map: MAP_FILE's code block just below the line LAYOUT_MARKER must
 name every .rs file under src/ and core/src/: either the file itself or a
 folder that holds it (`src/wait/`), as the first word of a line (the left
 column). `src/` or `core/src/` alone covers nothing.
@@ -52,6 +52,8 @@ import sys
 import tempfile
 
 LAYOUT_MARKER = "<!-- layout map: checked by scripts/check-paths.py -->"
+# Where the map of src/ and core/src/ is: the README links to it.
+MAP_FILE = "docs/development.md"
 
 FILE_EXTENSIONS = ("rs", "py", "js", "ts", "lua", "md", "sh", "toml")
 
@@ -523,17 +525,17 @@ def check(root: str, listing=None) -> tuple[list[str], int]:
             if not ok:
                 problems.append(f"{name}:{number}: names '{token}', which does not exist")
 
-    readme = os.path.join(root, "README.md")
-    text = open(readme, encoding="utf-8").read() if os.path.exists(readme) else ""
+    map_path = os.path.join(root, MAP_FILE)
+    text = open(map_path, encoding="utf-8").read() if os.path.exists(map_path) else ""
     found = layout_map(text)
     if found is None:
-        problems.append(f"README.md:1: no layout map: no ``` block below the line {LAYOUT_MARKER}")
+        problems.append(f"{MAP_FILE}:1: no layout map: no ``` block below the line {LAYOUT_MARKER}")
     else:
         line, entries = found
         for gap in map_gaps(files, entries):
             folder = os.path.dirname(gap) + "/"
             also = f" (name it or its folder '{folder}')" if folder not in MAP_ROOTS else ""
-            problems.append(f"README.md:{line}: the layout map leaves out '{gap}'{also}")
+            problems.append(f"{MAP_FILE}:{line}: the layout map leaves out '{gap}'{also}")
     return problems, checked
 
 
@@ -573,8 +575,8 @@ and `src/gone.rs`. Folders: `src/nested/` and `src/gone/`.
 Not paths: https://example.com/x/gone.md, /usr/lib/gone.rs, ~/gone.md,
 `target/release/gone.rs`, `clients/<lang>/gone.md`, `src/*.rs`, Node.js, `.rs`,
 `path/to/gone.md`, `docs/.../gone.md`, HTTP/ and 429/, read/write, pass/# fail.
-
-## Development
+""",
+    MAP_FILE: f"""# Development
 
 {LAYOUT_MARKER}
 ```
@@ -651,7 +653,7 @@ SELF_TEST_STALE = {
     "Cargo.toml:3: names 'src/toml_gone.rs', which does not exist",
     "linked.md:1: names 'lib-link/gone.rs', which does not exist",
     "bench/README.md:1: names 'bench_gone.md', which does not exist",
-    "README.md:13: the layout map leaves out 'src/forgotten.rs'",
+    f"{MAP_FILE}:4: the layout map leaves out 'src/forgotten.rs'",
 }
 
 
@@ -692,16 +694,15 @@ def self_test() -> int:
             failures.append(f"a stale repository: exit {status}, output ending {lines[-1:]}")
 
         # Without the marker the map cannot be found: a failure too.
-        with open(os.path.join(root, "README.md"), "w", encoding="utf-8") as f:
-            f.write(SELF_TEST_FILES["README.md"].replace(LAYOUT_MARKER, ""))
+        with open(os.path.join(root, MAP_FILE), "w", encoding="utf-8") as f:
+            f.write(SELF_TEST_FILES[MAP_FILE].replace(LAYOUT_MARKER, ""))
         if not any("no layout map" in p for p in check(root)[0]):
-            failures.append("a README without the layout map marker passed")
+            failures.append(f"a {MAP_FILE} without the layout map marker passed")
 
     # A repository whose every mention is true passes, exit 0.
     clean = {
-        "README.md": (
-            f"See `src/a.rs` and [b](src/b/).\n\n{LAYOUT_MARKER}\n```\nsrc/a.rs  a\nsrc/b/    b\n```\n"
-        ),
+        "README.md": "See `src/a.rs` and [b](src/b/).\n",
+        MAP_FILE: f"{LAYOUT_MARKER}\n```\nsrc/a.rs  a\nsrc/b/    b\n```\n",
         "src/a.rs": "// names b/c.rs\n",
         "src/b/c.rs": "",
         "scripts/check-paths.py": "",
