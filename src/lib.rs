@@ -9,7 +9,7 @@
 //! This crate is the glue around the pure core (`redis_tb_core`, in core/):
 //! `server/` is the frame every command runs in, `bucket/` and `lease/` the
 //! two data types, `testing/` what only tests and benches build. Where each
-//! thing lives: README.md, "Development".
+//! thing lives: docs/development.md, "Where to change what".
 
 #![cfg_attr(
     not(test),

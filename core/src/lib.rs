@@ -6,7 +6,7 @@
 //! It may import only the standard library and `ryu`; never `redis_module`
 //! (it is not a dependency, so the compiler keeps this promise). Time comes
 //! in as an argument, state as values. Where each thing lives:
-//! README.md, "Development".
+//! docs/development.md, "Where to change what".
 
 #![cfg_attr(
     not(test),
