@@ -116,6 +116,41 @@ local function parse_decimal(text, signed)
   return value
 end
 
+-- Whether the exact value of `text`, a decimal parse_decimal accepted
+-- (unsigned), is above 2^53 (core/src/number.rs above_max_exact_integer):
+-- judged on the digits, since 2^53 + 1 and 2^53 + 0.5 become the double
+-- 2^53. The value is 0.d1d2... x 10^magnitude, d1 its first digit that is
+-- not 0; 2^53 is 0.9007199254740992 x 10^16.
+local MAX_EXACT_INTEGER_DIGITS = '9007199254740992'
+local function above_max_exact_integer(text)
+  local int, frac, exponent = string.match(text, '^(%d*)%.?(%d*)[eE]?([+-]?%d*)$')
+  if int == nil then
+    return false
+  end
+  local digits = int .. frac
+  local first = string.find(digits, '[1-9]')
+  if first == nil then
+    return false
+  end
+  local magnitude = #int - first + 1 + (tonumber(exponent) or 0)
+  if magnitude ~= 16 then
+    return magnitude > 16
+  end
+  local significant = string.gsub(string.sub(digits, first), '0+$', '')
+  local head = string.sub(significant, 1, 16)
+  head = head .. string.rep('0', 16 - #head)
+  if head ~= MAX_EXACT_INTEGER_DIGITS then
+    return head > MAX_EXACT_INTEGER_DIGITS
+  end
+  return #significant > 16
+end
+
+-- `value`, read from `text`, is at most 2^53 by the exact value of `text`.
+local function at_most_max_exact_integer(text, value)
+  return value < MAX_EXACT_INTEGER
+    or (value == MAX_EXACT_INTEGER and not above_max_exact_integer(text))
+end
+
 -- The key as the module names it in an error: printable ASCII kept, ' and \
 -- escaped, other bytes as \xNN, cut to 64 bytes.
 local function show_key(key)
@@ -332,7 +367,7 @@ local function parse_request(capacity_text, rate_text, n_text)
   if capacity == nil or not (capacity > 0) then
     return nil, redis.error_reply(ERR_CAPACITY)
   end
-  if capacity > MAX_EXACT_INTEGER then
+  if not at_most_max_exact_integer(capacity_text, capacity) then
     return nil, redis.error_reply(ERR_CAPACITY_TOO_LARGE)
   end
   local rate = parse_decimal(rate_text, false)
@@ -345,9 +380,9 @@ local function parse_request(capacity_text, rate_text, n_text)
     if n == nil then
       return nil, redis.error_reply(ERR_N)
     end
-  end
-  if n > MAX_EXACT_INTEGER then
-    return nil, redis.error_reply(ERR_N_TOO_LARGE)
+    if not at_most_max_exact_integer(n_text, n) then
+      return nil, redis.error_reply(ERR_N_TOO_LARGE)
+    end
   end
   return {capacity = capacity, rate = rate, n = n}
 end
@@ -436,7 +471,7 @@ local function parse_charge_options(args, first)
     return nil, redis.error_reply(ERR_MISSING_OPTION_VALUE)
   elseif count == 2 then
     local debt = parse_decimal(args[first + 1], false)
-    if debt == nil or debt > MAX_EXACT_INTEGER then
+    if debt == nil or not at_most_max_exact_integer(args[first + 1], debt) then
       return nil, redis.error_reply(ERR_MAXDEBT)
     end
     return debt
