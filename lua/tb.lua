@@ -78,8 +78,13 @@ local ERR_DUPLICATE = 'ERR each key may appear only once in TB.TAKEALL'
 local ERR_WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
 local ERR_UNKNOWN_OPTION = 'ERR unknown option (TB.TAKE and TB.TAKEALL take MAXWAIT, BLOCK and '
   .. 'MAXBLOCK; TB.CHARGE takes MAXDEBT)'
-local ERR_REPEATED_OPTION = 'ERR each option may be given only once'
-local ERR_MISSING_OPTION_VALUE = 'ERR an option is missing its value'
+-- An option's errors name it in upper case (core/src/error.rs OptionName).
+local function err_repeated_option(name)
+  return 'ERR ' .. name .. ' is given twice'
+end
+local function err_missing_option_value(name)
+  return 'ERR ' .. name .. ' needs a value'
+end
 local ERR_MAXWAIT = 'ERR MAXWAIT must be a whole number of ms from 0 to 9007199254740992 (2^53)'
 local ERR_BLOCK = 'ERR BLOCK must be a whole number of ms from 1 to 9007199254740992 (2^53)'
 local ERR_MAXBLOCK =
@@ -428,13 +433,14 @@ local function parse_take_options(args, first)
   local given = {}
   local i = first
   while i <= #args do
-    local option = TAKE_OPTIONS[string.upper(args[i])]
+    local name = string.upper(args[i])
+    local option = TAKE_OPTIONS[name]
     if option == nil then
       return nil, redis.error_reply(ERR_UNKNOWN_OPTION)
     elseif given[option.field] ~= nil then
-      return nil, redis.error_reply(ERR_REPEATED_OPTION)
+      return nil, redis.error_reply(err_repeated_option(name))
     elseif i == #args then
-      return nil, redis.error_reply(ERR_MISSING_OPTION_VALUE)
+      return nil, redis.error_reply(err_missing_option_value(name))
     end
     local value = parse_whole(args[i + 1], option.least)
     if value == nil then
@@ -468,7 +474,7 @@ local function parse_charge_options(args, first)
   elseif string.upper(args[first]) ~= 'MAXDEBT' then
     return nil, redis.error_reply(ERR_UNKNOWN_OPTION)
   elseif count == 1 then
-    return nil, redis.error_reply(ERR_MISSING_OPTION_VALUE)
+    return nil, redis.error_reply(err_missing_option_value('MAXDEBT'))
   elseif count == 2 then
     local debt = parse_decimal(args[first + 1], false)
     if debt == nil or not at_most_max_exact_integer(args[first + 1], debt) then
@@ -476,7 +482,7 @@ local function parse_charge_options(args, first)
     end
     return debt
   elseif string.upper(args[first + 2]) == 'MAXDEBT' then
-    return nil, redis.error_reply(ERR_REPEATED_OPTION)
+    return nil, redis.error_reply(err_repeated_option('MAXDEBT'))
   end
   return nil, redis.error_reply(ERR_UNKNOWN_OPTION)
 end

@@ -1,7 +1,7 @@
 //! Command arguments -> a typed, validated request.
 
 use crate::bucket::{Limit, TakeOptions};
-use crate::error::TbError;
+use crate::error::{OptionName, TbError};
 use crate::lockout::Block;
 use crate::number::{at_most_max_exact_integer, parse_decimal, Sign, MAX_EXACT_INTEGER};
 
@@ -74,19 +74,24 @@ pub fn parse_take_options(options: &[&[u8]]) -> Result<TakeOptions, TbError> {
     let mut max_block_ms = None;
     let mut rest = options.iter();
     while let Some(keyword) = rest.next() {
-        let (slot, error, least) = if keyword.eq_ignore_ascii_case(b"MAXWAIT") {
-            (&mut max_wait_ms, TbError::MaxWait, 0)
+        let (slot, name, error, least) = if keyword.eq_ignore_ascii_case(b"MAXWAIT") {
+            (&mut max_wait_ms, OptionName::MaxWait, TbError::MaxWait, 0)
         } else if keyword.eq_ignore_ascii_case(b"BLOCK") {
-            (&mut block_ms, TbError::Block, 1)
+            (&mut block_ms, OptionName::Block, TbError::Block, 1)
         } else if keyword.eq_ignore_ascii_case(b"MAXBLOCK") {
-            (&mut max_block_ms, TbError::MaxBlock, 1)
+            (
+                &mut max_block_ms,
+                OptionName::MaxBlock,
+                TbError::MaxBlock,
+                1,
+            )
         } else {
             return Err(TbError::UnknownOption);
         };
         if slot.is_some() {
-            return Err(TbError::RepeatedOption);
+            return Err(TbError::RepeatedOption(name));
         }
-        let value = rest.next().ok_or(TbError::MissingOptionValue)?;
+        let value = rest.next().ok_or(TbError::MissingOptionValue(name))?;
         *slot = Some(whole_from(value, least).ok_or(error)?);
     }
     let block = match (block_ms, max_block_ms) {
@@ -114,12 +119,14 @@ pub fn parse_charge_options(options: &[&[u8]]) -> Result<Option<f64>, TbError> {
     match options {
         [] => Ok(None),
         [keyword, ..] if !keyword.eq_ignore_ascii_case(b"MAXDEBT") => Err(TbError::UnknownOption),
-        [_] => Err(TbError::MissingOptionValue),
+        [_] => Err(TbError::MissingOptionValue(OptionName::MaxDebt)),
         [_, value] => parse_decimal(value, Sign::Forbidden)
             .filter(|debt| at_most_max_exact_integer(value, *debt))
             .map(Some)
             .ok_or(TbError::MaxDebt),
-        [_, _, next, ..] if next.eq_ignore_ascii_case(b"MAXDEBT") => Err(TbError::RepeatedOption),
+        [_, _, next, ..] if next.eq_ignore_ascii_case(b"MAXDEBT") => {
+            Err(TbError::RepeatedOption(OptionName::MaxDebt))
+        }
         [_, _, ..] => Err(TbError::UnknownOption),
     }
 }
@@ -357,8 +364,19 @@ mod tests {
     fn bad_take_options_are_named() {
         for (words, error) in [
             ("WAIT 5", TbError::UnknownOption),
-            ("MAXWAIT 5 MAXWAIT 5", TbError::RepeatedOption),
-            ("MAXWAIT", TbError::MissingOptionValue),
+            (
+                "MAXWAIT 5 MAXWAIT 5",
+                TbError::RepeatedOption(OptionName::MaxWait),
+            ),
+            (
+                "BLOCK 10 block 10",
+                TbError::RepeatedOption(OptionName::Block),
+            ),
+            ("MAXWAIT", TbError::MissingOptionValue(OptionName::MaxWait)),
+            (
+                "BLOCK 100 MAXBLOCK",
+                TbError::MissingOptionValue(OptionName::MaxBlock),
+            ),
             ("MAXWAIT -1", TbError::MaxWait),
             ("MAXWAIT 1.5", TbError::MaxWait),
             ("MAXWAIT 9007199254740993", TbError::MaxWait),
@@ -379,10 +397,16 @@ mod tests {
         assert_eq!(charge(""), Ok(None));
         assert_eq!(charge("maxdebt 2.5"), Ok(Some(2.5)));
         assert_eq!(charge("MAXDEBT 0"), Ok(Some(0.0)));
-        assert_eq!(charge("MAXDEBT"), Err(TbError::MissingOptionValue));
+        assert_eq!(
+            charge("MAXDEBT"),
+            Err(TbError::MissingOptionValue(OptionName::MaxDebt))
+        );
         assert_eq!(charge("MAXDEBT -1"), Err(TbError::MaxDebt));
         assert_eq!(charge("MAXDEBT 1e16"), Err(TbError::MaxDebt));
-        assert_eq!(charge("MAXDEBT 1 MAXDEBT 2"), Err(TbError::RepeatedOption));
+        assert_eq!(
+            charge("MAXDEBT 1 maxdebt 2"),
+            Err(TbError::RepeatedOption(OptionName::MaxDebt))
+        );
         assert_eq!(charge("MAXWAIT 1"), Err(TbError::UnknownOption));
         assert_eq!(charge("MAXDEBT 1 x"), Err(TbError::UnknownOption));
     }
