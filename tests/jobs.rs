@@ -881,7 +881,8 @@ fn a_charge_goes_into_debt_down_to_maxdebt_and_later_takes_wait_until_it_is_repa
     assert_eq!(reply, [1, 0, 500, 1500], "always allowed; repaid in 500 ms");
     assert_eq!(tokens(&mut con, "tb:llm"), -5.0);
     assert_eq!(counter(&mut con, "tb_charges"), 1);
-    assert_eq!(tb_field(&mut con, "tb_tokens_charged"), "25");
+    // INFO counts what was taken (10 held, down to -5), not the 25 asked.
+    assert_eq!(tb_field(&mut con, "tb_tokens_charged"), "15");
     let charged_at = common::stored_last_refill(&mut con, "tb:llm");
     // A take is denied until the debt and its own token are back: 600 ms.
     let (before, reply, after) = timed(&mut con, &["TB.TAKE", "tb:llm", "10", "10", "1"]);
@@ -891,6 +892,37 @@ fn a_charge_goes_into_debt_down_to_maxdebt_and_later_takes_wait_until_it_is_repa
     wait_for_server_time(&mut con, go + 10);
     let reply = call(&mut con, &["TB.TAKE", "tb:llm", "10", "10", "1"]);
     assert_eq!(reply[0], 1, "repaid: {reply:?}");
+}
+
+/// `tb_tokens_charged` counts what was really charged, as `tb_tokens_refunded` counts what was
+/// added: 150,000 asked of a full bucket of 10,000 with MAXDEBT 10,000 is 20,000 taken, and a
+/// charge on a balance already below its floor takes nothing.
+#[test]
+fn tb_tokens_charged_counts_what_maxdebt_let_a_charge_take_not_what_was_asked() {
+    let server = Server::start();
+    let mut con = server.conn();
+    call(
+        &mut con,
+        &[
+            "TB.CHARGE",
+            "tb:big",
+            "10000",
+            "0.001",
+            "150000",
+            "MAXDEBT",
+            "10000",
+        ],
+    );
+    assert_eq!(tokens(&mut con, "tb:big"), -10000.0);
+    assert_eq!(tb_field(&mut con, "tb_tokens_charged"), "20000");
+    call(
+        &mut con,
+        &["TB.CHARGE", "tb:big", "10000", "0.001", "7", "MAXDEBT", "5"],
+    );
+    assert_eq!(tb_field(&mut con, "tb_tokens_charged"), "20000");
+    call(&mut con, &["TB.CHARGE", "tb:small", "10", "0.001", "3"]);
+    assert_eq!(tb_field(&mut con, "tb_tokens_charged"), "20003");
+    assert_eq!(counter(&mut con, "tb_charges"), 3);
 }
 
 #[test]
