@@ -632,7 +632,7 @@ def evaluate_targets(configs: dict, memory: dict, repl: dict, scaling: dict | No
 
 # --------------------------------------------------------------------------
 # The module floor for TB.TAKE: the bench-only build (feature bench-floor,
-# src/testing/bench_floor.rs) has TB.FLOOR.TAKE, which makes TB.TAKE's own
+# src/bucket/floor.rs) has TB.FLOOR.TAKE, which makes TB.TAKE's own
 # write (the two fields, the absolute expiry, the effects and notifications)
 # without its read or arithmetic. TB.TAKE, the floor and TB.THROTTLE run on
 # that build's server, interleaved.

@@ -29,6 +29,9 @@ for name, text in {
     "bad-all": "|nan|inf|-1",
     "long": "|" + "9" * 64 + "|1|" + "1" * 65,
     "binary": "\x00 5\x005 \x001_000\x00",
+    # Just above 2^53, though each rounds to the double 2^53; and 2^53 itself.
+    "just-above-2-pow-53": "|9007199254740993|1|9007199254740992.5",
+    "at-2-pow-53": "|90071992547409920e-1|1|9007199254740992",
 }.items():
     write("parse_args", name, text)
 

@@ -78,8 +78,13 @@ local ERR_DUPLICATE = 'ERR each key may appear only once in TB.TAKEALL'
 local ERR_WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
 local ERR_UNKNOWN_OPTION = 'ERR unknown option (TB.TAKE and TB.TAKEALL take MAXWAIT, BLOCK and '
   .. 'MAXBLOCK; TB.CHARGE takes MAXDEBT)'
-local ERR_REPEATED_OPTION = 'ERR each option may be given only once'
-local ERR_MISSING_OPTION_VALUE = 'ERR an option is missing its value'
+-- An option's errors name it in upper case (core/src/error.rs OptionName).
+local function err_repeated_option(name)
+  return 'ERR ' .. name .. ' is given twice'
+end
+local function err_missing_option_value(name)
+  return 'ERR ' .. name .. ' needs a value'
+end
 local ERR_MAXWAIT = 'ERR MAXWAIT must be a whole number of ms from 0 to 9007199254740992 (2^53)'
 local ERR_BLOCK = 'ERR BLOCK must be a whole number of ms from 1 to 9007199254740992 (2^53)'
 local ERR_MAXBLOCK =
@@ -114,6 +119,41 @@ local function parse_decimal(text, signed)
     return nil
   end
   return value
+end
+
+-- Whether the exact value of `text`, a decimal parse_decimal accepted
+-- (unsigned), is above 2^53 (core/src/number.rs above_max_exact_integer):
+-- judged on the digits, since 2^53 + 1 and 2^53 + 0.5 become the double
+-- 2^53. The value is 0.d1d2... x 10^magnitude, d1 its first digit that is
+-- not 0; 2^53 is 0.9007199254740992 x 10^16.
+local MAX_EXACT_INTEGER_DIGITS = '9007199254740992'
+local function above_max_exact_integer(text)
+  local int, frac, exponent = string.match(text, '^(%d*)%.?(%d*)[eE]?([+-]?%d*)$')
+  if int == nil then
+    return false
+  end
+  local digits = int .. frac
+  local first = string.find(digits, '[1-9]')
+  if first == nil then
+    return false
+  end
+  local magnitude = #int - first + 1 + (tonumber(exponent) or 0)
+  if magnitude ~= 16 then
+    return magnitude > 16
+  end
+  local significant = string.gsub(string.sub(digits, first), '0+$', '')
+  local head = string.sub(significant, 1, 16)
+  head = head .. string.rep('0', 16 - #head)
+  if head ~= MAX_EXACT_INTEGER_DIGITS then
+    return head > MAX_EXACT_INTEGER_DIGITS
+  end
+  return #significant > 16
+end
+
+-- `value`, read from `text`, is at most 2^53 by the exact value of `text`.
+local function at_most_max_exact_integer(text, value)
+  return value < MAX_EXACT_INTEGER
+    or (value == MAX_EXACT_INTEGER and not above_max_exact_integer(text))
 end
 
 -- The key as the module names it in an error: printable ASCII kept, ' and \
@@ -332,7 +372,7 @@ local function parse_request(capacity_text, rate_text, n_text)
   if capacity == nil or not (capacity > 0) then
     return nil, redis.error_reply(ERR_CAPACITY)
   end
-  if capacity > MAX_EXACT_INTEGER then
+  if not at_most_max_exact_integer(capacity_text, capacity) then
     return nil, redis.error_reply(ERR_CAPACITY_TOO_LARGE)
   end
   local rate = parse_decimal(rate_text, false)
@@ -345,9 +385,9 @@ local function parse_request(capacity_text, rate_text, n_text)
     if n == nil then
       return nil, redis.error_reply(ERR_N)
     end
-  end
-  if n > MAX_EXACT_INTEGER then
-    return nil, redis.error_reply(ERR_N_TOO_LARGE)
+    if not at_most_max_exact_integer(n_text, n) then
+      return nil, redis.error_reply(ERR_N_TOO_LARGE)
+    end
   end
   return {capacity = capacity, rate = rate, n = n}
 end
@@ -393,13 +433,14 @@ local function parse_take_options(args, first)
   local given = {}
   local i = first
   while i <= #args do
-    local option = TAKE_OPTIONS[string.upper(args[i])]
+    local name = string.upper(args[i])
+    local option = TAKE_OPTIONS[name]
     if option == nil then
       return nil, redis.error_reply(ERR_UNKNOWN_OPTION)
     elseif given[option.field] ~= nil then
-      return nil, redis.error_reply(ERR_REPEATED_OPTION)
+      return nil, redis.error_reply(err_repeated_option(name))
     elseif i == #args then
-      return nil, redis.error_reply(ERR_MISSING_OPTION_VALUE)
+      return nil, redis.error_reply(err_missing_option_value(name))
     end
     local value = parse_whole(args[i + 1], option.least)
     if value == nil then
@@ -433,15 +474,15 @@ local function parse_charge_options(args, first)
   elseif string.upper(args[first]) ~= 'MAXDEBT' then
     return nil, redis.error_reply(ERR_UNKNOWN_OPTION)
   elseif count == 1 then
-    return nil, redis.error_reply(ERR_MISSING_OPTION_VALUE)
+    return nil, redis.error_reply(err_missing_option_value('MAXDEBT'))
   elseif count == 2 then
     local debt = parse_decimal(args[first + 1], false)
-    if debt == nil or debt > MAX_EXACT_INTEGER then
+    if debt == nil or not at_most_max_exact_integer(args[first + 1], debt) then
       return nil, redis.error_reply(ERR_MAXDEBT)
     end
     return debt
   elseif string.upper(args[first + 2]) == 'MAXDEBT' then
-    return nil, redis.error_reply(ERR_REPEATED_OPTION)
+    return nil, redis.error_reply(err_repeated_option('MAXDEBT'))
   end
   return nil, redis.error_reply(ERR_UNKNOWN_OPTION)
 end

@@ -70,7 +70,7 @@ source scripts/bench-common.sh
 require_tools bench "make deps installs the redis tools" python3 redis-benchmark "${TB_SERVER:-redis-server}"
 build_module
 # The lease race and TB.TAKE's floor row load the bench-only build with TB.FLOOR.*
-# (src/testing/bench_floor.rs),
+# (src/testing/bench_floor.rs, src/bucket/floor.rs),
 # kept in its own target directory so it never replaces the module users run.
 if [[ -z "${TB_LEASE_MODULE:-}" ]]; then
     cargo build --release --quiet --features bench-floor --target-dir target/bench-floor

@@ -1,9 +1,9 @@
 //! Command arguments -> a typed, validated request.
 
 use crate::bucket::{Limit, TakeOptions};
-use crate::error::TbError;
+use crate::error::{OptionName, TbError};
 use crate::lockout::Block;
-use crate::number::{parse_decimal, Sign, MAX_EXACT_INTEGER};
+use crate::number::{at_most_max_exact_integer, parse_decimal, Sign, MAX_EXACT_INTEGER};
 
 /// `capacity rate [n]` of TB.TAKE / TB.PEEK, validated.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -15,23 +15,27 @@ pub struct Request {
 
 /// Parses the numbers after the key. `n` is `None` where it may be left out
 /// (TB.PEEK), and then means 1. Arguments are checked in order, so the error
-/// names the first bad one.
+/// names the first bad one. The bound 2^53 of capacity and n is judged on
+/// the exact text (`at_most_max_exact_integer`).
 pub fn parse_request(capacity: &[u8], rate: &[u8], n: Option<&[u8]>) -> Result<Request, TbError> {
-    let capacity = positive(capacity).ok_or(TbError::Capacity)?;
-    if capacity > MAX_EXACT_INTEGER as f64 {
+    let capacity_value = positive(capacity).ok_or(TbError::Capacity)?;
+    if !at_most_max_exact_integer(capacity, capacity_value) {
         return Err(TbError::CapacityTooLarge);
     }
     let refill_per_sec = positive(rate).ok_or(TbError::Rate)?;
     let n = match n {
-        Some(text) => parse_decimal(text, Sign::Forbidden).ok_or(TbError::Count)?,
+        Some(text) => {
+            let n = parse_decimal(text, Sign::Forbidden).ok_or(TbError::Count)?;
+            if !at_most_max_exact_integer(text, n) {
+                return Err(TbError::CountTooLarge);
+            }
+            n
+        }
         None => 1.0,
     };
-    if n > MAX_EXACT_INTEGER as f64 {
-        return Err(TbError::CountTooLarge);
-    }
     Ok(Request {
         limit: Limit {
-            capacity,
+            capacity: capacity_value,
             refill_per_sec,
         },
         n,
@@ -39,10 +43,11 @@ pub fn parse_request(capacity: &[u8], rate: &[u8], n: Option<&[u8]>) -> Result<R
 }
 
 /// The `timeout_ms` of TB.BTAKE and TB.ACQUIRE: how long to wait at most,
-/// in whole ms (a fraction rounds up), 0 for no limit, at most 2^53.
+/// in whole ms (a fraction rounds up), 0 for no limit, at most 2^53 by the
+/// exact text.
 pub fn parse_timeout(text: &[u8]) -> Result<i64, TbError> {
     let timeout_ms = parse_decimal(text, Sign::Forbidden)
-        .filter(|ms| *ms <= MAX_EXACT_INTEGER as f64)
+        .filter(|ms| at_most_max_exact_integer(text, *ms))
         .ok_or(TbError::Timeout)?;
     // In [0, 2^53]: the conversion is exact.
     Ok(timeout_ms.ceil() as i64)
@@ -69,19 +74,24 @@ pub fn parse_take_options(options: &[&[u8]]) -> Result<TakeOptions, TbError> {
     let mut max_block_ms = None;
     let mut rest = options.iter();
     while let Some(keyword) = rest.next() {
-        let (slot, error, least) = if keyword.eq_ignore_ascii_case(b"MAXWAIT") {
-            (&mut max_wait_ms, TbError::MaxWait, 0)
+        let (slot, name, error, least) = if keyword.eq_ignore_ascii_case(b"MAXWAIT") {
+            (&mut max_wait_ms, OptionName::MaxWait, TbError::MaxWait, 0)
         } else if keyword.eq_ignore_ascii_case(b"BLOCK") {
-            (&mut block_ms, TbError::Block, 1)
+            (&mut block_ms, OptionName::Block, TbError::Block, 1)
         } else if keyword.eq_ignore_ascii_case(b"MAXBLOCK") {
-            (&mut max_block_ms, TbError::MaxBlock, 1)
+            (
+                &mut max_block_ms,
+                OptionName::MaxBlock,
+                TbError::MaxBlock,
+                1,
+            )
         } else {
             return Err(TbError::UnknownOption);
         };
         if slot.is_some() {
-            return Err(TbError::RepeatedOption);
+            return Err(TbError::RepeatedOption(name));
         }
-        let value = rest.next().ok_or(TbError::MissingOptionValue)?;
+        let value = rest.next().ok_or(TbError::MissingOptionValue(name))?;
         *slot = Some(whole_from(value, least).ok_or(error)?);
     }
     let block = match (block_ms, max_block_ms) {
@@ -103,18 +113,20 @@ pub fn parse_take_options(options: &[&[u8]]) -> Result<TakeOptions, TbError> {
     })
 }
 
-/// TB.CHARGE's options: `MAXDEBT d`, a number in [0, 2^53], once. `None`
-/// when not given (the debt limit is then the capacity).
+/// TB.CHARGE's options: `MAXDEBT d`, a number in [0, 2^53] (by the exact
+/// text), once. `None` when not given (the debt limit is then the capacity).
 pub fn parse_charge_options(options: &[&[u8]]) -> Result<Option<f64>, TbError> {
     match options {
         [] => Ok(None),
         [keyword, ..] if !keyword.eq_ignore_ascii_case(b"MAXDEBT") => Err(TbError::UnknownOption),
-        [_] => Err(TbError::MissingOptionValue),
+        [_] => Err(TbError::MissingOptionValue(OptionName::MaxDebt)),
         [_, value] => parse_decimal(value, Sign::Forbidden)
-            .filter(|debt| *debt <= MAX_EXACT_INTEGER as f64)
+            .filter(|debt| at_most_max_exact_integer(value, *debt))
             .map(Some)
             .ok_or(TbError::MaxDebt),
-        [_, _, next, ..] if next.eq_ignore_ascii_case(b"MAXDEBT") => Err(TbError::RepeatedOption),
+        [_, _, next, ..] if next.eq_ignore_ascii_case(b"MAXDEBT") => {
+            Err(TbError::RepeatedOption(OptionName::MaxDebt))
+        }
         [_, _, ..] => Err(TbError::UnknownOption),
     }
 }
@@ -211,6 +223,44 @@ mod tests {
         assert_eq!(parse("1", "1", "1e16"), Err(TbError::CountTooLarge));
         // The rate has no such bound: a huge rate refills at once.
         assert!(parse("1", "1e300", "1").is_ok());
+    }
+
+    /// 2^53 + 1 and 2^53 + 0.5 round to the double 2^53; the bound is on
+    /// their text.
+    #[test]
+    fn numbers_just_above_2_pow_53_are_refused_though_they_round_to_it() {
+        for above in [
+            "9007199254740993",
+            "9007199254740992.5",
+            "9.007199254740993e15",
+        ] {
+            assert_eq!(
+                parse(above, "1", "1"),
+                Err(TbError::CapacityTooLarge),
+                "{above}"
+            );
+            assert_eq!(
+                parse("1", "1", above),
+                Err(TbError::CountTooLarge),
+                "{above}"
+            );
+            assert_eq!(
+                parse_timeout(above.as_bytes()),
+                Err(TbError::Timeout),
+                "{above}"
+            );
+            let options = [&b"MAXDEBT"[..], above.as_bytes()];
+            assert_eq!(
+                parse_charge_options(&options),
+                Err(TbError::MaxDebt),
+                "{above}"
+            );
+        }
+        let bound = "90071992547409920e-1"; // 2^53 itself, written otherwise
+        assert!(parse(bound, "1", bound).is_ok());
+        assert_eq!(parse_timeout(bound.as_bytes()), Ok(1 << 53));
+        let options = [&b"MAXDEBT"[..], bound.as_bytes()];
+        assert_eq!(parse_charge_options(&options), Ok(Some(9007199254740992.0)));
     }
 
     #[test]
@@ -314,8 +364,19 @@ mod tests {
     fn bad_take_options_are_named() {
         for (words, error) in [
             ("WAIT 5", TbError::UnknownOption),
-            ("MAXWAIT 5 MAXWAIT 5", TbError::RepeatedOption),
-            ("MAXWAIT", TbError::MissingOptionValue),
+            (
+                "MAXWAIT 5 MAXWAIT 5",
+                TbError::RepeatedOption(OptionName::MaxWait),
+            ),
+            (
+                "BLOCK 10 block 10",
+                TbError::RepeatedOption(OptionName::Block),
+            ),
+            ("MAXWAIT", TbError::MissingOptionValue(OptionName::MaxWait)),
+            (
+                "BLOCK 100 MAXBLOCK",
+                TbError::MissingOptionValue(OptionName::MaxBlock),
+            ),
             ("MAXWAIT -1", TbError::MaxWait),
             ("MAXWAIT 1.5", TbError::MaxWait),
             ("MAXWAIT 9007199254740993", TbError::MaxWait),
@@ -336,10 +397,16 @@ mod tests {
         assert_eq!(charge(""), Ok(None));
         assert_eq!(charge("maxdebt 2.5"), Ok(Some(2.5)));
         assert_eq!(charge("MAXDEBT 0"), Ok(Some(0.0)));
-        assert_eq!(charge("MAXDEBT"), Err(TbError::MissingOptionValue));
+        assert_eq!(
+            charge("MAXDEBT"),
+            Err(TbError::MissingOptionValue(OptionName::MaxDebt))
+        );
         assert_eq!(charge("MAXDEBT -1"), Err(TbError::MaxDebt));
         assert_eq!(charge("MAXDEBT 1e16"), Err(TbError::MaxDebt));
-        assert_eq!(charge("MAXDEBT 1 MAXDEBT 2"), Err(TbError::RepeatedOption));
+        assert_eq!(
+            charge("MAXDEBT 1 maxdebt 2"),
+            Err(TbError::RepeatedOption(OptionName::MaxDebt))
+        );
         assert_eq!(charge("MAXWAIT 1"), Err(TbError::UnknownOption));
         assert_eq!(charge("MAXDEBT 1 x"), Err(TbError::UnknownOption));
     }

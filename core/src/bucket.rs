@@ -313,6 +313,20 @@ pub fn reserve(
 /// debt is repaid (0 when there is none). `n = 0` writes nothing but a
 /// clock repair.
 pub fn debit(state: Option<State>, limit: &Limit, n: f64, max_debt: f64, now_ms: i64) -> Outcome {
+    debited(state, limit, n, max_debt, now_ms).outcome
+}
+
+/// What a charge did: the reply and write, and how many tokens it really
+/// took (less than asked once the debt floor held, 0 when the balance was
+/// already below it): the charge's twin of `Refunded`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Debited {
+    pub outcome: Outcome,
+    pub charged: f64,
+}
+
+/// `debit`, with how many tokens it really took.
+pub fn debited(state: Option<State>, limit: &Limit, n: f64, max_debt: f64, now_ms: i64) -> Debited {
     let now = now_ms as f64;
     let (current, repair) = seen_at(state, limit, now);
     let available = current.available_at(limit, now);
@@ -331,13 +345,22 @@ pub fn debit(state: Option<State>, limit: &Limit, n: f64, max_debt: f64, now_ms:
         repair
     };
     let shown = write.unwrap_or(current);
-    Outcome {
-        allowed: true,
-        remaining: remaining_of(shown.available_at(limit, now)),
-        retry_after_ms: first_ms_when(&shown, limit, now, 0.0),
-        reset_after_ms: first_ms_when(&shown, limit, now, limit.capacity),
-        write,
-        lock: None,
+    Debited {
+        outcome: Outcome {
+            allowed: true,
+            remaining: remaining_of(shown.available_at(limit, now)),
+            retry_after_ms: first_ms_when(&shown, limit, now, 0.0),
+            reset_after_ms: first_ms_when(&shown, limit, now, limit.capacity),
+            write,
+            lock: None,
+        },
+        // Both finite: `available` is at most the capacity, `tokens` at
+        // least -2^53 or `available`.
+        charged: if n > 0.0 {
+            (available - tokens).max(0.0)
+        } else {
+            0.0
+        },
     }
 }
 
@@ -952,6 +975,29 @@ mod tests {
         let deeper = debit(state(-30.0, NOW), &lim, 1.0, 10.0, NOW);
         assert_eq!(deeper.write.map(|s| s.tokens), Some(-30.0));
         assert_eq!(debit(state(3.0, NOW), &lim, 0.0, 10.0, NOW).write, None);
+    }
+
+    /// The INFO counter of charges counts what was taken: all of `n`, or
+    /// down to the floor, or nothing below it.
+    #[test]
+    fn a_charge_counts_what_it_took_not_what_was_asked() {
+        let lim = limit(10.0, 1.0);
+        assert_eq!(debited(None, &lim, 4.0, 10.0, NOW).charged, 4.0);
+        assert_eq!(
+            debited(state(1.0, NOW), &lim, 50.0, 10.0, NOW).charged,
+            11.0
+        );
+        assert_eq!(
+            debited(state(-30.0, NOW), &lim, 1.0, 10.0, NOW).charged,
+            0.0
+        );
+        assert_eq!(debited(state(3.0, NOW), &lim, 0.0, 10.0, NOW).charged, 0.0);
+        let asked = debited(None, &limit(10_000.0, 0.001), 150_000.0, 10_000.0, NOW);
+        assert_eq!(asked.charged, 20_000.0);
+        assert_eq!(
+            asked.outcome,
+            debit(None, &limit(10_000.0, 0.001), 150_000.0, 10_000.0, NOW)
+        );
     }
 
     #[test]

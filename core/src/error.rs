@@ -51,10 +51,10 @@ pub enum TbError {
     LeaseSetGone,
     /// An option keyword the command does not take.
     UnknownOption,
-    /// An option given twice.
-    RepeatedOption,
-    /// An option keyword last, without its value.
-    MissingOptionValue,
+    /// An option given twice; the message names it.
+    RepeatedOption(OptionName),
+    /// An option keyword last, without its value; the message names it.
+    MissingOptionValue(OptionName),
     /// `MAXWAIT` is not whole ms in [0, 2^53].
     MaxWait,
     /// `BLOCK` is not whole ms in [1, 2^53].
@@ -81,6 +81,17 @@ pub enum TbError {
     Quantity,
     /// A bug caught by the last-resort `catch_unwind`.
     Internal,
+}
+
+/// A keyword option of TB.TAKE and TB.TAKEALL (`MAXWAIT`, `BLOCK`,
+/// `MAXBLOCK`) or TB.CHARGE (`MAXDEBT`), as its errors name it: in upper
+/// case, whatever case it was given in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptionName {
+    MaxWait,
+    Block,
+    MaxBlock,
+    MaxDebt,
 }
 
 impl TbError {
@@ -131,8 +142,14 @@ impl TbError {
             TbError::UnknownOption => {
                 c"ERR unknown option (TB.TAKE and TB.TAKEALL take MAXWAIT, BLOCK and MAXBLOCK; TB.CHARGE takes MAXDEBT)"
             }
-            TbError::RepeatedOption => c"ERR each option may be given only once",
-            TbError::MissingOptionValue => c"ERR an option is missing its value",
+            TbError::RepeatedOption(OptionName::MaxWait) => c"ERR MAXWAIT is given twice",
+            TbError::RepeatedOption(OptionName::Block) => c"ERR BLOCK is given twice",
+            TbError::RepeatedOption(OptionName::MaxBlock) => c"ERR MAXBLOCK is given twice",
+            TbError::RepeatedOption(OptionName::MaxDebt) => c"ERR MAXDEBT is given twice",
+            TbError::MissingOptionValue(OptionName::MaxWait) => c"ERR MAXWAIT needs a value",
+            TbError::MissingOptionValue(OptionName::Block) => c"ERR BLOCK needs a value",
+            TbError::MissingOptionValue(OptionName::MaxBlock) => c"ERR MAXBLOCK needs a value",
+            TbError::MissingOptionValue(OptionName::MaxDebt) => c"ERR MAXDEBT needs a value",
             TbError::MaxWait => {
                 c"ERR MAXWAIT must be a whole number of ms from 0 to 9007199254740992 (2^53)"
             }
@@ -223,6 +240,29 @@ fn corrupt_message(before: &str, key: &[u8], after: &str, fallback: TbError) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every option error names its option, in upper case.
+    #[test]
+    fn option_errors_name_the_option() {
+        for (name, word) in [
+            (OptionName::MaxWait, "MAXWAIT"),
+            (OptionName::Block, "BLOCK"),
+            (OptionName::MaxBlock, "MAXBLOCK"),
+            (OptionName::MaxDebt, "MAXDEBT"),
+        ] {
+            assert_eq!(
+                TbError::RepeatedOption(name).message().to_str().unwrap(),
+                format!("ERR {word} is given twice")
+            );
+            assert_eq!(
+                TbError::MissingOptionValue(name)
+                    .message()
+                    .to_str()
+                    .unwrap(),
+                format!("ERR {word} needs a value")
+            );
+        }
+    }
 
     #[test]
     fn corrupt_bucket_message_names_the_key() {

@@ -72,6 +72,88 @@ const EXACT_POWERS_OF_TEN: [f64; 23] = [
 /// still counted in single milliseconds.
 pub const MAX_EXACT_INTEGER: i64 = 1 << 53;
 
+/// 2^53's digits, for comparing a decimal text with it digit by digit.
+const MAX_EXACT_INTEGER_DIGITS: &[u8; 16] = b"9007199254740992";
+
+/// Whether the exact value of `text`, a decimal `parse_decimal` accepts, is
+/// above 2^53. It is judged on the digits, not on the f64: a text just
+/// above 2^53 (`9007199254740993`, `9007199254740992.5`) rounds to the
+/// double 2^53 and would pass a check made after the conversion. A bound is
+/// therefore checked as `value < 2^53` or, when the double is exactly 2^53,
+/// with this (`at_most_max_exact_integer`), so the usual number costs one
+/// comparison more.
+pub fn above_max_exact_integer(text: &[u8]) -> bool {
+    let (negative, unsigned) = match text {
+        [b'-', rest @ ..] => (true, rest),
+        [b'+', rest @ ..] => (false, rest),
+        _ => (false, text),
+    };
+    let (mantissa, exponent) = match unsigned.iter().position(|b| matches!(b, b'e' | b'E')) {
+        Some(at) => (
+            unsigned.get(..at).unwrap_or_default(),
+            unsigned.get(at.saturating_add(1)..).unwrap_or_default(),
+        ),
+        None => (unsigned, &b""[..]),
+    };
+    let (int, frac) = match mantissa.iter().position(|b| *b == b'.') {
+        Some(at) => (
+            mantissa.get(..at).unwrap_or_default(),
+            mantissa.get(at.saturating_add(1)..).unwrap_or_default(),
+        ),
+        None => (mantissa, &b""[..]),
+    };
+    let digits = || int.iter().chain(frac).copied();
+    let Some(first) = digits().position(|digit| digit != b'0') else {
+        return false; // zero
+    };
+    if negative {
+        return false;
+    }
+    // The value is 0.d1d2d3... x 10^magnitude, d1 its first digit that is
+    // not 0; 2^53 is 0.9007199254740992 x 10^16. Lengths are at most
+    // MAX_LEN and the exponent saturates, so nothing overflows.
+    let magnitude = (int.len() as i64)
+        .saturating_sub(first as i64)
+        .saturating_add(exponent_value(exponent));
+    if magnitude != 16 {
+        return magnitude > 16;
+    }
+    for (at, digit) in digits().skip(first).enumerate() {
+        let bound = MAX_EXACT_INTEGER_DIGITS.get(at).copied().unwrap_or(b'0');
+        if digit != bound {
+            return digit > bound;
+        }
+    }
+    false
+}
+
+/// `value`, read from `text`, is at most 2^53 by the exact value of `text`
+/// (see `above_max_exact_integer`).
+pub fn at_most_max_exact_integer(text: &[u8], value: f64) -> bool {
+    let bound = MAX_EXACT_INTEGER as f64;
+    value < bound || (value == bound && !above_max_exact_integer(text))
+}
+
+/// An exponent's text (`[+-]digits`), saturating far beyond any magnitude
+/// an f64 can hold.
+fn exponent_value(text: &[u8]) -> i64 {
+    let (negative, digits) = match text {
+        [b'-', rest @ ..] => (true, rest),
+        [b'+', rest @ ..] => (false, rest),
+        _ => (false, text),
+    };
+    let magnitude = digits.iter().fold(0i64, |value, digit| {
+        value
+            .saturating_mul(10)
+            .saturating_add(i64::from(digit.wrapping_sub(b'0')))
+    });
+    if negative {
+        magnitude.saturating_neg()
+    } else {
+        magnitude
+    }
+}
+
 impl DecimalShape {
     /// The value when it can be had exactly with one operation: an integer
     /// of at most 2^53 over a power of ten up to 10^22 are both exact f64s,
@@ -491,7 +573,75 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_bound_2_pow_53_is_judged_on_the_exact_text() {
+        for text in [
+            "9007199254740992",
+            "9007199254740992.0000",
+            "00009007199254740992",
+            "9007199254740991.5",
+            "9.007199254740992e15",
+            "90071992547409920e-1",
+            "0.9007199254740992E+16",
+            "9007199254740991.99999999999999999999",
+            "1e-400",
+            "0",
+            "-9007199254740993",
+            "1",
+        ] {
+            assert!(!above_max_exact_integer(text.as_bytes()), "{text}");
+        }
+        for text in [
+            "9007199254740993",
+            "9007199254740992.5",
+            "9007199254740992.0000000000000000001",
+            "9.007199254740993e15",
+            "9.0071992547409921e15",
+            "90071992547409921e-1",
+            "1e16",
+            "10000000000000000",
+            "1e300",
+            "1e99999999999999999999999999999999999",
+        ] {
+            assert!(above_max_exact_integer(text.as_bytes()), "{text}");
+        }
+    }
+
+    #[test]
+    fn texts_that_round_to_2_pow_53_are_above_it_when_their_digits_are() {
+        let bound = MAX_EXACT_INTEGER as f64;
+        assert!(at_most_max_exact_integer(b"9007199254740992", bound));
+        assert!(!at_most_max_exact_integer(b"9007199254740993", bound));
+        assert!(!at_most_max_exact_integer(b"9007199254740992.5", bound));
+        assert!(!at_most_max_exact_integer(b"9007199254740994", bound + 2.0));
+        assert!(at_most_max_exact_integer(b"5", 5.0));
+    }
+
     proptest! {
+        /// Against exact integer arithmetic: `digits` x 10^`exponent`
+        /// compared with 2^53 in i128 (or by its length).
+        #[test]
+        fn the_bound_agrees_with_exact_arithmetic(
+            digits in "[0-9]{1,24}", point in 0usize..25, exponent in -30i32..30,
+        ) {
+            let point = point.min(digits.len());
+            let text = format!("{}.{}e{exponent}", &digits[..point], &digits[point..]);
+            // value = digits x 10^(exponent - fraction digits)
+            let scale = exponent - (digits.len() - point) as i32;
+            let whole: u128 = digits.parse().unwrap();
+            let max = 1u128 << 53;
+            let expected = if whole == 0 {
+                false
+            } else if scale >= 0 {
+                scale > 38 || whole.saturating_mul(10u128.pow(scale as u32)) > max
+            } else {
+                let down = (-scale) as u32;
+                // whole / 10^down > max  <=>  whole > max * 10^down
+                down <= 38 && whole > max.saturating_mul(10u128.pow(down))
+            };
+            prop_assert_eq!(above_max_exact_integer(text.as_bytes()), expected, "{}", text);
+        }
+
         #[test]
         fn formatted_tokens_parse_back_to_the_same_value(value in any::<f64>()) {
             prop_assume!(value.is_finite());

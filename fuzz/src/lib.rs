@@ -41,6 +41,54 @@ pub fn reference_decimal(text: &[u8], signed: bool) -> Option<f64> {
     value.is_finite().then_some(value)
 }
 
+/// Whether a text of the argument grammar denotes a value above 2^53, by
+/// exact arithmetic on its digits (the contract judges the bound on the
+/// text, not on the double it rounds to): `digits x 10^exponent` against
+/// 2^53, both written out as decimal integers of the same scale.
+pub fn reference_above_2_pow_53(text: &[u8]) -> bool {
+    let text = std::str::from_utf8(text).expect("the grammar is ASCII");
+    let (mantissa, exponent) = match text.find(['e', 'E']) {
+        // An exponent past i128 (up to 62 digits fit in 64 bytes) is huge
+        // either way.
+        Some(at) => (
+            &text[..at],
+            text[at + 1..].parse::<i128>().unwrap_or_else(|_| {
+                if text[at + 1..].starts_with('-') {
+                    -1000
+                } else {
+                    1000
+                }
+            }),
+        ),
+        None => (text, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits = format!("{int}{frac}");
+    if digits.bytes().all(|d| d == b'0') {
+        return false;
+    }
+    let scale = exponent - frac.len() as i128; // value = digits x 10^scale
+    if scale > 100 {
+        return true;
+    }
+    if scale < -100 {
+        return false; // at most 64 digits over 10^100
+    }
+    let (value, bound) = if scale >= 0 {
+        (
+            format!("{digits}{}", "0".repeat(scale as usize)),
+            "9007199254740992".to_owned(),
+        )
+    } else {
+        (
+            digits,
+            format!("9007199254740992{}", "0".repeat((-scale) as usize)),
+        )
+    };
+    let value = value.trim_start_matches('0');
+    (value.len(), value) > (bound.len(), bound.as_str())
+}
+
 /// Same value, same bits (so 0.0 and -0.0 differ, NaN equals NaN).
 pub fn same(a: Option<f64>, b: Option<f64>) -> bool {
     a.map(f64::to_bits) == b.map(f64::to_bits)

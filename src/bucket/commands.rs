@@ -107,17 +107,18 @@ fn charge(
     let max_debt = parse_charge_options(&words(api, options))?.unwrap_or(request.limit.capacity);
     let single = Single::open_request(api, ctx, key, request, Access::Write)?;
     let charge = &single.charge;
-    let outcome = bucket::debit(
+    let debited = bucket::debited(
         charge.state,
         &charge.limit,
         charge.n,
         max_debt,
         single.now_ms,
     );
-    write_all(&[(&single.bucket, &outcome)], single.now_ms)?;
+    write_all(&[(&single.bucket, &debited.outcome)], single.now_ms)?;
     metrics::CHARGES.bump();
-    metrics::TOKENS_CHARGED.add(charge.n);
-    Ok(Reply::Decision(outcome))
+    // What was really taken, as the refund counter counts what was added.
+    metrics::TOKENS_CHARGED.add(debited.charged);
+    Ok(Reply::Decision(debited.outcome))
 }
 
 /// TB.UNBLOCK key

@@ -7,9 +7,6 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::Relaxed};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
-#[cfg(feature = "fault-injection")]
-use crate::testing::fault;
-
 /// `tb.shadow-mode`: report denials as allowed (see `shadow` in
 /// src/bucket/commands.rs).
 pub static SHADOW_MODE: AtomicBool = AtomicBool::new(false);
@@ -150,7 +147,8 @@ pub struct LoadArgs {
 /// `shadow-mode yes|no` (default no), `max-waiters N` (default 10000) and
 /// `cell-compat yes|no` (default no).
 /// Anything else is refused rather than ignored, so a typo in `loadmodule`
-/// fails loudly instead of silently running defaults.
+/// fails loudly instead of silently running defaults. (The fault-injection
+/// build's `fault` arguments are taken out before, by load.rs.)
 pub fn check_load_args<'a>(mut args: impl Iterator<Item = &'a [u8]>) -> Result<LoadArgs, String> {
     let mut load_args = LoadArgs {
         shadow_mode: false,
@@ -159,13 +157,6 @@ pub fn check_load_args<'a>(mut args: impl Iterator<Item = &'a [u8]>) -> Result<L
     };
     while let Some(name) = args.next() {
         match name {
-            #[cfg(feature = "fault-injection")]
-            b"fault" => {
-                let step = args.next().unwrap_or_default();
-                fault::arm(step, args.next().unwrap_or_default())?;
-            }
-            #[cfg(feature = "fault-injection")]
-            b"fault-skip-rollback" => fault::arm_skip_rollback(args.next().unwrap_or_default())?,
             b"shadow-mode" => {
                 load_args.shadow_mode = match args.next() {
                     Some(b"yes") => true,

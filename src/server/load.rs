@@ -46,6 +46,9 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
     let loaded = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: the server hands over argc valid strings.
         let args = unsafe { load_args(argv, argc) };
+        // The fault-injection build's own load arguments (src/testing/fault.rs).
+        #[cfg(feature = "fault-injection")]
+        let args = crate::testing::fault::arm_from_load_args(&args)?;
         let load_args = config::check_load_args(args.iter().copied())?;
         // SAFETY: OnLoad context, after Init.
         unsafe { config::register(ctx, load_args) }?;
@@ -182,13 +185,42 @@ fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
     }
     #[cfg(feature = "bench-floor")]
     // SAFETY: OnLoad context.
-    unsafe { crate::testing::bench_floor::register(ctx) }?;
+    unsafe { register_bench_floor(ctx) }?;
     if api.set_abs_expire.is_none() {
         api.log(
             ctx,
             c"notice",
             "tb: RM_SetAbsExpire missing (Redis < 7.0.5): deadlines are set relative to the local clock",
         );
+    }
+    Ok(())
+}
+
+/// Registers the bench-only floor commands: TB.TAKE's (beside the bucket's
+/// write it shares, src/bucket/floor.rs) and the lease floor
+/// (src/testing/bench_floor.rs). First key 1, no docs: bench-only.
+///
+/// # Safety
+/// Must be called from `RedisModule_OnLoad` with its context.
+#[cfg(feature = "bench-floor")]
+unsafe fn register_bench_floor(ctx: *mut RedisModuleCtx) -> Result<(), String> {
+    let create = raw::RedisModule_CreateCommand.ok_or("RM_CreateCommand missing")?;
+    let commands: [(&CStr, raw::RedisModuleCmdFunc); 3] = [
+        (c"tb.floor.take", Some(crate::bucket::floor::tb_floor_take)),
+        (
+            c"tb.floor.acquire",
+            Some(crate::testing::bench_floor::tb_floor_acquire),
+        ),
+        (
+            c"tb.floor.release",
+            Some(crate::testing::bench_floor::tb_floor_release),
+        ),
+    ];
+    for (name, handler) in commands {
+        let status = create(ctx, name.as_ptr(), handler, c"write fast".as_ptr(), 1, 1, 1);
+        if status != raw::REDISMODULE_OK as c_int {
+            return Err(format!("cannot create {}", name.to_string_lossy()));
+        }
     }
     Ok(())
 }

@@ -84,7 +84,8 @@ pub static BUCKETS_CREATED: Counter = Counter::new();
 pub static ERRORS: Counter = Counter::new();
 /// Locks started by a denial with `BLOCK`.
 pub static LOCKS_STARTED: Counter = Counter::new();
-/// TB.CHARGE calls, and the tokens they took.
+/// TB.CHARGE calls, and the tokens they really took (less than asked once
+/// MAXDEBT held the debt).
 pub static CHARGES: Counter = Counter::new();
 pub static TOKENS_CHARGED: Sum = Sum::new();
 /// Reservations (`MAXWAIT`) allowed with a wait: the caller acts later.

@@ -2,9 +2,12 @@
 //! setting, key access, the reply frame, the command table with COMMAND
 //! DOCS, INFO tb, and blocking clients for the waits of both data types.
 //!
-//! May import the core crate and redis-module. Only `command_table.rs`
-//! (the handlers it registers) and `load.rs` (the bench-only commands)
-//! name anything of bucket/, lease/ or testing/.
+//! May import: the core crate and redis-module. Only two files name
+//! anything of bucket/, lease/ or testing/: `command_table.rs` may also
+//! import: bucket/ and lease/ (the handlers it registers); `load.rs` may
+//! also import: bucket/ and testing/ (the bench-only commands, the
+//! fault-injection build's load arguments). (tests/layers.rs reads these
+//! rules.)
 
 pub mod api;
 pub mod blocking;

@@ -9,32 +9,25 @@
 //!   `deadline_ms` and `seq` at `-n`, and, unless
 //!   `expire_at_ms` is 0, the expiry; replies as TB.ACQUIRE does.
 //! - `TB.FLOOR.RELEASE key lease`: removes `lease`; replies 1 or 0.
-//! - `TB.FLOOR.TAKE key tokens deadline_ms`: stores `tokens` and
-//!   `last_refill = now` in the bucket's hash with the absolute expiry, and
-//!   replies four integers, as an allowed TB.TAKE does.
 //!
-//! They write and replicate through src/lease/set.rs and src/bucket/hash.rs,
-//! the real commands' own code, but read nothing and check nothing: the
-//! caller computed the values (the bench keeps each key's count and
-//! expiry, or the tokens to store).
+//! They write and replicate through src/lease/set.rs, the real commands' own
+//! code, but read nothing and check nothing: the caller computed the values
+//! (the bench keeps each key's count and expiry). TB.TAKE's floor,
+//! `TB.FLOOR.TAKE`, shares the bucket's write and so lives beside it, in
+//! src/bucket/floor.rs; load.rs registers all three.
 
-use std::os::raw::c_int;
-
-use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
+use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
 use redis_tb_core::args::{parse_lease_ms, parse_timeout};
-use redis_tb_core::bucket::State;
 use redis_tb_core::error::TbError;
 use redis_tb_core::lease::{Grant, LeaseId};
-use redis_tb_core::number::{parse_decimal, Sign};
 use redis_tb_core::wait::leases::LeaseReply;
 
-use crate::bucket::hash::BucketKey;
 use crate::lease::commands::open_for_release;
 use crate::lease::set::{LeaseSet, Read};
 use crate::server::api::Api;
 use crate::server::keys::Access;
-use crate::server::reply::{entry_point, now, Reply};
+use crate::server::reply::{entry_point, Reply};
 
 fn acquire(
     api: &Api,
@@ -77,58 +70,5 @@ fn release(
     Ok(Reply::Flag(set.release(&Read::nothing(), lease)?))
 }
 
-/// TB.TAKE's floor: its write (two fields, the expiry, the effects, the
-/// notifications) without its read or its arithmetic.
-fn take(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    args: &[*mut RedisModuleString],
-) -> Result<Reply, TbError> {
-    let [_, key, tokens, deadline_ms] = args else {
-        return Err(TbError::WrongArity);
-    };
-    // SAFETY (both `bytes` calls): argv strings live for the whole command.
-    let tokens =
-        parse_decimal(unsafe { api.bytes(tokens) }, Sign::Allowed).ok_or(TbError::Count)?;
-    let deadline_ms = parse_lease_ms(unsafe { api.bytes(deadline_ms) })?;
-    let now_ms = now(api);
-    // SAFETY: the command's context and key.
-    let bucket = unsafe { BucketKey::open(api, ctx, *key, Access::Write) }?;
-    let state = State {
-        tokens,
-        last_refill_ms: now_ms as f64,
-    };
-    bucket.write(&state, None, now_ms, deadline_ms)?;
-    Ok(Reply::Decision(redis_tb_core::bucket::Outcome {
-        allowed: true,
-        remaining: tokens.max(0.0).floor() as i64,
-        retry_after_ms: 0,
-        reset_after_ms: deadline_ms.saturating_sub(now_ms),
-        write: None,
-        lock: None,
-    }))
-}
-
-entry_point!(tb_floor_take => take);
-entry_point!(tb_floor_acquire => acquire);
-entry_point!(tb_floor_release => release);
-
-/// Registers the three commands (first key 1, no docs: bench-only).
-///
-/// # Safety
-/// Must be called from `RedisModule_OnLoad` with its context.
-pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<(), String> {
-    let create = raw::RedisModule_CreateCommand.ok_or("RM_CreateCommand missing")?;
-    let commands: [(&std::ffi::CStr, raw::RedisModuleCmdFunc); 3] = [
-        (c"tb.floor.take", Some(tb_floor_take)),
-        (c"tb.floor.acquire", Some(tb_floor_acquire)),
-        (c"tb.floor.release", Some(tb_floor_release)),
-    ];
-    for (name, handler) in commands {
-        let status = create(ctx, name.as_ptr(), handler, c"write fast".as_ptr(), 1, 1, 1);
-        if status != raw::REDISMODULE_OK as c_int {
-            return Err(format!("cannot create {}", name.to_string_lossy()));
-        }
-    }
-    Ok(())
-}
+entry_point!(pub tb_floor_acquire => acquire);
+entry_point!(pub tb_floor_release => release);

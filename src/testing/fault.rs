@@ -12,7 +12,8 @@
 //! the tests can show that their rollback checks fail without the rollback
 //! (they would pass vacuously if the fault never reached it). Without the
 //! feature `injected` and `rollback_skipped` are a constant `false` and the
-//! load arguments do not exist.
+//! load arguments do not exist. load.rs hands them here before config.rs
+//! reads the others (`arm_from_load_args`).
 
 /// A step of a bucket write that can fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,7 +41,7 @@ mod enabled {
     }
 
     /// Parses `hash-set|expire EVERY` and arms the fault.
-    pub fn arm(step: &[u8], every: &[u8]) -> Result<(), String> {
+    fn arm(step: &[u8], every: &[u8]) -> Result<(), String> {
         let step = match step {
             b"hash-set" => Step::HashSet,
             b"expire" => Step::Expire,
@@ -67,7 +68,7 @@ mod enabled {
     }
 
     /// Parses the `yes|no` of `fault-skip-rollback`.
-    pub fn arm_skip_rollback(value: &[u8]) -> Result<(), String> {
+    fn arm_skip_rollback(value: &[u8]) -> Result<(), String> {
         let skip = match value {
             b"yes" => true,
             b"no" => false,
@@ -80,10 +81,34 @@ mod enabled {
     pub fn rollback_skipped() -> bool {
         SKIP_ROLLBACK.load(Relaxed)
     }
+
+    /// Arms what the load arguments `fault STEP EVERY` and
+    /// `fault-skip-rollback yes|no` ask for, and returns the other
+    /// arguments, in order, for config.rs to check. Those are `name value`
+    /// pairs, taken two at a time here too, so a `fault` in a value's place
+    /// stays that value (and is refused there).
+    pub fn arm_from_load_args<'a>(args: &[&'a [u8]]) -> Result<Vec<&'a [u8]>, String> {
+        let mut others = Vec::with_capacity(args.len());
+        let mut rest = args.iter().copied();
+        while let Some(name) = rest.next() {
+            match name {
+                b"fault" => {
+                    let step = rest.next().unwrap_or_default();
+                    arm(step, rest.next().unwrap_or_default())?;
+                }
+                b"fault-skip-rollback" => arm_skip_rollback(rest.next().unwrap_or_default())?,
+                _ => {
+                    others.push(name);
+                    others.extend(rest.next());
+                }
+            }
+        }
+        Ok(others)
+    }
 }
 
 #[cfg(feature = "fault-injection")]
-pub use enabled::{arm, arm_skip_rollback, injected, rollback_skipped};
+pub use enabled::{arm_from_load_args, injected, rollback_skipped};
 
 #[cfg(not(feature = "fault-injection"))]
 #[inline(always)]

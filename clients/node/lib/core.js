@@ -22,10 +22,50 @@ function isNumber(value) {
   return typeof value === 'number' && Number.isFinite(value);
 }
 
+// Whether `value` is above 2^53 by its exact value: the module's one bound, which it judges
+// on the exact decimal text (core/src/number.rs above_max_exact_integer), so that
+// '9007199254740993' and '9007199254740992.5' are refused though Number() of either is 2^53.
+// A Number is its own exact value (the literal 9007199254740993 already is 2^53); a BigInt is
+// compared exactly; a string is judged on its digits. Anything else, or a string outside the
+// module's number grammar (no sign, at most 64 bytes), is no number: null.
+const MAX_EXACT_INTEGER_DIGITS = '9007199254740992';
+const DECIMAL = /^([0-9]*)(?:\.([0-9]*))?(?:[eE]([+-]?[0-9]+))?$/;
+
+function aboveMaxExact(value) {
+  if (typeof value === 'number') {
+    return value > MAX_TOKENS;
+  }
+  if (typeof value === 'bigint') {
+    return value > BigInt(MAX_TOKENS);
+  }
+  const match = typeof value === 'string' && value.length <= 64 ? DECIMAL.exec(value) : null;
+  if (match === null || (match[1] === '' && !match[2])) {
+    return null;
+  }
+  const [, int, frac = '', exponent = '0'] = match;
+  const digits = int + frac;
+  const first = digits.search(/[1-9]/);
+  if (first < 0) {
+    return false; // zero
+  }
+  // The value is 0.d1d2... x 10^magnitude, d1 its first digit that is not 0; 2^53 is
+  // 0.9007199254740992 x 10^16.
+  const magnitude = int.length - first + Number(exponent);
+  if (magnitude !== 16) {
+    return magnitude > 16;
+  }
+  const significant = digits.slice(first).replace(/0+$/, '');
+  const head = significant.slice(0, 16).padEnd(16, '0');
+  if (head !== MAX_EXACT_INTEGER_DIGITS) {
+    return head > MAX_EXACT_INTEGER_DIGITS;
+  }
+  return significant.length > 16;
+}
+
 // A number as the command's text: String(x) is the shortest decimal that reads back as x
 // ("0.001", "1e-7", "1e+21"), which the module and the script both accept.
 function capacityText(value, what = 'capacity') {
-  if (!isNumber(value) || !(value > 0) || value > MAX_TOKENS) {
+  if (!isNumber(value) || !(value > 0) || aboveMaxExact(value)) {
     throw new InvalidArgument(`${what} must be a positive finite number at most 2^53, got ${util.inspect(value)}`);
   }
   return String(value);
@@ -39,14 +79,14 @@ function rateText(value, what = 'rate') {
 }
 
 function costText(value, what = 'n') {
-  if (!isNumber(value) || !(value >= 0) || value > MAX_TOKENS) {
+  if (!isNumber(value) || !(value >= 0) || aboveMaxExact(value)) {
     throw new InvalidArgument(`${what} must be a non-negative finite number at most 2^53, got ${util.inspect(value)}`);
   }
   return String(value);
 }
 
 function timeoutText(value) {
-  if (!isNumber(value) || !(value >= 0) || value > MAX_TOKENS) {
+  if (!isNumber(value) || !(value >= 0) || aboveMaxExact(value)) {
     throw new InvalidArgument(`timeoutMs must be a finite number of ms >= 0 (0: no limit), got ${util.inspect(value)}`);
   }
   return String(Math.ceil(value));
@@ -453,6 +493,7 @@ class OutageLog {
 
 module.exports = {
   MAX_TOKENS,
+  aboveMaxExact,
   capacityText,
   rateText,
   costText,

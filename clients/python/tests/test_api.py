@@ -6,6 +6,8 @@ calls, so it is compared to the second (as the headers show it)."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import redis
 import pytest
 
@@ -100,6 +102,23 @@ def test_numbers_the_server_would_refuse_are_refused_before_sending(limiter):
     with pytest.raises(InvalidArgument):
         limiter.take("", 5, 1)
     assert limiter.client.dbsize() == 0
+
+
+def test_numbers_just_above_2_pow_53_are_refused_though_they_round_to_it(limiter):
+    # 2^53 + 1/2 is the float 2^53, and the server refuses the text 9007199254740992.5.
+    above = Fraction(2**54 + 1, 2)
+    assert float(above) == 2**53
+    for call in [lambda: limiter.take("rl:e", above, 1), lambda: limiter.take("rl:e", 5, 1, above),
+                 lambda: limiter.charge(Limit("rl:e", 5, 1), 1, max_debt=above),
+                 lambda: limiter.wait_take("rl:e", 5, 1, timeout_ms=above),
+                 lambda: limiter.wait_take("rl:e", 5, 1, timeout_ms=2**53 + 1),
+                 lambda: limiter.wait_acquire("rl:e", 1, 1000, timeout_ms=2**53 + 1)]:
+        with pytest.raises(InvalidArgument, match=r"at most 9007199254740992 \(2\^53\)"):
+            call()
+    assert limiter.client.dbsize() == 0
+    # 2^53 itself, as an int, a float or a Fraction, is sent.
+    for bound in (2**53, float(2**53), Fraction(2**53)):
+        assert limiter.peek("rl:e", bound, 1, bound).allowed
 
 
 def test_server_errors_are_the_same_text(limiter):

@@ -449,6 +449,19 @@ pub(crate) fn check_ms(value: u64, what: &str, least: u64) -> Result<String> {
     }
 }
 
+/// The `timeout_ms` of a wait (TB.BTAKE's, TB.ACQUIRE's): 0 (no limit) to
+/// 2^53, the server's bound on it. A `u64` is its own exact value, so
+/// 2^53 + 1 is refused here, as the server refuses its text.
+pub(crate) fn check_timeout_ms(timeout_ms: u64) -> Result<()> {
+    if timeout_ms <= MAX_EXACT as u64 {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "timeout_ms must be a whole number of ms from 0 (no limit) to 2^53, got {timeout_ms}"
+        )))
+    }
+}
+
 /// `BLOCK ms [MAXBLOCK ms]`, or nothing without `block_ms`; `max_block_ms`
 /// needs `block_ms` and is at least it.
 pub(crate) fn lockout_words(
@@ -572,6 +585,16 @@ pub fn check_policy(policy: &Policy) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_timeout_may_reach_but_not_pass_2_pow_53() {
+        assert!(check_timeout_ms(0).is_ok());
+        assert!(check_timeout_ms(1 << 53).is_ok());
+        assert!(matches!(
+            check_timeout_ms((1 << 53) + 1),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
 
     fn decision(allowed: bool, remaining: u64, retry: i64, reset: u64) -> Decision {
         Decision {

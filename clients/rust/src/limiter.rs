@@ -457,6 +457,7 @@ macro_rules! limiter_methods {
         {
             use $crate::backend::Backend;
             use $crate::error::{classify_reply, Error, FailureClass};
+            $crate::decision::check_timeout_ms(timeout_ms)?;
             if self.backend().is_none() {
                 self.run(probe) $($aw)* ?;
             }

@@ -3,6 +3,7 @@
 mod command_info;
 mod concurrency;
 mod errors;
+mod exact_bound;
 mod hostile;
 mod jobs;
 mod peek;

@@ -128,6 +128,48 @@ fn cell_compat_yes_or_no_and_nothing_else() {
     assert!(err.starts_with("ERR unknown command"), "{err}");
 }
 
+/// docs/redis-cell.md suggests `MODULE LOADEX ... CONFIG tb.cell-compat yes`. A server with
+/// the default `enable-module-command` refuses it, and the page says so where it suggests it;
+/// one started with `enable-module-command yes` loads the module with CL.THROTTLE.
+#[test]
+fn module_loadex_with_cell_compat_needs_enable_module_command_as_the_docs_say() {
+    let page = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/redis-cell.md");
+    let page = std::fs::read_to_string(&page).expect("docs/redis-cell.md");
+    let suggestion = page
+        .split("\n\n")
+        .find(|paragraph| paragraph.contains("MODULE LOADEX"))
+        .expect("the page suggests MODULE LOADEX");
+    assert!(
+        suggestion.contains("enable-module-command"),
+        "where the page suggests MODULE LOADEX it does not say it needs enable-module-command:\n{suggestion}"
+    );
+    let path = module_path().display().to_string();
+    let loadex = |con: &mut redis::Connection| -> Result<String, String> {
+        redis::cmd("MODULE")
+            .arg("LOADEX")
+            .arg(&path)
+            .arg("CONFIG")
+            .arg("tb.cell-compat")
+            .arg("yes")
+            .query(con)
+            .map_err(|e| error_text(&e))
+    };
+    let default = Server::start_without_module(&[]);
+    let refused = loadex(&mut default.conn()).expect_err("a default server refuses MODULE");
+    assert!(
+        refused.starts_with("ERR MODULE command not allowed"),
+        "{refused}"
+    );
+    let allowing = Server::start_without_module(&["--enable-module-command", "yes"]);
+    let mut con = allowing.conn();
+    assert_eq!(loadex(&mut con), Ok("OK".to_owned()));
+    throttle(&mut con, "CL.THROTTLE", "c", &SLOW).expect("CL.THROTTLE after MODULE LOADEX");
+    assert_eq!(
+        config_get(&mut con, "tb.cell-compat"),
+        ["tb.cell-compat", "yes"]
+    );
+}
+
 #[test]
 fn cell_compat_after_redis_cell_fails_the_load_and_names_the_conflict() {
     let Some(cell) = redis_cell_module() else {

@@ -1325,13 +1325,15 @@ fn the_function_library_matches_the_module_with_options_call_for_call() {
 /// Option words after TB.TAKE's numbers that either refuses, and whether TB.TAKEALL's module
 /// form reads them as options too (their first word is a keyword; otherwise the module counts
 /// them as a group, and its error is the arity's, while the twin's KEYS leave no doubt).
-const BAD_TAKE_OPTIONS: [(&str, bool); 19] = [
+const BAD_TAKE_OPTIONS: [(&str, bool); 21] = [
     ("WAIT 5", false),
     ("1", false),
     ("MAXWAIT 5 MAXWAIT 5", true),
     ("block 5 BLOCK 5", true),
     ("MAXWAIT", true),
     ("MAXWAIT 5 BLOCK", true),
+    ("BLOCK 100 MAXBLOCK", true),
+    ("BLOCK 10 block 10", true),
     ("MAXWAIT 5 WAIT 5", true),
     ("MAXWAIT -1", true),
     ("MAXWAIT 1.5", true),

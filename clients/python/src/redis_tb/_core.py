@@ -203,7 +203,10 @@ def number_text(value: Number, what: str, *, positive: bool) -> str:
     """The shortest exact decimal text of `value` (str() of an int, repr()
     of a float, the shortest round-tripping text), after checking it as the
     server would: finite, at most 2^53, and positive (capacity, rate) or
-    non-negative (n). A bad value is refused here, before anything is sent."""
+    non-negative (n). A bad value is refused here, before anything is sent.
+    The bound is judged on the exact value, as the server judges it on the
+    exact text: Fraction(2**54 + 1, 2), 2^53 + 1/2, becomes the float 2^53
+    but is refused."""
     kind = type(value)
     if kind is int or kind is float:  # the usual case, without the (slow) ABC checks below
         x = value
@@ -217,8 +220,8 @@ def number_text(value: Number, what: str, *, positive: bool) -> str:
         raise InvalidArgument(f"{what} must be a positive finite number, not {x!r}")
     if x < 0:
         raise InvalidArgument(f"{what} must be a non-negative finite number, not {x!r}")
-    if what != "rate" and x > MAX_AMOUNT:
-        raise InvalidArgument(f"{what} must be at most {MAX_AMOUNT} (2^53), not {x!r}")
+    if what != "rate" and (x > MAX_AMOUNT or (x == MAX_AMOUNT and value > MAX_AMOUNT)):
+        raise InvalidArgument(f"{what} must be at most {MAX_AMOUNT} (2^53), not {value!r}")
     if isinstance(x, int):
         return str(int(x))
     if x == int(x) and x < 1e16:
@@ -240,10 +243,14 @@ def check_name(name) -> str:
 
 
 def check_timeout_ms(timeout_ms) -> int:
+    """A wait in ms, >= 0 (0: no limit) and at most 2^53 by its exact value,
+    as the server's timeout_ms: the whole ms it is sent as (rounded up)."""
     if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, numbers.Real):
         raise InvalidArgument("timeout_ms must be a number of milliseconds")
     if not math.isfinite(timeout_ms) or timeout_ms < 0:
         raise InvalidArgument("timeout_ms must be a finite number >= 0 (0: no limit)")
+    if timeout_ms > MAX_AMOUNT:
+        raise InvalidArgument(f"timeout_ms must be at most {MAX_AMOUNT} (2^53), not {timeout_ms!r}")
     return int(math.ceil(timeout_ms))
 
 

@@ -59,6 +59,40 @@ fn sync_wait_take_on_both() {
     }
 }
 
+/// The server's bound on `timeout_ms` is 2^53, judged on the exact text: 2^53 + 1 is refused
+/// before anything is sent, on every backend (the module's TB.BTAKE and TB.ACQUIRE refuse it,
+/// the Lua path would have clamped it), and 2^53 itself is a timeout like any other.
+#[test]
+fn a_timeout_above_2_pow_53_is_refused_before_sending_on_both() {
+    let above = (1u64 << 53) + 1;
+    for server in Server::both() {
+        let mut l = RateLimiter::from_client(server.client(), GENEROUS);
+        assert!(
+            matches!(
+                l.wait_take("big", 5, 1, 1, above),
+                Err(redis_tb_client::Error::InvalidArgument(_))
+            ),
+            "module: {}",
+            server.module
+        );
+        assert!(matches!(
+            l.wait_acquire("big:jobs", 1, 1000, above),
+            Err(redis_tb_client::Error::InvalidArgument(_))
+        ));
+        let exists: bool = redis::cmd("EXISTS")
+            .arg("big")
+            .query(&mut server.conn())
+            .unwrap();
+        assert!(!exists, "nothing sent");
+        assert!(l.wait_take("big", 5, 1, 1, 1 << 53).unwrap().allowed);
+        assert!(
+            l.wait_acquire("big:jobs", 1, 1000, 1 << 53)
+                .unwrap()
+                .acquired
+        );
+    }
+}
+
 #[test]
 fn without_a_client_the_module_backend_polls_and_says_so() {
     let server = Server::with_module();
