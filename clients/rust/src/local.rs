@@ -376,11 +376,11 @@ mod tests {
         }
     }
 
-    /// clients/conformance/local.json, written by the pure core: every step
+    /// clients/conformance/vectors/local.json, written by the pure core: every step
     /// on a virtual clock gives exactly the expected fields.
     #[test]
     fn the_local_limiter_replays_the_core_case_table() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../conformance/local.json");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../conformance/vectors/local.json");
         let table: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let mut steps = 0;
         for case in table["cases"].as_array().unwrap() {

@@ -1,7 +1,7 @@
 """What a limiter answers without Redis: the local limiter for outages and
 the denial cache (docs/clients.md#when-redis-is-down-the-local-limiter,
 #the-denial-cache). Pure: no I/O; the clock is passed in (or injected), so
-both drivers share it and the tests replay clients/conformance/local.json
+both drivers share it and the tests replay clients/conformance/vectors/local.json
 on a virtual clock.
 
 The bucket arithmetic is core/src/bucket.rs's `take`, `take_all` and
