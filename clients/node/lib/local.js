@@ -316,4 +316,6 @@ function outcomeReply(outcome, allowed = outcome.allowed) {
   return [allowed ? 1 : 0, outcome.remaining, outcome.retryAfterMs, outcome.resetAfterMs];
 }
 
-module.exports = { LruMap, LocalLimiter, DenialCache, primedDenialMs, take, takeAll, cachedReply, outcomeReply };
+module.exports = {
+  LruMap, LocalLimiter, DenialCache, primedDenialMs, take, takeAll, firstMsWhen, cachedReply, outcomeReply,
+};
