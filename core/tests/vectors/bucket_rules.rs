@@ -111,6 +111,39 @@ const BUCKET_ABOUT: &str = "Each vector is one call on one bucket: `state` is th
 fn take_calls() -> Vec<Call> {
     let mut calls = hand_picked_takes();
     calls.extend(random_calls(0x7a6e_2100, 120));
+    calls.extend(order_sensitive_takes(0x0bde_2100, 30));
+    calls
+}
+
+/// Allowed takes whose written tokens depend on the refill's operation order:
+/// `tokens + elapsed / 1000 * rate` (the core's, and every copy's) differs in
+/// its last bits from `tokens + elapsed * rate / 1000` on each of them, so a
+/// copy that reorders the formula fails these.
+fn order_sensitive_takes(seed: u64, count: usize) -> Vec<Call> {
+    let mut rng = Lcg::new(seed);
+    let mut calls = Vec::new();
+    while calls.len() < count {
+        let capacity = rng.between(10.0, 1e6);
+        let rate = rng.between(1e-3, 1e3);
+        let tokens = rng.between(0.0, capacity / 2.0);
+        let elapsed_ms = 1 + rng.below(100_000) as i64;
+        let now_ms = T0 + rng.below(20_000) as i64;
+        let n = rng.between(0.0, tokens);
+        let elapsed = elapsed_ms as f64;
+        let core_order = tokens + elapsed / 1000.0 * rate;
+        let other_order = tokens + elapsed * rate / 1000.0;
+        if core_order == other_order || core_order.max(other_order) >= capacity {
+            continue;
+        }
+        calls.push(Call {
+            name: format!("operation order {}", calls.len()),
+            state: stored(tokens, (now_ms - elapsed_ms) as f64),
+            lock: None,
+            limit: limit(capacity, rate),
+            n,
+            now_ms,
+        });
+    }
     calls
 }
 
@@ -510,6 +543,42 @@ fn takeall_file() -> VectorFile {
     }
 }
 
+/// Waits where the closed formula's guess, `ceil((wanted - available) /
+/// rate * 1000)`, is not the answer, so `first_ms_when` gallops and halves
+/// to the exact edge: a copy that trusts the guess, or reorders the refill
+/// formula in its search, fails these. Found by wanting exactly what the
+/// bucket holds a whole number of ms later, where rounding decides.
+fn slow_path_waits(seed: u64, count: usize) -> Vec<WhenCase> {
+    let mut rng = Lcg::new(seed);
+    let mut cases = Vec::new();
+    for _ in 0..100_000 {
+        if cases.len() == count {
+            return cases;
+        }
+        let capacity = rng.between(1.0, 1e4);
+        let rate = rng.between(1e-3, 1e3);
+        let now_ms = T0 + rng.below(20_000) as i64;
+        let state = State {
+            tokens: rng.between(-capacity, capacity / 2.0),
+            last_refill_ms: (now_ms - rng.below(10_000) as i64) as f64,
+        };
+        let lim = limit(capacity, rate);
+        let now = now_ms as f64;
+        let wanted = state.available_at(&lim, now + (1 + rng.below(100_000)) as f64);
+        let available = state.available_at(&lim, now);
+        if available >= wanted || wanted >= capacity {
+            continue;
+        }
+        let guess = ((wanted - available) / rate * 1000.0).ceil();
+        let ms = bucket::first_ms_when(&state, &lim, now, wanted);
+        if ms as f64 != guess {
+            let name = format!("the guess is off {}", cases.len());
+            cases.push((name, state, capacity, rate, now_ms, wanted));
+        }
+    }
+    panic!("only {} waits off the guess in 100000 tries", cases.len());
+}
+
 /// A `first_ms_when` vector's inputs: name, state, capacity, rate, now, wanted.
 type WhenCase = (String, State, f64, f64, i64, f64);
 
@@ -544,6 +613,7 @@ fn first_ms_when_file() -> VectorFile {
             (name.to_string(), state, capacity, rate, T0, wanted)
         })
         .collect();
+    cases.extend(slow_path_waits(0x51_2100, 40));
     let mut rng = Lcg::new(0xf1_2100);
     for c in random_calls(0xf1_5eed, 100) {
         let state = c.state.unwrap_or(State {
