@@ -470,7 +470,9 @@ fn store_leases(twin: &mut Twin, key: &str, state: &Value) {
 }
 
 /// The id the twin handed out, with its incarnation replaced by the vector's when the call
-/// made the set (the twin draws its own): `None` if it is not an id of that shape.
+/// made the set (the twin draws its own, which must be the one the set stores); otherwise,
+/// or when the id or the stored incarnation is not as expected, the id as handed out (with
+/// what differed), so the comparison fails and shows it.
 fn id_as_drawn(twin: &mut Twin, key: &str, got: &str, made_the_set: bool, want: &str) -> String {
     if !made_the_set {
         return got.to_string();
