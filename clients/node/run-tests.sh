@@ -9,7 +9,7 @@
 #     fail-open (stopped, SIGSTOP), migration script -> module, Express/Fastify over HTTP,
 #     npm install/pack of the package (the README's tarball install, then tsc --strict),
 #     tsc on index.d.ts; the shared conformance suite (clients/conformance/cases.json) on
-#     every backend and topology; without a server: clients/conformance/local.json (the
+#     every backend and topology; without a server: clients/conformance/vectors/local.json (the
 #     local limiter), behaviour.json, and lib/engine.js's decisions; against real servers:
 #     restarts between calls, outages with the local limiter, the denial cache under a flood;
 #   - the conformance suite again with the lowest ioredis declared (test/lowest: 5.0.0).

@@ -605,8 +605,10 @@ pub fn take_all(charges: &[Charge], now_ms: i64) -> AllOutcome {
 /// against `available_at` itself, the very function a later call will use.
 /// `available_at` never decreases with time, so a galloping search around the
 /// guess finds the exact edge; in practice the guess is right and this costs
-/// two evaluations.
-fn first_ms_when(state: &State, limit: &Limit, now: f64, wanted: f64) -> i64 {
+/// two evaluations. Public as a rule of its own: the client libraries'
+/// local limiters repeat it, and clients/conformance/vectors/first_ms_when.json
+/// pins them to it.
+pub fn first_ms_when(state: &State, limit: &Limit, now: f64, wanted: f64) -> i64 {
     let ready = |wait_ms: i64| state.available_at(limit, now + wait_ms as f64) >= wanted;
     if ready(0) {
         return 0;

@@ -1,7 +1,9 @@
 //! redis-tb's pure core: everything the module decides, with no server in
 //! sight. Numbers and their text ([`number`]), arguments ([`args`]), every
 //! error ([`error`]), the token bucket ([`bucket`]), the lease rules
-//! ([`lease`]) and the waiting machine with its two kinds ([`wait`]).
+//! ([`lease`]) and the waiting machine with its two kinds ([`wait`]); and
+//! one rule only the client libraries run, the denial cache's priming
+//! window ([`denial_cache`]), so that its spec is written here too.
 //!
 //! It may import only the standard library and `ryu`; never `redis_module`
 //! (it is not a dependency, so the compiler keeps this promise). Time comes
@@ -21,6 +23,7 @@
 
 pub mod args;
 pub mod bucket;
+pub mod denial_cache;
 pub mod error;
 pub mod lease;
 pub mod lockout;

@@ -2,7 +2,7 @@
 
 // The local limiter and the denial cache (docs/clients.md, "When Redis is down: the local
 // limiter" and "The denial cache"): pure, in process, no I/O. The time is passed in (whole
-// Unix ms), so clients/conformance/local.json replays against it with a virtual clock.
+// Unix ms), so clients/conformance/vectors/local.json replays against it with a virtual clock.
 //
 // The bucket arithmetic is a copy of core/src/bucket.rs `take`, `take_all` and
 // `first_ms_when` (lua/tb.lua does the same operations in the same order), so the doubles
@@ -316,4 +316,6 @@ function outcomeReply(outcome, allowed = outcome.allowed) {
   return [allowed ? 1 : 0, outcome.remaining, outcome.retryAfterMs, outcome.resetAfterMs];
 }
 
-module.exports = { LruMap, LocalLimiter, DenialCache, primedDenialMs, take, takeAll, cachedReply, outcomeReply };
+module.exports = {
+  LruMap, LocalLimiter, DenialCache, primedDenialMs, take, takeAll, firstMsWhen, cachedReply, outcomeReply,
+};

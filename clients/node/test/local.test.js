@@ -1,6 +1,6 @@
 'use strict';
 
-// The local limiter and the denial cache, without a server: clients/conformance/local.json
+// The local limiter and the denial cache, without a server: clients/conformance/vectors/local.json
 // (the pure core's case table) replayed step by step with a virtual clock, the LRU bound,
 // and the denial cache's rules (docs/clients.md).
 
@@ -10,7 +10,7 @@ const path = require('node:path');
 const { test } = require('node:test');
 const { LocalLimiter, DenialCache, LruMap, primedDenialMs } = require('../lib/local');
 
-const TABLE = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', 'conformance', 'local.json'), 'utf8'));
+const TABLE = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', 'conformance', 'vectors', 'local.json'), 'utf8'));
 
 function fields(allowed, outcome, index) {
   const out = {

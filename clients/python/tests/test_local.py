@@ -1,5 +1,5 @@
 """The local limiter and the denial cache without a server: the core's
-case table (clients/conformance/local.json) replayed on a virtual clock,
+case table (clients/conformance/vectors/local.json) replayed on a virtual clock,
 the LRU bound, the outage's probes and logs, and the cache's rules."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from redis_tb import _core, _local
 from redis_tb._core import Decision, InvalidArgument, Limit, LimiterUnavailable
 
-CASES = json.loads((Path(__file__).resolve().parents[2] / "conformance" / "local.json").read_text())["cases"]
+CASES = json.loads((Path(__file__).resolve().parents[2] / "conformance" / "vectors" / "local.json").read_text())["cases"]
 FIELDS = ("allowed", "remaining", "retry_after_ms", "reset_after_ms")
 
 

@@ -48,6 +48,8 @@ mod local;
 #[cfg(feature = "tower")]
 mod middleware;
 mod sync;
+#[cfg(test)]
+mod vectors;
 
 pub use crate::core::{bucket_key, escape_id, key_slot};
 #[cfg(feature = "tokio")]

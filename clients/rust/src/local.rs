@@ -307,6 +307,22 @@ impl InProcess {
             .put(key.to_string(), denial);
     }
 
+    /// Test-only: stores `state` as `key`'s local bucket, as a take would
+    /// have (the core's vectors each start from a stored state).
+    #[cfg(test)]
+    pub(crate) fn seed(&self, settings: &LocalSettings, key: &str, state: Option<State>) {
+        store(lock(&self.buckets).map(settings.max_keys), key, state);
+    }
+
+    /// Test-only: `key`'s local bucket as stored.
+    #[cfg(test)]
+    pub(crate) fn stored(&self, settings: &LocalSettings, key: &str) -> Option<State> {
+        lock(&self.buckets)
+            .map(settings.max_keys)
+            .peek(key)
+            .copied()
+    }
+
     /// Drops `key`'s cached denial: this limiter changed the bucket.
     pub fn forget(&self, key: &str) {
         if let Some(map) = lock(&self.denials).0.as_mut() {
@@ -376,11 +392,14 @@ mod tests {
         }
     }
 
-    /// clients/conformance/local.json, written by the pure core: every step
+    /// clients/conformance/vectors/local.json, written by the pure core: every step
     /// on a virtual clock gives exactly the expected fields.
     #[test]
     fn the_local_limiter_replays_the_core_case_table() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../conformance/local.json");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../conformance/vectors/local.json"
+        );
         let table: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let mut steps = 0;
         for case in table["cases"].as_array().unwrap() {

@@ -3,7 +3,6 @@
 //! pass a check made after the conversion. The module and the Lua twin refuse it with the
 //! argument's own error, and accept 2^53 however it is written.
 
-
 use crate::harness::*;
 use redis::Value;
 

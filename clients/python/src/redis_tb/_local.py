@@ -1,7 +1,7 @@
 """What a limiter answers without Redis: the local limiter for outages and
 the denial cache (docs/clients.md#when-redis-is-down-the-local-limiter,
 #the-denial-cache). Pure: no I/O; the clock is passed in (or injected), so
-both drivers share it and the tests replay clients/conformance/local.json
+both drivers share it and the tests replay clients/conformance/vectors/local.json
 on a virtual clock.
 
 The bucket arithmetic is core/src/bucket.rs's `take`, `take_all` and
@@ -258,10 +258,14 @@ def refill_wait_ms(remaining: int, n: float, capacity: float, rate: float, reset
     a take sent then is one more denied call per window (docs/clients.md,
     the same rule in every library). 0 (nothing to remember) when the take
     left n, the bucket does not refill, the reply has no reset time or
-    w <= 0."""
+    w <= 0 (core/src/denial_cache.rs; clients/conformance/vectors/denial_cache.json),
+    a rate so slow that the second term overflows included."""
     if remaining >= n or not rate > 0 or reset_after_ms < 0:
         return 0
-    w = reset_after_ms - math.ceil((capacity - n) * 1000 / rate)
+    from_n_to_full = (capacity - n) * 1000 / rate
+    if from_n_to_full == math.inf:
+        return 0
+    w = reset_after_ms - math.ceil(from_n_to_full)
     return w + 1 if w > 0 else 0
 
 

@@ -1,21 +1,16 @@
-//! The case table for the client libraries' local limiter
-//! (`clients/conformance/local.json`, docs/clients.md#the-local-limiter).
+//! The local limiter's case table (`vectors/local.json`,
+//! docs/clients.md#the-local-limiter): sequences of calls on a virtual
+//! clock, each library's local limiter from an empty start.
 //!
 //! While Redis is unreachable the Python, Node and Rust libraries can limit
 //! each key in process with the module's own arithmetic. Python and Node
-//! write that arithmetic again; this test is what keeps the copies honest:
-//! it computes every expected answer with this crate's `bucket::take` and
-//! `bucket::take_all`, and fails when the committed file differs from what
-//! the core computes today. Each library replays the file against its local
-//! limiter with a virtual clock.
-//!
-//! After a deliberate change to the arithmetic, rewrite the file with
-//! `UPDATE_VECTORS=1 cargo test -p redis-tb-core --test local_vectors`.
+//! write that arithmetic again; this table is what keeps the copies honest:
+//! every expected answer comes from this crate's `bucket::take` and
+//! `bucket::take_all`, at `capacity / instances` and `rate / instances`.
 
 use redis_tb_core::bucket::{self, Charge, Limit, Outcome, State, TakeOptions};
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
 
 /// One call of a case: at `now_ms`, take (or peek) from the given buckets.
 enum Step {
@@ -292,9 +287,10 @@ fn limit_json(out: &mut String, key: &str, capacity: f64, rate: f64, n: f64) {
     );
 }
 
-fn render() -> String {
+/// The file's text, as it is checked in.
+pub fn render() -> String {
     let mut out = String::new();
-    out.push_str("{\n  \"about\": \"The local limiter's case table (docs/clients.md#the-local-limiter), computed by the pure core (core/tests/local_vectors.rs; do not edit by hand). Each case starts with no buckets and the given instances count; each step runs at the virtual Unix time now_ms on the configured (undivided) limits and must give exactly the expected fields. op: take, peek (the answer of a take, nothing taken), take_all (all or nothing; the answer is the deciding bucket's, with its index). Numbers are doubles as JSON writes them.\",\n  \"version\": 1,\n  \"cases\": [\n");
+    out.push_str("{\n  \"about\": \"The local limiter's case table (docs/clients.md#the-local-limiter), computed by the pure core (core/tests/vectors/local.rs; do not edit by hand). Each case starts with no buckets and the given instances count; each step runs at the virtual Unix time now_ms on the configured (undivided) limits and must give exactly the expected fields. op: take, peek (the answer of a take, nothing taken), take_all (all or nothing; the answer is the deciding bucket's, with its index). Numbers are doubles as JSON writes them.\",\n  \"version\": 1,\n  \"cases\": [\n");
     let all = cases();
     for (case_index, case) in all.iter().enumerate() {
         let mut buckets: HashMap<&str, State> = HashMap::new();
@@ -390,24 +386,4 @@ fn render() -> String {
     }
     out.push_str("  ]\n}\n");
     out
-}
-
-fn vectors_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../clients/conformance/local.json")
-}
-
-#[test]
-fn the_local_limiter_table_is_what_the_core_computes() {
-    let expected = render();
-    let path = vectors_path();
-    if std::env::var_os("UPDATE_VECTORS").is_some() {
-        std::fs::write(&path, &expected).expect("write clients/conformance/local.json");
-        return;
-    }
-    let committed = std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        committed == expected,
-        "clients/conformance/local.json differs from what the core computes; after a deliberate \
-         change run UPDATE_VECTORS=1 cargo test -p redis-tb-core --test local_vectors"
-    );
 }
