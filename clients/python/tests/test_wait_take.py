@@ -30,6 +30,20 @@ def test_times_out_with_a_denial(limiter):
     assert d.headers()["Retry-After"] == "1000"
 
 
+def test_a_grant_counts_its_reset_from_when_it_is_served(limiter):
+    # 10 tokens, 2/s, drained: the waiter is served when one token is back
+    # (~500 ms), which it takes, so the bucket is full 5 s after the grant,
+    # not 5.5 s after the wait began (what a reservation's reply says).
+    started = time.monotonic()
+    assert limiter.take("w:reset", 10, 2, 10).allowed
+    d = limiter.wait_take("w:reset", 10, 2, timeout_ms=5000)
+    took_ms = (time.monotonic() - started) * 1000
+    assert d.allowed and d.retry_after_ms == 0
+    # Served at most took_ms after the drain: at most 2 * took_ms / 1000 tokens
+    # back, one taken, so full in at least 5500 - took_ms ms (1 ms of rounding).
+    assert 5500 - took_ms - 1 <= d.reset_after_ms <= 5000, (d.reset_after_ms, took_ms)
+
+
 def test_allowed_at_once_and_never(limiter):
     started = time.monotonic()
     d = limiter.wait_take("w:now", 3, SLOW, timeout_ms=10_000)

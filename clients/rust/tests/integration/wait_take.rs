@@ -59,6 +59,31 @@ fn sync_wait_take_on_both() {
     }
 }
 
+/// 10 tokens, 2/s, drained: the waiter is served when one token is back
+/// (~500 ms) and takes it, so the bucket is full 5 s after the grant, not
+/// 5.5 s after the wait began (what a reservation's reply says).
+#[test]
+fn a_grant_counts_its_reset_from_when_it_is_served() {
+    for server in Server::both() {
+        let mut l = RateLimiter::from_client(server.client(), GENEROUS);
+        let started = Instant::now();
+        assert!(l.take("reset", 10, 2, 10).unwrap().allowed);
+        let d = l.wait_take("reset", 10, 2, 1, 5000).unwrap();
+        let took_ms = started.elapsed().as_millis() as u64;
+        assert!(d.allowed && d.retry_after_ms == 0, "{d:?}");
+        // Served at most took_ms after the drain: at most 2 * took_ms / 1000
+        // tokens back, one taken, so full in at least 5500 - took_ms ms (1 ms
+        // of rounding).
+        let least = 5500u64.saturating_sub(took_ms + 1);
+        assert!(
+            (least..=5000).contains(&d.reset_after_ms),
+            "module {}: reset {} ms after a {took_ms} ms wait",
+            server.module,
+            d.reset_after_ms
+        );
+    }
+}
+
 #[test]
 fn without_a_client_the_module_backend_polls_and_says_so() {
     let server = Server::with_module();
