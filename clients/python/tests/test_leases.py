@@ -114,9 +114,9 @@ def test_guard_releases_on_exit_and_on_exception(limiter):
 
 def test_guard_renews_past_lease_ms(limiter):
     with limiter.lease("l:{k}", 1, 1000) as guard:
-        time.sleep(2.5)  # well past 1000 ms; renewed every 333 ms
+        time.sleep(1.5)  # past 1000 ms; renewed every 333 ms
         assert not limiter.acquire("l:{k}", 1, 1000).acquired
-        assert guard.renewals >= 3 and not guard.lost
+        assert guard.renewals >= 2 and not guard.lost
         guard.check()
     assert limiter.acquire("l:{k}", 1, 1000).acquired
 
@@ -285,9 +285,9 @@ def test_async_acquire_release_and_guard(alimiter_args):
                 async with lim.lease("al:{a}", 1, 30_000):
                     raise ValueError("boom")
             async with lim.lease("al:{a}", 1, 1000) as guard:
-                await asyncio.sleep(2.5)  # well past 1000 ms; renewed every 333 ms
+                await asyncio.sleep(1.5)  # past 1000 ms; renewed every 333 ms
                 assert not (await lim.acquire("al:{a}", 1, 1000)).acquired
-                assert guard.renewals >= 3 and not guard.lost
+                assert guard.renewals >= 2 and not guard.lost
             with pytest.raises(LeaseDenied):
                 async with lim.lease("al:{a}", 1, 300):
                     async with lim.lease("al:{a}", 1, 300):
