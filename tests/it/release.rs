@@ -610,6 +610,35 @@ fn readme_block(readme: &str, heading: &str, lang: &str) -> String {
     block.0.to_string()
 }
 
+/// Every ```lang block of a README (fenced at the start of a line), in order.
+fn readme_blocks(readme: &str, lang: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut open: Option<String> = None;
+    for line in read(readme).lines() {
+        match &mut open {
+            None if line == format!("```{lang}") => open = Some(String::new()),
+            None => {}
+            Some(_) if line.starts_with("```") => blocks.extend(open.take()),
+            Some(block) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+        }
+    }
+    assert!(open.is_none(), "{readme}: a ```{lang} block is not closed");
+    assert!(!blocks.is_empty(), "{readme} has no ```{lang} block");
+    blocks
+}
+
+/// The version of `name` that a requirements file pins (`name==version`).
+fn pinned(requirements: &str, name: &str) -> String {
+    read(requirements)
+        .lines()
+        .find(|line| line.starts_with(&format!("{name}==")))
+        .unwrap_or_else(|| panic!("{requirements} pins no {name}"))
+        .to_string()
+}
+
 fn url(server: &Server) -> String {
     format!("redis://127.0.0.1:{}/", server.port)
 }
@@ -655,10 +684,12 @@ fn run_until(command: &mut Command, patterns: &[&str], timeout: Duration) -> Str
 }
 
 /// A new venv with `package` (a wheel or an sdist) installed by pip, alone, with the
-/// dependencies it declares from PyPI; then the README's quick start run in it against a
-/// server with the module and one without (the Lua fallback, FUNCTION LOAD of the
-/// package's own tb.lua, which must be the repository's text).
-fn python_package_runs_the_quick_start(package: &Path) {
+/// dependencies it declares from PyPI (and the web frameworks the README's middleware
+/// blocks import, at the versions the client's tests pin); then every ```python block of
+/// the README run in it, each as its own program, against a server with the module and one
+/// without (the Lua fallback, FUNCTION LOAD of the package's own tb.lua, which must be the
+/// repository's text). The quick start, the first block, must say which backend it used.
+fn python_package_runs_the_readme(package: &Path) {
     let started = Instant::now();
     let name = package.file_name().unwrap().to_string_lossy().into_owned();
     let dir = TempDir::new(&name);
@@ -675,6 +706,19 @@ fn python_package_runs_the_quick_start(package: &Path) {
         ])
         .arg(package)
         .current_dir(&dir.0));
+    run(Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
+        .args(
+            ["Flask", "starlette"]
+                .map(|framework| pinned("clients/python/requirements-test.txt", framework)),
+        )
+        .current_dir(&dir.0));
     // Run from the test's own directory, so `import redis_tb` finds only the venv's.
     let lua = run(Command::new(&python)
         .args([
@@ -687,37 +731,47 @@ fn python_package_runs_the_quick_start(package: &Path) {
         "{name}'s tb.lua is not lua/tb.lua's text"
     );
 
-    let quick_start = dir.0.join("quickstart.py");
-    fs::write(
-        &quick_start,
+    let blocks = readme_blocks("clients/python/README.md", "python");
+    assert_eq!(
+        blocks[0],
         readme_block("clients/python/README.md", "## Quick start", "python"),
-    )
-    .unwrap();
+        "the README's first python block is its quick start"
+    );
     for (server, backend) in [
         (Server::start(), "module"),
         (Server::start_without_module(&[]), "function"),
     ] {
-        let out = run(Command::new(&python)
-            .arg(&quick_start)
-            .env("REDIS_URL", url(&server))
-            .current_dir(&dir.0));
-        assert!(
-            out.lines()
-                .any(|line| line.starts_with(&format!("{backend} "))),
-            "{name}: the quick start did not use the {backend} backend:\n{out}"
-        );
+        for (index, block) in blocks.iter().enumerate() {
+            let program = dir.0.join(format!("block{index}.py"));
+            fs::write(&program, block).unwrap();
+            let out = run(Command::new(&python)
+                .arg(&program)
+                .env("REDIS_URL", url(&server))
+                .current_dir(&dir.0));
+            assert!(
+                index > 0
+                    || out
+                        .lines()
+                        .any(|line| line.starts_with(&format!("{backend} "))),
+                "{name}: the quick start did not use the {backend} backend:\n{out}"
+            );
+        }
     }
-    eprintln!("{name}: installed and ran in {:.1?}", started.elapsed());
+    eprintln!(
+        "{name}: installed and ran {} README blocks twice in {:.1?}",
+        blocks.len(),
+        started.elapsed()
+    );
 }
 
 #[test]
-fn the_wheel_alone_in_a_new_venv_runs_the_readme_quick_start() {
-    python_package_runs_the_quick_start(&artifact(".whl"));
+fn the_wheel_alone_in_a_new_venv_runs_every_readme_block() {
+    python_package_runs_the_readme(&artifact(".whl"));
 }
 
 #[test]
-fn the_sdist_alone_in_a_new_venv_runs_the_readme_quick_start() {
-    python_package_runs_the_quick_start(&artifact(&format!("redis_tb-{}.tar.gz", version())));
+fn the_sdist_alone_in_a_new_venv_runs_every_readme_block() {
+    python_package_runs_the_readme(&artifact(&format!("redis_tb-{}.tar.gz", version())));
 }
 
 /// The version clients/node/package.json's devDependencies pin for `name` (the one
@@ -818,12 +872,46 @@ void expressRateLimit({ limiter, capacity: 20, rate: 5 });
     eprintln!("npm tsc: {:.1?}", started.elapsed());
 }
 
+/// One program of every ```rust block of clients/rust/README.md, each the body of a
+/// function as the README says (`async` where it awaits, run on a tokio runtime as
+/// `#[tokio::main]` would), its Redis URL the one in `REDIS_URL` and its listening port 0;
+/// `main` runs the block that its first argument numbers.
+fn rust_readme_program(blocks: &[String]) -> String {
+    let mut program = String::from("#![allow(unused)]\n");
+    let mut arms = String::new();
+    for (index, block) in blocks.iter().enumerate() {
+        let awaits = block.contains(".await");
+        let body = block
+            .replace("\"redis://127.0.0.1/\"", "url.as_str()")
+            .replace("127.0.0.1:3000", "127.0.0.1:0");
+        program.push_str(&format!(
+            "{}fn block_{index}() -> Result<(), Box<dyn std::error::Error>> {{\n\
+             let url = std::env::var(\"REDIS_URL\")?;\n{body}Ok(())\n}}\n\n",
+            if awaits { "async " } else { "" }
+        ));
+        arms.push_str(&if awaits {
+            format!("\"{index}\" => tokio::runtime::Runtime::new()?.block_on(block_{index}()),\n")
+        } else {
+            format!("\"{index}\" => block_{index}(),\n")
+        });
+    }
+    program.push_str(&format!(
+        "fn main() -> Result<(), Box<dyn std::error::Error>> {{\n\
+         match std::env::args().nth(1).unwrap_or_default().as_str() {{\n{arms}\
+         other => Err(format!(\"no README block {{other}}\").into()),\n}}\n}}\n"
+    ));
+    program
+}
+
 /// The client's .crate unpacked and used as a path dependency of a new cargo project (the
-/// core's .crate standing in for crates.io's, through [patch]), the README's quick start
-/// as its main, run against a server with the module and one without. The project gets
-/// clients/rust's Cargo.lock and target directory, so the dependencies are built once.
+/// core's .crate standing in for crates.io's, through [patch]) with the dependencies the
+/// README names for its blocks, every ```rust block of the README in its main
+/// (`rust_readme_program`), each run against a server with the module and one without: to
+/// its end, or, for a block that serves HTTP, until it says it listens. The quick start,
+/// the first block, must say which backend it used. The project gets clients/rust's
+/// Cargo.lock and target directory, so the dependencies are built once.
 #[test]
-fn the_crate_as_a_path_dependency_of_a_new_project_runs_the_readme_quick_start() {
+fn the_crate_as_a_path_dependency_of_a_new_project_runs_every_readme_block() {
     let started = Instant::now();
     let version = version();
     let dir = TempDir::new("crate");
@@ -846,8 +934,10 @@ edition = "2021"
 publish = false
 
 [dependencies]
-redis-tb-client = {{ path = "../redis-tb-client-{version}" }}
+redis-tb-client = {{ path = "../redis-tb-client-{version}", features = ["axum"] }}
 env_logger = {{ version = "0.11", default-features = false }}
+tokio = {{ version = "1", features = ["rt-multi-thread", "macros", "net"] }}
+axum = {{ version = "0.8", default-features = false, features = ["tokio", "http1"] }}
 
 [patch.crates-io]
 redis-tb-core = {{ path = "../redis-tb-core-{version}" }}
@@ -862,21 +952,13 @@ redis-tb-core = {{ path = "../redis-tb-core-{version}" }}
         project.join("Cargo.lock"),
     )
     .unwrap();
-    // The README's block is a function body with `?`; its URL becomes the test server's.
-    let body = readme_block("clients/rust/README.md", "## Quick start", "rust");
-    let (uses, body): (Vec<&str>, Vec<&str>) =
-        body.lines().partition(|line| line.starts_with("use "));
-    fs::write(
-        project.join("src/main.rs"),
-        format!(
-            "{}\nfn main() -> Result<(), Box<dyn std::error::Error>> {{\n\
-             let url = std::env::var(\"REDIS_URL\")?;\n{}\nOk(())\n}}\n",
-            uses.join("\n"),
-            body.join("\n")
-                .replace("\"redis://127.0.0.1/\"", "url.as_str()")
-        ),
-    )
-    .unwrap();
+    let blocks = readme_blocks("clients/rust/README.md", "rust");
+    assert_eq!(
+        blocks[0],
+        readme_block("clients/rust/README.md", "## Quick start", "rust"),
+        "the README's first rust block is its quick start"
+    );
+    fs::write(project.join("src/main.rs"), rust_readme_program(&blocks)).unwrap();
     let target = root().join("clients/rust/target");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     run(Command::new(&cargo)
@@ -887,13 +969,26 @@ redis-tb-core = {{ path = "../redis-tb-core-{version}" }}
         (Server::start(), "Module"),
         (Server::start_without_module(&[]), "Function"),
     ] {
-        let out = run(Command::new(target.join("debug/tb-release-crate"))
-            .env("REDIS_URL", url(&server))
-            .current_dir(&project));
-        assert!(
-            out.contains(&format!("backend: Some({backend})")),
-            "the crate's quick start did not use the {backend} backend:\n{out}"
-        );
+        for (index, block) in blocks.iter().enumerate() {
+            let mut program = Command::new(target.join("debug/tb-release-crate"));
+            program
+                .arg(index.to_string())
+                .env("REDIS_URL", url(&server))
+                .current_dir(&project);
+            let out = if block.contains("axum::serve") {
+                run_until(&mut program, &["listening on "], Duration::from_secs(30))
+            } else {
+                run(&mut program)
+            };
+            assert!(
+                index > 0 || out.contains(&format!("backend: Some({backend})")),
+                "the crate's quick start did not use the {backend} backend:\n{out}"
+            );
+        }
     }
-    eprintln!("crate quick start: {:.1?}", started.elapsed());
+    eprintln!(
+        "crate: {} README blocks, built and run twice in {:.1?}",
+        blocks.len(),
+        started.elapsed()
+    );
 }

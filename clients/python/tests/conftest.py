@@ -29,6 +29,27 @@ def module_path() -> str:
     return str(path)
 
 
+def wait_until(what: str, condition, timeout_s: float = 10):
+    """Polls `condition` until it holds, failing with `what` after a generous
+    `timeout_s`: a loaded machine may take long, a broken limiter never gets there."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout_s} s: {what}")
+        time.sleep(0.01)
+
+
+async def await_until(what: str, condition, timeout_s: float = 10):
+    """`wait_until` inside an event loop: the loop runs while it polls."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout_s} s: {what}")
+        await asyncio.sleep(0.01)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -65,14 +65,14 @@ def test_take_limit_sends_the_limits_lockout_and_unblock_takes_a_limit(lim):
 
 
 def test_wait_take_without_the_module_is_one_reservation_and_one_sleep(lim):
+    started = time.monotonic()  # before the drain: the token is back 100 ms after it
     assert lim.take("w:{a}", 1, 10).allowed  # one token every 100 ms
     sent = []
     real = lim._execute
     lim._execute = lambda step: sent.append(step) or real(step)
-    started = time.monotonic()
     d = lim.wait_take("w:{a}", 1, 10, timeout_ms=5000)
     took = time.monotonic() - started
-    assert d.allowed and d.retry_after_ms == 0 and 0.05 < took < 1.0, (d, took)
+    assert d.allowed and d.retry_after_ms == 0 and 0.09 < took < 4.0, (d, took)
     if lim.backend != "module":
         commands = [step.args for step in sent if hasattr(step, "args")]
         assert len(commands) == 1 and commands[0][-2:] == ("MAXWAIT", "5000"), commands

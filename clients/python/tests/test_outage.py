@@ -140,14 +140,14 @@ def test_an_async_take_is_sent_again_after_its_connection_dropped_and_a_refund_i
 
 def test_a_timeout_is_not_retried(own_module_server):
     server = own_module_server
-    with RateLimiter(redis.Redis(port=server.port), timeout=0.3) as lim:
+    with RateLimiter(redis.Redis(port=server.port), timeout=1) as lim:
         assert lim.take("r:t", 10, SLOW).allowed
         server.pause()
         try:
             started = time.monotonic()
             with pytest.raises(LimiterUnavailable):
                 lim.take("r:t", 10, SLOW)
-            assert time.monotonic() - started < 0.55  # one timeout, not two
+            assert time.monotonic() - started < 1.9  # one timeout, not two
         finally:
             server.resume()
 

@@ -360,7 +360,8 @@ pub(crate) trait Awaited {
     fn reserved_for(&self) -> Option<Duration> {
         None
     }
-    /// The answer once its reservation's sleep is over: nothing left to wait.
+    /// The answer once its reservation's sleep is over: nothing left to
+    /// wait, and times counted from the sleep's end.
     fn waited(self) -> Self
     where
         Self: Sized,
@@ -379,8 +380,11 @@ impl Awaited for crate::decision::Decision {
     fn reserved_for(&self) -> Option<Duration> {
         (self.wait_ms() > 0).then(|| Duration::from_millis(self.wait_ms()))
     }
+    /// A grant's reset counts from the sleep's end, as TB.BTAKE counts it
+    /// from its grant: the reservation's reply counts from the reservation.
     fn waited(mut self) -> Self {
         if self.allowed {
+            self.reset_after_ms = self.reset_after_ms.saturating_sub(self.wait_ms());
             self.retry_after_ms = 0;
         }
         self

@@ -49,7 +49,8 @@ class InvalidArgument(LimiterError, ValueError):
     call sends anything."""
 
 
-#: The name of InvalidArgument in 0.1.0 (numbers only).
+#: Another name for InvalidArgument, kept from before the first release
+#: (when it was raised for numbers only).
 InvalidNumber = InvalidArgument
 
 

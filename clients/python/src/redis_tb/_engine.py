@@ -263,15 +263,19 @@ def _reserve(state: Backend, call: Call, deadline: Optional[float], timeout_ms: 
     the timeout; no limit is MAXWAIT 2^53) and one sleep for the delay it
     returns. Reservations queue in the bucket's debt, so this is first come
     first served like TB.BTAKE. The grant comes back after the sleep with
-    retry_after_ms 0 (the wait is done). A denial (the tokens do not come
-    within the timeout) sleeps out the timeout like TB.BTAKE, then takes
-    once more, plainly, and answers that: only a refund can have helped."""
+    retry_after_ms 0 (the wait is done) and reset_after_ms counted from the
+    sleep's end, as TB.BTAKE counts it from its grant (the reservation's
+    reply counts from the reservation, a sleep earlier). A denial (the
+    tokens do not come within the timeout) sleeps out the timeout like
+    TB.BTAKE, then takes once more, plainly, and answers that: only a
+    refund can have helped."""
     reserve = call.with_options(("MAXWAIT", str(timeout_ms or _core.MAX_AMOUNT)))
     d = yield from _run(state, reserve)
     if d.allowed:
         if d.retry_after_ms > 0:
             yield Sleep(d.retry_after_ms / 1000)
-        return dataclasses.replace(d, retry_after_ms=0)
+        return dataclasses.replace(d, retry_after_ms=0,
+                                   reset_after_ms=max(d.reset_after_ms - d.retry_after_ms, 0))
     if d.retry_after_ms < 0 or deadline is None:
         return d
     left = deadline - time.monotonic()

@@ -241,6 +241,17 @@ pub fn wait_for<T>(what: &str, mut f: impl FnMut() -> Result<T, String>) -> T {
     }
 }
 
+/// How many clients `server` has blocked (TB.BTAKE or TB.ACQUIRE waiters among them).
+pub fn blocked_clients(server: &Server) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("clients")
+        .query(&mut server.conn())
+        .unwrap();
+    field(&info, "blocked_clients")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no blocked_clients in {info}"))
+}
+
 fn field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
     info.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))

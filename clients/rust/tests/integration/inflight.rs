@@ -13,27 +13,36 @@ use redis_tb_client::{
     AsyncRateLimiter, ConcurrencyLimitLayer, Error, RateLimitLayer, Timeouts, QUOTA_EXCEEDED,
 };
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tower::ServiceExt;
 
-/// The app the tests limit: `/` answers at once, `/slow` after a second.
-fn routes() -> Router {
-    Router::new()
+/// Holds `/slow` requests until the test opens it (`notify_one`, once per request):
+/// a request in flight for as long as the test needs, however slow the machine.
+type Gate = Arc<tokio::sync::Notify>;
+
+/// The app the tests limit: `/` answers at once, `/slow` once its gate opens.
+fn routes() -> (Router, Gate) {
+    let gate = Gate::default();
+    let held = gate.clone();
+    let app = Router::new()
         .route("/", route_get(|| async { "hello" }))
         .route(
             "/slow",
-            route_get(|| async {
-                tokio::time::sleep(Duration::from_millis(1000)).await;
+            route_get(|| async move {
+                held.notified().await;
                 "slow"
             }),
-        )
+        );
+    (app, gate)
 }
 
-async fn serve_in_flight<C>(layer: ConcurrencyLimitLayer<C>) -> SocketAddr
+async fn serve_in_flight<C>(layer: ConcurrencyLimitLayer<C>) -> (SocketAddr, Gate)
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
-    serve_app(routes().layer(layer)).await
+    let (app, gate) = routes();
+    (serve_app(app.layer(layer)).await, gate)
 }
 
 fn live(server: &Server, key: &str) -> i64 {
@@ -73,7 +82,7 @@ fn layer_for(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_limit_denies_with_429_and_headers_then_frees_the_slot() {
     for server in lease_servers() {
-        let addr = serve_in_flight(layer_for(&server, 30_000)).await;
+        let (addr, gate) = serve_in_flight(layer_for(&server, 30_000)).await;
         let slow = tokio::spawn(async move { get_with(addr, "/slow", &USER).await });
         until_live(&server, KEY, 1).await;
 
@@ -100,6 +109,7 @@ async fn in_flight_limit_denies_with_429_and_headers_then_frees_the_slot() {
         assert_eq!(get_with(addr, "/", &[("x-user", "bob")]).await.status, 200);
         assert_eq!(get(addr, "/").await.status, 200);
 
+        gate.notify_one();
         let done = slow.await.unwrap();
         assert_eq!((done.status, done.body.as_str()), (200, "slow"));
         assert_eq!(
@@ -119,12 +129,13 @@ async fn in_flight_limit_denies_with_429_and_headers_then_frees_the_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deny_status_503_and_renewal_past_lease_ms() {
     for server in lease_servers() {
-        // lease_ms 300 < the 1000 ms request: renewed while it runs.
-        let layer = layer_for(&server, 300).deny_status(http::StatusCode::SERVICE_UNAVAILABLE);
-        let addr = serve_in_flight(layer).await;
+        // lease_ms 1000 < the request, held 1.5 s: renewed while it runs (every 333
+        // ms, so a pause of up to 667 ms of a loaded machine still finds it live).
+        let layer = layer_for(&server, 1000).deny_status(http::StatusCode::SERVICE_UNAVAILABLE);
+        let (addr, gate) = serve_in_flight(layer).await;
         let slow = tokio::spawn(async move { get_with(addr, "/slow", &USER).await });
         until_live(&server, KEY, 1).await;
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
         let denied = get_with(addr, "/", &USER).await;
         assert_eq!(
             denied.status, 503,
@@ -138,6 +149,7 @@ async fn deny_status_503_and_renewal_past_lease_ms() {
         assert_eq!(denied.header("retry-after"), Some("1"));
         let body: serde_json::Value = serde_json::from_str(&denied.body).unwrap();
         assert_eq!(body["status"], 503);
+        gate.notify_one();
         assert_eq!(slow.await.unwrap().status, 200);
         until_live(&server, KEY, 0).await;
     }
@@ -172,9 +184,10 @@ async fn a_dropped_request_future_releases_its_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_ids_keep_one_hash_tag() {
     let server = Server::with_module();
-    let addr = serve_in_flight(layer_for(&server, 30_000)).await;
+    let (addr, gate) = serve_in_flight(layer_for(&server, 30_000)).await;
     let slow = tokio::spawn(async move { get_with(addr, "/slow", &[("x-user", "}x{")]).await });
     until_live(&server, "ratelimit:{%7Dx%7B}:inflight", 1).await;
+    gate.notify_one();
     assert_eq!(slow.await.unwrap().status, 200);
 }
 
@@ -186,7 +199,7 @@ async fn fails_open_or_closed_with_the_server_down() {
     let open = ConcurrencyLimitLayer::new(limiter.clone(), 1, 1000)
         .unwrap()
         .logger(lines.logger());
-    let addr = serve_in_flight(open.clone()).await;
+    let (addr, _) = serve_in_flight(open.clone()).await;
     for _ in 0..3 {
         let started = Instant::now();
         let r = get(addr, "/").await;
@@ -205,7 +218,7 @@ async fn fails_open_or_closed_with_the_server_down() {
     let closed = ConcurrencyLimitLayer::new(limiter, 1, 1000)
         .unwrap()
         .fail_open(false);
-    let addr = serve_in_flight(closed).await;
+    let (addr, _) = serve_in_flight(closed).await;
     assert_eq!(get(addr, "/").await.status, 503);
 }
 
@@ -218,7 +231,7 @@ async fn a_bug_is_never_let_through_and_layers_compose() {
         .arg("x")
         .query(&mut server.conn())
         .unwrap();
-    let addr = serve_in_flight(layer_for(&server, 30_000)).await;
+    let (addr, _) = serve_in_flight(layer_for(&server, 30_000)).await;
     assert_eq!(get_with(addr, "/", &USER).await.status, 500);
 
     // A rate limit beside an in-flight limit, either one outside: ONE
@@ -306,10 +319,11 @@ async fn in_flight_before_rate(in_flight_outside: bool) {
         .key_fn(x_user);
     let in_flight = rate.in_flight(1).unwrap();
     // axum's last `.layer` is the outermost.
+    let (routes, gate) = routes();
     let app = if in_flight_outside {
-        routes().layer(rate).layer(in_flight)
+        routes.layer(rate).layer(in_flight)
     } else {
-        routes().layer(in_flight).layer(rate)
+        routes.layer(in_flight).layer(rate)
     };
     let addr = serve_app(app).await;
     let bucket = "ratelimit:{alice}:default";
@@ -334,12 +348,15 @@ async fn in_flight_before_rate(in_flight_outside: bool) {
         2,
         "a request refused for concurrency spent a token"
     );
+    gate.notify_one();
     let slow = slow.await.unwrap();
     assert_eq!(slow.status, 200);
     assert_eq!(
         slow.header("ratelimit-policy"),
         Some("\"default\";q=3;w=3000, \"inflight\";q=1;qu=\"concurrent-requests\"")
     );
+    // Released once its body was sent: after the client has it, so wait for it.
+    until_live(&server, KEY, 0).await;
 
     for _ in 0..2 {
         assert_eq!(get_with(addr, "/", &USER).await.status, 200);
