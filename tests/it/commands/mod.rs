@@ -1,12 +1,18 @@
 //! Each command against one real server: replies, errors, stored state and expiry.
 
+mod charge;
 mod command_info;
 mod concurrency;
 mod errors;
 mod hostile;
 mod jobs;
+mod locks;
+mod options;
 mod peek;
 mod random_args;
 mod refund;
+mod reservations;
 mod take;
 mod takeall;
+mod throttle;
+mod unblock;
