@@ -67,19 +67,6 @@ fn package_json_version(relative: &str) -> String {
     panic!("{relative}: no top-level \"version\"");
 }
 
-/// What MODULE LIST shows for `version`: major * 10000 + minor * 100 + patch.
-fn encoded(version: &str) -> i64 {
-    let mut parts = version
-        .split(['.', '-'])
-        .map(|part| part.parse::<i64>().unwrap_or(0));
-    let (major, minor, patch) = (
-        parts.next().unwrap(),
-        parts.next().unwrap(),
-        parts.next().unwrap(),
-    );
-    major * 10000 + minor * 100 + patch
-}
-
 /// The root Cargo.toml's version: the one place it is set.
 fn version() -> String {
     toml_version("Cargo.toml", "package")
@@ -208,15 +195,8 @@ fn assert_module_serves(server: &Server) {
         take(&mut con, "release:smoke", "10", "0.001", "1")[..2],
         [1, 9]
     );
-    let list: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("MODULE")
-        .arg("LIST")
-        .query(&mut con)
-        .expect("MODULE LIST");
-    let tb = list
-        .iter()
-        .find(|module| module.get("name") == Some(&redis::Value::BulkString(b"tb".to_vec())))
-        .expect("tb in MODULE LIST");
-    assert_eq!(tb.get("ver"), Some(&redis::Value::Int(encoded(&version()))));
+    let ver = redis::Value::Int(encoded_version(&version()));
+    assert_eq!(tb_module_version(&mut con), Some(ver));
 }
 
 /// Every manifest that carries a version carries the root Cargo.toml's, and so do the

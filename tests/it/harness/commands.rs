@@ -45,14 +45,11 @@ fn ints(con: &mut redis::Connection, cmd: &redis::Cmd, shown: &str) -> Vec<i64> 
         .unwrap_or_else(|e| panic!("{shown} failed: {e}"))
 }
 
-/// The exact error text of `TB.<COMMAND> key capacity rate n`; panics if the call succeeds.
+/// The exact error text of `TB.<COMMAND> key capacity rate n`, given as those five words;
+/// panics if the call succeeds.
 pub fn tb_error(
     con: &mut redis::Connection,
-    command: &str,
-    key: &str,
-    capacity: &str,
-    rate: &str,
-    n: &str,
+    [command, key, capacity, rate, n]: [&str; 5],
 ) -> String {
     match tb_cmd(command, key, capacity, rate, n).query::<redis::Value>(con) {
         Ok(v) => panic!("expected an error from {command} {key} {capacity} {rate} {n}, got {v:?}"),
