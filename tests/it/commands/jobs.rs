@@ -115,6 +115,9 @@ fn tb_btake_waiters_queued_before_a_lock_are_served_as_their_tokens_come() {
 // ---------------------------------------------------------------------------------------
 // Replicas, the AOF, a failover
 // ---------------------------------------------------------------------------------------
+//
+// On the module only: the twin's writes reach replicas and the AOF as the same commands,
+// which tests/it/twin/differential.rs compares call by call.
 
 #[test]
 fn a_denial_during_a_lock_writes_nothing_to_the_replication_stream() {
@@ -316,6 +319,9 @@ fn command_getkeys_of_tb_takeall_leaves_its_options_out() {
 // ---------------------------------------------------------------------------------------
 // A cluster
 // ---------------------------------------------------------------------------------------
+//
+// On the module only: these are the module's key specs at work; an FCALL is routed by the
+// keys it counts, as any script's.
 
 /// How long the cluster may take to agree on something.
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
