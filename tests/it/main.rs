@@ -2,10 +2,12 @@
 //! built module loaded, talked to over TCP. One folder per axis:
 //!
 //! - [`harness`]: starting servers, clients, replicas, the AOF, the Lua twin (and its own checks);
-//! - [`commands`]: each command's replies, errors and stored state, one server at a time;
+//! - [`commands`]: each command's replies, errors and stored state, one server at a time; the
+//!   behaviour cases of the options and the new commands run on the module and on the twin
+//!   (`<case>::on_module`, `<case>::on_twin`);
 //! - [`waiting`]: TB.BTAKE's queue, under the server's own events and a soak;
 //! - [`leases`]: TB.ACQUIRE, TB.RELEASE and TB.RENEW;
-//! - [`twin`]: the Lua twin (`lua/tb.lua`) on its own and against the module;
+//! - [`twin`]: the Lua twin (`lua/tb.lua`) against the module, and its script form;
 //! - [`topology`]: replicas, persistence, failover and cluster;
 //! - [`server`]: what the server does around the module (lifecycle, notifications, OOM,
 //!   refused writes, transactions, INFO, configs and ACL);

@@ -67,19 +67,6 @@ fn package_json_version(relative: &str) -> String {
     panic!("{relative}: no top-level \"version\"");
 }
 
-/// What MODULE LIST shows for `version`: major * 10000 + minor * 100 + patch.
-fn encoded(version: &str) -> i64 {
-    let mut parts = version
-        .split(['.', '-'])
-        .map(|part| part.parse::<i64>().unwrap_or(0));
-    let (major, minor, patch) = (
-        parts.next().unwrap(),
-        parts.next().unwrap(),
-        parts.next().unwrap(),
-    );
-    major * 10000 + minor * 100 + patch
-}
-
 /// The root Cargo.toml's version: the one place it is set.
 fn version() -> String {
     toml_version("Cargo.toml", "package")
@@ -208,15 +195,8 @@ fn assert_module_serves(server: &Server) {
         take(&mut con, "release:smoke", "10", "0.001", "1")[..2],
         [1, 9]
     );
-    let list: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("MODULE")
-        .arg("LIST")
-        .query(&mut con)
-        .expect("MODULE LIST");
-    let tb = list
-        .iter()
-        .find(|module| module.get("name") == Some(&redis::Value::BulkString(b"tb".to_vec())))
-        .expect("tb in MODULE LIST");
-    assert_eq!(tb.get("ver"), Some(&redis::Value::Int(encoded(&version()))));
+    let ver = redis::Value::Int(encoded_version(&version()));
+    assert_eq!(tb_module_version(&mut con), Some(ver));
 }
 
 /// Every manifest that carries a version carries the root Cargo.toml's, and so do the
@@ -696,29 +676,23 @@ fn python_package_runs_the_readme(package: &Path) {
     let venv = dir.0.join("venv");
     run(Command::new("python3").args(["-m", "venv"]).arg(&venv));
     let python = venv.join("bin/python");
-    run(Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-        ])
-        .arg(package)
-        .current_dir(&dir.0));
-    run(Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-        ])
-        .args(
-            ["Flask", "starlette"]
-                .map(|framework| pinned("clients/python/requirements-test.txt", framework)),
-        )
-        .current_dir(&dir.0));
+    let pip_install = |what: &[std::ffi::OsString]| {
+        run(Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(what)
+            .current_dir(&dir.0));
+    };
+    pip_install(&[package.into()]);
+    pip_install(
+        &["Flask", "starlette"]
+            .map(|framework| pinned("clients/python/requirements-test.txt", framework).into()),
+    );
     // Run from the test's own directory, so `import redis_tb` finds only the venv's.
     let lua = run(Command::new(&python)
         .args([

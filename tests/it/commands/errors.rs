@@ -244,7 +244,7 @@ fn wrong_arity_uses_the_standard_message() {
     let take_err = "ERR wrong number of arguments for 'tb.take' command";
     let peek_err = "ERR wrong number of arguments for 'tb.peek' command";
     // TB.TAKE takes options after n: a stray word there is one it does not know.
-    let option_err = "ERR unknown option (TB.TAKE and TB.TAKEALL take MAXWAIT, BLOCK and MAXBLOCK; TB.CHARGE takes MAXDEBT)";
+    let option_err = UNKNOWN_OPTION_ERROR;
     let cases: Vec<(Vec<&[u8]>, &str)> = vec![
         (vec![b"TB.TAKE"], take_err),
         (vec![b"TB.TAKE", b"b"], take_err),

@@ -207,12 +207,12 @@ fn refund_argument_errors_are_those_of_tb_take_and_touch_nothing() {
         (("10", "x", "x"), RATE_ERROR),
     ] {
         for key in ["tb:r", "tb:missing"] {
-            let refunded = tb_error(&mut con, "TB.REFUND", key, capacity, rate, n);
+            let refunded = tb_error(&mut con, ["TB.REFUND", key, capacity, rate, n]);
             assert_eq!(
                 refunded, message,
                 "TB.REFUND {key} {capacity:?} {rate:?} {n:?}"
             );
-            let taken = tb_error(&mut con, "TB.TAKE", key, capacity, rate, n);
+            let taken = tb_error(&mut con, ["TB.TAKE", key, capacity, rate, n]);
             assert_eq!(refunded, taken, "TB.TAKE {key} {capacity:?} {rate:?} {n:?}");
         }
     }

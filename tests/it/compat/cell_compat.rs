@@ -17,14 +17,6 @@ fn with_quantity(limit: [i64; 3], quantity: i64) -> [i64; 4] {
     [limit[0], limit[1], limit[2], quantity]
 }
 
-fn config_get(con: &mut redis::Connection, name: &str) -> Vec<String> {
-    redis::cmd("CONFIG")
-        .arg("GET")
-        .arg(name)
-        .query(con)
-        .expect("CONFIG GET")
-}
-
 fn key_type(con: &mut redis::Connection, key: &str) -> String {
     redis::cmd("TYPE").arg(key).query(con).expect("TYPE")
 }

@@ -45,14 +45,11 @@ fn ints(con: &mut redis::Connection, cmd: &redis::Cmd, shown: &str) -> Vec<i64> 
         .unwrap_or_else(|e| panic!("{shown} failed: {e}"))
 }
 
-/// The exact error text of `TB.<COMMAND> key capacity rate n`; panics if the call succeeds.
+/// The exact error text of `TB.<COMMAND> key capacity rate n`, given as those five words;
+/// panics if the call succeeds.
 pub fn tb_error(
     con: &mut redis::Connection,
-    command: &str,
-    key: &str,
-    capacity: &str,
-    rate: &str,
-    n: &str,
+    [command, key, capacity, rate, n]: [&str; 5],
 ) -> String {
     match tb_cmd(command, key, capacity, rate, n).query::<redis::Value>(con) {
         Ok(v) => panic!("expected an error from {command} {key} {capacity} {rate} {n}, got {v:?}"),
@@ -251,6 +248,15 @@ pub fn hgetall(con: &mut redis::Connection, key: &str) -> BTreeMap<String, Strin
     redis::cmd("HGETALL").arg(key).query(con).expect("HGETALL")
 }
 
+/// `SET key value`: a string where a test wants one (a redis-cell key, another type).
+pub fn set_string(con: &mut redis::Connection, key: &str, value: impl redis::ToRedisArgs) {
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .query(con)
+        .expect("SET");
+}
+
 /// Writes a bucket hash directly (e.g. to seed state or corrupt it).
 pub fn hset(con: &mut redis::Connection, key: &str, fields: &[(&str, &str)]) {
     let mut cmd = redis::cmd("HSET");
@@ -319,6 +325,18 @@ pub fn hgetall_bytes(con: &mut redis::Connection, key: &str) -> BTreeMap<Vec<u8>
 pub const CAPACITY_ERROR: &str = "ERR capacity must be a positive finite number";
 pub const RATE_ERROR: &str = "ERR rate must be a positive finite number";
 pub const N_ERROR: &str = "ERR n must be a non-negative finite number";
+/// The errors of the options after the numbers (docs/commands.md), the same for every
+/// command that takes them and for the Lua twin.
+pub const UNKNOWN_OPTION_ERROR: &str = "ERR unknown option (TB.TAKE and TB.TAKEALL take MAXWAIT, BLOCK and MAXBLOCK; TB.CHARGE takes MAXDEBT)";
+pub const MAXWAIT_ERROR: &str =
+    "ERR MAXWAIT must be a whole number of ms from 0 to 9007199254740992 (2^53)";
+pub const BLOCK_ERROR: &str =
+    "ERR BLOCK must be a whole number of ms from 1 to 9007199254740992 (2^53)";
+pub const MAXBLOCK_ERROR: &str =
+    "ERR MAXBLOCK must be a whole number of ms from BLOCK to 9007199254740992 (2^53)";
+pub const MAXBLOCK_WITHOUT_BLOCK_ERROR: &str = "ERR MAXBLOCK needs BLOCK";
+pub const MAXDEBT_ERROR: &str =
+    "ERR MAXDEBT must be a non-negative finite number, at most 9007199254740992 (2^53)";
 /// The server's reply for a key of another type.
 pub const WRONGTYPE_ERROR: &str =
     "WRONGTYPE Operation against a key holding the wrong kind of value";

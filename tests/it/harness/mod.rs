@@ -9,6 +9,9 @@
 //! - [`cell`]: redis-cell's module (`CL.THROTTLE`), built outside the tree, to load beside;
 //! - [`clock`]: a server whose clock the test moves, forwards and back (libfaketime);
 //! - [`twin`]: the Lua twin (`lua/tb.lua`) and the differential harness against the module;
+//! - [`backend`]: a behaviour case written once, run on the module and on the twin
+//!   ([`on_every_backend!`]);
+//! - [`buckets`]: frozen buckets and locks written by hand, and the lock a call stored;
 //! - [`rng`]: a small seeded generator for test inputs.
 //!
 //! Nothing here is mocked: replies, errors and timings come from the server itself.
@@ -22,6 +25,8 @@
 //!   10000); raised by `scripts/sanitize.sh`, whose server runs under valgrind.
 
 pub mod aof;
+pub mod backend;
+pub mod buckets;
 pub mod cell;
 pub mod clock;
 pub mod commands;
@@ -34,6 +39,6 @@ pub mod twin;
 
 // Every test file takes what it needs from one flat namespace (`use crate::harness::*`).
 pub use self::{
-    aof::*, cell::*, clock::*, commands::*, raw_client::*, replication::*, rng::*, server::*,
-    twin::*,
+    aof::*, backend::*, buckets::*, cell::*, clock::*, commands::*, raw_client::*, replication::*,
+    rng::*, server::*, twin::*,
 };

@@ -5,6 +5,7 @@
 //! test panicked (then it prints the tail of the logs first), so tests run in parallel
 //! without sharing state.
 
+use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
 use std::net::TcpListener;
@@ -494,6 +495,44 @@ pub fn wait_until(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool
         );
         thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// `CONFIG GET name`: the name, then its value.
+pub fn config_get(con: &mut redis::Connection, name: &str) -> Vec<String> {
+    redis::cmd("CONFIG")
+        .arg("GET")
+        .arg(name)
+        .query(con)
+        .expect("CONFIG GET")
+}
+
+/// MODULE LIST: one map a loaded module (`name`, `ver`, `path`, `args`).
+pub fn module_list(con: &mut redis::Connection) -> Vec<HashMap<String, redis::Value>> {
+    redis::cmd("MODULE")
+        .arg("LIST")
+        .query(con)
+        .expect("MODULE LIST")
+}
+
+/// This module's `ver` in MODULE LIST (its name is `tb`).
+pub fn tb_module_version(con: &mut redis::Connection) -> Option<redis::Value> {
+    let tb = redis::Value::BulkString(b"tb".to_vec());
+    module_list(con)
+        .into_iter()
+        .find(|module| module.get("name") == Some(&tb))
+        .expect("tb in MODULE LIST")
+        .remove("ver")
+}
+
+/// What MODULE LIST shows as `ver` for `version` (major.minor.patch, a pre-release after
+/// `-` left out): major * 10000 + minor * 100 + patch.
+pub fn encoded_version(version: &str) -> i64 {
+    let mut parts = version
+        .split(['.', '-'])
+        .map(|part| part.parse::<i64>().unwrap_or(0));
+    let mut next = || parts.next().unwrap_or(0);
+    let (major, minor, patch) = (next(), next(), next());
+    major * 10000 + minor * 100 + patch
 }
 
 /// One `field:value` line of `INFO <section>`, if present.

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use redis::Value;
 
+use super::aof::aof_commands;
 use super::commands::{error_text, incarnation_of_score, raw, snapshot};
 use super::server::Server;
 
@@ -82,6 +83,14 @@ impl Fallback {
         cmd
     }
 
+    /// What a run's keys start with, so that the script's and the library's keys never meet.
+    pub fn key_prefix(&self) -> &'static str {
+        match self {
+            Fallback::Script { .. } => "s",
+            Fallback::Function => "f",
+        }
+    }
+
     /// How failure messages name it.
     pub fn name(&self) -> &'static str {
         match self {
@@ -142,6 +151,38 @@ pub fn with_twin(
     let fallback = load(&mut con);
     check(&fallback, &mut con);
 }
+
+/// Runs `check` with the script, then with the library, each on a new server with the module
+/// loaded, started with `extra` (e.g. `AOF_ARGS`).
+pub fn with_each_twin(
+    extra: &[&str],
+    mut check: impl FnMut(&Server, &Fallback, &mut redis::Connection),
+) {
+    let loads: [fn(&mut redis::Connection) -> Fallback; 2] = [Fallback::script, Fallback::function];
+    for load in loads {
+        let server = Server::start_with(extra);
+        let mut con = server.conn();
+        let fallback = load(&mut con);
+        check(&server, &fallback, &mut con);
+    }
+}
+
+/// The two tests of a differential check `fn check(fallback: &Fallback, con)`: one through the
+/// script, one through the library, each on its own server with the module loaded.
+macro_rules! on_both_twins {
+    ($check:ident: $script_test:ident, $library_test:ident) => {
+        #[test]
+        fn $script_test() {
+            with_twin(Fallback::script, $check);
+        }
+
+        #[test]
+        fn $library_test() {
+            with_twin(Fallback::function, $check);
+        }
+    };
+}
+pub(crate) use on_both_twins;
 
 /// How a key is read for comparison, byte for byte: a bucket as `HGETALL` (field, value ...),
 /// a lease set as `ZRANGE key 0 -1 WITHSCORES` (member, score ...).
@@ -324,16 +365,14 @@ pub fn run_twin_call(
     let mut pipe = redis::pipe();
     pipe.atomic();
     for cmd in setup {
-        pipe.add_command(cmd.clone()).ignore();
+        pipe.add_command(cmd.clone());
     }
     pipe.cmd("TIME")
-        .add_command(module_cmd("take", PROBE_BEFORE.as_bytes(), &probe))
-        .ignore();
+        .add_command(module_cmd("take", PROBE_BEFORE.as_bytes(), &probe));
     read_keys(&mut pipe, call.view, &call.keys);
     pipe.add_command(call.module.clone())
         .add_command(call.twin.clone())
         .add_command(module_cmd("take", PROBE_AFTER.as_bytes(), &probe))
-        .ignore()
         .cmd("TIME")
         .cmd("HGET")
         .arg(PROBE_BEFORE)
@@ -342,11 +381,28 @@ pub fn run_twin_call(
         .arg(PROBE_AFTER)
         .arg("last_refill");
     read_keys(&mut pipe, call.view, &call.keys);
-    let values: Vec<Value> = pipe.query(con).map_err(|e| error_text(&e))?;
+    // EXEC's replies, one a command: setup, TIME, probe, reads before, the module's call, the
+    // twin's, probe, TIME, HGET, HGET, reads after.
+    let exec = exec_replies(con, &pipe)?;
     let reads = 4 * call.keys.len();
-    let before = twin_keys(&values[1..1 + reads])?;
-    let at = 1 + reads;
-    let (module, twin) = (values[at].clone(), values[at + 1].clone());
+    let at = setup.len() + 2 + reads;
+    let (module, twin) = match exec.get(at..at + 2) {
+        Some([module, twin]) => (module.clone(), twin.clone()),
+        _ => return Err(format!("EXEC replied {} values", exec.len())),
+    };
+    // Only the two calls may fail (they are compared, errors included).
+    if let Some(failed) = exec
+        .iter()
+        .enumerate()
+        .find(|(i, value)| *i != at && *i != at + 1 && matches!(value, Value::ServerError(_)))
+    {
+        return Err(format!(
+            "command {} of the transaction: {:?}",
+            failed.0, failed.1
+        ));
+    }
+    let values = &exec[setup.len()..];
+    let at = at - setup.len();
     let int = |value: &Value| -> Result<i64, String> {
         redis::from_redis_value(value).map_err(|e| e.to_string())
     };
@@ -358,16 +414,29 @@ pub fn run_twin_call(
     Ok(Observed {
         clocks_ms: [
             time(&values[0])?,
-            time(&values[at + 2])?,
-            int(&values[at + 3])?,
+            time(&values[at + 3])?,
             int(&values[at + 4])?,
+            int(&values[at + 5])?,
         ],
         module,
         twin,
-        before,
-        after: twin_keys(&values[at + 5..])?,
+        before: twin_keys(&values[2..at])?,
+        after: twin_keys(&values[at + 6..])?,
         view: call.view,
     })
+}
+
+/// The replies of an atomic pipeline's commands, as EXEC gives them: an error reply is a
+/// value among the others (`Pipeline::query` would give up the whole reply for it).
+fn exec_replies(con: &mut redis::Connection, pipe: &redis::Pipeline) -> Result<Vec<Value>, String> {
+    let queued = pipe.cmd_iter().count() + 1;
+    let mut replies =
+        redis::ConnectionLike::req_packed_commands(con, &pipe.get_packed_pipeline(), queued, 1)
+            .map_err(|e| error_text(&e))?;
+    match replies.pop() {
+        Some(Value::Array(values)) => Ok(values),
+        other => Err(format!("EXEC replied {other:?}")),
+    }
 }
 
 impl Observed {
@@ -468,6 +537,104 @@ impl Observed {
             .first()
             .is_some_and(|keys| incarnation_text(&keys.a) != incarnation_text(&keys.b))
     }
+}
+
+/// Runs `call` after `setup` (in its transaction) until every clock in it agrees, at most 50
+/// times; returns what the agreeing run showed and how many runs it took. For fixed cases,
+/// whose keys `setup` makes again on each run.
+pub fn run_until_clocks_agree(
+    con: &mut redis::Connection,
+    call: &TwinCall,
+    setup: &[redis::Cmd],
+    what: &str,
+) -> (Observed, usize) {
+    for runs in 1..=50 {
+        let seen = run_twin_call(con, call, setup).unwrap_or_else(|e| panic!("{what}: {e}"));
+        if seen.clocks_agree() {
+            return (seen, runs);
+        }
+    }
+    panic!("{what}: the clocks never agreed");
+}
+
+// --- What the twins append: the AOF of the runs, transaction by transaction --------------
+
+/// One command as the AOF holds it: its arguments.
+pub type Logged = Vec<Vec<u8>>;
+
+/// The AOF's transactions that hold the first probe, in order (one per `run_twin_call`), each
+/// from that probe on (without the `setup` before it).
+pub fn probed_transactions(server: &Server) -> Vec<Vec<Logged>> {
+    let mut blocks = Vec::new();
+    let mut current: Option<Vec<Logged>> = None;
+    for command in aof_commands(&server.dir) {
+        match command[0].to_ascii_uppercase().as_slice() {
+            b"MULTI" => current = Some(Vec::new()),
+            b"EXEC" => {
+                let block = current.take().expect("EXEC after MULTI");
+                let probe = block
+                    .iter()
+                    .position(|c| c.get(1).map(Vec::as_slice) == Some(PROBE_BEFORE.as_bytes()));
+                if let Some(probe) = probe {
+                    blocks.push(block[probe..].to_vec());
+                }
+            }
+            _ => {
+                if let Some(block) = current.as_mut() {
+                    block.push(command);
+                }
+            }
+        }
+    }
+    blocks
+}
+
+/// The commands of `block` on `key`, with the key written `as_key` (so that A's and B's
+/// compare).
+pub fn commands_on(block: &[Logged], key: &str, as_key: &str) -> Vec<Logged> {
+    block
+        .iter()
+        .filter(|c| c.get(1).map(Vec::as_slice) == Some(key.as_bytes()))
+        .map(|c| {
+            let mut c = c.clone();
+            c[1] = as_key.as_bytes().to_vec();
+            c
+        })
+        .collect()
+}
+
+/// Commands as text, `;` between them, for comparisons and failure messages.
+pub fn show_commands(commands: &[Logged]) -> String {
+    commands
+        .iter()
+        .map(|c| {
+            c.iter()
+                .map(|x| String::from_utf8_lossy(x).into_owned())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// One compared call appended the same commands through the module and through `fallback`,
+/// and appended something exactly when it `writes`.
+pub fn assert_appended_alike(
+    fallback: &Fallback,
+    what: &str,
+    from_module: &[Logged],
+    from_twin: &[Logged],
+    writes: bool,
+) {
+    let shown = show_commands(from_module);
+    println!("{} {what}: {shown}", fallback.name());
+    assert_eq!(
+        show_commands(from_twin),
+        shown,
+        "{} {what}: the AOF differs",
+        fallback.name()
+    );
+    assert_eq!(!from_module.is_empty(), writes, "{what}: appended {shown}");
 }
 
 /// B := A, expiry included, atomically.

@@ -45,11 +45,8 @@ fn unload(con: &mut redis::Connection) -> Result<String, String> {
 /// Names of the loaded modules (MODULE LIST), less Valkey 9's built-in
 /// `lua` scripting engine, which it lists as a module.
 fn loaded_modules(con: &mut redis::Connection) -> Vec<String> {
-    let list: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("MODULE")
-        .arg("LIST")
-        .query(con)
-        .expect("MODULE LIST");
-    list.iter()
+    module_list(con)
+        .iter()
         .map(|module| match module.get("name") {
             Some(redis::Value::BulkString(name)) => String::from_utf8_lossy(name).into_owned(),
             other => panic!("MODULE LIST entry without a name: {other:?}"),
@@ -65,14 +62,6 @@ fn assert_log_mentions(server: &Server, needle: &str) {
         "server log lacks {needle:?}:\n{}",
         log.lines().rev().take(15).collect::<Vec<_>>().join("\n")
     );
-}
-
-fn config_get(con: &mut redis::Connection, name: &str) -> Vec<String> {
-    redis::cmd("CONFIG")
-        .arg("GET")
-        .arg(name)
-        .query(con)
-        .expect("CONFIG GET")
 }
 
 #[test]
@@ -335,19 +324,10 @@ fn refused_loads_do_not_leak_server_memory() {
 fn module_list_shows_the_crate_version_encoded() {
     let server = Server::start();
     let mut con = server.conn();
-    let list: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("MODULE")
-        .arg("LIST")
-        .query(&mut con)
-        .expect("MODULE LIST");
-    let tb = list
-        .iter()
-        .find(|module| module.get("name") == Some(&redis::Value::BulkString(b"tb".to_vec())))
-        .expect("tb in MODULE LIST");
-    let mut parts = env!("CARGO_PKG_VERSION")
-        .split(['.', '-'])
-        .map(|part| part.parse::<i64>().unwrap_or(0));
-    let expected =
-        parts.next().unwrap() * 10000 + parts.next().unwrap() * 100 + parts.next().unwrap();
-    assert_eq!(tb.get("ver"), Some(&redis::Value::Int(expected)));
+    let expected = encoded_version(env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        tb_module_version(&mut con),
+        Some(redis::Value::Int(expected))
+    );
     assert_eq!(expected, 100, "0.1.0");
 }

@@ -537,23 +537,19 @@ const LEASE_OUTCOMES: [&str; 8] = [
 
 const STEPS: usize = 400;
 
-#[test]
-fn the_script_matches_the_module_call_for_call() {
-    let server = Server::start();
-    let mut con = server.conn();
-    let fallback = Fallback::script(&mut con);
-    let tally = differential(&mut con, &fallback, Driver::Twin, STEPS, seed());
+/// The random sequence through `fallback`, each twin with a seed of its own.
+fn matches_the_module_call_for_call(fallback: &Fallback, con: &mut redis::Connection) {
+    let seed = match fallback {
+        Fallback::Script { .. } => seed(),
+        Fallback::Function => seed() ^ 1,
+    };
+    let tally = differential(con, fallback, Driver::Twin, STEPS, seed);
     tally.assert_well_covered(STEPS, &LEASE_OUTCOMES);
 }
 
-#[test]
-fn the_function_library_matches_the_module_call_for_call() {
-    let server = Server::start();
-    let mut con = server.conn();
-    let fallback = Fallback::function(&mut con);
-    let tally = differential(&mut con, &fallback, Driver::Twin, STEPS, seed() ^ 1);
-    tally.assert_well_covered(STEPS, &LEASE_OUTCOMES);
-}
+on_both_twins!(matches_the_module_call_for_call:
+    the_script_matches_the_module_call_for_call,
+    the_function_library_matches_the_module_call_for_call);
 
 /// One key written by the Lua twin and by the module in turn, against a key only the module
 /// writes: each continues the other's count, ids, deadlines and expiry.
@@ -643,15 +639,7 @@ fn the_module_and_the_library_take_over_each_others_keys() {
 /// sooner, more than 64 expired leases with tied deadlines, members that are not ids.
 #[test]
 fn the_twins_agree_on_hand_made_lease_sets() {
-    for make_fallback in [
-        Fallback::script as fn(&mut redis::Connection) -> Fallback,
-        Fallback::function,
-    ] {
-        let server = Server::start();
-        let mut con = server.conn();
-        let fallback = make_fallback(&mut con);
-        hand_made_cases(&mut con, &fallback);
-    }
+    with_each_twin(&[], |_, fallback, con| hand_made_cases(con, fallback));
 }
 
 fn hand_made_cases(con: &mut redis::Connection, fallback: &Fallback) {
@@ -1055,15 +1043,9 @@ fn check_errors(fallback: &Fallback, con: &mut redis::Connection) {
     }
 }
 
-#[test]
-fn the_script_refuses_bad_input_in_the_module_words() {
-    with_twin(Fallback::script, check_errors);
-}
-
-#[test]
-fn the_function_library_refuses_bad_input_in_the_module_words() {
-    with_twin(Fallback::function, check_errors);
-}
+on_both_twins!(check_errors:
+    the_script_refuses_bad_input_in_the_module_words,
+    the_function_library_refuses_bad_input_in_the_module_words);
 
 /// ACL applies to the commands a script calls: a restricted user of the leases needs FCALL
 /// and TYPE, ZSCORE, TIME, ZCOUNT, ZRANGEBYSCORE, ZRANGE, PEXPIRETIME, ZREM, ZADD, PEXPIREAT,
@@ -1212,13 +1194,7 @@ fn a_restricted_user_needs_the_commands_the_lease_functions_call() {
 /// once B is renamed A; a call that writes nothing appends nothing.
 #[test]
 fn the_twins_append_the_same_commands() {
-    for make_fallback in [
-        Fallback::script as fn(&mut redis::Connection) -> Fallback,
-        Fallback::function,
-    ] {
-        let server = Server::start_with(AOF_ARGS);
-        let mut con = server.conn();
-        let fallback = make_fallback(&mut con);
+    with_each_twin(AOF_ARGS, |server, fallback, con| {
         let (a, b) = ("aof:a", "aof:b");
         let mut tally = Tally::default();
         let mut attempts = 0;
@@ -1249,7 +1225,7 @@ fn the_twins_append_the_same_commands() {
             let before = tally.resynced;
             let seen = compared_step(
                 con,
-                Some(&fallback),
+                Some(fallback),
                 &call,
                 a,
                 b,
@@ -1276,107 +1252,36 @@ fn the_twins_append_the_same_commands() {
             id
         };
         for lease_ms in [&b"10000"[..], b"5", b"5"] {
-            let id = step(
-                &mut con,
-                Call::new("acquire", &[b"3", lease_ms]),
-                Some(true),
-            );
+            let id = step(con, Call::new("acquire", &[b"3", lease_ms]), Some(true));
             ids.push(id.expect("granted"));
         }
         sleep_ms(10);
-        let id = step(
-            &mut con,
-            Call::new("acquire", &[b"3", b"10000"]),
-            Some(true),
-        );
+        let id = step(con, Call::new("acquire", &[b"3", b"10000"]), Some(true));
         ids.push(id.expect("granted"));
+        step(con, Call::new("acquire", &[b"2", b"10000"]), Some(false));
+        step(con, Call::new("release", &[ids[0].as_bytes()]), Some(true));
+        step(con, Call::new("release", &[ids[0].as_bytes()]), Some(false));
+        step(con, Call::new("release", &[ids[1].as_bytes()]), Some(false));
         step(
-            &mut con,
-            Call::new("acquire", &[b"2", b"10000"]),
-            Some(false),
-        );
-        step(
-            &mut con,
-            Call::new("release", &[ids[0].as_bytes()]),
-            Some(true),
-        );
-        step(
-            &mut con,
-            Call::new("release", &[ids[0].as_bytes()]),
-            Some(false),
-        );
-        step(
-            &mut con,
-            Call::new("release", &[ids[1].as_bytes()]),
-            Some(false),
-        );
-        step(
-            &mut con,
+            con,
             Call::new("renew", &[ids[3].as_bytes(), b"20000"]),
             Some(true),
         );
         step(
-            &mut con,
+            con,
             Call::new("renew", &[ids[3].as_bytes(), b"1000"]),
             Some(true),
         );
-        step(
-            &mut con,
-            Call::new("renew", &[b"garbage", b"10"]),
-            Some(false),
-        );
-        step(
-            &mut con,
-            Call::new("release", &[ids[3].as_bytes()]),
-            Some(true),
-        );
+        step(con, Call::new("renew", &[b"garbage", b"10"]), Some(false));
+        step(con, Call::new("release", &[ids[3].as_bytes()]), Some(true));
 
         // The transactions that hold the probes are the attempts, in order.
-        let commands = aof_commands(&server.dir);
-        let mut blocks: Vec<Vec<Vec<Vec<u8>>>> = Vec::new();
-        let mut current: Option<Vec<Vec<Vec<u8>>>> = None;
-        for command in commands {
-            match command[0].to_ascii_uppercase().as_slice() {
-                b"MULTI" => current = Some(Vec::new()),
-                b"EXEC" => {
-                    let block = current.take().expect("EXEC after MULTI");
-                    if block
-                        .iter()
-                        .any(|c| c.get(1).map(Vec::as_slice) == Some(PROBE_BEFORE.as_bytes()))
-                    {
-                        blocks.push(block);
-                    }
-                }
-                _ => {
-                    if let Some(block) = current.as_mut() {
-                        block.push(command);
-                    }
-                }
-            }
-        }
+        let blocks = probed_transactions(server);
         assert_eq!(
             blocks.len(),
             attempts,
             "one transaction per attempt in the AOF"
         );
-        let on = |block: &[Vec<Vec<u8>>], key: &str| -> Vec<Vec<Vec<u8>>> {
-            block
-                .iter()
-                .filter(|c| c.get(1).map(Vec::as_slice) == Some(key.as_bytes()))
-                .map(|c| {
-                    let mut c = c.clone();
-                    c[1] = a.as_bytes().to_vec();
-                    c
-                })
-                .collect()
-        };
-        let show = |commands: &[Vec<Vec<u8>>]| -> String {
-            commands
-                .iter()
-                .map(|c| c.iter().map(|x| text(x)).collect::<Vec<_>>().join(" "))
-                .collect::<Vec<_>>()
-                .join("; ")
-        };
         // A set made by a step has an incarnation of its own on each side: set aside, as the
         // ZADD that makes the set shows it (`<-incarnation> inc`).
         let without_incarnation = |commands: Vec<Vec<Vec<u8>>>| -> Vec<Vec<Vec<u8>>> {
@@ -1401,23 +1306,11 @@ fn the_twins_append_the_same_commands() {
                 .collect()
         };
         for (index, wrote, what) in &compared {
-            let from_module = without_incarnation(on(&blocks[*index], a));
-            let from_twin = without_incarnation(on(&blocks[*index], b));
-            println!("{} {what}: {}", fallback.name(), show(&from_module));
-            assert_eq!(
-                show(&from_twin),
-                show(&from_module),
-                "{} {what}: the AOF differs",
-                fallback.name()
-            );
-            assert_eq!(
-                !from_module.is_empty(),
-                *wrote,
-                "{what}: appended {}",
-                show(&from_module)
-            );
+            let from_module = without_incarnation(commands_on(&blocks[*index], a, a));
+            let from_twin = without_incarnation(commands_on(&blocks[*index], b, a));
+            assert_appended_alike(fallback, what, &from_module, &from_twin, *wrote);
         }
-    }
+    });
 }
 
 /// Over `maxmemory` (noeviction), TB.ACQUIRE and `tb_acquire` are refused with the server's OOM

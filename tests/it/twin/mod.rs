@@ -1,4 +1,6 @@
-//! The Lua twin (`lua/tb.lua`): on its own, and against the module on the same calls.
+//! The Lua twin (`lua/tb.lua`): against the module on the same calls (buckets in
+//! differential.rs, leases in leases.rs), and its script form (behaviour.rs). What its
+//! commands do, beside the module's, is in commands/ (`<case>::on_twin`).
 
 mod behaviour;
 mod differential;

@@ -216,12 +216,13 @@ fn drained_k_with_a_waiter(
     (drained_at, waiter)
 }
 
-/// Starts `FAILOVER TO` the replica with `timeout_ms`, the replica stopped (SIGSTOP): it
-/// cannot catch up, so the master stays paused until the timeout, or until the replica
-/// is let go on.
+/// Starts `FAILOVER TO` the replica with `timeout_ms`, the replica stopped (SIGSTOP) before a
+/// write it therefore cannot acknowledge: it cannot catch up, so the master stays paused
+/// until the timeout, or until the replica is let go on.
 fn failover_to_a_stopped_replica(con: &mut redis::Connection, replica: &Server, timeout_ms: &str) {
     wait_until_online(con);
     signal(replica, libc::SIGSTOP);
+    ok(con, &["SET", "failover:unacknowledged", "1"]);
     let port = replica.port.to_string();
     ok(
         con,
@@ -241,6 +242,69 @@ fn stays_paused(
     stays_quiet(master, waiter, QUICK, when);
     assert_alive(master, when);
     assert_eq!(repl_offset(con), offset, "nothing propagated {when}");
+}
+
+/// `k` is as `before` was taken: nothing taken while paused.
+fn assert_nothing_taken(con: &mut redis::Connection, before: &KeySnapshot) {
+    assert_eq!(&snapshot(con, b"k"), before, "nothing taken while paused");
+}
+
+/// The AOF holds `hsets` HSETs of `k`, as before the pause: nothing appended while paused.
+fn assert_nothing_appended(server: &Server, hsets: usize) {
+    assert_eq!(
+        aof_hsets(server, "k"),
+        hsets,
+        "nothing in the AOF while paused"
+    );
+}
+
+/// A look now is still inside the 5000 ms pause that began at `paused_at`.
+fn assert_inside_the_pause(paused_at: Instant) {
+    let elapsed = paused_at.elapsed();
+    assert!(
+        elapsed < Duration::from_millis(4_500),
+        "too slow to look inside the pause ({elapsed:?})"
+    );
+}
+
+/// The waiter's reply, which comes once the 5000 ms pause that began at `paused_at` ends,
+/// not before.
+fn reply_after_the_pause(server: &Server, waiter: &mut RawClient, paused_at: Instant) -> Vec<i64> {
+    let reply = reply_of(server, waiter, DUE, "after the pause").ints();
+    let elapsed = paused_at.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(4_990),
+        "answered {elapsed:?} into a 5000 ms pause"
+    );
+    reply
+}
+
+/// A replicated waiter for `n` tokens at one per second whose master starts `FAILOVER TO`
+/// its stopped replica with `timeout_ms`, looked at `look_ms` after the drain, when the
+/// tokens exist: the pause holds the waiter, and nothing is propagated, appended or taken.
+/// Returns the master, the replica, a connection to the master, the waiter and the drained
+/// bucket.
+fn a_waiter_held_by_a_failover(
+    n: &str,
+    timeout_ms: &str,
+    look_ms: i64,
+) -> (Server, Server, redis::Connection, RawClient, Bucket) {
+    let (master, replica, mut con, drained_at, mut waiter) = replicated_waiter("1", n);
+    failover_to_a_stopped_replica(&mut con, &replica, timeout_ms);
+    let offset = repl_offset(&mut con);
+    let (drained, hsets) = (bucket(&mut con, "k"), aof_hsets(&master, "k"));
+    assert_eq!(stored_last_refill(&mut con, "k"), drained_at);
+    wait_for_server_time(&master, &mut con, drained_at + look_ms);
+    stays_paused(
+        &master,
+        &mut con,
+        &mut waiter,
+        offset,
+        "during the failover",
+    );
+    assert_nothing_appended(&master, hsets);
+    assert_eq!(bucket(&mut con, "k"), drained, "nothing taken while paused");
+    (master, replica, con, waiter, drained)
 }
 
 // --- 1. Paused writes -----------------------------------------------------------------------
@@ -265,16 +329,8 @@ fn client_pause_write_with_aof_takes_nothing_and_serves_the_waiter_after_unpause
     wait_for_server_time(&server, &mut con, drained_at + 3_000);
     stays_quiet(&server, &mut waiter, QUICK, "during the pause");
     assert_alive(&server, "during CLIENT PAUSE WRITE");
-    assert_eq!(
-        snapshot(&mut con, b"k"),
-        before,
-        "nothing taken while paused"
-    );
-    assert_eq!(
-        aof_hsets(&server, "k"),
-        hsets,
-        "nothing in the AOF while paused"
-    );
+    assert_nothing_taken(&mut con, &before);
+    assert_nothing_appended(&server, hsets);
     assert_eq!(tb_count(&mut con, "tb_waiting"), 1);
 
     ok(&mut con, &["CLIENT", "UNPAUSE"]);
@@ -304,29 +360,11 @@ fn client_pause_write_with_a_replica_takes_nothing_and_serves_the_waiter_when_it
         "the waiter was served before the pause began (a very slow machine?)"
     );
     wait_for_server_time(&master, &mut con, drained_at + 1_500);
-    assert!(
-        paused_at.elapsed() < Duration::from_millis(4_500),
-        "too slow to look inside the pause"
-    );
-    stays_paused(
-        &master,
-        &mut con,
-        &mut waiter,
-        offset,
-        "during CLIENT PAUSE WRITE",
-    );
-    assert_eq!(
-        snapshot(&mut con, b"k"),
-        before,
-        "nothing taken while paused"
-    );
+    assert_inside_the_pause(paused_at);
+    stays_paused(&master, &mut con, &mut waiter, offset, "during the pause");
+    assert_nothing_taken(&mut con, &before);
 
-    let reply = reply_of(&master, &mut waiter, DUE, "after the pause").ints();
-    assert!(
-        paused_at.elapsed() >= Duration::from_millis(4_990),
-        "answered {:?} into a 5000 ms pause",
-        paused_at.elapsed()
-    );
+    let reply = reply_after_the_pause(&master, &mut waiter, paused_at);
     assert_served_and_replicated(&master, &replica, &reply, "after the pause");
 }
 
@@ -353,18 +391,8 @@ fn a_bucket_whose_ttl_runs_out_during_a_pause_serves_its_waiter_after_the_pause(
         found == 0
     });
     wait_for_server_time(&master, &mut con, drained_at + 2_500);
-    stays_paused(
-        &master,
-        &mut con,
-        &mut waiter,
-        offset,
-        "with the bucket expired",
-    );
-    assert_eq!(
-        aof_hsets(&master, "k"),
-        hsets,
-        "nothing in the AOF while paused"
-    );
+    stays_paused(&master, &mut con, &mut waiter, offset, "once expired");
+    assert_nothing_appended(&master, hsets);
 
     ok(&mut con, &["CLIENT", "UNPAUSE"]);
     let reply = reply_of(&master, &mut waiter, DUE, "after UNPAUSE").ints();
@@ -394,23 +422,11 @@ fn client_pause_all_takes_nothing_and_serves_the_waiter_after_it_ends() {
         Duration::from_millis((drained_at + 2_500 - paused_ms).max(0) as u64),
         "during the pause",
     );
-    assert!(
-        paused_at.elapsed() < Duration::from_millis(4_500),
-        "too slow to look inside the pause"
-    );
+    assert_inside_the_pause(paused_at);
     assert!(process_running(&server), "{}", crash_lines(&server));
-    assert_eq!(
-        aof_hsets(&server, "k"),
-        hsets,
-        "nothing in the AOF while paused"
-    );
+    assert_nothing_appended(&server, hsets);
 
-    let reply = reply_of(&server, &mut waiter, DUE, "after the pause").ints();
-    assert!(
-        paused_at.elapsed() >= Duration::from_millis(4_990),
-        "answered {:?} into a 5000 ms pause",
-        paused_at.elapsed()
-    );
+    let reply = reply_after_the_pause(&server, &mut waiter, paused_at);
     assert_eq!((reply[0], reply[2]), (1, 0), "served: {reply:?}");
     assert_alive(&server, "after CLIENT PAUSE ALL");
     assert_eq!(aof_hsets(&server, "k"), hsets + 1);
@@ -457,34 +473,11 @@ fn a_waiter_whose_timeout_passes_during_a_pause_is_denied_on_time_and_takes_noth
 #[test]
 fn a_failover_that_times_out_takes_nothing_during_its_pause_and_serves_the_waiter_after() {
     // Two tokens at one per second: they exist 2 s after the drain, inside the 5 s pause.
-    let (master, replica, mut con, drained_at, mut waiter) = replicated_waiter("1", "2");
-    failover_to_a_stopped_replica(&mut con, &replica, "5000");
-    let offset = repl_offset(&mut con);
-    let hsets = aof_hsets(&master, "k");
-    let before = snapshot(&mut con, b"k");
-    assert_eq!(stored_last_refill(&mut con, "k"), drained_at);
-    wait_for_server_time(&master, &mut con, drained_at + 2_500);
+    let (master, replica, mut con, mut waiter, _) = a_waiter_held_by_a_failover("2", "5000", 2_500);
+    let state = failover_state(&mut con);
     assert_eq!(
-        failover_state(&mut con),
-        "waiting-for-sync",
+        state, "waiting-for-sync",
         "still inside the failover's pause"
-    );
-    stays_paused(
-        &master,
-        &mut con,
-        &mut waiter,
-        offset,
-        "during the failover",
-    );
-    assert_eq!(
-        aof_hsets(&master, "k"),
-        hsets,
-        "nothing in the AOF while paused"
-    );
-    assert_eq!(
-        snapshot(&mut con, b"k"),
-        before,
-        "nothing taken while paused"
     );
 
     wait_until("the failover to give up", Duration::from_secs(20), || {
@@ -501,20 +494,8 @@ fn a_failover_that_times_out_takes_nothing_during_its_pause_and_serves_the_waite
 /// two servers end with the same bucket.
 #[test]
 fn a_failover_that_completes_answers_the_waiter_unblocked_and_takes_nothing() {
-    let (master, replica, mut con, drained_at, mut waiter) = replicated_waiter("1", "1");
-    let drained = bucket(&mut con, "k");
-    failover_to_a_stopped_replica(&mut con, &replica, "60000");
-    let offset = repl_offset(&mut con);
-    assert_eq!(stored_last_refill(&mut con, "k"), drained_at);
-    wait_for_server_time(&master, &mut con, drained_at + 2_000);
-    stays_paused(
-        &master,
-        &mut con,
-        &mut waiter,
-        offset,
-        "during the failover",
-    );
-    assert_eq!(bucket(&mut con, "k"), drained, "nothing taken while paused");
+    let (master, replica, mut con, mut waiter, drained) =
+        a_waiter_held_by_a_failover("1", "60000", 2_000);
 
     signal(&replica, libc::SIGCONT);
     match reply_of(
@@ -562,37 +543,30 @@ fn assert_untouched_in_db(con: &mut redis::Connection, db: i64, before: &KeySnap
 }
 
 /// Waiters stay on their database number, as BLPOP's do: after SWAPDB they wait on the
-/// swapped-in data. With no `k` there, theirs is a full bucket, which serves them at once.
-#[test]
-fn swapdb_serves_a_db_0_waiter_whose_key_is_missing_in_the_swapped_in_db() {
+/// swapped-in data. With no `k` there, theirs is a full bucket, which serves them at once,
+/// and the drained bucket, swapped into the other database, is left as it was.
+fn swapdb_serves_a_waiter_whose_key_is_missing_in_the_swapped_in_db(db: i64) {
     let server = Server::start();
     let mut con = server.conn();
+    ok(&mut con, &["SELECT", &db.to_string()]);
     drain(&mut con, "k", "5", SLOW);
     let drained = snapshot(&mut con, b"k");
-    let mut waiter = swap_dbs_under_a_waiter(&server, &mut con, 0);
+    let mut waiter = swap_dbs_under_a_waiter(&server, &mut con, db);
     let reply = reply_of(&server, &mut waiter, DUE, "after SWAPDB").ints();
     assert_eq!(reply[..3], [1, 3, 0], "2 of a full bucket of 5");
-    assert_eq!(stored_tokens(&mut con, "k"), 3.0, "taken in db 0");
-    // db 1 holds the old bucket, untouched.
-    assert_untouched_in_db(&mut con, 1, &drained);
+    assert_eq!(stored_tokens(&mut con, "k"), 3.0, "taken in db {db}");
+    assert_untouched_in_db(&mut con, 1 - db, &drained);
     assert_eq!(tb_count(&mut con, "tb_waiting"), 0);
 }
 
-/// The same from the other side: a waiter in db 1, whose drained bucket SWAPDB sends to
-/// db 0, is served from the full bucket db 1 now stands for.
+#[test]
+fn swapdb_serves_a_db_0_waiter_whose_key_is_missing_in_the_swapped_in_db() {
+    swapdb_serves_a_waiter_whose_key_is_missing_in_the_swapped_in_db(0);
+}
+
 #[test]
 fn swapdb_serves_a_db_1_waiter_whose_key_is_missing_in_the_swapped_in_db() {
-    let server = Server::start();
-    let mut con = server.conn();
-    ok(&mut con, &["SELECT", "1"]);
-    drain(&mut con, "k", "5", SLOW);
-    let drained = snapshot(&mut con, b"k");
-    let mut waiter = swap_dbs_under_a_waiter(&server, &mut con, 1);
-    let reply = reply_of(&server, &mut waiter, DUE, "after SWAPDB").ints();
-    assert_eq!(reply[..3], [1, 3, 0], "2 of a full bucket of 5");
-    assert_eq!(stored_tokens(&mut con, "k"), 3.0, "taken in db 1");
-    // db 0 holds the old bucket, untouched.
-    assert_untouched_in_db(&mut con, 0, &drained);
+    swapdb_serves_a_waiter_whose_key_is_missing_in_the_swapped_in_db(1);
 }
 
 /// A swapped-in `k` that is not a bucket fails the waiter with an error, and is left alone.
@@ -894,16 +868,26 @@ fn one_refund_serves_three_hundred_waiters_in_arrival_order() {
 
 // --- 6. RENAME and MOVE ------------------------------------------------------------------------
 
+/// A drained `k` of capacity 3 (`SLOW`) and a waiter for 2 of its tokens, queued: the
+/// bucket as drained, and the waiter.
+fn a_waiter_for_2_of_a_drained_3(
+    server: &Server,
+    con: &mut redis::Connection,
+) -> (KeySnapshot, RawClient) {
+    drain(con, "k", "3", SLOW);
+    let drained = snapshot(con, b"k");
+    let waiter = btake(server, &["k", "3", SLOW, "2", "0"]);
+    wait_for_waiting(con, 1);
+    (drained, waiter)
+}
+
 /// RENAME takes the bucket away from its key: the waiter there now sees a missing key, a
 /// full bucket, and is served; the renamed bucket is left as it was.
 #[test]
 fn renaming_the_bucket_away_serves_its_waiter_from_a_full_one() {
     let server = Server::start();
     let mut con = server.conn();
-    drain(&mut con, "k", "3", SLOW);
-    let drained = snapshot(&mut con, b"k");
-    let mut waiter = btake(&server, &["k", "3", SLOW, "2", "0"]);
-    wait_for_waiting(&mut con, 1);
+    let (drained, mut waiter) = a_waiter_for_2_of_a_drained_3(&server, &mut con);
     ok(&mut con, &["RENAME", "k", "k2"]);
     let reply = reply_of(&server, &mut waiter, DUE, "after RENAME").ints();
     assert_eq!(reply[..3], [1, 1, 0], "a missing bucket is full");
@@ -954,10 +938,7 @@ fn renaming_a_drained_bucket_onto_the_waiters_key_keeps_it_waiting_on_the_new_on
 fn moving_the_bucket_to_another_db_serves_its_waiter_from_a_full_one() {
     let server = Server::start();
     let mut con = server.conn();
-    drain(&mut con, "k", "3", SLOW);
-    let drained = snapshot(&mut con, b"k");
-    let mut waiter = btake(&server, &["k", "3", SLOW, "2", "0"]);
-    wait_for_waiting(&mut con, 1);
+    let (drained, mut waiter) = a_waiter_for_2_of_a_drained_3(&server, &mut con);
     let moved: i64 = redis::cmd("MOVE")
         .arg("k")
         .arg(1)
