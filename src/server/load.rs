@@ -70,11 +70,8 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
 /// Called by the server, on its main thread.
 #[no_mangle]
 pub unsafe extern "C" fn RedisModule_OnUnload(ctx: *mut RedisModuleCtx) -> c_int {
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        if let Some(api) = api::api() {
-            blocking::on_unload(api, ctx);
-        }
-    }));
+    // SAFETY: the unload's context. A panic is caught there.
+    unsafe { blocking::on_unload(ctx) };
     raw::REDISMODULE_OK as c_int
 }
 
@@ -141,7 +138,8 @@ fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
     }));
     set_module_options(ctx);
     metrics::CACHED_CLOCK.store(api.cached_microseconds.is_some(), Relaxed);
-    blocking::reset_at_load(api, ctx);
+    // SAFETY: the load's context.
+    unsafe { blocking::reset_at_load(api, ctx) };
     // SAFETY: OnLoad context. This replaces the crate's default INFO callback.
     if let Some(register_info) = unsafe { raw::RedisModule_RegisterInfoFunc } {
         unsafe { register_info(ctx, Some(metrics::info)) };

@@ -2,6 +2,13 @@
 //! setting, key access, the reply frame, the command table with COMMAND
 //! DOCS, INFO tb, and blocking clients for the waits of both data types.
 //!
+//! Every `unsafe` of the module is here. A handler gets a [`context::Context`]
+//! and its arguments as [`strings::ServerStr`]s (read as bytes), and does
+//! all it needs through them: open a key (`keys.rs`), read and write its
+//! hash fields, sorted-set members or string, set its expiry, replicate,
+//! notify, reply, block, read the clock. Those wrappers are generic (keys,
+//! hashes, sorted sets, strings), never about a bucket or a lease.
+//!
 //! May import the core crate and redis-module. Only `command_table.rs`
 //! (the handlers it registers) and `load.rs` (the bench-only commands)
 //! name anything of bucket/, lease/ or testing/.
@@ -10,8 +17,10 @@ pub mod api;
 pub mod blocking;
 pub mod command_table;
 pub mod config;
+pub mod context;
 pub mod keys;
 pub mod load;
 pub mod machines;
 pub mod metrics;
 pub mod reply;
+pub mod strings;

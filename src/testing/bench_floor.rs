@@ -20,7 +20,7 @@
 
 use std::os::raw::c_int;
 
-use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
+use redis_module::raw::{self, RedisModuleCtx};
 
 use redis_tb_core::args::{parse_lease_ms, parse_timeout};
 use redis_tb_core::bucket::State;
@@ -32,21 +32,17 @@ use redis_tb_core::wait::leases::LeaseReply;
 use crate::bucket::hash::BucketKey;
 use crate::lease::commands::open_for_release;
 use crate::lease::set::{LeaseSet, Read};
-use crate::server::api::Api;
+use crate::server::context::Context;
 use crate::server::keys::Access;
-use crate::server::reply::{entry_point, now, Reply};
+use crate::server::reply::{entry_point, Reply};
+use crate::server::strings::ServerStr;
 
-fn acquire(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    args: &[*mut RedisModuleString],
-) -> Result<Reply, TbError> {
+fn acquire(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
     let [_, key, deadline_ms, granted_ms, n, expire_at_ms] = args else {
         return Err(TbError::WrongArity);
     };
-    // SAFETY (all `bytes` calls): argv strings live for the whole command.
-    let whole = |arg: &*mut RedisModuleString| parse_lease_ms(unsafe { api.bytes(arg) });
-    let expire_at_ms = parse_timeout(unsafe { api.bytes(expire_at_ms) })?;
+    let whole = |arg: &ServerStr| parse_lease_ms(arg);
+    let expire_at_ms = parse_timeout(expire_at_ms)?;
     let grant = Grant {
         id: LeaseId {
             granted_ms: whole(granted_ms)?,
@@ -58,8 +54,7 @@ fn acquire(
         expire_at_ms: (expire_at_ms > 0).then_some(expire_at_ms),
         new_incarnation: None,
     };
-    // SAFETY: the command's context and key.
-    let set = unsafe { LeaseSet::open(api, ctx, *key, Access::Write) }?;
+    let set = LeaseSet::open(ctx, key, Access::Write)?;
     set.grant(&Read::nothing(), &[grant])?;
     Ok(Reply::Lease(LeaseReply {
         id: Some(grant.id),
@@ -68,32 +63,21 @@ fn acquire(
     }))
 }
 
-fn release(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    args: &[*mut RedisModuleString],
-) -> Result<Reply, TbError> {
-    let (set, lease) = open_for_release(api, ctx, args)?;
+fn release(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
+    let (set, lease) = open_for_release(ctx, args)?;
     Ok(Reply::Flag(set.release(&Read::nothing(), lease)?))
 }
 
 /// TB.TAKE's floor: its write (two fields, the expiry, the effects, the
 /// notifications) without its read or its arithmetic.
-fn take(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    args: &[*mut RedisModuleString],
-) -> Result<Reply, TbError> {
+fn take(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
     let [_, key, tokens, deadline_ms] = args else {
         return Err(TbError::WrongArity);
     };
-    // SAFETY (both `bytes` calls): argv strings live for the whole command.
-    let tokens =
-        parse_decimal(unsafe { api.bytes(tokens) }, Sign::Allowed).ok_or(TbError::Count)?;
-    let deadline_ms = parse_lease_ms(unsafe { api.bytes(deadline_ms) })?;
-    let now_ms = now(api);
-    // SAFETY: the command's context and key.
-    let bucket = unsafe { BucketKey::open(api, ctx, *key, Access::Write) }?;
+    let tokens = parse_decimal(tokens, Sign::Allowed).ok_or(TbError::Count)?;
+    let deadline_ms = parse_lease_ms(deadline_ms)?;
+    let now_ms = ctx.now_ms();
+    let bucket = BucketKey::open(ctx, key, Access::Write)?;
     let state = State {
         tokens,
         last_refill_ms: now_ms as f64,
