@@ -42,6 +42,7 @@ fn take(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
 
 /// `key capacity rate n [options...]` of TB.TAKE and TB.CHARGE: the key,
 /// the parsed request and the words after `n`, checked in argument order.
+#[inline]
 fn request_and_options(
     args: &[ServerStr],
 ) -> Result<(&ServerStr, args::Request, &[ServerStr]), TbError> {
