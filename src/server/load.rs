@@ -179,14 +179,34 @@ fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
         unsafe { command_table::register_cell_compat(ctx, module_category) }?;
     }
     #[cfg(feature = "bench-floor")]
-    // SAFETY: OnLoad context.
-    unsafe { crate::testing::bench_floor::register(ctx) }?;
+    for (name, handler) in crate::testing::bench_floor::COMMANDS {
+        // SAFETY: OnLoad context.
+        unsafe { register_bench_only(ctx, name, handler) }?;
+    }
     if api.set_abs_expire.is_none() {
         api.log(
             ctx,
             c"notice",
             "tb: RM_SetAbsExpire missing (Redis < 7.0.5): deadlines are set relative to the local clock",
         );
+    }
+    Ok(())
+}
+
+/// Registers a bench-only command (first key 1, no docs).
+///
+/// # Safety
+/// Must be called from `RedisModule_OnLoad` with its context.
+#[cfg(feature = "bench-floor")]
+unsafe fn register_bench_only(
+    ctx: *mut RedisModuleCtx,
+    name: &CStr,
+    handler: raw::RedisModuleCmdFunc,
+) -> Result<(), String> {
+    let create = raw::RedisModule_CreateCommand.ok_or("RM_CreateCommand missing")?;
+    let status = create(ctx, name.as_ptr(), handler, c"write fast".as_ptr(), 1, 1, 1);
+    if status != raw::REDISMODULE_OK as c_int {
+        return Err(format!("cannot create {}", name.to_string_lossy()));
     }
     Ok(())
 }

@@ -18,9 +18,9 @@
 //! caller computed the values (the bench keeps each key's count and
 //! expiry, or the tokens to store).
 
-use std::os::raw::c_int;
+use std::ffi::CStr;
 
-use redis_module::raw::{self, RedisModuleCtx};
+use redis_module::raw::RedisModuleCmdFunc;
 
 use redis_tb_core::args::{parse_lease_ms, parse_timeout};
 use redis_tb_core::bucket::State;
@@ -97,22 +97,10 @@ entry_point!(tb_floor_take => take);
 entry_point!(tb_floor_acquire => acquire);
 entry_point!(tb_floor_release => release);
 
-/// Registers the three commands (first key 1, no docs: bench-only).
-///
-/// # Safety
-/// Must be called from `RedisModule_OnLoad` with its context.
-pub unsafe fn register(ctx: *mut RedisModuleCtx) -> Result<(), String> {
-    let create = raw::RedisModule_CreateCommand.ok_or("RM_CreateCommand missing")?;
-    let commands: [(&std::ffi::CStr, raw::RedisModuleCmdFunc); 3] = [
-        (c"tb.floor.take", Some(tb_floor_take)),
-        (c"tb.floor.acquire", Some(tb_floor_acquire)),
-        (c"tb.floor.release", Some(tb_floor_release)),
-    ];
-    for (name, handler) in commands {
-        let status = create(ctx, name.as_ptr(), handler, c"write fast".as_ptr(), 1, 1, 1);
-        if status != raw::REDISMODULE_OK as c_int {
-            return Err(format!("cannot create {}", name.to_string_lossy()));
-        }
-    }
-    Ok(())
-}
+/// The three commands, which load.rs registers (first key 1, no docs:
+/// bench-only).
+pub const COMMANDS: [(&CStr, RedisModuleCmdFunc); 3] = [
+    (c"tb.floor.take", Some(tb_floor_take)),
+    (c"tb.floor.acquire", Some(tb_floor_acquire)),
+    (c"tb.floor.release", Some(tb_floor_release)),
+];
