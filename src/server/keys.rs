@@ -4,6 +4,15 @@
 //! fields, sorted-set members and score ranges, a string's value, its
 //! expiry, deleting it. Each is a thin, inlined wrapper of one module API
 //! function; the key is closed when dropped.
+//!
+//! What the types hold to: a key cannot outlive its context, a score range
+//! borrows its key exclusively (no write, no second range meanwhile), and a
+//! string's bytes are read in place only by a plain function that cannot
+//! reach the key. What they do not (as with the redis-module crate's keys):
+//! two handles open on the same key at once, where a delete through one
+//! leaves the other on a freed value. The module never does that: a handler
+//! drops one key before it opens the same name again (throttle.rs's
+//! conversion), and TB.TAKEALL refuses a key named twice before it opens any.
 
 use std::os::raw::c_int;
 use std::ptr::{self, NonNull};

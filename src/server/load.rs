@@ -156,6 +156,7 @@ fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
     };
     // TB.BTAKE: FLUSHDB/FLUSHALL and SWAPDB change the buckets of waiters
     // without a keyspace event.
+    // SAFETY: a pointer set by Init, read-only afterwards.
     if let Some(subscribe) = unsafe { raw::RedisModule_SubscribeToServerEvent } {
         let events: [(u64, raw::RedisModuleEventCallback); 2] = [
             (raw::REDISMODULE_EVENT_FLUSHDB, Some(blocking::on_flush)),
