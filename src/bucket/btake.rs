@@ -10,8 +10,6 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use redis_module::raw::{RedisModuleCtx, RedisModuleString};
-
 use redis_tb_core::args::{parse_request, parse_timeout, Request};
 use redis_tb_core::bucket::Outcome;
 use redis_tb_core::error::TbError;
@@ -19,12 +17,13 @@ use redis_tb_core::wait::tokens::{Served, Tokens};
 
 use super::commands::{count_decision, shadow, Single};
 use super::hash::{write_all, BucketKey};
-use crate::server::api::Api;
 use crate::server::blocking::{self, GlueKind};
 use crate::server::config::SHADOW_MODE;
+use crate::server::context::Context;
 use crate::server::keys::Access;
 use crate::server::metrics;
 use crate::server::reply::{entry_point, send, Reply};
+use crate::server::strings::ServerStr;
 
 /// TB.BTAKE key capacity rate n timeout_ms
 ///
@@ -34,21 +33,14 @@ use crate::server::reply::{entry_point, send, Reply};
 /// behind those already waiting on the key. Waiters already queued when a
 /// lock starts are served as their tokens come: the lock turns away new
 /// callers, not those it found waiting.
-fn btake(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    args: &[*mut RedisModuleString],
-) -> Result<Reply, TbError> {
+fn btake(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
     let [_, key, capacity, rate, n, timeout] = args else {
         return Err(TbError::WrongArity);
     };
-    let key = *key;
     // Arguments in order, before any key is touched.
-    // SAFETY: argv strings live for the whole command.
-    let request =
-        unsafe { parse_request(api.bytes(capacity), api.bytes(rate), Some(api.bytes(n))) }?;
-    let timeout_ms = parse_timeout(unsafe { api.bytes(timeout) })?;
-    let single = Single::open_request(api, ctx, key, request, Access::Write)?;
+    let request = parse_request(capacity, rate, Some(n))?;
+    let timeout_ms = parse_timeout(timeout)?;
+    let single = Single::open_request(ctx, key, request, Access::Write)?;
     let outcome = single.charge.judge(single.now_ms);
     // `retry_after_ms = -1`: n exceeds the capacity and can never be granted.
     let locked = single
@@ -56,20 +48,18 @@ fn btake(
         .lock
         .is_some_and(|lock| lock.holds_at(single.now_ms));
     let would_wait = !outcome.allowed && outcome.retry_after_ms > 0 && !locked;
-    if !would_wait || !blocking::may_block(api, ctx) || SHADOW_MODE.load(Relaxed) {
+    if !would_wait || !blocking::may_block(ctx) || SHADOW_MODE.load(Relaxed) {
         write_all(&[(&single.bucket, &outcome)], single.now_ms)?;
         count_decision(&outcome, request.n);
         return Ok(Reply::Decision(shadow(outcome)));
     }
-    // SAFETY: a live context and argument.
-    let (db, name) = unsafe { ((api.selected_db)(ctx), api.bytes(&key)) };
+    let (db, name) = (ctx.selected_db(), key.bytes());
     blocking::room::<Tokens>(db, name)?;
     // A denial writes nothing but a clock repair, stored before the wait.
     write_all(&[(&single.bucket, &outcome)], single.now_ms)?;
     drop(single);
 
     blocking::block::<Tokens>(
-        api,
         ctx,
         key,
         (db, name),
@@ -85,15 +75,9 @@ entry_point!(pub tb_btake => btake);
 // --- The kind: tokens, on the server --------------------------------------
 
 impl GlueKind for Tokens {
-    fn read(
-        api: &Api,
-        ctx: *mut RedisModuleCtx,
-        key: *mut RedisModuleString,
-        _now_ms: i64,
-    ) -> Result<Served, TbError> {
-        // SAFETY: a live context and key string.
-        let mut bucket = unsafe { BucketKey::open(api, ctx, key, Access::Read) }
-            .map_err(|_| TbError::BucketGone)?;
+    fn read(ctx: Context, key: &ServerStr, _now_ms: i64) -> Result<Served, TbError> {
+        let mut bucket =
+            BucketKey::open(ctx, key, Access::Read).map_err(|_| TbError::BucketGone)?;
         let bucket = bucket.read().map_err(|_| TbError::BucketGone)?;
         Ok(Served {
             bucket,
@@ -101,20 +85,13 @@ impl GlueKind for Tokens {
         })
     }
 
-    fn write(
-        api: &Api,
-        ctx: *mut RedisModuleCtx,
-        key: *mut RedisModuleString,
-        state: &Served,
-        now_ms: i64,
-    ) -> Result<(), TbError> {
+    fn write(ctx: Context, key: &ServerStr, state: &Served, now_ms: i64) -> Result<(), TbError> {
         // A write follows a take, which leaves a bucket.
         let Some(after) = state.bucket else {
             return Err(TbError::Internal);
         };
-        // SAFETY: a live context and key string.
-        let mut bucket = unsafe { BucketKey::open(api, ctx, key, Access::Write) }
-            .map_err(|_| TbError::BucketGone)?;
+        let mut bucket =
+            BucketKey::open(ctx, key, Access::Write).map_err(|_| TbError::BucketGone)?;
         bucket.read().map_err(|_| TbError::BucketGone)?;
         // A lock's probation outlives the bucket's refill: keep its strikes.
         let deadline_ms = match bucket.lock() {
@@ -124,18 +101,11 @@ impl GlueKind for Tokens {
         bucket.write(&after, None, now_ms, deadline_ms)
     }
 
-    fn exists(api: &Api, ctx: *mut RedisModuleCtx, key: *mut RedisModuleString) -> bool {
-        // SAFETY: a live context and key string.
-        unsafe { BucketKey::open(api, ctx, key, Access::Read) }.is_ok_and(|bucket| bucket.exists())
+    fn exists(ctx: Context, key: &ServerStr) -> bool {
+        BucketKey::open(ctx, key, Access::Read).is_ok_and(|bucket| bucket.exists())
     }
 
-    fn reply(
-        api: &Api,
-        ctx: *mut RedisModuleCtx,
-        result: Result<Outcome, TbError>,
-        request: &Request,
-        waited_ms: i64,
-    ) {
+    fn reply(ctx: Context, result: Result<Outcome, TbError>, request: &Request, waited_ms: i64) {
         match result {
             Ok(outcome) if outcome.allowed => metrics::WAITS_SERVED.bump(),
             Ok(_) => metrics::WAITS_TIMED_OUT.bump(),
@@ -145,7 +115,7 @@ impl GlueKind for Tokens {
             count_decision(&outcome, request.n);
         }
         metrics::WAIT_MS.add(waited_ms as f64);
-        send(api, ctx, &[], result.map(Reply::Decision));
+        send(ctx, &[], result.map(Reply::Decision));
     }
 
     fn waiting(count: usize) {

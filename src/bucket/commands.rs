@@ -5,10 +5,8 @@
 //! waiting lives in btake.rs.
 
 use std::collections::HashSet;
-use std::os::raw::c_int;
 use std::sync::atomic::Ordering::Relaxed;
 
-use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 use redis_tb_core::args::{
     self, parse_charge_options, parse_request, parse_take_options, take_all_options_start,
 };
@@ -17,12 +15,13 @@ use redis_tb_core::error::TbError;
 use redis_tb_core::wait::tokens::TokenMachine;
 
 use super::hash::{write_all, BucketKey, Corrupt};
-use crate::server::api::Api;
 use crate::server::config::SHADOW_MODE;
+use crate::server::context::Context;
 use crate::server::keys::Access;
 use crate::server::machines::with_machine;
 use crate::server::metrics;
-use crate::server::reply::{entry_point, now, Reply, KEY_ARG};
+use crate::server::reply::{entry_point, Reply, KEY_ARG};
+use crate::server::strings::ServerStr;
 
 /// TB.TAKE key capacity rate n [MAXWAIT ms] [BLOCK ms [MAXBLOCK ms]]
 ///
@@ -30,14 +29,10 @@ use crate::server::reply::{entry_point, now, Reply, KEY_ARG};
 /// (and no TB.BTAKE caller waits on the bucket: see `bucket::take_behind`).
 /// With MAXWAIT, reserve into debt; with BLOCK, a denial locks the key
 /// (`bucket::take_with`).
-fn take(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    args: &[*mut RedisModuleString],
-) -> Result<Reply, TbError> {
-    let (key, request, options) = request_and_options(api, args)?;
-    let options = take_options(api, options)?;
-    let mut single = Single::open_request(api, ctx, key, request, Access::Write)?;
+fn take(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
+    let (key, request, options) = request_and_options(args)?;
+    let options = take_options(options)?;
+    let mut single = Single::open_request(ctx, key, request, Access::Write)?;
     single.charge.options = options;
     let outcome = single.charge.judge(single.now_ms);
     write_all(&[(&single.bucket, &outcome)], single.now_ms)?;
@@ -47,30 +42,20 @@ fn take(
 
 /// `key capacity rate n [options...]` of TB.TAKE and TB.CHARGE: the key,
 /// the parsed request and the words after `n`, checked in argument order.
-fn request_and_options<'a>(
-    api: &Api,
-    args: &'a [*mut RedisModuleString],
-) -> Result<
-    (
-        *mut RedisModuleString,
-        args::Request,
-        &'a [*mut RedisModuleString],
-    ),
-    TbError,
-> {
+#[inline]
+fn request_and_options(
+    args: &[ServerStr],
+) -> Result<(&ServerStr, args::Request, &[ServerStr]), TbError> {
     let [_, key, capacity, rate, n, options @ ..] = args else {
         return Err(TbError::WrongArity);
     };
-    // SAFETY: argv strings live for the whole command.
-    let request =
-        unsafe { parse_request(api.bytes(capacity), api.bytes(rate), Some(api.bytes(n))) }?;
-    Ok((*key, request, options))
+    let request = parse_request(capacity, rate, Some(n))?;
+    Ok((key, request, options))
 }
 
 /// The bytes of command arguments, for the option parsers.
-fn words<'a>(api: &Api, args: &'a [*mut RedisModuleString]) -> Vec<&'a [u8]> {
-    // SAFETY: argv strings live for the whole command.
-    args.iter().map(|word| unsafe { api.bytes(word) }).collect()
+fn words(args: &[ServerStr]) -> Vec<&[u8]> {
+    args.iter().map(ServerStr::bytes).collect()
 }
 
 /// The options of TB.TAKE / TB.TAKEALL from server strings; none (the usual
@@ -78,11 +63,11 @@ fn words<'a>(api: &Api, args: &'a [*mut RedisModuleString]) -> Vec<&'a [u8]> {
 /// a denial there is reported as allowed and writes nothing, so it starts
 /// no lock either (locks already stored still hold, and are reported the
 /// same way).
-fn take_options(api: &Api, options: &[*mut RedisModuleString]) -> Result<TakeOptions, TbError> {
+fn take_options(options: &[ServerStr]) -> Result<TakeOptions, TbError> {
     if options.is_empty() {
         return Ok(TakeOptions::PLAIN);
     }
-    let options = parse_take_options(&words(api, options))?;
+    let options = parse_take_options(&words(options))?;
     if SHADOW_MODE.load(Relaxed) {
         return Ok(TakeOptions {
             block: None,
@@ -98,14 +83,10 @@ fn take_options(api: &Api, options: &[*mut RedisModuleString]) -> Result<TakeOpt
 /// the capacity): a cost known only after the work (`bucket::debit`).
 /// Always allowed; later takes wait until the debt is repaid. Locks and
 /// TB.BTAKE queues do not stop it: the work is done already.
-fn charge(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    args: &[*mut RedisModuleString],
-) -> Result<Reply, TbError> {
-    let (key, request, options) = request_and_options(api, args)?;
-    let max_debt = parse_charge_options(&words(api, options))?.unwrap_or(request.limit.capacity);
-    let single = Single::open_request(api, ctx, key, request, Access::Write)?;
+fn charge(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
+    let (key, request, options) = request_and_options(args)?;
+    let max_debt = parse_charge_options(&words(options))?.unwrap_or(request.limit.capacity);
+    let single = Single::open_request(ctx, key, request, Access::Write)?;
     let charge = &single.charge;
     let debited = bucket::debited(
         charge.state,
@@ -126,16 +107,11 @@ fn charge(
 /// Ends the key's lock and forgets its strikes: 1 if there was a lock or a
 /// strike to forget (then `HDEL` is replicated), else 0 with nothing
 /// written. The bucket's tokens stay as they are.
-fn unblock(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    args: &[*mut RedisModuleString],
-) -> Result<Reply, TbError> {
+fn unblock(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
     let [_, key] = args else {
         return Err(TbError::WrongArity);
     };
-    // SAFETY: ctx and key come straight from the server for this command.
-    let bucket = unsafe { BucketKey::open(api, ctx, *key, Access::Write) }?;
+    let bucket = BucketKey::open(ctx, key, Access::Write)?;
     Ok(Reply::Flag(bucket.delete_lock()?))
 }
 
@@ -144,12 +120,8 @@ fn unblock(
 /// The reply TB.TAKE would give, without taking or writing anything, so it
 /// is read-only and runs on replicas. A `last_refill` in the future is
 /// answered as if repaired, though only a write command stores the repair.
-fn peek(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    args: &[*mut RedisModuleString],
-) -> Result<Reply, TbError> {
-    let single = Single::open(api, ctx, args, Access::Read)?;
+fn peek(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
+    let single = Single::open(ctx, args, Access::Read)?;
     Ok(Reply::Decision(single.charge.judge(single.now_ms)))
 }
 
@@ -159,15 +131,11 @@ fn peek(
 /// request that failed for the caller's own reasons. Its write wakes the
 /// TB.BTAKE queue of the bucket, if it has one (the blocking glue,
 /// src/server/blocking.rs, listens to the key's events).
-fn refund(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    args: &[*mut RedisModuleString],
-) -> Result<Reply, TbError> {
+fn refund(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
     let [_, key, capacity, rate, n] = args else {
         return Err(TbError::WrongArity);
     };
-    let single = Single::open_parts(api, ctx, *key, [*capacity, *rate], Some(*n), Access::Write)?;
+    let single = Single::open_parts(ctx, key, [capacity, rate], Some(n), Access::Write)?;
     let charge = &single.charge;
     let refunded = bucket::refund(charge.state, &charge.limit, charge.n, single.now_ms);
     write_all(&[(&single.bucket, &refunded.outcome)], single.now_ms)?;
@@ -184,18 +152,13 @@ pub struct Single<'a> {
 }
 
 impl<'a> Single<'a> {
-    fn open(
-        api: &'a Api,
-        ctx: *mut RedisModuleCtx,
-        args: &[*mut RedisModuleString],
-        access: Access,
-    ) -> Result<Self, TbError> {
+    fn open(ctx: Context<'a>, args: &'a [ServerStr], access: Access) -> Result<Self, TbError> {
         match (args, access) {
-            (&[_, key, capacity, rate, n], Access::Read) => {
-                Single::open_parts(api, ctx, key, [capacity, rate], Some(n), access)
+            ([_, key, capacity, rate, n], Access::Read) => {
+                Single::open_parts(ctx, key, [capacity, rate], Some(n), access)
             }
-            (&[_, key, capacity, rate], Access::Read) => {
-                Single::open_parts(api, ctx, key, [capacity, rate], None, access)
+            ([_, key, capacity, rate], Access::Read) => {
+                Single::open_parts(ctx, key, [capacity, rate], None, access)
             }
             _ => Err(TbError::WrongArity),
         }
@@ -203,34 +166,24 @@ impl<'a> Single<'a> {
 
     /// `key`, `[capacity, rate]` and `n` as the command's arguments.
     pub fn open_parts(
-        api: &'a Api,
-        ctx: *mut RedisModuleCtx,
-        key: *mut RedisModuleString,
-        [capacity, rate]: [*mut RedisModuleString; 2],
-        n: Option<*mut RedisModuleString>,
+        ctx: Context<'a>,
+        key: &'a ServerStr,
+        [capacity, rate]: [&ServerStr; 2],
+        n: Option<&ServerStr>,
         access: Access,
     ) -> Result<Self, TbError> {
-        // SAFETY: argv strings live for the whole command.
-        let request = unsafe {
-            parse_request(
-                api.bytes(&capacity),
-                api.bytes(&rate),
-                n.as_ref().map(|n| api.bytes(n)),
-            )
-        }?;
-        Single::open_request(api, ctx, key, request, access)
+        let request = parse_request(capacity, rate, n.map(ServerStr::bytes))?;
+        Single::open_request(ctx, key, request, access)
     }
 
     /// `key` with a request already parsed.
     pub fn open_request(
-        api: &'a Api,
-        ctx: *mut RedisModuleCtx,
-        key: *mut RedisModuleString,
+        ctx: Context<'a>,
+        key: &'a ServerStr,
         request: args::Request,
         access: Access,
     ) -> Result<Self, TbError> {
-        // SAFETY: ctx and key come straight from the server for this command.
-        let mut bucket = unsafe { BucketKey::open(api, ctx, key, access) }?;
+        let mut bucket = BucketKey::open(ctx, key, access)?;
         let state = read(&mut bucket, KEY_ARG)?;
         // The clock is read once; the refill, the reply and the deadline all
         // use this instant.
@@ -239,26 +192,24 @@ impl<'a> Single<'a> {
                 state,
                 limit: request.limit,
                 n: request.n,
-                behind: queued_on(api, ctx, key),
+                behind: queued_on(ctx, key),
                 lock: bucket.lock(),
                 options: TakeOptions::PLAIN,
             },
             bucket,
-            now_ms: now(api),
+            now_ms: ctx.now_ms(),
         })
     }
 }
 
 /// The tokens TB.BTAKE callers waiting on `key` want, if any wait: the
 /// commands leave those tokens to the queue (`bucket::take_behind`).
-pub fn queued_on(api: &Api, ctx: *mut RedisModuleCtx, key: *mut RedisModuleString) -> Option<f64> {
+pub fn queued_on(ctx: Context, key: &ServerStr) -> Option<f64> {
     with_machine(|machine: &mut TokenMachine| {
         if machine.is_empty() {
             return None; // the usual case: no lookup at all
         }
-        // SAFETY: a live context and argument.
-        let (db, name) = unsafe { ((api.selected_db)(ctx), api.bytes(&key)) };
-        machine.queued(db, name)
+        machine.queued(ctx.selected_db(), key)
     })
     .flatten()
 }
@@ -272,21 +223,14 @@ pub fn queued_on(api: &Api, ctx: *mut RedisModuleCtx, key: *mut RedisModuleStrin
 /// `bucket::seen_at`). The server runs the whole command at once, so no
 /// client sees some buckets charged and others not; the replicated
 /// HSET/PEXPIREAT pairs arrive in one MULTI/EXEC.
-fn take_all(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    args: &[*mut RedisModuleString],
-) -> Result<Reply, TbError> {
+fn take_all(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
     let rest = args.get(1..).unwrap_or_default();
-    let start = take_all_options_start(&words(api, rest));
+    let start = take_all_options_start(&words(rest));
     let (groups, options) = rest.split_at(start.min(rest.len()));
-    // SAFETY: a live context.
-    if unsafe { (api.is_keys_position_request)(ctx) } != 0 {
+    if ctx.is_keys_position_request() {
         // Cluster routing and COMMAND GETKEYS: every group's first argument.
         for position in (0..groups.len()).step_by(4) {
-            let position = c_int::try_from(position.saturating_add(1)).unwrap_or(c_int::MAX);
-            // SAFETY: as above; the position is within argv.
-            unsafe { (api.key_at_pos)(ctx, position) };
+            ctx.key_at_pos(args, position.saturating_add(1));
         }
         return Ok(Reply::KeysNamed);
     }
@@ -300,41 +244,33 @@ fn take_all(
         let [key, capacity, rate, n] = group else {
             return Err(TbError::WrongArity);
         };
-        // SAFETY: as in `Single::open`.
-        requests.push(unsafe {
-            parse_request(api.bytes(capacity), api.bytes(rate), Some(api.bytes(n)))
-        }?);
-        keys.push(*key);
+        requests.push(parse_request(capacity, rate, Some(n))?);
+        keys.push(key);
     }
-    let options = take_options(api, options)?;
+    let options = take_options(options)?;
     // Hashing keeps the whole command linear in the number of keys: it runs
     // on the server's only command thread, and a quadratic check made one
     // call with 20,000 keys stall every client for more than a second.
     let mut seen = HashSet::with_capacity(count);
-    // SAFETY: as in `Single::open`.
-    if !keys
-        .iter()
-        .all(|key| seen.insert(unsafe { api.bytes(key) }))
-    {
+    if !keys.iter().all(|key| seen.insert(key.bytes())) {
         return Err(TbError::DuplicateKey);
     }
     drop(seen);
     let mut buckets = Vec::with_capacity(count);
     let mut charges = Vec::with_capacity(count);
     for (index, (key, request)) in keys.iter().zip(&requests).enumerate() {
-        // SAFETY: as in `Single::open`.
-        let mut bucket = unsafe { BucketKey::open(api, ctx, *key, Access::Write) }?;
+        let mut bucket = BucketKey::open(ctx, key, Access::Write)?;
         charges.push(Charge {
             state: read(&mut bucket, index.saturating_mul(4).saturating_add(KEY_ARG))?,
             limit: request.limit,
             n: request.n,
-            behind: queued_on(api, ctx, *key),
+            behind: queued_on(ctx, key),
             lock: bucket.lock(),
             options,
         });
         buckets.push(bucket);
     }
-    let now_ms = now(api);
+    let now_ms = ctx.now_ms();
     let result = bucket::take_all(&charges, now_ms);
     let writes: Vec<(&BucketKey, &Outcome)> = buckets.iter().zip(&result.outcomes).collect();
     write_all(&writes, now_ms)?;

@@ -8,33 +8,25 @@
 //! that testing/ names nothing of bucket/; load.rs registers it with the
 //! lease floor of src/testing/bench_floor.rs.
 
-use redis_module::raw::{RedisModuleCtx, RedisModuleString};
-
 use redis_tb_core::args::parse_lease_ms;
 use redis_tb_core::bucket::{Outcome, State};
 use redis_tb_core::error::TbError;
 use redis_tb_core::number::{parse_decimal, Sign};
 
 use super::hash::BucketKey;
-use crate::server::api::Api;
+use crate::server::context::Context;
 use crate::server::keys::Access;
-use crate::server::reply::{entry_point, now, Reply};
+use crate::server::reply::{entry_point, Reply};
+use crate::server::strings::ServerStr;
 
-fn take(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    args: &[*mut RedisModuleString],
-) -> Result<Reply, TbError> {
+fn take(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
     let [_, key, tokens, deadline_ms] = args else {
         return Err(TbError::WrongArity);
     };
-    // SAFETY (both `bytes` calls): argv strings live for the whole command.
-    let tokens =
-        parse_decimal(unsafe { api.bytes(tokens) }, Sign::Allowed).ok_or(TbError::Count)?;
-    let deadline_ms = parse_lease_ms(unsafe { api.bytes(deadline_ms) })?;
-    let now_ms = now(api);
-    // SAFETY: the command's context and key.
-    let bucket = unsafe { BucketKey::open(api, ctx, *key, Access::Write) }?;
+    let tokens = parse_decimal(tokens, Sign::Allowed).ok_or(TbError::Count)?;
+    let deadline_ms = parse_lease_ms(deadline_ms)?;
+    let now_ms = ctx.now_ms();
+    let bucket = BucketKey::open(ctx, key, Access::Write)?;
     let state = State {
         tokens,
         last_refill_ms: now_ms as f64,

@@ -11,15 +11,6 @@
 //! at least. They are looked up only when the hash has more than its two
 //! fields, so a bucket never locked costs no lookup of missing fields.
 
-use std::os::raw::c_int;
-use std::ptr;
-
-use redis_module::raw::{
-    RedisModuleCtx, RedisModuleKey, RedisModuleString, REDISMODULE_HASH_DELETE,
-    REDISMODULE_HASH_NONE, REDISMODULE_KEYTYPE_EMPTY, REDISMODULE_KEYTYPE_HASH,
-    REDISMODULE_NOTIFY_GENERIC, REDISMODULE_NOTIFY_HASH, REDISMODULE_NO_EXPIRE, REDISMODULE_OK,
-};
-
 use redis_tb_core::bucket::{self, Outcome, State};
 use redis_tb_core::error::TbError;
 use redis_tb_core::lockout::Lock;
@@ -27,9 +18,10 @@ use redis_tb_core::number::{
     format_integer, format_tokens, parse_decimal, NumberText, Sign, MAX_EXACT_INTEGER,
 };
 
-use crate::server::api::Api;
-use crate::server::keys::{open_key, Access, ServerString};
+use crate::server::context::{Context, Notify};
+use crate::server::keys::{Access, HashValue, Key, KeyType, NO_EXPIRE};
 use crate::server::metrics;
+use crate::server::strings::{ServerStr, ServerString};
 use crate::testing::fault;
 
 /// The key holds a hash that is not a bucket: `tokens` or `last_refill` is
@@ -43,10 +35,10 @@ pub enum Corrupt {
 
 /// An open bucket key; closed when dropped.
 pub struct BucketKey<'a> {
-    api: &'a Api,
-    ctx: *mut RedisModuleCtx,
-    name: *mut RedisModuleString,
-    key: *mut RedisModuleKey,
+    ctx: Context<'a>,
+    name: &'a ServerStr,
+    /// `None` when a read finds no key.
+    key: Option<Key<'a>>,
     /// The `tokens` and `last_refill` values as read, kept until the key is
     /// closed so that a write that fails half way can put them back.
     prior: Option<(ServerString<'a>, ServerString<'a>)>,
@@ -84,21 +76,12 @@ pub enum Expiry {
 pub struct WriteFailed;
 
 impl<'a> BucketKey<'a> {
-    /// Opens `name`, empty or a hash (see [`open_key`]).
-    ///
-    /// # Safety
-    /// `ctx` and `name` must be the command's live context and argument.
-    pub unsafe fn open(
-        api: &'a Api,
-        ctx: *mut RedisModuleCtx,
-        name: *mut RedisModuleString,
-        access: Access,
-    ) -> Result<Self, TbError> {
+    /// Opens `name`, empty or a hash (WRONGTYPE otherwise).
+    pub fn open(ctx: Context<'a>, name: &'a ServerStr, access: Access) -> Result<Self, TbError> {
         Ok(BucketKey {
-            api,
             ctx,
             name,
-            key: open_key(api, ctx, name, access, REDISMODULE_KEYTYPE_HASH)?,
+            key: ctx.open(name, access, KeyType::Hash)?,
             prior: None,
             was_missing: false,
             lock: None,
@@ -114,27 +97,20 @@ impl<'a> BucketKey<'a> {
     /// The stored state, `None` for a missing key (a full bucket), or
     /// `Corrupt` if the hash lacks a readable `tokens` or `last_refill`.
     pub fn read(&mut self) -> Result<Option<State>, Corrupt> {
-        self.was_missing = self.is_empty();
-        if self.was_missing {
-            return Ok(None);
-        }
-        let mut tokens: *mut RedisModuleString = ptr::null_mut();
-        let mut last_refill: *mut RedisModuleString = ptr::null_mut();
-        // SAFETY: field names (server strings), each followed by an
-        // out-pointer, and a NULL terminator. Missing fields come back NULL.
-        unsafe {
-            (self.api.hash_get)(
-                self.key,
-                REDISMODULE_HASH_NONE as c_int,
-                self.api.tokens_field.0,
-                &mut tokens as *mut *mut RedisModuleString,
-                self.api.last_refill_field.0,
-                &mut last_refill as *mut *mut RedisModuleString,
-                ptr::null::<RedisModuleString>(),
-            );
-        }
-        let tokens = ServerString::owned(self.api, self.ctx, tokens);
-        let last_refill = ServerString::owned(self.api, self.ctx, last_refill);
+        let key = match &self.key {
+            Some(key) if !key.is_empty() => key,
+            _ => {
+                self.was_missing = true;
+                return Ok(None);
+            }
+        };
+        self.was_missing = false;
+        let api = self.ctx.api();
+        let [tokens, last_refill] =
+            key.hash_get([api.tokens_field.get(), api.last_refill_field.get()]);
+        let (Some(tokens), Some(last_refill)) = (tokens, last_refill) else {
+            return Err(Corrupt::Bucket);
+        };
         let state = match (number(&tokens), number(&last_refill)) {
             (Some(tokens), Some(last_refill_ms)) => State {
                 tokens,
@@ -142,12 +118,11 @@ impl<'a> BucketKey<'a> {
             },
             _ => return Err(Corrupt::Bucket),
         };
-        self.prior = Some((tokens, last_refill));
         // A bucket never locked has two fields: the field count (O(1)) spares
         // it the lookup of three missing ones.
-        // SAFETY: the key is open and holds a hash; RM_ValueLength (kept with
-        // the sorted-set functions) counts any type's elements.
-        if unsafe { (self.api.zset.length)(self.key) } > 2 {
+        let locked = key.length() > 2;
+        self.prior = Some((tokens, last_refill));
+        if locked {
             self.read_lock()?;
         }
         Ok(Some(state))
@@ -156,31 +131,17 @@ impl<'a> BucketKey<'a> {
     /// The lock, if the hash has a `locked_until` (the other two fields are
     /// then required).
     fn read_lock(&mut self) -> Result<(), Corrupt> {
-        let mut locked_until: *mut RedisModuleString = ptr::null_mut();
-        let mut strikes: *mut RedisModuleString = ptr::null_mut();
-        let mut probation_until: *mut RedisModuleString = ptr::null_mut();
-        let names = LockNames::new(self.api, self.ctx).ok_or(Corrupt::Lock)?;
-        let [until_name, strikes_name, probation_name] = names.ptrs();
-        // SAFETY: as in `read`.
-        unsafe {
-            (self.api.hash_get)(
-                self.key,
-                REDISMODULE_HASH_NONE as c_int,
-                until_name,
-                &mut locked_until as *mut *mut RedisModuleString,
-                strikes_name,
-                &mut strikes as *mut *mut RedisModuleString,
-                probation_name,
-                &mut probation_until as *mut *mut RedisModuleString,
-                ptr::null::<RedisModuleString>(),
-            );
-        }
-        if locked_until.is_null() {
+        let Some(key) = &self.key else {
+            return Ok(());
+        };
+        let names = LockNames::new(self.ctx).ok_or(Corrupt::Lock)?;
+        let [locked_until, strikes, probation_until] = key.hash_get(names.strs());
+        let Some(locked_until) = locked_until else {
             return Ok(()); // other fields of someone else's: no lock
-        }
-        let locked_until = ServerString::owned(self.api, self.ctx, locked_until);
-        let strikes = ServerString::owned(self.api, self.ctx, strikes);
-        let probation_until = ServerString::owned(self.api, self.ctx, probation_until);
+        };
+        let (Some(strikes), Some(probation_until)) = (strikes, probation_until) else {
+            return Err(Corrupt::Lock);
+        };
         let lock = match (
             whole(&locked_until),
             whole(&strikes),
@@ -202,9 +163,7 @@ impl<'a> BucketKey<'a> {
     }
 
     fn is_empty(&self) -> bool {
-        // SAFETY: `key` is open (or null, checked first).
-        self.key.is_null()
-            || unsafe { (self.api.key_type)(self.key) } as isize == REDISMODULE_KEYTYPE_EMPTY
+        self.key.as_ref().is_none_or(Key::is_empty)
     }
 
     /// Stores `state` in the keyspace and makes the key expire at
@@ -222,15 +181,15 @@ impl<'a> BucketKey<'a> {
         // Formatted here rather than by RM_CreateStringFromLongLong, which
         // costs twice as much for the same text.
         let now_text = format_integer(now_ms);
-        let tokens = self.create_string(text.as_bytes());
-        let last_refill = self.create_string(now_text.as_bytes());
-        if tokens.ptr().is_null() || last_refill.ptr().is_null() {
+        let tokens = self.ctx.string(text.as_bytes());
+        let last_refill = self.ctx.string(now_text.as_bytes());
+        let (Some(tokens), Some(last_refill)) = (tokens, last_refill) else {
             return Err(WriteFailed);
-        }
+        };
         let lock = match lock {
             Some(lock) => Some((
                 self.lock_strings(lock).ok_or(WriteFailed)?,
-                LockNames::new(self.api, self.ctx).ok_or(WriteFailed)?,
+                LockNames::new(self.ctx).ok_or(WriteFailed)?,
             )),
             None => None,
         };
@@ -263,12 +222,9 @@ impl<'a> BucketKey<'a> {
     /// A lock's fields as server strings; `None` if one could not be made.
     fn lock_strings(&self, lock: &Lock) -> Option<[ServerString<'a>; 3]> {
         let text = |value: i64| -> NumberText { format_integer(value) };
-        let strings = [lock.until_ms, lock.strikes, lock.probation_until_ms]
-            .map(|value| self.create_string(text(value).as_bytes()));
-        strings
-            .iter()
-            .all(|string| !string.ptr().is_null())
-            .then_some(strings)
+        let [until, strikes, probation] = [lock.until_ms, lock.strikes, lock.probation_until_ms]
+            .map(|value| self.ctx.string(text(value).as_bytes()));
+        Some([until?, strikes?, probation?])
     }
 
     /// Takes back an applied write that will not be propagated (another
@@ -280,14 +236,9 @@ impl<'a> BucketKey<'a> {
         if self.prior.is_none() {
             return; // the key was deleted: no expiry to put back
         }
-        let restored = match (prior_expiry, self.api.set_abs_expire) {
-            // SAFETY: the key is open for writing and holds the hash.
-            (Expiry::At(deadline_ms), Some(set_abs_expire)) => unsafe {
-                set_abs_expire(self.key, deadline_ms) == REDISMODULE_OK as c_int
-            },
-            (Expiry::Never, Some(set_abs_expire)) => unsafe {
-                set_abs_expire(self.key, REDISMODULE_NO_EXPIRE as i64) == REDISMODULE_OK as c_int
-            },
+        let restored = match (prior_expiry, &self.key) {
+            (Expiry::At(deadline_ms), Some(key)) => key.set_abs_expire(deadline_ms) == Some(true),
+            (Expiry::Never, Some(key)) => key.set_abs_expire(NO_EXPIRE) == Some(true),
             _ => false,
         };
         if !restored {
@@ -297,13 +248,12 @@ impl<'a> BucketKey<'a> {
 
     /// The key's expiry as it stands, for `rollback`.
     pub fn expiry(&self) -> Expiry {
-        match self.api.get_abs_expire {
-            _ if self.key.is_null() => Expiry::Never,
-            // SAFETY: `key` is open.
-            Some(get_abs_expire) => match unsafe { get_abs_expire(self.key) } {
-                deadline_ms if deadline_ms >= 0 => Expiry::At(deadline_ms),
-                _ => Expiry::Never,
-            },
+        let Some(key) = &self.key else {
+            return Expiry::Never;
+        };
+        match key.abs_expire() {
+            Some(deadline_ms) if deadline_ms >= 0 => Expiry::At(deadline_ms),
+            Some(_) => Expiry::Never,
             None => Expiry::Unknown,
         }
     }
@@ -321,65 +271,41 @@ impl<'a> BucketKey<'a> {
         if self.was_missing {
             metrics::BUCKETS_CREATED.bump();
         }
-        let api = self.api;
-        // SAFETY: ctx/name are live for this command; the strings belong
-        // to `applied`.
-        unsafe {
-            match &applied.lock {
-                None => (api.replicate)(
-                    self.ctx,
-                    c"HSET".as_ptr(),
-                    c"sssss".as_ptr(),
-                    self.name,
-                    api.tokens_field.0,
-                    applied.tokens.ptr(),
-                    api.last_refill_field.0,
-                    applied.last_refill.ptr(),
-                ),
-                Some(([until, strikes, probation], names)) => {
-                    let [until_name, strikes_name, probation_name] = names.ptrs();
-                    (api.replicate)(
-                        self.ctx,
-                        c"HSET".as_ptr(),
-                        c"sssssssssss".as_ptr(),
-                        self.name,
-                        api.tokens_field.0,
-                        applied.tokens.ptr(),
-                        api.last_refill_field.0,
-                        applied.last_refill.ptr(),
+        let (ctx, name, api) = (self.ctx, self.name, self.ctx.api());
+        let (tokens, last_refill) = (api.tokens_field.get(), api.last_refill_field.get());
+        match &applied.lock {
+            None => ctx.replicate(
+                c"HSET",
+                name,
+                [tokens, &applied.tokens, last_refill, &applied.last_refill],
+            ),
+            Some(([until, strikes, probation], names)) => {
+                let [until_name, strikes_name, probation_name] = names.strs();
+                ctx.replicate(
+                    c"HSET",
+                    name,
+                    [
+                        tokens,
+                        &applied.tokens,
+                        last_refill,
+                        &applied.last_refill,
                         until_name,
-                        until.ptr(),
+                        until,
                         strikes_name,
-                        strikes.ptr(),
+                        strikes,
                         probation_name,
-                        probation.ptr(),
-                    )
-                }
-            };
-            (api.replicate)(
-                self.ctx,
-                c"PEXPIREAT".as_ptr(),
-                c"sl".as_ptr(),
-                self.name,
-                applied.deadline_ms as std::os::raw::c_longlong,
-            );
-            (api.notify)(
-                self.ctx,
-                REDISMODULE_NOTIFY_HASH,
-                c"hset".as_ptr(),
-                self.name,
-            );
-            (api.notify)(
-                self.ctx,
-                REDISMODULE_NOTIFY_GENERIC,
-                c"expire".as_ptr(),
-                self.name,
-            );
-            // The module opts out of the implicit "modified" signal on every
-            // write-open (`set_module_options` in load.rs), so WATCH and
-            // client tracking are told here, only when the bucket changed.
-            (api.signal_modified_key)(self.ctx, self.name);
-        }
+                        probation,
+                    ],
+                )
+            }
+        };
+        ctx.replicate_integer(c"PEXPIREAT", name, applied.deadline_ms);
+        ctx.notify(Notify::Hash, c"hset", name);
+        ctx.notify(Notify::Generic, c"expire", name);
+        // The module opts out of the implicit "modified" signal on every
+        // write-open (`set_module_options` in load.rs), so WATCH and
+        // client tracking are told here, only when the bucket changed.
+        ctx.signal_modified(name);
     }
 
     /// Stores `state` with its absolute expiry and propagates it: `apply`
@@ -398,10 +324,6 @@ impl<'a> BucketKey<'a> {
         Ok(())
     }
 
-    fn create_string(&self, bytes: &[u8]) -> ServerString<'a> {
-        ServerString::from_bytes(self.api, self.ctx, bytes)
-    }
-
     /// RM_HashSet of both fields, and of the lock's (set, or deleted by a
     /// rollback); false if the server refused.
     fn set_fields(
@@ -410,132 +332,79 @@ impl<'a> BucketKey<'a> {
         last_refill: &ServerString,
         lock: Option<LockFields>,
     ) -> bool {
-        let api = self.api;
-        // RM_HashSet returns how many fields it updated, so 0 is also the
-        // answer for a new bucket; only errno tells a refusal (EINVAL,
-        // ENOTSUP, EBADF) from that (ENOENT).
-        // SAFETY: the key is open for writing; field/value pairs and a NULL
-        // terminator as RM_HashSet expects; errno is this thread's.
-        unsafe {
-            let names = match lock {
-                Some(_) => match LockNames::new(api, self.ctx) {
-                    Some(names) => Some(names),
-                    None => return false,
-                },
-                None => None,
-            };
-            *libc::__errno_location() = 0;
-            let [until, strikes, probation] = match lock {
-                None => [ptr::null_mut(); 3],
-                Some(LockFields::Set([until, strikes, probation])) => {
-                    [until.ptr(), strikes.ptr(), probation.ptr()]
-                }
-                Some(LockFields::Delete) => [REDISMODULE_HASH_DELETE.cast_mut(); 3],
-            };
-            let updated = if let Some(names) = &names {
-                let [until_name, strikes_name, probation_name] = names.ptrs();
-                (api.hash_set)(
-                    self.key,
-                    REDISMODULE_HASH_NONE as c_int,
-                    api.tokens_field.0,
-                    tokens.ptr(),
-                    api.last_refill_field.0,
-                    last_refill.ptr(),
-                    until_name,
-                    until,
-                    strikes_name,
-                    strikes,
-                    probation_name,
-                    probation,
-                    ptr::null::<RedisModuleString>(),
-                )
-            } else {
-                (api.hash_set)(
-                    self.key,
-                    REDISMODULE_HASH_NONE as c_int,
-                    api.tokens_field.0,
-                    tokens.ptr(),
-                    api.last_refill_field.0,
-                    last_refill.ptr(),
-                    ptr::null::<RedisModuleString>(),
-                )
-            };
-            let errno = *libc::__errno_location();
-            let refused = updated == 0 && errno != 0 && errno != libc::ENOENT;
-            !refused && (api.key_type)(self.key) as isize == REDISMODULE_KEYTYPE_HASH
-        }
+        let Some(key) = &self.key else {
+            return false;
+        };
+        let api = self.ctx.api();
+        let (tokens_name, last_refill_name) = (api.tokens_field.get(), api.last_refill_field.get());
+        let (tokens, last_refill) = (HashValue::Set(tokens), HashValue::Set(last_refill));
+        let set = match lock {
+            None => key.hash_set([(tokens_name, tokens), (last_refill_name, last_refill)]),
+            Some(lock) => {
+                let Some(names) = LockNames::new(self.ctx) else {
+                    return false;
+                };
+                let [until_name, strikes_name, probation_name] = names.strs();
+                let [until, strikes, probation] = match lock {
+                    LockFields::Set([until, strikes, probation]) => {
+                        [until, strikes, probation].map(|value| HashValue::Set(value))
+                    }
+                    LockFields::Delete => [HashValue::Delete; 3],
+                };
+                key.hash_set([
+                    (tokens_name, tokens),
+                    (last_refill_name, last_refill),
+                    (until_name, until),
+                    (strikes_name, strikes),
+                    (probation_name, probation),
+                ])
+            }
+        };
+        set.is_ok() && key.holds(KeyType::Hash)
     }
 
     /// TB.UNBLOCK: deletes the lock's fields, if the hash has any of them,
     /// and tells replicas, the AOF and watchers (`HDEL`). The TTL stays: it
     /// only ever outlasts the bucket. Returns whether anything was deleted.
     pub fn delete_lock(&self) -> Result<bool, TbError> {
-        if self.key.is_null() || !self.exists() {
-            return Ok(false);
-        }
-        let api = self.api;
-        let delete = REDISMODULE_HASH_DELETE.cast_mut();
-        let names = LockNames::new(api, self.ctx).ok_or(TbError::WriteFailed)?;
-        let [until_name, strikes_name, probation_name] = names.ptrs();
-        // SAFETY: the key is open for writing and holds a hash; field/value
-        // pairs and a NULL terminator.
-        let deleted = unsafe {
-            *libc::__errno_location() = 0;
-            (api.hash_set)(
-                self.key,
-                REDISMODULE_HASH_NONE as c_int,
-                until_name,
-                delete,
-                strikes_name,
-                delete,
-                probation_name,
-                delete,
-                ptr::null::<RedisModuleString>(),
-            )
+        let key = match &self.key {
+            Some(key) if !key.is_empty() => key,
+            _ => return Ok(false),
         };
-        if deleted <= 0 {
+        let names = LockNames::new(self.ctx).ok_or(TbError::WriteFailed)?;
+        let [until_name, strikes_name, probation_name] = names.strs();
+        let delete = HashValue::Delete;
+        let deleted = key.hash_set([
+            (until_name, delete),
+            (strikes_name, delete),
+            (probation_name, delete),
+        ]);
+        if deleted.unwrap_or(0) == 0 {
             return Ok(false);
         }
-        // SAFETY: ctx/name are live for this command.
-        unsafe {
-            (api.replicate)(
-                self.ctx,
-                c"HDEL".as_ptr(),
-                c"ssss".as_ptr(),
-                self.name,
-                until_name,
-                strikes_name,
-                probation_name,
-            );
-            (api.notify)(
-                self.ctx,
-                REDISMODULE_NOTIFY_HASH,
-                c"hdel".as_ptr(),
-                self.name,
-            );
-            (api.signal_modified_key)(self.ctx, self.name);
-        }
+        let (ctx, name) = (self.ctx, self.name);
+        ctx.replicate(c"HDEL", name, [until_name, strikes_name, probation_name]);
+        ctx.notify(Notify::Hash, c"hdel", name);
+        ctx.signal_modified(name);
         Ok(true)
     }
 
     /// Sets the absolute expiry; false if the server refused.
     fn set_deadline(&self, now_ms: i64, deadline_ms: i64) -> bool {
-        // SAFETY: the key is open for writing and holds the hash.
-        let status = unsafe {
-            match self.api.set_abs_expire {
-                Some(set_abs_expire) => set_abs_expire(self.key, deadline_ms),
-                None => (self.api.set_expire)(self.key, deadline_ms.saturating_sub(now_ms).max(1)),
-            }
+        let Some(key) = &self.key else {
+            return false;
         };
-        status == REDISMODULE_OK as c_int
+        match key.set_abs_expire(deadline_ms) {
+            Some(set) => set,
+            None => key.set_expire(deadline_ms.saturating_sub(now_ms).max(1)),
+        }
     }
 
     /// Puts the fields back as they were read, or deletes the key if it was
     /// empty, after a write that must not stand.
     fn restore_fields(&self) {
         let restored = match &self.prior {
-            // SAFETY: the key is open for writing.
-            None => unsafe { (self.api.delete_key)(self.key) == REDISMODULE_OK as c_int },
+            None => self.key.as_ref().is_some_and(Key::delete),
             Some((tokens, last_refill)) => self.set_fields(
                 tokens,
                 last_refill,
@@ -551,20 +420,8 @@ impl<'a> BucketKey<'a> {
     }
 
     fn warn_not_restored(&self) {
-        self.api.log(
-            self.ctx,
-            c"warning",
-            "tb: could not undo a failed bucket write; the key may differ from its replicas",
-        );
-    }
-}
-
-impl Drop for BucketKey<'_> {
-    fn drop(&mut self) {
-        if !self.key.is_null() {
-            // SAFETY: opened by `open`, closed exactly once.
-            unsafe { (self.api.close_key)(self.key) };
-        }
+        self.ctx
+            .warn("tb: could not undo a failed bucket write; the key may differ from its replicas");
     }
 }
 
@@ -575,18 +432,15 @@ impl Drop for BucketKey<'_> {
 struct LockNames<'a>([ServerString<'a>; 3]);
 
 impl<'a> LockNames<'a> {
-    fn new(api: &'a Api, ctx: *mut RedisModuleCtx) -> Option<Self> {
-        let names = [&b"locked_until"[..], b"strikes", b"probation_until"]
-            .map(|name| ServerString::from_bytes(api, ctx, name));
-        names
-            .iter()
-            .all(|name| !name.ptr().is_null())
-            .then_some(LockNames(names))
+    fn new(ctx: Context<'a>) -> Option<Self> {
+        let [until, strikes, probation] =
+            [&b"locked_until"[..], b"strikes", b"probation_until"].map(|name| ctx.string(name));
+        Some(LockNames([until?, strikes?, probation?]))
     }
 
-    fn ptrs(&self) -> [*mut RedisModuleString; 3] {
+    fn strs(&self) -> [&ServerStr; 3] {
         let [until, strikes, probation] = &self.0;
-        [until.ptr(), strikes.ptr(), probation.ptr()]
+        [until, strikes, probation]
     }
 }
 
@@ -598,15 +452,15 @@ enum LockFields<'s, 'a> {
 }
 
 /// A stored lock field as a whole number in [0, 2^53], `None` otherwise.
-fn whole(field: &ServerString) -> Option<i64> {
-    parse_decimal(field.bytes(), Sign::Allowed)
+fn whole(field: &ServerStr) -> Option<i64> {
+    parse_decimal(field, Sign::Allowed)
         .filter(|value| value.fract() == 0.0 && (0.0..=MAX_EXACT_INTEGER as f64).contains(value))
         .map(|value| value as i64)
 }
 
 /// A stored field as a finite number, `None` if absent or not a number.
-fn number(field: &ServerString) -> Option<f64> {
-    parse_decimal(field.bytes(), Sign::Allowed)
+fn number(field: &ServerStr) -> Option<f64> {
+    parse_decimal(field, Sign::Allowed)
 }
 
 /// Stores every outcome that writes, all or none.

@@ -9,8 +9,6 @@
 //! server side, `GlueKind`, is here): first come first served per key,
 //! served at the wake-ups a release, a lease's end, a DEL or a flush brings.
 
-use redis_module::raw::{RedisModuleCtx, RedisModuleString};
-
 use redis_tb_core::args::{parse_lease_ms, parse_limit, parse_timeout};
 use redis_tb_core::error::TbError;
 use redis_tb_core::lease::{self, Acquire, LeaseLimit};
@@ -18,38 +16,30 @@ use redis_tb_core::wait;
 use redis_tb_core::wait::leases::{LeaseReply, Leases, LeasesServed};
 
 use super::set::LeaseSet;
-use crate::server::api::Api;
 use crate::server::blocking::{self, GlueKind};
+use crate::server::context::Context;
 use crate::server::keys::Access;
 use crate::server::machines::with_machine;
 use crate::server::metrics;
-use crate::server::reply::{entry_point, now, send, Reply, KEY_ARG};
+use crate::server::reply::{entry_point, send, Reply, KEY_ARG};
+use crate::server::strings::ServerStr;
 
 /// TB.ACQUIRE key limit lease_ms [timeout_ms]
-fn acquire(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    args: &[*mut RedisModuleString],
-) -> Result<Reply, TbError> {
+fn acquire(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
     let (key, limit, lease_ms, timeout) = match args {
         [_, key, limit, lease_ms] => (key, limit, lease_ms, None),
         [_, key, limit, lease_ms, timeout] => (key, limit, lease_ms, Some(timeout)),
         _ => return Err(TbError::WrongArity),
     };
-    // SAFETY (all `bytes` calls): argv strings live for the whole command.
     let limit = LeaseLimit {
-        limit: parse_limit(unsafe { api.bytes(limit) })?,
-        lease_ms: parse_lease_ms(unsafe { api.bytes(lease_ms) })?,
+        limit: parse_limit(limit)?,
+        lease_ms: parse_lease_ms(lease_ms)?,
     };
-    let timeout_ms = timeout
-        .map(|timeout| parse_timeout(unsafe { api.bytes(timeout) }))
-        .transpose()?;
-    // SAFETY: the command's context and key.
-    let set = unsafe { LeaseSet::open(api, ctx, *key, Access::Write) }?;
-    let now_ms = now(api);
+    let timeout_ms = timeout.map(|timeout| parse_timeout(timeout)).transpose()?;
+    let mut set = LeaseSet::open(ctx, key, Access::Write)?;
+    let now_ms = ctx.now_ms();
     let read = set.read(now_ms, KEY_ARG)?;
-    // SAFETY: a live context and argument.
-    let (db, name) = unsafe { ((api.selected_db)(ctx), api.bytes(key)) };
+    let (db, name) = (ctx.selected_db(), key.bytes());
     let waiting = waiting_on(db, name);
     let reply = match lease::acquire(&read.seen, &limit, waiting, now_ms)? {
         Acquire::Granted(grant) => {
@@ -62,21 +52,13 @@ fn acquire(
             }
         }
         Acquire::Denied { retry_after_ms, .. }
-            if timeout_ms.is_some() && blocking::may_block(api, ctx) =>
+            if timeout_ms.is_some() && blocking::may_block(ctx) =>
         {
             blocking::room::<Leases>(db, name)?;
             drop(read);
             drop(set);
             let timeout_ms = timeout_ms.unwrap_or(0);
-            blocking::block::<Leases>(
-                api,
-                ctx,
-                *key,
-                (db, name),
-                limit,
-                timeout_ms,
-                retry_after_ms,
-            )?;
+            blocking::block::<Leases>(ctx, key, (db, name), limit, timeout_ms, retry_after_ms)?;
             return Ok(Reply::Blocked);
         }
         Acquire::Denied {
@@ -109,29 +91,22 @@ fn waiting_on(db: wait::Db, name: &[u8]) -> i64 {
 /// `key lease`, TB.RELEASE's arguments: the lease set, open for writing,
 /// and the lease named.
 pub fn open_for_release<'a>(
-    api: &'a Api,
-    ctx: *mut RedisModuleCtx,
-    args: &[*mut RedisModuleString],
-) -> Result<(LeaseSet<'a>, *mut RedisModuleString), TbError> {
+    ctx: Context<'a>,
+    args: &'a [ServerStr],
+) -> Result<(LeaseSet<'a>, &'a ServerStr), TbError> {
     let [_, key, lease] = args else {
         return Err(TbError::WrongArity);
     };
-    // SAFETY: the command's context and key.
-    let set = unsafe { LeaseSet::open(api, ctx, *key, Access::Write) }?;
-    Ok((set, *lease))
+    let set = LeaseSet::open(ctx, key, Access::Write)?;
+    Ok((set, lease))
 }
 
 /// TB.RELEASE key lease
-fn release(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    args: &[*mut RedisModuleString],
-) -> Result<Reply, TbError> {
-    let (set, lease) = open_for_release(api, ctx, args)?;
-    let now_ms = now(api);
+fn release(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
+    let (mut set, lease) = open_for_release(ctx, args)?;
+    let now_ms = ctx.now_ms();
     let read = set.read_ended(now_ms, KEY_ARG)?;
-    // SAFETY: an argv string.
-    let id = unsafe { api.bytes(&lease) };
+    let id = lease.bytes();
     let live = if !lease::is_lease_id(id) {
         false
     } else if read.all_ended_seen {
@@ -140,7 +115,7 @@ fn release(
         // searched once, not twice.
         !read.expired.iter().any(|ended| ended.bytes() == id)
     } else {
-        live_deadline(api, &set, &lease, now_ms).is_some()
+        live_deadline(&set, lease, now_ms).is_some()
     };
     if !live || !set.release(&read, lease)? {
         return Ok(Reply::Flag(false));
@@ -150,26 +125,20 @@ fn release(
 }
 
 /// TB.RENEW key lease lease_ms
-fn renew(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    args: &[*mut RedisModuleString],
-) -> Result<Reply, TbError> {
+fn renew(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
     let [_, key, lease, lease_ms] = args else {
         return Err(TbError::WrongArity);
     };
-    // SAFETY: an argv string.
-    let lease_ms = parse_lease_ms(unsafe { api.bytes(lease_ms) })?;
-    // SAFETY: the command's context and key.
-    let set = unsafe { LeaseSet::open(api, ctx, *key, Access::Write) }?;
-    let now_ms = now(api);
+    let lease_ms = parse_lease_ms(lease_ms)?;
+    let mut set = LeaseSet::open(ctx, key, Access::Write)?;
+    let now_ms = ctx.now_ms();
     let read = set.read_for_renewal(now_ms, KEY_ARG)?;
-    let current = live_deadline(api, &set, lease, now_ms);
+    let current = live_deadline(&set, lease, now_ms);
     let Some((deadline_ms, expire_at_ms)) = lease::renew(&read.seen, current, lease_ms, now_ms)
     else {
         return Ok(Reply::Flag(false));
     };
-    set.renew(&read, *lease, deadline_ms, expire_at_ms)?;
+    set.renew(&read, lease, deadline_ms, expire_at_ms)?;
     metrics::LEASES_RENEWED.bump();
     Ok(Reply::Flag(true))
 }
@@ -177,17 +146,11 @@ fn renew(
 /// The deadline of `lease` if it is a lease id held live in `set`; a
 /// member that is not shaped like an id (`seq`, anything else) is never
 /// looked up, so no argument can touch it.
-fn live_deadline(
-    api: &Api,
-    set: &LeaseSet,
-    lease: &*mut RedisModuleString,
-    now_ms: i64,
-) -> Option<i64> {
-    // SAFETY: an argv string.
-    if !lease::is_lease_id(unsafe { api.bytes(lease) }) {
+fn live_deadline(set: &LeaseSet, lease: &ServerStr, now_ms: i64) -> Option<i64> {
+    if !lease::is_lease_id(lease) {
         return None;
     }
-    let deadline_ms = super::set::whole_ms(set.score(*lease)?);
+    let deadline_ms = super::set::whole_ms(set.score(lease)?);
     lease::is_live(deadline_ms, now_ms).then_some(deadline_ms)
 }
 
@@ -198,15 +161,8 @@ entry_point!(pub tb_renew => renew);
 // --- The kind: leases, on the server --------------------------------------
 
 impl GlueKind for Leases {
-    fn read(
-        api: &Api,
-        ctx: *mut RedisModuleCtx,
-        key: *mut RedisModuleString,
-        now_ms: i64,
-    ) -> Result<LeasesServed, TbError> {
-        // SAFETY: a live context and key string.
-        let set = unsafe { LeaseSet::open(api, ctx, key, Access::Read) }
-            .map_err(|_| TbError::LeaseSetGone)?;
+    fn read(ctx: Context, key: &ServerStr, now_ms: i64) -> Result<LeasesServed, TbError> {
+        let mut set = LeaseSet::open(ctx, key, Access::Read).map_err(|_| TbError::LeaseSetGone)?;
         let read = set
             .read(now_ms, KEY_ARG)
             .map_err(|_| TbError::LeaseSetGone)?;
@@ -217,15 +173,12 @@ impl GlueKind for Leases {
     }
 
     fn write(
-        api: &Api,
-        ctx: *mut RedisModuleCtx,
-        key: *mut RedisModuleString,
+        ctx: Context,
+        key: &ServerStr,
         state: &LeasesServed,
         now_ms: i64,
     ) -> Result<(), TbError> {
-        // SAFETY: a live context and key string.
-        let set = unsafe { LeaseSet::open(api, ctx, key, Access::Write) }
-            .map_err(|_| TbError::LeaseSetGone)?;
+        let mut set = LeaseSet::open(ctx, key, Access::Write).map_err(|_| TbError::LeaseSetGone)?;
         // Read again in the same callback, so nothing changed since the
         // grants were decided; this read also lists the ended leases the
         // write removes.
@@ -235,14 +188,12 @@ impl GlueKind for Leases {
         set.grant(&read, &state.grants)
     }
 
-    fn exists(api: &Api, ctx: *mut RedisModuleCtx, key: *mut RedisModuleString) -> bool {
-        // SAFETY: a live context and key string.
-        unsafe { LeaseSet::open(api, ctx, key, Access::Read) }.is_ok_and(|set| set.exists())
+    fn exists(ctx: Context, key: &ServerStr) -> bool {
+        LeaseSet::open(ctx, key, Access::Read).is_ok_and(|set| set.exists())
     }
 
     fn reply(
-        api: &Api,
-        ctx: *mut RedisModuleCtx,
+        ctx: Context,
         result: Result<LeaseReply, TbError>,
         _request: &LeaseLimit,
         waited_ms: i64,
@@ -259,7 +210,7 @@ impl GlueKind for Leases {
             Err(_) => {}
         }
         metrics::WAIT_MS.add(waited_ms as f64);
-        send(api, ctx, &[], result.map(Reply::Lease));
+        send(ctx, &[], result.map(Reply::Lease));
     }
 
     fn waiting(count: usize) {

@@ -13,22 +13,16 @@
 //! computed here, never the command, so they need no module and replay to
 //! exactly the master's set.
 
-use std::os::raw::{c_int, c_longlong};
-
-use redis_module::raw::{
-    RedisModuleCtx, RedisModuleKey, RedisModuleString, REDISMODULE_KEYTYPE_EMPTY,
-    REDISMODULE_KEYTYPE_ZSET, REDISMODULE_NOTIFY_GENERIC, REDISMODULE_NOTIFY_ZSET, REDISMODULE_OK,
-};
-
 use redis_tb_core::error::TbError;
 use redis_tb_core::lease::{
     self, Grant, Incarnation, SetIncarnation, SetView, MAX_EXPIRED_REMOVED,
 };
 use redis_tb_core::number::format_integer;
 
-use crate::server::api::Api;
-use crate::server::keys::{open_key, Access, ServerString};
+use crate::server::context::{Context, Notify};
+use crate::server::keys::{Access, Key, KeyType, RangeStart};
 use crate::server::metrics;
+use crate::server::strings::{ServerStr, ServerString};
 
 /// The bookkeeping members' names (`Api::seq_member`, `Api::inc_member`
 /// as bytes).
@@ -37,10 +31,10 @@ const INC: &[u8] = b"inc";
 
 /// An open lease-set key; closed when dropped.
 pub struct LeaseSet<'a> {
-    api: &'a Api,
-    ctx: *mut RedisModuleCtx,
-    name: *mut RedisModuleString,
-    key: *mut RedisModuleKey,
+    ctx: Context<'a>,
+    name: &'a ServerStr,
+    /// `None` when a read finds no key.
+    key: Option<Key<'a>>,
 }
 
 /// How much of the set a read counts.
@@ -74,21 +68,12 @@ impl Read<'_> {
 }
 
 impl<'a> LeaseSet<'a> {
-    /// Opens `name`, empty or a sorted set (see [`open_key`]).
-    ///
-    /// # Safety
-    /// `ctx` and `name` must be live for as long as the set is open.
-    pub unsafe fn open(
-        api: &'a Api,
-        ctx: *mut RedisModuleCtx,
-        name: *mut RedisModuleString,
-        access: Access,
-    ) -> Result<Self, TbError> {
+    /// Opens `name`, empty or a sorted set (WRONGTYPE otherwise).
+    pub fn open(ctx: Context<'a>, name: &'a ServerStr, access: Access) -> Result<Self, TbError> {
         Ok(LeaseSet {
-            api,
             ctx,
             name,
-            key: open_key(api, ctx, name, access, REDISMODULE_KEYTYPE_ZSET)?,
+            key: ctx.open(name, access, KeyType::Zset)?,
         })
     }
 
@@ -97,9 +82,7 @@ impl<'a> LeaseSet<'a> {
     }
 
     fn is_empty(&self) -> bool {
-        // SAFETY: `key` is open (or null, checked first).
-        self.key.is_null()
-            || unsafe { (self.api.key_type)(self.key) } as isize == REDISMODULE_KEYTYPE_EMPTY
+        self.key.as_ref().is_none_or(Key::is_empty)
     }
 
     /// The set as seen at `now_ms`, with its expiry: what TB.ACQUIRE and a
@@ -107,10 +90,10 @@ impl<'a> LeaseSet<'a> {
     /// drawn from the server's random source, for the grant that would make
     /// it. `CorruptLeaseSet` (naming argument `key_arg`) if it has no usable
     /// `seq` member.
-    pub fn read(&self, now_ms: i64, key_arg: usize) -> Result<Read<'a>, TbError> {
+    pub fn read(&mut self, now_ms: i64, key_arg: usize) -> Result<Read<'a>, TbError> {
         let mut read = self.scan(now_ms, key_arg, Count::Live)?;
         if self.is_empty() {
-            let drawn = Incarnation::from_random(self.api.random_u64());
+            let drawn = Incarnation::from_random(self.ctx.random_u64());
             read.seen.incarnation = SetIncarnation::New(drawn);
         }
         Ok(self.with_expiry(read, now_ms))
@@ -118,12 +101,12 @@ impl<'a> LeaseSet<'a> {
 
     /// What TB.RENEW needs: as [`read_ended`](Self::read_ended), with the
     /// expiry (a renewal may move it), without counting the live leases.
-    pub fn read_for_renewal(&self, now_ms: i64, key_arg: usize) -> Result<Read<'a>, TbError> {
+    pub fn read_for_renewal(&mut self, now_ms: i64, key_arg: usize) -> Result<Read<'a>, TbError> {
         let read = self.scan(now_ms, key_arg, Count::EndedOnly)?;
         Ok(self.with_expiry(read, now_ms))
     }
 
-    fn with_expiry(&self, mut read: Read<'a>, now_ms: i64) -> Read<'a> {
+    fn with_expiry(&mut self, mut read: Read<'a>, now_ms: i64) -> Read<'a> {
         if self.is_empty() {
             return read;
         }
@@ -137,7 +120,7 @@ impl<'a> LeaseSet<'a> {
     /// What TB.RELEASE needs: the `seq` check and the ended leases a write
     /// removes; the live count, the earliest deadline and the expiry stay
     /// unset (a release never moves the expiry).
-    pub fn read_ended(&self, now_ms: i64, key_arg: usize) -> Result<Read<'a>, TbError> {
+    pub fn read_ended(&mut self, now_ms: i64, key_arg: usize) -> Result<Read<'a>, TbError> {
         self.scan(now_ms, key_arg, Count::EndedOnly)
     }
 
@@ -146,16 +129,16 @@ impl<'a> LeaseSet<'a> {
     /// removal, the 64 earliest), then the earliest live one. Past either
     /// bound the rest are looked up or counted by the server instead, so a
     /// call's work stays bounded however many leases ended unnoticed.
-    fn scan(&self, now_ms: i64, key_arg: usize, count: Count) -> Result<Read<'a>, TbError> {
+    fn scan(&mut self, now_ms: i64, key_arg: usize, count: Count) -> Result<Read<'a>, TbError> {
         let mut read = Read {
             seen: SetView::default(),
             expired: Vec::new(),
             all_ended_seen: false,
         };
-        if self.is_empty() {
-            return Ok(read);
-        }
-        let zset = &self.api.zset;
+        let key = match &mut self.key {
+            Some(key) if !key.is_empty() => key,
+            _ => return Ok(read),
+        };
         let now = now_ms as f64;
         // `seq` and `inc` are found on the way (they are scored <= 0, so they
         // come first): a lookup by name would scan a small set's listpack
@@ -167,16 +150,13 @@ impl<'a> LeaseSet<'a> {
         let mut expired = 0usize;
         let mut earliest = None;
         let mut overflow = false;
-        // SAFETY: the key is open and holds a sorted set; elements come back
-        // as new strings, owned (and freed) by ServerString.
-        unsafe {
-            let mut more =
-                (zset.first_in_score_range)(self.key, f64::NEG_INFINITY, f64::INFINITY, 0, 0)
-                    == REDISMODULE_OK as c_int;
-            while more && (zset.range_end_reached)(self.key) == 0 {
-                let mut score = 0.0;
-                let element = (zset.range_current_element)(self.key, &mut score);
-                let element = ServerString::owned(self.api, self.ctx, element);
+        let whole_set = (f64::NEG_INFINITY, false);
+        if let Some(mut range) =
+            key.score_range(RangeStart::Lowest, whole_set, (f64::INFINITY, false))
+        {
+            let mut more = true;
+            while more && !range.at_end() {
+                let (element, score) = range.current();
                 if score > now {
                     earliest = Some(score);
                     break;
@@ -187,11 +167,11 @@ impl<'a> LeaseSet<'a> {
                         overflow = true;
                         break;
                     }
-                    read.expired.push(element);
+                    read.expired.extend(element);
                 } else {
-                    match element.bytes() {
-                        SEQ => seq_score = Some(score),
-                        INC => inc_score = Some(score),
+                    match element.as_deref().map(ServerStr::bytes) {
+                        Some(SEQ) => seq_score = Some(score),
+                        Some(INC) => inc_score = Some(score),
                         _ => {}
                     }
                     not_positive = not_positive.saturating_add(1);
@@ -200,12 +180,12 @@ impl<'a> LeaseSet<'a> {
                         break;
                     }
                 }
-                more = (zset.range_next)(self.key) != 0;
+                more = range.advance();
             }
-            (zset.range_stop)(self.key);
         }
+        let api = self.ctx.api();
         read.seen.issued = seq_score
-            .or_else(|| self.score(self.api.seq_member.0))
+            .or_else(|| self.score(api.seq_member.get()))
             .and_then(lease::issued_from_score)
             .ok_or(TbError::CorruptLeaseSet { key_arg })?;
         let bookkeeping = 1usize.saturating_add(usize::from(inc_score.is_some()));
@@ -214,7 +194,7 @@ impl<'a> LeaseSet<'a> {
         if stopped_among_not_positive {
             // Stopped among the members scored <= 0: `inc`, if not met yet,
             // and the ended leases are looked up on their own.
-            inc_score = inc_score.or_else(|| self.score(self.api.inc_member.0));
+            inc_score = inc_score.or_else(|| self.score(api.inc_member.get()));
             read.expired = self.earliest_ended(now);
         }
         // An `inc` scored otherwise than minus an incarnation (or above 0,
@@ -230,7 +210,8 @@ impl<'a> LeaseSet<'a> {
             earliest = self.first_score_above(now);
             self.count_live(now_ms)?
         } else {
-            let length = i64::try_from(unsafe { (zset.length)(self.key) }).unwrap_or(i64::MAX);
+            let length = self.key.as_ref().map_or(0, Key::length);
+            let length = i64::try_from(length).unwrap_or(i64::MAX);
             let not_live = not_positive.saturating_add(expired);
             length.saturating_sub(i64::try_from(not_live).unwrap_or(i64::MAX))
         };
@@ -239,70 +220,53 @@ impl<'a> LeaseSet<'a> {
     }
 
     /// The score of `member`, if it is in the set.
-    pub fn score(&self, member: *mut RedisModuleString) -> Option<f64> {
-        let mut score = 0.0;
-        // SAFETY: the key is open and holds a sorted set.
-        let found = !self.is_empty()
-            && unsafe { (self.api.zset.score)(self.key, member, &mut score) }
-                == REDISMODULE_OK as c_int;
-        found.then_some(score)
+    pub fn score(&self, member: &ServerStr) -> Option<f64> {
+        match &self.key {
+            Some(key) if !key.is_empty() => key.zset_score(member),
+            _ => None,
+        }
     }
 
     /// The ended leases with the earliest deadlines, scored in (0, now], at
     /// most `MAX_EXPIRED_REMOVED`.
-    fn earliest_ended(&self, now: f64) -> Vec<ServerString<'a>> {
-        let zset = &self.api.zset;
+    fn earliest_ended(&mut self, now: f64) -> Vec<ServerString<'a>> {
         let mut ended = Vec::new();
-        // SAFETY: as in `read`.
-        unsafe {
-            let mut more =
-                (zset.first_in_score_range)(self.key, 0.0, now, 1, 0) == REDISMODULE_OK as c_int;
-            while more
-                && (zset.range_end_reached)(self.key) == 0
-                && ended.len() < MAX_EXPIRED_REMOVED
-            {
-                let mut score = 0.0;
-                let element = (zset.range_current_element)(self.key, &mut score);
-                ended.push(ServerString::owned(self.api, self.ctx, element));
-                more = (zset.range_next)(self.key) != 0;
+        let Some(key) = &mut self.key else {
+            return ended;
+        };
+        if let Some(mut range) = key.score_range(RangeStart::Lowest, (0.0, true), (now, false)) {
+            let mut more = true;
+            while more && !range.at_end() && ended.len() < MAX_EXPIRED_REMOVED {
+                let (element, _) = range.current();
+                ended.extend(element);
+                more = range.advance();
             }
-            (zset.range_stop)(self.key);
         }
         ended
     }
 
     /// The lowest score above `floor`.
-    fn first_score_above(&self, floor: f64) -> Option<f64> {
-        self.edge_score(self.api.zset.first_in_score_range, floor)
+    fn first_score_above(&mut self, floor: f64) -> Option<f64> {
+        self.edge_score(RangeStart::Lowest, floor)
     }
 
     /// The highest score above `floor`.
-    fn last_score_above(&self, floor: f64) -> Option<f64> {
-        self.edge_score(self.api.zset.last_in_score_range, floor)
+    fn last_score_above(&mut self, floor: f64) -> Option<f64> {
+        self.edge_score(RangeStart::Highest, floor)
     }
 
     /// The score where `start` (the first or last element in a score range)
     /// puts the range (floor, +inf], if it holds anything.
-    fn edge_score(
-        &self,
-        start: unsafe extern "C" fn(*mut RedisModuleKey, f64, f64, c_int, c_int) -> c_int,
-        floor: f64,
-    ) -> Option<f64> {
-        let zset = &self.api.zset;
-        // SAFETY: as in `read`.
-        unsafe {
-            if start(self.key, floor, f64::INFINITY, 1, 0) != REDISMODULE_OK as c_int {
-                return None;
-            }
-            let mut score = 0.0;
-            let found = (zset.range_end_reached)(self.key) == 0;
-            if found {
-                let element = (zset.range_current_element)(self.key, &mut score);
-                drop(ServerString::owned(self.api, self.ctx, element));
-            }
-            (zset.range_stop)(self.key);
-            found.then_some(score)
+    fn edge_score(&mut self, start: RangeStart, floor: f64) -> Option<f64> {
+        let range = self
+            .key
+            .as_mut()?
+            .score_range(start, (floor, true), (f64::INFINITY, false))?;
+        if range.at_end() {
+            return None;
         }
+        let (_element, score) = range.current();
+        Some(score)
     }
 
     /// ZCOUNT key (now +inf, through the server: only when more ended
@@ -310,42 +274,24 @@ impl<'a> LeaseSet<'a> {
     fn count_live(&self, now_ms: i64) -> Result<i64, TbError> {
         let mut min = b"(".to_vec();
         min.extend_from_slice(format_integer(now_ms).as_bytes());
-        let min = ServerString::copy(self.api, self.ctx, &min).ok_or(TbError::Internal)?;
-        // SAFETY: a live context, key name and strings; the reply is freed.
-        unsafe {
-            let reply = (self.api.call)(
-                self.ctx,
-                c"ZCOUNT".as_ptr(),
-                c"ssc".as_ptr(),
-                self.name,
-                min.ptr(),
-                c"+inf".as_ptr(),
+        let min = self.ctx.string(&min).ok_or(TbError::Internal)?;
+        self.ctx.zcount(self.name, &min, c"+inf").ok_or_else(|| {
+            self.ctx.warn(
+                "tb: ZCOUNT through RM_Call failed (renamed or disabled?): \
+                 a lease set with more than 64 ended leases cannot be counted",
             );
-            if reply.is_null() {
-                self.api.log(
-                    self.ctx,
-                    c"warning",
-                    "tb: ZCOUNT through RM_Call failed (renamed or disabled?): \
-                     a lease set with more than 64 ended leases cannot be counted",
-                );
-                return Err(TbError::Internal);
-            }
-            let count = (self.api.call_reply_integer)(reply);
-            (self.api.free_call_reply)(reply);
-            Ok(count)
-        }
+            TbError::Internal
+        })
     }
 
     fn expire_at_ms(&self, now_ms: i64) -> Option<i64> {
-        // SAFETY: the key is open.
-        let at = unsafe {
-            match self.api.get_abs_expire {
-                Some(get_abs_expire) => get_abs_expire(self.key),
-                None => match (self.api.get_expire)(self.key) {
-                    relative if relative >= 0 => now_ms.saturating_add(relative),
-                    none => none,
-                },
-            }
+        let key = self.key.as_ref()?;
+        let at = match key.abs_expire() {
+            Some(at) => at,
+            None => match key.ttl() {
+                relative if relative >= 0 => now_ms.saturating_add(relative),
+                none => none,
+            },
         };
         (at >= 0).then_some(at)
     }
@@ -362,90 +308,56 @@ impl<'a> LeaseSet<'a> {
         let made = grants.iter().find_map(|grant| grant.new_incarnation);
         let ids: Vec<ServerString> = grants
             .iter()
-            .map(|grant| ServerString::copy(self.api, self.ctx, grant.id.text().as_bytes()))
+            .map(|grant| self.ctx.string(grant.id.text().as_bytes()))
             .collect::<Option<_>>()
             .ok_or(TbError::WriteFailed)?;
         let issued = last.id.n;
         let expire_at_ms = grants.iter().filter_map(|grant| grant.expire_at_ms).max();
         for (grant, id) in grants.iter().zip(&ids) {
-            self.add(grant.deadline_ms as f64, id.ptr())?;
+            self.add(grant.deadline_ms as f64, id)?;
         }
-        self.add(-(issued as f64), self.api.seq_member.0)?;
+        let api = self.ctx.api();
+        let (seq, inc) = (api.seq_member.get(), api.inc_member.get());
+        self.add(-(issued as f64), seq)?;
         if let Some(made) = made {
-            self.add(made.score() as f64, self.api.inc_member.0)?;
+            self.add(made.score() as f64, inc)?;
         }
-        // SAFETY: a live context; the strings live until after the call
-        // (RM_Replicate copies what it keeps).
-        self.after_zadd(read, expire_at_ms, || unsafe {
+        let count = issued.saturating_neg();
+        let (ctx, name) = (self.ctx, self.name);
+        self.after_zadd(read, expire_at_ms, || {
             match (grants, ids.as_slice(), made) {
                 ([grant], [id], None) => {
-                    (self.api.replicate)(
-                        self.ctx,
-                        c"ZADD".as_ptr(),
-                        c"slsls".as_ptr(),
-                        self.name,
-                        grant.deadline_ms as c_longlong,
-                        id.ptr(),
-                        issued.saturating_neg() as c_longlong,
-                        self.api.seq_member.0,
-                    );
+                    ctx.replicate_scored(c"ZADD", name, &[(grant.deadline_ms, id), (count, seq)])
                 }
-                ([grant], [id], Some(made)) => {
-                    (self.api.replicate)(
-                        self.ctx,
-                        c"ZADD".as_ptr(),
-                        c"slslsls".as_ptr(),
-                        self.name,
-                        grant.deadline_ms as c_longlong,
-                        id.ptr(),
-                        issued.saturating_neg() as c_longlong,
-                        self.api.seq_member.0,
-                        made.score() as c_longlong,
-                        self.api.inc_member.0,
-                    );
-                }
+                ([grant], [id], Some(made)) => ctx.replicate_scored(
+                    c"ZADD",
+                    name,
+                    &[(grant.deadline_ms, id), (count, seq), (made.score(), inc)],
+                ),
                 _ => {
-                    let mut texts = Vec::with_capacity(grants.len().saturating_mul(2));
-                    for (grant, id) in grants.iter().zip(&ids) {
-                        texts.push(self.integer(grant.deadline_ms)?);
-                        texts.push(
-                            ServerString::copy(self.api, self.ctx, id.bytes())
-                                .ok_or(TbError::Internal)?,
-                        );
+                    let mut pairs: Vec<(i64, &ServerStr)> = grants
+                        .iter()
+                        .zip(&ids)
+                        .map(|(grant, id)| (grant.deadline_ms, &**id))
+                        .collect();
+                    pairs.push((count, seq));
+                    if let Some(made) = made {
+                        pairs.push((made.score(), inc));
                     }
-                    let count = self.integer(issued.saturating_neg())?;
-                    let made_score = made.map(|made| self.integer(made.score())).transpose()?;
-                    let mut argv: Vec<*mut RedisModuleString> =
-                        texts.iter().map(|text| text.ptr()).collect();
-                    argv.extend([count.ptr(), self.api.seq_member.0]);
-                    if let Some(score) = &made_score {
-                        argv.extend([score.ptr(), self.api.inc_member.0]);
-                    }
-                    (self.api.replicate)(
-                        self.ctx,
-                        c"ZADD".as_ptr(),
-                        c"sv".as_ptr(),
-                        self.name,
-                        argv.as_mut_ptr(),
-                        argv.len(),
-                    );
+                    ctx.replicate_scored(c"ZADD", name, &pairs)
                 }
             }
-            Ok(())
         })
     }
 
     /// Removes `lease` and, if it was there, `expired`; whether it was
     /// there. The caller knows `lease` is live if present: it checked the
     /// deadline, or `read` saw every ended member.
-    pub fn release(&self, read: &Read<'a>, lease: *mut RedisModuleString) -> Result<bool, TbError> {
-        let mut deleted: c_int = 0;
-        // SAFETY: the key is open for writing and holds a sorted set.
-        let status = unsafe { (self.api.zset.rem)(self.key, lease, &mut deleted) };
-        if status != REDISMODULE_OK as c_int {
+    pub fn release(&self, read: &Read<'a>, lease: &ServerStr) -> Result<bool, TbError> {
+        let Some(key) = &self.key else {
             return Err(TbError::WriteFailed);
-        }
-        if deleted == 0 {
+        };
+        if !key.zset_rem(lease).map_err(|_| TbError::WriteFailed)? {
             return Ok(false);
         }
         self.remove(&read.expired);
@@ -458,22 +370,14 @@ impl<'a> LeaseSet<'a> {
     pub fn renew(
         &self,
         read: &Read<'a>,
-        lease: *mut RedisModuleString,
+        lease: &ServerStr,
         deadline_ms: i64,
         expire_at_ms: Option<i64>,
     ) -> Result<(), TbError> {
         self.add(deadline_ms as f64, lease)?;
-        // SAFETY: a live context and strings.
-        self.after_zadd(read, expire_at_ms, || unsafe {
-            (self.api.replicate)(
-                self.ctx,
-                c"ZADD".as_ptr(),
-                c"sls".as_ptr(),
-                self.name,
-                deadline_ms as c_longlong,
-                lease,
-            );
-            Ok(())
+        let (ctx, name) = (self.ctx, self.name);
+        self.after_zadd(read, expire_at_ms, || {
+            ctx.replicate_scored(c"ZADD", name, &[(deadline_ms, lease)])
         })
     }
 
@@ -493,15 +397,7 @@ impl<'a> LeaseSet<'a> {
         }
         self.propagate_removal(&read.expired, None);
         replicate_zadd()?;
-        // SAFETY: a live context and key name.
-        unsafe {
-            (self.api.notify)(
-                self.ctx,
-                REDISMODULE_NOTIFY_ZSET as c_int,
-                c"zadd".as_ptr(),
-                self.name,
-            );
-        }
+        self.ctx.notify(Notify::Zset, c"zadd", self.name);
         if let Some(at) = expire_at_ms {
             self.propagate_expiry(at);
         }
@@ -509,39 +405,33 @@ impl<'a> LeaseSet<'a> {
         Ok(())
     }
 
-    fn add(&self, score: f64, member: *mut RedisModuleString) -> Result<(), TbError> {
-        let mut flags: c_int = 0;
-        // SAFETY: the key is open for writing (empty or a sorted set).
-        let status = unsafe { (self.api.zset.add)(self.key, score, member, &mut flags) };
-        if status == REDISMODULE_OK as c_int {
-            Ok(())
-        } else {
-            Err(TbError::WriteFailed)
+    fn add(&self, score: f64, member: &ServerStr) -> Result<(), TbError> {
+        match &self.key {
+            Some(key) if key.zset_add(score, member) => Ok(()),
+            _ => Err(TbError::WriteFailed),
         }
     }
 
     fn remove(&self, expired: &[ServerString<'a>]) {
-        for member in expired {
-            let mut deleted: c_int = 0;
-            // SAFETY: the key is open for writing and holds a sorted set
-            // (its `seq` member is never among these, so it never empties).
-            unsafe { (self.api.zset.rem)(self.key, member.ptr(), &mut deleted) };
+        if let Some(key) = &self.key {
+            for member in expired {
+                // The key holds a sorted set (its `seq` member is never among
+                // these, so it never empties).
+                let _ = key.zset_rem(member);
+            }
         }
         metrics::LEASES_EXPIRED.add_count(expired.len());
     }
 
     fn set_expiry(&self, at_ms: i64) -> Result<(), TbError> {
-        // SAFETY: the key is open for writing and holds the set.
-        let status = unsafe {
-            match self.api.set_abs_expire {
-                Some(set_abs_expire) => set_abs_expire(self.key, at_ms),
-                None => (self.api.set_expire)(
-                    self.key,
-                    at_ms.saturating_sub((self.api.milliseconds)()).max(1),
-                ),
-            }
+        let Some(key) = &self.key else {
+            return Err(TbError::WriteFailed);
         };
-        if status == REDISMODULE_OK as c_int {
+        let set = match key.set_abs_expire(at_ms) {
+            Some(set) => set,
+            None => key.set_expire(at_ms.saturating_sub(self.ctx.wall_ms()).max(1)),
+        };
+        if set {
             Ok(())
         } else {
             Err(TbError::WriteFailed)
@@ -549,73 +439,24 @@ impl<'a> LeaseSet<'a> {
     }
 
     /// `ZREM key <expired...> [lease]`, if there is anything to remove.
-    fn propagate_removal(
-        &self,
-        expired: &[ServerString<'a>],
-        lease: Option<*mut RedisModuleString>,
-    ) {
-        let mut argv: Vec<*mut RedisModuleString> = expired.iter().map(ServerString::ptr).collect();
-        argv.extend(lease);
-        if argv.is_empty() {
+    fn propagate_removal(&self, expired: &[ServerString<'a>], lease: Option<&ServerStr>) {
+        if expired.is_empty() && lease.is_none() {
             return;
         }
-        // SAFETY: a live context and strings.
-        unsafe {
-            (self.api.replicate)(
-                self.ctx,
-                c"ZREM".as_ptr(),
-                c"sv".as_ptr(),
-                self.name,
-                argv.as_mut_ptr(),
-                argv.len(),
-            );
-            (self.api.notify)(
-                self.ctx,
-                REDISMODULE_NOTIFY_ZSET as c_int,
-                c"zrem".as_ptr(),
-                self.name,
-            );
-        }
+        let members = expired.iter().map(|member| &**member).chain(lease);
+        self.ctx.replicate_list(c"ZREM", self.name, members);
+        self.ctx.notify(Notify::Zset, c"zrem", self.name);
     }
 
     fn propagate_expiry(&self, at_ms: i64) {
-        // SAFETY: a live context and key name.
-        unsafe {
-            (self.api.replicate)(
-                self.ctx,
-                c"PEXPIREAT".as_ptr(),
-                c"sl".as_ptr(),
-                self.name,
-                at_ms as c_longlong,
-            );
-            (self.api.notify)(
-                self.ctx,
-                REDISMODULE_NOTIFY_GENERIC as c_int,
-                c"expire".as_ptr(),
-                self.name,
-            );
-        }
+        self.ctx.replicate_integer(c"PEXPIREAT", self.name, at_ms);
+        self.ctx.notify(Notify::Generic, c"expire", self.name);
     }
 
     /// WATCH and client tracking (the module opts out of the implicit
     /// signal on every write-open).
     fn signal(&self) {
-        // SAFETY: a live context and key name.
-        unsafe { (self.api.signal_modified_key)(self.ctx, self.name) };
-    }
-
-    fn integer(&self, value: i64) -> Result<ServerString<'a>, TbError> {
-        ServerString::copy(self.api, self.ctx, format_integer(value).as_bytes())
-            .ok_or(TbError::Internal)
-    }
-}
-
-impl Drop for LeaseSet<'_> {
-    fn drop(&mut self) {
-        if !self.key.is_null() {
-            // SAFETY: opened by `open`, closed exactly once.
-            unsafe { (self.api.close_key)(self.key) };
-        }
+        self.ctx.signal_modified(self.name);
     }
 }
 

@@ -34,6 +34,8 @@ use redis_module::raw::{
 };
 use redis_module::raw::{RedisModule_IsKeysPositionRequest, RedisModule_KeyAtPos};
 
+use super::strings::ServerStr;
+
 pub struct Api {
     pub open_key: unsafe extern "C" fn(
         *mut RedisModuleCtx,
@@ -161,7 +163,16 @@ pub struct Zset {
 
 /// A server string created at load and never freed.
 #[derive(Clone, Copy)]
-pub struct FieldName(pub *mut RedisModuleString);
+pub struct FieldName(*mut RedisModuleString);
+
+impl FieldName {
+    /// The name, to pass where a server string is wanted.
+    #[inline]
+    pub fn get(&self) -> &ServerStr {
+        // SAFETY: made non-null at load and never freed.
+        unsafe { ServerStr::at(&self.0) }
+    }
+}
 
 // SAFETY: the string is created once, before any command runs, and is only
 // ever used (read, or its reference count briefly raised by RM_Replicate) by
@@ -291,21 +302,6 @@ impl Api {
     /// Writes `message` to the server log at `level` ("warning", "notice").
     pub fn log(&self, ctx: *mut RedisModuleCtx, level: &std::ffi::CStr, message: &str) {
         write_log(self.log, ctx, level, message);
-    }
-
-    /// The bytes of a server string. The slice borrows the pointer's holder
-    /// (an argv slice, an `OwnedString`), so it cannot outlive the string.
-    ///
-    /// # Safety
-    /// `string` must point to a valid RedisModuleString for as long as its
-    /// holder is borrowed.
-    pub unsafe fn bytes<'a>(&self, string: &'a *mut RedisModuleString) -> &'a [u8] {
-        let mut len = 0usize;
-        let ptr = (self.string_ptr_len)(*string, &mut len);
-        if ptr.is_null() {
-            return &[];
-        }
-        std::slice::from_raw_parts(ptr.cast::<u8>(), len)
     }
 }
 

@@ -53,11 +53,12 @@ use redis_tb_core::wait::{
     self, Action, Arrival, Db, Event, Machine, Timer, TimerId, WaiterId, Writable,
 };
 
-use super::api::{self, Api};
+use super::api;
 use super::config::MAX_WAITERS;
-use super::keys::ServerString;
+use super::context::Context;
 use super::machines::{with_machine, HasMachine};
 use super::metrics;
+use super::strings::{ServerStr, ServerString};
 
 /// What a kind of wait supplies on the server side. Every function gets a
 /// context that is on the key's database; none may block or call back
@@ -65,32 +66,25 @@ use super::metrics;
 pub trait GlueKind: HasMachine {
     /// The key's state as [`wait::Server::read`] returns it: an error when
     /// the key holds a value of another type.
-    fn read(
-        api: &Api,
-        ctx: *mut RedisModuleCtx,
-        key: *mut RedisModuleString,
-        now_ms: i64,
-    ) -> Result<Self::State, TbError>;
+    fn read(ctx: Context, key: &ServerStr, now_ms: i64) -> Result<Self::State, TbError>;
 
     /// Stores and propagates `state` as served ([`wait::Server::write`]),
     /// all or nothing. Its own keyspace events do not wake the queue.
     fn write(
-        api: &Api,
-        ctx: *mut RedisModuleCtx,
-        key: *mut RedisModuleString,
+        ctx: Context,
+        key: &ServerStr,
         state: &Self::State,
         now_ms: i64,
     ) -> Result<(), TbError>;
 
     /// Whether this node's keyspace holds the key (with this kind's
     /// value): in a cluster, a slot on the move is served where the key is.
-    fn exists(api: &Api, ctx: *mut RedisModuleCtx, key: *mut RedisModuleString) -> bool;
+    fn exists(ctx: Context, key: &ServerStr) -> bool;
 
     /// Sends a waiter's reply from its callback (`ctx`) and counts it:
     /// served, denied at its timeout, or an error.
     fn reply(
-        api: &Api,
-        ctx: *mut RedisModuleCtx,
+        ctx: Context,
         result: Result<Self::Reply, TbError>,
         request: &Self::Request,
         waited_ms: i64,
@@ -113,9 +107,9 @@ pub trait GlueKind: HasMachine {
 
 /// Every kind's machine gets `event`: keyspace events, flushes, SWAPDB,
 /// load and unload concern them all. A new kind is one more line here.
-fn every_kind(api: &Api, ctx: *mut RedisModuleCtx, event: Everyone<'_>) {
-    to_kind::<Tokens>(api, ctx, event);
-    to_kind::<Leases>(api, ctx, event);
+fn every_kind(ctx: Context, event: Everyone<'_>) {
+    to_kind::<Tokens>(ctx, event);
+    to_kind::<Leases>(ctx, event);
 }
 
 /// The events every kind's machine gets.
@@ -141,7 +135,7 @@ enum Everyone<'a> {
     Reset,
 }
 
-fn to_kind<K: GlueKind>(api: &Api, ctx: *mut RedisModuleCtx, event: Everyone<'_>) {
+fn to_kind<K: GlueKind>(ctx: Context, event: Everyone<'_>) {
     let event = match event {
         Everyone::Changed { db, key, now_ms } => {
             let waited = with_machine::<K, _>(|machine| machine.queued(db, key).is_some());
@@ -159,14 +153,14 @@ fn to_kind<K: GlueKind>(api: &Api, ctx: *mut RedisModuleCtx, event: Everyone<'_>
             return;
         }
     };
-    dispatch::<K>(api, ctx, event);
+    dispatch::<K>(ctx, event);
 }
 
 /// Whether the command may wait: not inside MULTI, a script, or where the
 /// server forbids blocking.
-pub fn may_block(api: &Api, ctx: *mut RedisModuleCtx) -> bool {
+pub fn may_block(ctx: Context) -> bool {
     // SAFETY: the command's context.
-    let flags = unsafe { (api.context_flags)(ctx) } as u32;
+    let flags = unsafe { (ctx.api().context_flags)(ctx.ptr()) } as u32;
     let forbidden = REDISMODULE_CTX_FLAGS_MULTI
         | REDISMODULE_CTX_FLAGS_LUA
         | REDISMODULE_CTX_FLAGS_DENY_BLOCKING;
@@ -188,22 +182,22 @@ pub fn room<K: GlueKind>(db: Db, key: &[u8]) -> Result<(), TbError> {
 /// or the client goes. `retry_after_ms`: when the request could be served,
 /// as judged on arrival. The command then replies `Reply::Blocked`.
 pub fn block<K: GlueKind>(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    key: *mut RedisModuleString,
+    ctx: Context,
+    key: &ServerStr,
     (db, name): (Db, &[u8]),
     request: K::Request,
     timeout_ms: i64,
     retry_after_ms: i64,
 ) -> Result<(), TbError> {
+    let api = ctx.api();
     listen_to_keyspace(ctx);
     let id = with_machine::<K, _>(Machine::reserve).ok_or(TbError::Internal)?;
-    let mut keys = [key];
+    let mut keys = [key.ptr()];
     // SAFETY: the command's context and key; the id travels as the private
     // data (never dereferenced: it is a number).
     let handle = unsafe {
         (api.block_client_on_keys)(
-            ctx,
+            ctx.ptr(),
             Some(on_ready::<K>),
             Some(on_unblocked::<K>),
             Some(on_free::<K>),
@@ -220,7 +214,6 @@ pub fn block<K: GlueKind>(
     unsafe { (api.set_disconnect_callback)(handle, Some(on_disconnect::<K>)) };
     K::started();
     dispatch::<K>(
-        api,
         ctx,
         Event::Arrive(Arrival {
             id,
@@ -241,9 +234,8 @@ pub fn block<K: GlueKind>(
 /// Hands `event` to `K`'s machine, with `ctx` as the server it may use, and
 /// carries out what it returns. An action may make the server call back at
 /// once (`RM_UnblockClient`): that happens after the machine is released.
-fn dispatch<K: GlueKind>(api: &Api, ctx: *mut RedisModuleCtx, event: Event<'_, K>) {
+fn dispatch<K: GlueKind>(ctx: Context, event: Event<'_, K>) {
     let mut server = Glue::<K> {
-        api,
         ctx,
         kind: std::marker::PhantomData,
     };
@@ -259,13 +251,16 @@ fn dispatch<K: GlueKind>(api: &Api, ctx: *mut RedisModuleCtx, event: Event<'_, K
             // SAFETY: the handle of a client the machine knows is blocked
             // (it forgets a client in every callback that ends its wait).
             Action::Unblock(client) => unsafe {
-                (api.unblock_client)(client as *mut RedisModuleBlockedClient, ptr::null_mut());
+                (ctx.api().unblock_client)(
+                    client as *mut RedisModuleBlockedClient,
+                    ptr::null_mut(),
+                );
             },
             Action::Reply {
                 result,
                 request,
                 waited_ms,
-            } => K::reply(api, ctx, result, &request, waited_ms),
+            } => K::reply(ctx, result, &request, waited_ms),
             Action::Abandoned { waited_ms } => K::abandoned(waited_ms),
         }
     }
@@ -273,29 +268,30 @@ fn dispatch<K: GlueKind>(api: &Api, ctx: *mut RedisModuleCtx, event: Event<'_, K
 
 /// The server as `K`'s machine sees it, through one callback's context.
 struct Glue<'a, K> {
-    api: &'a Api,
-    ctx: *mut RedisModuleCtx,
+    ctx: Context<'a>,
     kind: std::marker::PhantomData<K>,
 }
 
-impl<K> Glue<'_, K> {
+impl<'a, K> Glue<'a, K> {
     /// Opens `key` of `db` on this context. A timer's context starts on db
     /// 0, so it is moved; a blocked client's context is already on the
     /// client's db (moving it would move the client).
-    fn key(&self, db: Db, key: &[u8]) -> Result<ServerString<'_>, TbError> {
+    fn key(&self, db: Db, key: &[u8]) -> Result<ServerString<'a>, TbError> {
+        let here = self.ctx.selected_db();
         // SAFETY: a live context.
-        let here = unsafe { (self.api.selected_db)(self.ctx) };
-        if here != db && unsafe { (self.api.select_db)(self.ctx, db) } != REDISMODULE_OK as c_int {
+        if here != db
+            && unsafe { (self.ctx.api().select_db)(self.ctx.ptr(), db) } != REDISMODULE_OK as c_int
+        {
             return Err(TbError::Internal);
         }
-        ServerString::copy(self.api, self.ctx, key).ok_or(TbError::Internal)
+        self.ctx.string(key).ok_or(TbError::Internal)
     }
 }
 
 impl<K: GlueKind> wait::Server<K> for Glue<'_, K> {
     fn read(&mut self, db: Db, key: &[u8], now_ms: i64) -> Result<K::State, TbError> {
         let name = self.key(db, key)?;
-        K::read(self.api, self.ctx, name.ptr(), now_ms)
+        K::read(self.ctx, &name, now_ms)
     }
 
     fn write(&mut self, db: Db, key: &[u8], state: &K::State, now_ms: i64) -> Result<(), TbError> {
@@ -303,22 +299,23 @@ impl<K: GlueKind> wait::Server<K> for Glue<'_, K> {
         // This write's own keyspace events need not wake the queue: the
         // machine is serving it right now.
         WRITING.store(true, Relaxed);
-        let written = K::write(self.api, self.ctx, name.ptr(), state, now_ms);
+        let written = K::write(self.ctx, &name, state, now_ms);
         WRITING.store(false, Relaxed);
         written
     }
 
     fn writable(&mut self, db: Db, key: &[u8]) -> Writable {
+        let api = self.ctx.api();
         // SAFETY: plain server functions on a live context.
         unsafe {
-            if let Some(avoid_replica_traffic) = self.api.avoid_replica_traffic {
+            if let Some(avoid_replica_traffic) = api.avoid_replica_traffic {
                 // True while writes are paused: propagating then aborts the
                 // server, and expiry is paused too.
                 if avoid_replica_traffic() != 0 {
                     return Writable::Paused;
                 }
             }
-            let flags = (self.api.context_flags)(self.ctx) as u32;
+            let flags = (api.context_flags)(self.ctx.ptr()) as u32;
             if flags & REDISMODULE_CTX_FLAGS_SLAVE != 0 {
                 return Writable::Paused;
             }
@@ -343,13 +340,13 @@ impl<K: GlueKind> wait::Server<K> for Glue<'_, K> {
                 Timer::Deadline(id) => (on_deadline::<K>, id as usize as *mut c_void),
             };
         // SAFETY: a live context; `on_wake` takes its data back.
-        unsafe { (self.api.create_timer)(self.ctx, delay_ms, Some(callback), data) }
+        unsafe { (self.ctx.api().create_timer)(self.ctx.ptr(), delay_ms, Some(callback), data) }
     }
 
     fn cancel(&mut self, timer: TimerId, wake: bool) {
         let mut data: *mut c_void = ptr::null_mut();
         // SAFETY: a timer of ours; a wake-up's data comes back to be freed.
-        let stopped = unsafe { (self.api.stop_timer)(self.ctx, timer, &mut data) };
+        let stopped = unsafe { (self.ctx.api().stop_timer)(self.ctx.ptr(), timer, &mut data) };
         if stopped == REDISMODULE_OK as c_int && wake && !data.is_null() {
             // SAFETY: made by `arm` with Box::into_raw; the timer will not
             // fire now, so this is its only owner.
@@ -372,12 +369,18 @@ impl<K: GlueKind> Glue<'_, K> {
         let Ok(name) = self.key(db, key) else {
             return false;
         };
-        let reply = (self.api.call)(self.ctx, c"EXISTS".as_ptr(), c"s".as_ptr(), name.ptr());
+        let api = self.ctx.api();
+        let reply = (api.call)(
+            self.ctx.ptr(),
+            c"EXISTS".as_ptr(),
+            c"s".as_ptr(),
+            name.ptr(),
+        );
         if !reply.is_null() {
-            (self.api.free_call_reply)(reply);
+            (api.free_call_reply)(reply);
             return true;
         }
-        K::exists(self.api, self.ctx, name.ptr())
+        K::exists(self.ctx, &name)
     }
 }
 
@@ -393,16 +396,22 @@ struct WakeData {
 
 // --- Server callbacks -------------------------------------------------------
 
-/// Runs a callback's body; a panic (a bug) must not cross into the server.
-fn guarded(body: impl FnOnce(&'static Api)) {
+/// Runs a callback's body on its context; a panic (a bug) must not cross
+/// into the server.
+///
+/// # Safety
+/// `ctx` must be the live context the server called back with.
+unsafe fn guarded(ctx: *mut RedisModuleCtx, body: impl FnOnce(Context)) {
     if let Some(api) = api::api() {
-        let _ = catch_unwind(AssertUnwindSafe(|| body(api)));
+        // SAFETY: as the caller promises; the body cannot keep it.
+        let ctx = unsafe { Context::new(api, ctx) };
+        let _ = catch_unwind(AssertUnwindSafe(|| body(ctx)));
     }
 }
 
-fn waiter_id(api: &Api, ctx: *mut RedisModuleCtx) -> WaiterId {
+fn waiter_id(ctx: Context) -> WaiterId {
     // SAFETY: a blocked client's context; its private data is our id.
-    unsafe { (api.blocked_client_private_data)(ctx) as usize as WaiterId }
+    unsafe { (ctx.api().blocked_client_private_data)(ctx.ptr()) as usize as WaiterId }
 }
 
 extern "C" fn on_wake<K: GlueKind>(ctx: *mut RedisModuleCtx, data: *mut c_void) {
@@ -411,29 +420,29 @@ extern "C" fn on_wake<K: GlueKind>(ctx: *mut RedisModuleCtx, data: *mut c_void) 
     }
     // SAFETY: made by `Glue::arm`; the timer has fired, so it is ours.
     let data = unsafe { Box::from_raw(data.cast::<WakeData>()) };
-    guarded(|api| {
-        let event = Event::Wake {
-            db: data.db,
-            key: &data.key,
-            token: data.token,
-            now_ms: api.wall_ms(),
-        };
-        dispatch::<K>(api, ctx, event);
-    });
+    // SAFETY: the timer's context.
+    unsafe {
+        guarded(ctx, |ctx| {
+            let event = Event::Wake {
+                db: data.db,
+                key: &data.key,
+                token: data.token,
+                now_ms: ctx.wall_ms(),
+            };
+            dispatch::<K>(ctx, event);
+        })
+    };
 }
 
 extern "C" fn on_deadline<K: GlueKind>(ctx: *mut RedisModuleCtx, data: *mut c_void) {
-    guarded(|api| {
-        let id = data as usize as WaiterId;
-        dispatch::<K>(
-            api,
-            ctx,
-            Event::Deadline {
-                id,
-                now_ms: api.wall_ms(),
-            },
-        );
-    });
+    // SAFETY: the timer's context.
+    unsafe {
+        guarded(ctx, |ctx| {
+            let id = data as usize as WaiterId;
+            let now_ms = ctx.wall_ms();
+            dispatch::<K>(ctx, Event::Deadline { id, now_ms });
+        })
+    };
 }
 
 /// The server's callback when a wait ends with a reply: after the machine
@@ -443,17 +452,13 @@ extern "C" fn on_unblocked<K: GlueKind>(
     _argv: *mut *mut RedisModuleString,
     _argc: c_int,
 ) -> c_int {
-    guarded(|api| {
-        let id = waiter_id(api, ctx);
-        dispatch::<K>(
-            api,
-            ctx,
-            Event::Unblocked {
-                id,
-                now_ms: api.wall_ms(),
-            },
-        );
-    });
+    // SAFETY: the blocked client's context.
+    unsafe {
+        guarded(ctx, |ctx| {
+            let (id, now_ms) = (waiter_id(ctx), ctx.wall_ms());
+            dispatch::<K>(ctx, Event::Unblocked { id, now_ms });
+        })
+    };
     REDISMODULE_OK as c_int
 }
 
@@ -463,17 +468,13 @@ extern "C" fn on_disconnect<K: GlueKind>(
     ctx: *mut RedisModuleCtx,
     _handle: *mut RedisModuleBlockedClient,
 ) {
-    guarded(|api| {
-        let id = waiter_id(api, ctx);
-        dispatch::<K>(
-            api,
-            ctx,
-            Event::Left {
-                id,
-                now_ms: api.wall_ms(),
-            },
-        );
-    });
+    // SAFETY: the blocked client's context.
+    unsafe {
+        guarded(ctx, |ctx| {
+            let (id, now_ms) = (waiter_id(ctx), ctx.wall_ms());
+            dispatch::<K>(ctx, Event::Left { id, now_ms });
+        })
+    };
 }
 
 /// The last callback of every wait.
@@ -481,10 +482,13 @@ extern "C" fn on_free<K: GlueKind>(ctx: *mut RedisModuleCtx, privdata: *mut c_vo
     if ctx.is_null() {
         return;
     }
-    guarded(|api| {
-        let id = privdata as usize as WaiterId;
-        dispatch::<K>(api, ctx, Event::Freed { id });
-    });
+    // SAFETY: the blocked client's context (checked non-null above).
+    unsafe {
+        guarded(ctx, |ctx| {
+            let id = privdata as usize as WaiterId;
+            dispatch::<K>(ctx, Event::Freed { id });
+        })
+    };
 }
 
 /// The server offers the key to its waiters after some writes; the machine
@@ -494,25 +498,25 @@ extern "C" fn on_ready<K: GlueKind>(
     argv: *mut *mut RedisModuleString,
     argc: c_int,
 ) -> c_int {
-    guarded(|api| {
-        if argv.is_null() || argc < 2 {
-            return;
-        }
-        // SAFETY: the blocked command's argc strings; the key is argv[1].
-        let key = unsafe { *argv.add(1) };
-        // SAFETY: a live context and string.
-        let (db, name) = unsafe { ((api.selected_db)(ctx), api.bytes(&key)) };
-        let now_ms = api.wall_ms();
-        to_kind::<K>(
-            api,
-            ctx,
-            Everyone::Changed {
-                db,
-                key: name,
-                now_ms,
-            },
-        );
-    });
+    if argv.is_null() || argc < 2 {
+        return REDISMODULE_ERR as c_int; // stay blocked
+    }
+    // SAFETY: the blocked command's argc strings; the key is argv[1].
+    let key = unsafe { ServerStr::at(&*argv.add(1)) };
+    // SAFETY: the blocked client's context.
+    unsafe {
+        guarded(ctx, |ctx| {
+            let (db, now_ms) = (ctx.selected_db(), ctx.wall_ms());
+            to_kind::<K>(
+                ctx,
+                Everyone::Changed {
+                    db,
+                    key: key.bytes(),
+                    now_ms,
+                },
+            );
+        })
+    };
     REDISMODULE_ERR as c_int // stay blocked
 }
 
@@ -537,13 +541,13 @@ const KEYSPACE_EVENTS: c_int = REDISMODULE_NOTIFY_GENERIC
 /// on a server that never waits. There is no way to unsubscribe, so it
 /// stays once made; a key nobody waits on then costs one hash lookup per
 /// kind.
-fn listen_to_keyspace(ctx: *mut RedisModuleCtx) {
+fn listen_to_keyspace(ctx: Context) {
     if SUBSCRIBED.swap(true, Relaxed) {
         return;
     }
     // SAFETY: a command's context; the pointer was set by RedisModule_Init.
     if let Some(subscribe) = unsafe { RedisModule_SubscribeToKeyspaceEvents } {
-        unsafe { subscribe(ctx, KEYSPACE_EVENTS, Some(on_keyspace_event)) };
+        unsafe { subscribe(ctx.ptr(), KEYSPACE_EVENTS, Some(on_keyspace_event)) };
     }
 }
 
@@ -552,10 +556,14 @@ static SUBSCRIBED: AtomicBool = AtomicBool::new(false);
 
 /// At every load: a library the dynamic loader kept mapped across MODULE
 /// UNLOAD/LOAD keeps its statics, but the server dropped the subscription.
-pub fn reset_at_load(api: &Api, ctx: *mut RedisModuleCtx) {
+///
+/// # Safety
+/// `ctx` must be the load's context.
+pub unsafe fn reset_at_load(api: &'static api::Api, ctx: *mut RedisModuleCtx) {
     SUBSCRIBED.store(false, Relaxed);
     WRITING.store(false, Relaxed);
-    every_kind(api, ctx, Everyone::Reset);
+    // SAFETY: as the caller promises.
+    every_kind(unsafe { Context::new(api, ctx) }, Everyone::Reset);
 }
 
 extern "C" fn on_keyspace_event(
@@ -564,21 +572,22 @@ extern "C" fn on_keyspace_event(
     _event: *const c_char,
     key: *mut RedisModuleString,
 ) -> c_int {
-    if !WRITING.load(Relaxed) {
-        guarded(|api| {
-            // SAFETY: a live context and string.
-            let (db, name) = unsafe { ((api.selected_db)(ctx), api.bytes(&key)) };
-            let now_ms = api.wall_ms();
-            every_kind(
-                api,
-                ctx,
-                Everyone::Changed {
-                    db,
-                    key: name,
-                    now_ms,
-                },
-            );
-        });
+    if !WRITING.load(Relaxed) && !key.is_null() {
+        // SAFETY: the event's context and key name, live for the callback.
+        unsafe {
+            let key = ServerStr::at(&key);
+            guarded(ctx, |ctx| {
+                let (db, now_ms) = (ctx.selected_db(), ctx.wall_ms());
+                every_kind(
+                    ctx,
+                    Everyone::Changed {
+                        db,
+                        key: key.bytes(),
+                        now_ms,
+                    },
+                );
+            })
+        };
     }
     REDISMODULE_OK as c_int
 }
@@ -629,18 +638,21 @@ unsafe fn to_every_kind<Info: Copy>(
     data: *mut c_void,
     event: impl FnOnce(Info, i64) -> Everyone<'static>,
 ) {
-    guarded(|api| {
-        if data.is_null() {
-            return;
-        }
-        // SAFETY: as the caller promises.
-        let info = unsafe { *data.cast::<Info>() };
-        every_kind(api, ctx, event(info, api.wall_ms()));
-    });
+    if data.is_null() {
+        return;
+    }
+    // SAFETY: as the caller promises.
+    let info = unsafe { *data.cast::<Info>() };
+    // SAFETY: the server event's context.
+    unsafe { guarded(ctx, |ctx| every_kind(ctx, event(info, ctx.wall_ms()))) };
 }
 
 /// MODULE UNLOAD: the server refuses it while clients wait or timers are
 /// pending, so this only drops what is left, in every kind's machine.
-pub fn on_unload(api: &Api, ctx: *mut RedisModuleCtx) {
-    every_kind(api, ctx, Everyone::Unload);
+///
+/// # Safety
+/// `ctx` must be the unload's context.
+pub unsafe fn on_unload(ctx: *mut RedisModuleCtx) {
+    // SAFETY: as the caller promises.
+    unsafe { guarded(ctx, |ctx| every_kind(ctx, Everyone::Unload)) };
 }

@@ -73,11 +73,8 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
 /// Called by the server, on its main thread.
 #[no_mangle]
 pub unsafe extern "C" fn RedisModule_OnUnload(ctx: *mut RedisModuleCtx) -> c_int {
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        if let Some(api) = api::api() {
-            blocking::on_unload(api, ctx);
-        }
-    }));
+    // SAFETY: the unload's context. A panic is caught there.
+    unsafe { blocking::on_unload(ctx) };
     raw::REDISMODULE_OK as c_int
 }
 
@@ -144,7 +141,8 @@ fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
     }));
     set_module_options(ctx);
     metrics::CACHED_CLOCK.store(api.cached_microseconds.is_some(), Relaxed);
-    blocking::reset_at_load(api, ctx);
+    // SAFETY: the load's context.
+    unsafe { blocking::reset_at_load(api, ctx) };
     // SAFETY: OnLoad context. This replaces the crate's default INFO callback.
     if let Some(register_info) = unsafe { raw::RedisModule_RegisterInfoFunc } {
         unsafe { register_info(ctx, Some(metrics::info)) };
@@ -161,6 +159,7 @@ fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
     };
     // TB.BTAKE: FLUSHDB/FLUSHALL and SWAPDB change the buckets of waiters
     // without a keyspace event.
+    // SAFETY: a pointer set by Init, read-only afterwards.
     if let Some(subscribe) = unsafe { raw::RedisModule_SubscribeToServerEvent } {
         let events: [(u64, raw::RedisModuleEventCallback); 2] = [
             (raw::REDISMODULE_EVENT_FLUSHDB, Some(blocking::on_flush)),
@@ -184,8 +183,10 @@ fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
         unsafe { command_table::register_cell_compat(ctx, module_category) }?;
     }
     #[cfg(feature = "bench-floor")]
-    // SAFETY: OnLoad context.
-    unsafe { register_bench_floor(ctx) }?;
+    for (name, handler) in bench_floor_commands() {
+        // SAFETY: OnLoad context.
+        unsafe { register_bench_only(ctx, name, handler) }?;
+    }
     if api.set_abs_expire.is_none() {
         api.log(
             ctx,
@@ -196,31 +197,31 @@ fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
     Ok(())
 }
 
-/// Registers the bench-only floor commands: TB.TAKE's (beside the bucket's
-/// write it shares, src/bucket/floor.rs) and the lease floor
-/// (src/testing/bench_floor.rs). First key 1, no docs: bench-only.
+/// The bench-only floor commands: TB.TAKE's (beside the bucket's write it
+/// shares, src/bucket/floor.rs) and the lease floor's
+/// (src/testing/bench_floor.rs).
+#[cfg(feature = "bench-floor")]
+fn bench_floor_commands() -> impl Iterator<Item = (&'static CStr, raw::RedisModuleCmdFunc)> {
+    let take: raw::RedisModuleCmdFunc = Some(crate::bucket::floor::tb_floor_take);
+    [(c"tb.floor.take", take)]
+        .into_iter()
+        .chain(crate::testing::bench_floor::COMMANDS)
+}
+
+/// Registers a bench-only command (first key 1, no docs).
 ///
 /// # Safety
 /// Must be called from `RedisModule_OnLoad` with its context.
 #[cfg(feature = "bench-floor")]
-unsafe fn register_bench_floor(ctx: *mut RedisModuleCtx) -> Result<(), String> {
+unsafe fn register_bench_only(
+    ctx: *mut RedisModuleCtx,
+    name: &CStr,
+    handler: raw::RedisModuleCmdFunc,
+) -> Result<(), String> {
     let create = raw::RedisModule_CreateCommand.ok_or("RM_CreateCommand missing")?;
-    let commands: [(&CStr, raw::RedisModuleCmdFunc); 3] = [
-        (c"tb.floor.take", Some(crate::bucket::floor::tb_floor_take)),
-        (
-            c"tb.floor.acquire",
-            Some(crate::testing::bench_floor::tb_floor_acquire),
-        ),
-        (
-            c"tb.floor.release",
-            Some(crate::testing::bench_floor::tb_floor_release),
-        ),
-    ];
-    for (name, handler) in commands {
-        let status = create(ctx, name.as_ptr(), handler, c"write fast".as_ptr(), 1, 1, 1);
-        if status != raw::REDISMODULE_OK as c_int {
-            return Err(format!("cannot create {}", name.to_string_lossy()));
-        }
+    let status = create(ctx, name.as_ptr(), handler, c"write fast".as_ptr(), 1, 1, 1);
+    if status != raw::REDISMODULE_OK as c_int {
+        return Err(format!("cannot create {}", name.to_string_lossy()));
     }
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! The reply frame every command runs in: [`run`] calls a handler, catches
 //! a panic, and [`send`]s what it returns ([`Reply`], or an error naming its
-//! argument), counting each call for INFO tb. [`now`] is the one clock the
-//! handlers read.
+//! argument), counting each call for INFO tb. A handler gets the command's
+//! [`Context`] and its arguments as [`ServerStr`]s, nothing raw.
 
 use std::os::raw::{c_int, c_long};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -13,8 +13,10 @@ use redis_tb_core::error::{
 };
 use redis_tb_core::wait::leases::LeaseReply;
 
-use super::api::{self, Api};
+use super::api;
+use super::context::Context;
 use super::metrics;
+use super::strings::ServerStr;
 
 /// What a command answers: TB.TAKE's four integers
 /// `[allowed, remaining, retry_after_ms, reset_after_ms]`; for TB.TAKEALL a
@@ -42,12 +44,9 @@ pub enum Reply {
 /// The argument index of the key in every single-key command.
 pub const KEY_ARG: usize = 1;
 
-pub fn now(api: &Api) -> i64 {
-    api.now_ms()
-}
-
-pub type Handler =
-    fn(&Api, *mut RedisModuleCtx, &[*mut RedisModuleString]) -> Result<Reply, TbError>;
+/// A command's handler: the command's context and its arguments (the
+/// command's name first), both good for the call only.
+pub type Handler = fn(Context<'_>, &[ServerStr]) -> Result<Reply, TbError>;
 
 /// Runs a handler and sends its reply. A panic (a bug: no input should cause
 /// one) would abort the whole server if it crossed this `extern "C"`
@@ -67,9 +66,12 @@ pub fn run(
         Ok(len) if !argv.is_null() => unsafe { std::slice::from_raw_parts(argv, len) },
         _ => &[],
     };
-    let result = catch_unwind(AssertUnwindSafe(|| handler(api, ctx, args)))
-        .unwrap_or(Err(TbError::Internal));
-    send(api, ctx, args, result);
+    // SAFETY: the command's context and its arguments, live until it
+    // returns; the handler cannot keep either past this call.
+    let (ctx, args) = unsafe { (Context::new(api, ctx), ServerStr::slice(args)) };
+    let result =
+        catch_unwind(AssertUnwindSafe(|| handler(ctx, args))).unwrap_or(Err(TbError::Internal));
+    send(ctx, args, result);
     raw::REDISMODULE_OK as c_int
 }
 
@@ -91,17 +93,13 @@ pub(crate) use entry_point;
 
 /// Sends a reply (or an error naming its argument from `args`) on `ctx`,
 /// and counts it: a reply is a call, an error an error.
-pub fn send(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    args: &[*mut RedisModuleString],
-    result: Result<Reply, TbError>,
-) {
+pub fn send(context: Context, args: &[ServerStr], result: Result<Reply, TbError>) {
     match &result {
         Ok(Reply::Blocked | Reply::KeysNamed) => return,
         Ok(_) => metrics::CALLS.bump(),
         Err(_) => metrics::ERRORS.bump(),
     }
+    let (api, ctx) = (context.api(), context.ptr());
     // SAFETY: replying on a context that has a client (a command's, or a
     // blocked client's callback).
     unsafe {
@@ -126,26 +124,17 @@ pub fn send(
                 (api.wrong_arity)(ctx);
             }
             Err(TbError::CorruptLeaseSet { key_arg }) => {
-                let key = args
-                    .get(key_arg)
-                    .map(|key| api.bytes(key))
-                    .unwrap_or_default();
+                let key = args.get(key_arg).map(ServerStr::bytes).unwrap_or_default();
                 let message = corrupt_lease_set_message(key);
                 (api.reply_with_error)(ctx, message.as_ptr());
             }
             Err(TbError::CorruptBucket { key_arg }) => {
-                let key = args
-                    .get(key_arg)
-                    .map(|key| api.bytes(key))
-                    .unwrap_or_default();
+                let key = args.get(key_arg).map(ServerStr::bytes).unwrap_or_default();
                 let message = corrupt_bucket_message(key);
                 (api.reply_with_error)(ctx, message.as_ptr());
             }
             Err(TbError::CorruptLock { key_arg }) => {
-                let key = args
-                    .get(key_arg)
-                    .map(|key| api.bytes(key))
-                    .unwrap_or_default();
+                let key = args.get(key_arg).map(ServerStr::bytes).unwrap_or_default();
                 let message = corrupt_lock_message(key);
                 (api.reply_with_error)(ctx, message.as_ptr());
             }
@@ -162,7 +151,7 @@ pub fn send(
 /// # Safety
 /// `ctx` must be a context with a client.
 unsafe fn reply_outcome(
-    api: &Api,
+    api: &api::Api,
     ctx: *mut RedisModuleCtx,
     outcome: &Outcome,
     index: Option<i64>,
@@ -182,7 +171,7 @@ unsafe fn reply_outcome(
 ///
 /// # Safety
 /// `ctx` must be a context with a client.
-unsafe fn reply_lease(api: &Api, ctx: *mut RedisModuleCtx, lease: &LeaseReply) {
+unsafe fn reply_lease(api: &api::Api, ctx: *mut RedisModuleCtx, lease: &LeaseReply) {
     (api.reply_with_array)(ctx, 4);
     (api.reply_with_long_long)(ctx, i64::from(lease.id.is_some()));
     (api.reply_with_long_long)(ctx, lease.available);

@@ -12,11 +12,12 @@
 //!
 //! They write and replicate through src/lease/set.rs, the real commands' own
 //! code, but read nothing and check nothing: the caller computed the values
-//! (the bench keeps each key's count and expiry). TB.TAKE's floor,
-//! `TB.FLOOR.TAKE`, shares the bucket's write and so lives beside it, in
-//! src/bucket/floor.rs; load.rs registers all three.
+//! (the bench keeps each key's count and expiry). TB.TAKE's floor lives
+//! beside the bucket's write it shares, in src/bucket/floor.rs.
 
-use redis_module::raw::{RedisModuleCtx, RedisModuleString};
+use std::ffi::CStr;
+
+use redis_module::raw::RedisModuleCmdFunc;
 
 use redis_tb_core::args::{parse_lease_ms, parse_timeout};
 use redis_tb_core::error::TbError;
@@ -25,21 +26,17 @@ use redis_tb_core::wait::leases::LeaseReply;
 
 use crate::lease::commands::open_for_release;
 use crate::lease::set::{LeaseSet, Read};
-use crate::server::api::Api;
+use crate::server::context::Context;
 use crate::server::keys::Access;
 use crate::server::reply::{entry_point, Reply};
+use crate::server::strings::ServerStr;
 
-fn acquire(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    args: &[*mut RedisModuleString],
-) -> Result<Reply, TbError> {
+fn acquire(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
     let [_, key, deadline_ms, granted_ms, n, expire_at_ms] = args else {
         return Err(TbError::WrongArity);
     };
-    // SAFETY (all `bytes` calls): argv strings live for the whole command.
-    let whole = |arg: &*mut RedisModuleString| parse_lease_ms(unsafe { api.bytes(arg) });
-    let expire_at_ms = parse_timeout(unsafe { api.bytes(expire_at_ms) })?;
+    let whole = |arg: &ServerStr| parse_lease_ms(arg);
+    let expire_at_ms = parse_timeout(expire_at_ms)?;
     let grant = Grant {
         id: LeaseId {
             granted_ms: whole(granted_ms)?,
@@ -51,8 +48,7 @@ fn acquire(
         expire_at_ms: (expire_at_ms > 0).then_some(expire_at_ms),
         new_incarnation: None,
     };
-    // SAFETY: the command's context and key.
-    let set = unsafe { LeaseSet::open(api, ctx, *key, Access::Write) }?;
+    let set = LeaseSet::open(ctx, key, Access::Write)?;
     set.grant(&Read::nothing(), &[grant])?;
     Ok(Reply::Lease(LeaseReply {
         id: Some(grant.id),
@@ -61,14 +57,17 @@ fn acquire(
     }))
 }
 
-fn release(
-    api: &Api,
-    ctx: *mut RedisModuleCtx,
-    args: &[*mut RedisModuleString],
-) -> Result<Reply, TbError> {
-    let (set, lease) = open_for_release(api, ctx, args)?;
+fn release(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
+    let (set, lease) = open_for_release(ctx, args)?;
     Ok(Reply::Flag(set.release(&Read::nothing(), lease)?))
 }
 
-entry_point!(pub tb_floor_acquire => acquire);
-entry_point!(pub tb_floor_release => release);
+entry_point!(tb_floor_acquire => acquire);
+entry_point!(tb_floor_release => release);
+
+/// The lease floor's two commands, which load.rs registers with TB.TAKE's
+/// (first key 1, no docs: bench-only).
+pub const COMMANDS: [(&CStr, RedisModuleCmdFunc); 2] = [
+    (c"tb.floor.acquire", Some(tb_floor_acquire)),
+    (c"tb.floor.release", Some(tb_floor_release)),
+];
