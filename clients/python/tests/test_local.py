@@ -26,7 +26,7 @@ def call_of(step):
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_the_local_limiter_replays_the_core_case_table(case):
-    buckets = _local.LocalBuckets(case["instances"], 10_000)
+    buckets = _local.LocalLimiter(case["instances"], 10_000)
     for i, step in enumerate(case["steps"]):
         d = buckets.decide(call_of(step), step["now_ms"])
         got = {f: getattr(d, f) for f in FIELDS}
@@ -53,7 +53,7 @@ def test_the_allowed_takes_reset_time_is_first_ms_when_of_the_written_bucket():
 
 
 def test_the_local_buckets_are_an_lru_of_local_max_keys():
-    buckets = _local.LocalBuckets(1, 2)
+    buckets = _local.LocalLimiter(1, 2)
     take = lambda key: buckets.decide(_core.single("take", key, 1, 0.001, 1, "default"), 0)
     assert take("a").allowed and take("b").allowed
     assert not take("a").allowed  # a is now the most recently used
@@ -183,7 +183,7 @@ def allowed(remaining, reset, capacity=10, rate=1):
 ])
 def test_an_allowed_take_that_left_fewer_than_n_waits_until_the_bucket_holds_n_again(
         remaining, n, capacity, rate, reset, wait):
-    assert _local.refill_wait_ms(remaining, n, capacity, rate, reset) == wait
+    assert _local.primed_denial_ms(remaining, n, capacity, rate, reset) == wait
 
 
 def test_an_allowed_take_that_left_fewer_than_n_is_remembered_as_the_next_denial():

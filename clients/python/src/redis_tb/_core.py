@@ -173,7 +173,7 @@ def classify(error: BaseException) -> str:
     return BUG
 
 
-def dropped(error: BaseException) -> bool:
+def is_dropped(error: BaseException) -> bool:
     """Did the connection drop under the call (reset, broken pipe, end of
     file, closed), so that sending it again on a new one may succeed? Not a
     timeout (the server may be slow and still run the first copy), nor

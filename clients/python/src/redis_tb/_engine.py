@@ -43,7 +43,7 @@ DETECTION_TIMEOUT_FACTOR = 5
 @dataclass(frozen=True)
 class Send:
     """A command; `retry`: sent again once on a new connection if the
-    connection dropped under it (`_core.dropped`)."""
+    connection dropped under it (`_core.is_dropped`)."""
 
     args: tuple
     route: str = BY_KEY
@@ -74,7 +74,7 @@ class Sleep:
     seconds: float
 
 
-class Backend:
+class BackendState:
     """Which backend a limiter uses, and why; changed only by `detect` and
     `ensure`."""
 
@@ -130,7 +130,7 @@ def _module_present():
     return _core.module_present(info)
 
 
-def detect(state: Backend):
+def detect(state: BackendState):
     """Choose the backend (forced, or: module, else FUNCTION LOAD, else the
     script) and load the Lua code it needs on every primary."""
     if state.requested == "module":
@@ -154,7 +154,7 @@ def detect(state: Backend):
     return state.use("function", "no TB.TAKE on the server; FUNCTION LOAD of lua/tb.lua")
 
 
-def ensure(state: Backend):
+def ensure(state: BackendState):
     """The backend for the next call: detected on the first call that
     reaches the server; on Lua after the module went away, the module is
     looked for again at most every `recheck_s`."""
@@ -182,14 +182,14 @@ def _translated(gen):
         raise _core.limiter_error(e) from e
 
 
-def run(state: Backend, call: Call):
+def run(state: BackendState, call: Call):
     """One call under the failure rule: a server change (module gone,
     script or function flushed) detects the backend again and retries once;
     any other error, or the retry's, is raised as its class."""
     return (yield from _translated(_run(state, call)))
 
 
-def _run(state: Backend, call: Call):
+def _run(state: BackendState, call: Call):
     backend = yield from ensure(state)
     try:
         reply = yield Send(tuple(_core.command(backend, call, state.sha)), retry=call.retry)
@@ -207,7 +207,7 @@ def _run(state: Backend, call: Call):
 LEASE_POLL_S = 0.1
 
 
-def wait_acquire(state: Backend, call: Call, timeout_ms: int, poll_s: float = LEASE_POLL_S):
+def wait_acquire(state: BackendState, call: Call, timeout_ms: int, poll_s: float = LEASE_POLL_S):
     """Acquire, waiting up to timeout_ms (0: no limit). Module: TB.ACQUIRE
     with timeout_ms on the slot owner, first come first served by the
     server. Lua: acquire, sleep min(retry_after_ms, poll_s), retry (not
@@ -215,7 +215,7 @@ def wait_acquire(state: Backend, call: Call, timeout_ms: int, poll_s: float = LE
     return (yield from _translated(_wait(state, call, timeout_ms, poll_s)))
 
 
-def wait_take(state: Backend, call: Call, timeout_ms: int):
+def wait_take(state: BackendState, call: Call, timeout_ms: int):
     """Take, waiting up to timeout_ms (0: no limit). Module: TB.BTAKE on the
     slot owner, served first come first served by the server. Lua: take,
     sleep the announced wait, retry (not first come first served)."""
@@ -229,7 +229,7 @@ def _done(d) -> bool:
     return d.allowed or d.retry_after_ms < 0
 
 
-def _wait(state: Backend, call: Call, timeout_ms: int, poll_s: Optional[float]):
+def _wait(state: BackendState, call: Call, timeout_ms: int, poll_s: Optional[float]):
     deadline = None if timeout_ms == 0 else time.monotonic() + timeout_ms / 1000
     backend = yield from ensure(state)
     if backend == "module":
@@ -258,7 +258,7 @@ def _wait(state: Backend, call: Call, timeout_ms: int, poll_s: Optional[float]):
         yield Sleep(pause)
 
 
-def _reserve(state: Backend, call: Call, deadline: Optional[float], timeout_ms: int):
+def _reserve(state: BackendState, call: Call, deadline: Optional[float], timeout_ms: int):
     """wait_take without the module: ONE reservation (TB.TAKE's MAXWAIT,
     the timeout; no limit is MAXWAIT 2^53) and one sleep for the delay it
     returns. Reservations queue in the bucket's debt, so this is first come
@@ -338,7 +338,7 @@ async def adrive(gen, execute):
                 try:
                     result = await execute(step)
                 except Exception as e:
-                    if not (getattr(step, "retry", False) and _core.dropped(e)):
+                    if not (getattr(step, "retry", False) and _core.is_dropped(e)):
                         raise
                     result = await execute(step)
             except Exception as e:

@@ -214,7 +214,7 @@ class LRU(OrderedDict):
             self.popitem(last=False)
 
 
-class LocalBuckets:
+class LocalLimiter:
     """Each key's bucket in process at 1/instances of its limit."""
 
     def __init__(self, instances: int, max_keys: int):
@@ -248,7 +248,7 @@ class LocalBuckets:
         self.buckets.clear()
 
 
-def refill_wait_ms(remaining: int, n: float, capacity: float, rate: float, reset_after_ms: int) -> int:
+def primed_denial_ms(remaining: int, n: float, capacity: float, rate: float, reset_after_ms: int) -> int:
     """After an allowed take of `n` that left `remaining` < n whole tokens:
     how long the same take stays denied, from the reply alone. The bucket
     is full after reset_after_ms and holds n (capacity - n) / rate seconds
@@ -312,7 +312,7 @@ class DenialCache:
         """Keep the server's denial `d` of `call` until its retry time; and
         an allowed take that left fewer than n tokens as the denial the
         next one would get, until the bucket holds n again
-        (`refill_wait_ms`): so a flood by one id reaches the server once
+        (`primed_denial_ms`): so a flood by one id reaches the server once
         per retry window, not twice."""
         if d.allowed:
             # Only a plain take: a reservation may go into debt, and under a
@@ -321,7 +321,7 @@ class DenialCache:
             if call.op != "take" or call.options:
                 return
             n = call.amounts[0]
-            wait = refill_wait_ms(d.remaining, n, float(d.capacity), float(d.rate), d.reset_after_ms)
+            wait = primed_denial_ms(d.remaining, n, float(d.capacity), float(d.rate), d.reset_after_ms)
             index = 0
         else:
             if "MAXWAIT" in call.options:
@@ -366,7 +366,7 @@ class Shield:
         self.local_probe_ms = int(local_probe_ms)
         if not isinstance(cache_denials, bool):
             raise InvalidArgument(f"cache_denials must be a bool, not {cache_denials!r}")
-        self.local = LocalBuckets(self.instances, self.local_max_keys) if on_unavailable == "local" else None
+        self.local = LocalLimiter(self.instances, self.local_max_keys) if on_unavailable == "local" else None
         self.cache = DenialCache(self.local_max_keys) if cache_denials else None
         self.clock = clock
         self.down = False  # in an outage (only with the local limiter)

@@ -68,7 +68,7 @@ class AsyncRateLimiter:
                  on_unavailable: str = "raise", instances: int = 1, local_max_keys: int = 10_000,
                  local_probe_ms: int = 1_000, cache_denials: bool = False,
                  module_recheck_ms: int = _engine.MODULE_RECHECK_MS):
-        self._state = _engine.Backend(backend, module_recheck_ms)
+        self._state = _engine.BackendState(backend, module_recheck_ms)
         self._shield = _local.Shield(on_unavailable, instances, local_max_keys, local_probe_ms, cache_denials)
         self.timeout = timeout
         self._cluster = isinstance(client, AsyncRedisCluster)
