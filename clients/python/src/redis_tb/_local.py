@@ -350,11 +350,49 @@ def _positive_int(value, what: str) -> int:
     return int(value)
 
 
+class Outage:
+    """Whether Redis is taken to be down, and when to try it again: during
+    an outage nothing is sent for `probe_ms`, then one call probes Redis
+    (docs/clients.md#when-redis-is-down-the-local-limiter). The times are
+    whole ms, passed in; the caller holds the lock (`Shield`'s)."""
+
+    def __init__(self, probe_ms: int, instances: int):
+        self.probe_ms = probe_ms
+        self.instances = instances
+        self.active = False
+        self.probe_at_ms = 0
+        self.reason = ""  # the error that started it
+
+    def should_send(self, now_ms: int) -> bool:
+        """Whether a call at `now_ms` goes to Redis (in an outage: it
+        becomes the probe, and the next one is `probe_ms` later)."""
+        if not self.active:
+            return True
+        if now_ms < self.probe_at_ms:
+            return False
+        self.probe_at_ms = now_ms + self.probe_ms
+        return True
+
+    def failed(self, reason: str, now_ms: int) -> bool:
+        """A call found Redis unreachable: nothing is sent for another
+        `probe_ms`. True when this starts the outage (log it)."""
+        self.probe_at_ms = now_ms + self.probe_ms
+        if self.active:
+            return False
+        self.active, self.reason = True, reason
+        return True
+
+    def succeeded(self) -> bool:
+        """A call reached Redis. True when this ends the outage (log it)."""
+        ended, self.active = self.active, False
+        return ended
+
+
 class Shield:
-    """A limiter's answers without a round trip, and its outage state: the
-    denial cache (`cache_denials`), and with on_unavailable="local" the
-    local limiter, which answers while Redis is unreachable, probing it
-    again every `local_probe_ms`. Both drivers ask it before a call
+    """A limiter's answers without a round trip: the denial cache
+    (`cache_denials`), and with on_unavailable="local" the local limiter,
+    which answers during an `Outage` (while Redis is unreachable, probing
+    it again every `local_probe_ms`). Both drivers ask it before a call
     (`before`), and tell it how the call went (`after`, `failed`)."""
 
     def __init__(self, on_unavailable="raise", instances=1, local_max_keys=10_000, local_probe_ms=1_000,
@@ -367,11 +405,9 @@ class Shield:
         if not isinstance(cache_denials, bool):
             raise InvalidArgument(f"cache_denials must be a bool, not {cache_denials!r}")
         self.local = LocalLimiter(self.instances, self.local_max_keys) if on_unavailable == "local" else None
-        self.cache = DenialCache(self.local_max_keys) if cache_denials else None
+        self.outage = Outage(self.local_probe_ms, self.instances)  # only the local limiter starts one
+        self.denials = DenialCache(self.local_max_keys) if cache_denials else None
         self.clock = clock
-        self.down = False  # in an outage (only with the local limiter)
-        self.next_probe_ms = 0
-        self.reason = ""
         self._lock = threading.Lock()
 
     # `plain`: the call is one command (not a wait), so the cache and the
@@ -381,37 +417,38 @@ class Shield:
         """An answer without Redis, or None: send the call. During an
         outage, between probes, a call the local limiter cannot answer
         raises LimiterUnavailable without a round trip."""
-        cache = self.cache
-        if cache is not None:
+        denials = self.denials
+        if denials is not None:
             if call.op in FORGETTING_OPS:
-                cache.forget(call.keys[0])
-            elif plain and cache.entries and call.op in CACHED_OPS:
+                denials.forget(call.keys[0])
+            elif plain and denials.entries and call.op in CACHED_OPS:
                 with self._lock:
-                    d = cache.answer(call, self.clock())
+                    d = denials.answer(call, self.clock())
                 if d is not None:
                     return d
-        if not self.down:
+        outage = self.outage
+        if not outage.active:
             return None
         with self._lock:
             now = self.clock()
-            if now >= self.next_probe_ms:  # this call probes Redis; the others wait for it
-                self.next_probe_ms = now + self.local_probe_ms
+            if outage.should_send(now):  # this call probes Redis; the others wait for it
                 return None
             if plain and call.op in LOCAL_OPS:
                 return self.local.decide(call, now)
-        raise LimiterUnavailable(f"Redis unreachable ({self.reason}); next try within {self.local_probe_ms} ms")
+        raise LimiterUnavailable(f"Redis unreachable ({outage.reason}); next try within {self.local_probe_ms} ms")
 
     def after(self, call: Call, result, plain: bool = True):
         """The call reached Redis: an outage is over; a denial is remembered."""
-        if self.down:
+        if self.outage.active:
             with self._lock:
-                was_down, self.down = self.down, False
-                self.local.clear()
-            if was_down:
+                ended = self.outage.succeeded()
+                if ended:
+                    self.local.clear()
+            if ended:
                 log.warning("redis-tb: Redis reachable again; limits come from Redis")
-        if self.cache is not None and plain and call.op in CACHED_OPS:
+        if self.denials is not None and plain and call.op in CACHED_OPS:
             with self._lock:
-                self.cache.remember(call, result, self.clock())
+                self.denials.remember(call, result, self.clock())
 
     def failed(self, call: Call, error: LimiterUnavailable, plain: bool = True) -> Decision:
         """The call found Redis unreachable: raise `error`, or (the local
@@ -420,9 +457,7 @@ class Shield:
             raise error
         with self._lock:
             now = self.clock()
-            if not self.down:
-                self.down, self.reason = True, str(error)
-                self.next_probe_ms = now + self.local_probe_ms
+            if self.outage.failed(str(error), now):
                 log.warning("redis-tb: Redis unreachable (%s); limiting in process at 1/%d of each limit",
                             error, self.instances)
             if plain and call.op in LOCAL_OPS:
