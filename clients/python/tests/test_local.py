@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from redis_tb import _core, _local
+from redis_tb import _core, _engine, _local
 from redis_tb._core import Decision, InvalidArgument, Limit, LimiterUnavailable
 
 CASES = json.loads((Path(__file__).resolve().parents[2] / "conformance" / "vectors" / "local.json").read_text())["cases"]
@@ -72,7 +72,7 @@ class Clock:
 
 
 def shield(clock, **kw):
-    return _local.Shield(clock=clock, **kw)
+    return _engine.Shield(clock=clock, **kw)
 
 
 TAKE = _core.single("take", "k", 10, 1, 1, "default")

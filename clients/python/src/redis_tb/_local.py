@@ -1,8 +1,9 @@
-"""What a limiter answers without Redis: the local limiter for outages and
-the denial cache (docs/clients.md#when-redis-is-down-the-local-limiter,
-#the-denial-cache). Pure: no I/O; the clock is passed in (or injected), so
-both drivers share it and the tests replay clients/conformance/vectors/local.json
-on a virtual clock.
+"""What a limiter answers without Redis: the local limiter, the denial cache
+and the outage that says when the local limiter answers
+(docs/clients.md#when-redis-is-down-the-local-limiter, #the-denial-cache).
+Pure: no I/O, no lock; the clock is passed in, so the tests replay
+clients/conformance/vectors/local.json on a virtual clock. The engine's
+`Shield` holds the three and asks them around each call.
 
 The bucket arithmetic is core/src/bucket.rs's `take`, `take_all` and
 `first_ms_when` (which lua/tb.lua follows too), in the same operation
@@ -11,29 +12,16 @@ order, so the doubles, and so the answers, are identical.
 
 from __future__ import annotations
 
-import logging
 import math
-import threading
 import time
 from collections import OrderedDict
 from typing import Optional, Tuple
 
-from ._core import Call, Decision, InvalidArgument, LimiterUnavailable, quick_decision, whole_text
-
-log = logging.getLogger("redis_tb")
+from ._core import Call, Decision, quick_decision
 
 MAX_EXACT = 2**53
 _MAX_EXACT_F = float(MAX_EXACT)
 _floor, _ceil = math.floor, math.ceil  # module globals: a local take looks them up without `math.`
-
-#: The calls the local limiter answers during an outage; every other call
-#: (refund, charge, unblock, waits, leases) raises LimiterUnavailable.
-LOCAL_OPS = frozenset({"take", "peek", "takeall"})
-#: The calls the denial cache answers (a peek takes nothing: it goes to Redis).
-CACHED_OPS = frozenset({"take", "takeall"})
-#: The calls that drop the key's cached denial (when sent): they may give
-#: tokens back or lift a lock.
-FORGETTING_OPS = frozenset({"refund", "charge", "unblock"})
 
 # An outcome: (allowed, remaining, retry_after_ms, reset_after_ms, write),
 # write the (tokens, last_refill_ms) to store or None.
@@ -337,19 +325,6 @@ class DenialCache:
         self.entries.pop(key, None)
 
 
-def _choice(value, what: str, allowed) -> str:
-    if value not in allowed:
-        raise InvalidArgument(f"{what} must be one of {allowed}, not {value!r}")
-    return value
-
-
-def _positive_int(value, what: str) -> int:
-    whole_text(value, what)
-    if value < 1:
-        raise InvalidArgument(f"{what} must be at least 1, not {value!r}")
-    return int(value)
-
-
 class Outage:
     """Whether Redis is taken to be down, and when to try it again: during
     an outage nothing is sent for `probe_ms`, then one call probes Redis
@@ -386,80 +361,3 @@ class Outage:
         """A call reached Redis. True when this ends the outage (log it)."""
         ended, self.active = self.active, False
         return ended
-
-
-class Shield:
-    """A limiter's answers without a round trip: the denial cache
-    (`cache_denials`), and with on_unavailable="local" the local limiter,
-    which answers during an `Outage` (while Redis is unreachable, probing
-    it again every `local_probe_ms`). Both drivers ask it before a call
-    (`before`), and tell it how the call went (`after`, `failed`)."""
-
-    def __init__(self, on_unavailable="raise", instances=1, local_max_keys=10_000, local_probe_ms=1_000,
-                 cache_denials=False, clock=wall_ms):
-        self.on_unavailable = _choice(on_unavailable, "on_unavailable", ("raise", "local"))
-        self.instances = _positive_int(instances, "instances")
-        self.local_max_keys = _positive_int(local_max_keys, "local_max_keys")
-        whole_text(local_probe_ms, "local_probe_ms")
-        self.local_probe_ms = int(local_probe_ms)
-        if not isinstance(cache_denials, bool):
-            raise InvalidArgument(f"cache_denials must be a bool, not {cache_denials!r}")
-        self.local = LocalLimiter(self.instances, self.local_max_keys) if on_unavailable == "local" else None
-        self.outage = Outage(self.local_probe_ms, self.instances)  # only the local limiter starts one
-        self.denials = DenialCache(self.local_max_keys) if cache_denials else None
-        self.clock = clock
-        self._lock = threading.Lock()
-
-    # `plain`: the call is one command (not a wait), so the cache and the
-    # local limiter may answer it.
-
-    def before(self, call: Call, plain: bool = True) -> Optional[Decision]:
-        """An answer without Redis, or None: send the call. During an
-        outage, between probes, a call the local limiter cannot answer
-        raises LimiterUnavailable without a round trip."""
-        denials = self.denials
-        if denials is not None:
-            if call.op in FORGETTING_OPS:
-                denials.forget(call.keys[0])
-            elif plain and denials.entries and call.op in CACHED_OPS:
-                with self._lock:
-                    d = denials.answer(call, self.clock())
-                if d is not None:
-                    return d
-        outage = self.outage
-        if not outage.active:
-            return None
-        with self._lock:
-            now = self.clock()
-            if outage.should_send(now):  # this call probes Redis; the others wait for it
-                return None
-            if plain and call.op in LOCAL_OPS:
-                return self.local.decide(call, now)
-        raise LimiterUnavailable(f"Redis unreachable ({outage.reason}); next try within {self.local_probe_ms} ms")
-
-    def after(self, call: Call, result, plain: bool = True):
-        """The call reached Redis: an outage is over; a denial is remembered."""
-        if self.outage.active:
-            with self._lock:
-                ended = self.outage.succeeded()
-                if ended:
-                    self.local.clear()
-            if ended:
-                log.warning("redis-tb: Redis reachable again; limits come from Redis")
-        if self.denials is not None and plain and call.op in CACHED_OPS:
-            with self._lock:
-                self.denials.remember(call, result, self.clock())
-
-    def failed(self, call: Call, error: LimiterUnavailable, plain: bool = True) -> Decision:
-        """The call found Redis unreachable: raise `error`, or (the local
-        limiter) start the outage and answer locally what it can."""
-        if self.local is None:
-            raise error
-        with self._lock:
-            now = self.clock()
-            if self.outage.failed(str(error), now):
-                log.warning("redis-tb: Redis unreachable (%s); limiting in process at 1/%d of each limit",
-                            error, self.instances)
-            if plain and call.op in LOCAL_OPS:
-                return self.local.decide(call, now)
-        raise error
