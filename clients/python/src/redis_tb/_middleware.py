@@ -214,7 +214,7 @@ class OutageLog:
             log.warning("redis-tb: rate limiter unavailable, %s: %s", action, error)
         return FAIL_OPEN if self.fail_open else FAIL_CLOSED
 
-    def ok(self):
+    def succeeded(self):
         if not self.down:
             return
         with self._lock:
