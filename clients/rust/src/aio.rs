@@ -331,7 +331,7 @@ where
         let mut asking = false;
         let mut resent = false;
         // One round more than the redirects: the one resend.
-        for _ in 0..=core::MAX_REDIRECTS + 1 {
+        for _ in 0..=core::MAX_REDIRECTIONS + 1 {
             let con = match pool.checkout(&addr) {
                 Some(con) => con,
                 None => {
@@ -382,7 +382,7 @@ where
         }
         Err(Error::Other(format!(
             "TB.BTAKE: more than {} redirects",
-            core::MAX_REDIRECTS
+            core::MAX_REDIRECTIONS
         )))
     }
 
@@ -421,7 +421,7 @@ where
             }
             Err(None) => Some(Err(core::timed_out(Instant::now(), Duration::ZERO))),
             Err(Some(e)) => {
-                let redirect = core::redirect_of(&e);
+                let redirect = core::redirection(&e);
                 if !error::is_connection_problem(&e) {
                     pool.checkin(addr.clone(), con);
                 } else {

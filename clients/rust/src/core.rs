@@ -5,7 +5,7 @@
 //! back what the server answered.
 
 use crate::backend::{self, Backend, Line, Request, Resolved};
-use crate::error::{classify, error_of, is_dropped, reply_text, Error, FailureClass, Result};
+use crate::error::{classify, is_dropped, limiter_error, reply_text, Error, FailureClass, Result};
 use redis::{Cmd, RedisError, Value};
 use std::time::{Duration, Instant};
 
@@ -282,15 +282,15 @@ impl<'a, R: Request> Exchange<'a, R> {
             if is_dropped(&error) && !self.resent && self.call.resend_on_drop() {
                 return self.resend();
             }
-            return Step::Done(Err(error_of(&error)));
+            return Step::Done(Err(limiter_error(&error)));
         }
         match phase {
             // The server refused COMMAND INFO (an ACL without `command`): it
             // tells nothing of the module, so the Lua backend is tried, as in
             // the Python and Node libraries (docs/clients.md).
             Phase::CommandInfo { recheck } => self.without_module(recheck),
-            Phase::ScriptLoad { .. } => Step::Done(Err(error_of(&error))),
-            Phase::FunctionLoad { forced: true } => Step::Done(Err(error_of(&error))),
+            Phase::ScriptLoad { .. } => Step::Done(Err(limiter_error(&error))),
+            Phase::FunctionLoad { forced: true } => Step::Done(Err(limiter_error(&error))),
             // FUNCTION is missing (Redis < 7) or refused: the script works everywhere.
             Phase::FunctionLoad { forced: false } => self.go(
                 Phase::ScriptLoad {
@@ -314,7 +314,7 @@ impl<'a, R: Request> Exchange<'a, R> {
                 }
                 self.detect()
             }
-            Phase::Call(_) => Step::Done(Err(error_of(&error))),
+            Phase::Call(_) => Step::Done(Err(limiter_error(&error))),
         }
     }
 
@@ -420,7 +420,7 @@ pub(crate) fn poll_wait(
 }
 
 /// Where the error reply `e` sends a command, if it is a `MOVED` or `ASK`.
-pub(crate) fn redirect_of(e: &RedisError) -> Option<(bool, String)> {
+pub(crate) fn redirection(e: &RedisError) -> Option<(bool, String)> {
     reply_text(e).and_then(|reply| redirect(&reply))
 }
 
@@ -451,7 +451,7 @@ pub(crate) fn client_at(seed: &redis::Client, addr: Option<&str>) -> Result<redi
 }
 
 /// How many `MOVED`/`ASK` a wait follows before it gives up.
-pub(crate) const MAX_REDIRECTS: usize = 5;
+pub(crate) const MAX_REDIRECTIONS: usize = 5;
 
 /// The CRC16 (XMODEM) of Redis Cluster's key hashing.
 fn crc16(data: &[u8]) -> u16 {

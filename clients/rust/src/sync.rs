@@ -278,7 +278,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
         let mut asking = false;
         let mut resent = false;
         // One round more than the redirects: the one resend.
-        for _ in 0..=crate::core::MAX_REDIRECTS + 1 {
+        for _ in 0..=crate::core::MAX_REDIRECTIONS + 1 {
             let mut con = match self.waits.remove(&addr) {
                 Some(con) => con,
                 None => ManagedConnection::with_read_timeout(
@@ -302,7 +302,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
                 call.blocking(timeout_ms).query::<Value>(&mut con)
             };
             let redirect = match &reply {
-                Err(e) => crate::core::redirect_of(e),
+                Err(e) => crate::core::redirection(e),
                 Ok(_) => None,
             };
             self.waits.insert(addr.clone(), con);
@@ -326,7 +326,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
         }
         Err(Error::Other(format!(
             "TB.BTAKE: more than {} redirects",
-            crate::core::MAX_REDIRECTS
+            crate::core::MAX_REDIRECTIONS
         )))
     }
 }
