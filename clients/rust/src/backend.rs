@@ -477,9 +477,9 @@ pub(crate) fn lua_command(
     cmd
 }
 
-/// One kind of limiter call as the sans-IO core sees it: the command for
+/// One kind of limiter call as the sans-IO engine sees it: the command for
 /// each backend, the blocking form for a wait, and how to read the reply.
-/// [`Exchange`](crate::core::Exchange) drives any of them through
+/// [`Exchange`](crate::engine::Exchange) drives any of them through
 /// detection, one retry and the failure rule.
 pub(crate) trait Request {
     /// What the call answers.

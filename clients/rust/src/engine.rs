@@ -1,4 +1,4 @@
-//! The sans-IO core: bucket keys and slots, and the backend choice with its
+//! The sans-IO engine: bucket keys and slots, and the backend choice with its
 //! retries as a state machine over replies, judged by the one failure rule
 //! of [`crate::error`].
 //! The sync and async drivers only send what [`Exchange`] asks for and hand

@@ -5,7 +5,7 @@
 //! `.await`: written once, so that their code and docs cannot drift apart.
 
 use crate::backend::{emit, Call, Logger, Op, Request, Timeouts};
-use crate::core::MODULE_RECHECK;
+use crate::engine::MODULE_RECHECK;
 use crate::error::{Error, Result};
 use crate::lease::{self, AcquireCall, LeaseDecision};
 use crate::local::{now_ms, InProcess, LocalSettings, Turn};
@@ -453,7 +453,7 @@ macro_rules! limiter_methods {
         ) -> $crate::error::Result<R::Output>
         where
             R: $crate::backend::Blocking,
-            R::Output: $crate::core::Awaited,
+            R::Output: $crate::engine::Awaited,
         {
             use $crate::backend::Backend;
             use $crate::error::{classify_reply, Error, FailureClass};
@@ -468,7 +468,7 @@ macro_rules! limiter_methods {
                             if classify_reply(&r) == FailureClass::ServerChanged =>
                         {
                             // The module went away: detect again, then poll on Lua.
-                            self.learn(vec![$crate::core::Learned::Stale]);
+                            self.learn(vec![$crate::engine::Learned::Stale]);
                         }
                         other => return other,
                     }
@@ -476,7 +476,7 @@ macro_rules! limiter_methods {
                     $crate::backend::emit(
                         &self.opts.logger,
                         log::Level::Info,
-                        $crate::core::POLLING_NOTE,
+                        $crate::engine::POLLING_NOTE,
                     );
                 }
             }
@@ -500,10 +500,10 @@ macro_rules! limiter_methods {
         ) -> $crate::error::Result<R::Output>
         where
             R: $crate::backend::Blocking,
-            R::Output: $crate::core::Awaited,
+            R::Output: $crate::engine::Awaited,
         {
-            use $crate::core::Awaited;
-            let deadline = $crate::core::deadline_after(timeout_ms);
+            use $crate::engine::Awaited;
+            let deadline = $crate::engine::deadline_after(timeout_ms);
             let answer = self.run(reservation) $($aw)* ?;
             if let Some(wait) = answer.reserved_for() {
                 $sleep(wait) $($aw)*;
@@ -528,13 +528,13 @@ macro_rules! limiter_methods {
         ) -> $crate::error::Result<R::Output>
         where
             R: $crate::backend::Blocking,
-            R::Output: $crate::core::Awaited,
+            R::Output: $crate::engine::Awaited,
         {
-            let deadline = $crate::core::deadline_after(timeout_ms);
+            let deadline = $crate::engine::deadline_after(timeout_ms);
             loop {
                 let decision = self.run(call) $($aw)* ?;
                 let now = std::time::Instant::now();
-                match $crate::core::poll_wait(&decision, call.poll_cap(), deadline, now) {
+                match $crate::engine::poll_wait(&decision, call.poll_cap(), deadline, now) {
                     None => return Ok(decision),
                     Some(wait) => $sleep(wait) $($aw)*,
                 }

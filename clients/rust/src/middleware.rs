@@ -3,8 +3,8 @@
 
 use crate::aio::{AsyncLeaseGuard, AsyncRateLimiter};
 use crate::backend::{emit, Logger};
-use crate::core::bucket_key;
 use crate::decision::{check_policy, sf_string, Decision, Limit, Policy, Source};
+use crate::engine::bucket_key;
 use crate::error::{Error, Result};
 use crate::lease::{LeaseDecision, Permit};
 use crate::local::OnUnavailable;

@@ -3,7 +3,7 @@
 //! [`ManagedConnection`] this crate makes with short timeouts).
 
 use crate::backend::{emit, emit_line, Backend, Blocking, Request, Timeouts};
-use crate::core::{BackendState, Exchange, Learned, Step};
+use crate::engine::{BackendState, Exchange, Learned, Step};
 use crate::error::{is_connection_problem, is_dropped, Error, Result};
 use crate::lease::{self, LeaseDecision, Permit, Renewal};
 use crate::limiter::{wait_read_bound, Options};
@@ -278,11 +278,11 @@ impl<C: ConnectionLike> RateLimiter<C> {
         let mut asking = false;
         let mut resent = false;
         // One round more than the redirects: the one resend.
-        for _ in 0..=crate::core::MAX_REDIRECTIONS + 1 {
+        for _ in 0..=crate::engine::MAX_REDIRECTIONS + 1 {
             let mut con = match self.waits.remove(&addr) {
                 Some(con) => con,
                 None => ManagedConnection::with_read_timeout(
-                    crate::core::client_at(client, addr.as_deref())?,
+                    crate::engine::client_at(client, addr.as_deref())?,
                     self.opts.timeouts,
                     read,
                 ),
@@ -302,7 +302,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
                 call.blocking(timeout_ms).query::<Value>(&mut con)
             };
             let redirect = match &reply {
-                Err(e) => crate::core::redirection(e),
+                Err(e) => crate::engine::redirection(e),
                 Ok(_) => None,
             };
             self.waits.insert(addr.clone(), con);
@@ -326,7 +326,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
         }
         Err(Error::Other(format!(
             "TB.BTAKE: more than {} redirects",
-            crate::core::MAX_REDIRECTIONS
+            crate::engine::MAX_REDIRECTIONS
         )))
     }
 }
