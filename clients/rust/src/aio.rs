@@ -326,7 +326,7 @@ where
     ) -> Result<R::Output> {
         let timeouts = self.opts.timeouts;
         let pool = &self.state.waits;
-        let slot = engine::key_slot(call.first_key());
+        let slot = crate::decision::key_slot(call.first_key());
         let mut addr = pool.owner(slot);
         let mut asking = false;
         let mut resent = false;

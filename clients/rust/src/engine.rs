@@ -1,6 +1,6 @@
-//! The sans-IO engine: bucket keys and slots, and the backend choice with its
-//! retries as a state machine over replies, judged by the one failure rule
-//! of [`crate::error`].
+//! The sans-IO engine: the backend choice with its retries as a state
+//! machine over replies, judged by the one failure rule of [`crate::error`],
+//! and the waits' rules (polling, redirections).
 //! The sync and async drivers only send what [`Exchange`] asks for and hand
 //! back what the server answered.
 
@@ -8,30 +8,6 @@ use crate::backend::{self, Backend, Line, Request, Resolved};
 use crate::error::{classify, is_dropped, limiter_error, reply_text, Error, FailureClass, Result};
 use redis::{Cmd, RedisError, Value};
 use std::time::{Duration, Instant};
-
-/// The id as it goes between the braces of a bucket key: `%` -> `%25`,
-/// `{` -> `%7B`, `}` -> `%7D`, and the empty id -> `%`. The result never
-/// holds a brace and is never empty, so it is always exactly the hash tag.
-pub fn escape_id(id: &str) -> String {
-    if id.is_empty() {
-        return "%".into();
-    }
-    let mut out = String::with_capacity(id.len());
-    for c in id.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            '{' => out.push_str("%7B"),
-            '}' => out.push_str("%7D"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// The bucket of caller `id` under policy `name`: `<prefix>{<escaped id>}:<name>`.
-pub fn bucket_key(prefix: &str, id: &str, name: &str) -> String {
-    format!("{prefix}{{{}}}:{name}", escape_id(id))
-}
 
 /// How often a limiter on Lua that has seen the module looks for it again.
 pub(crate) const MODULE_RECHECK: Duration = Duration::from_secs(30);
@@ -453,34 +429,6 @@ pub(crate) fn client_at(seed: &redis::Client, addr: Option<&str>) -> Result<redi
 /// How many `MOVED`/`ASK` a wait follows before it gives up.
 pub(crate) const MAX_REDIRECTIONS: usize = 5;
 
-/// The CRC16 (XMODEM) of Redis Cluster's key hashing.
-fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in data {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
-
-/// The cluster slot of `key`: the CRC16 of its hash tag (the part between
-/// the first `{` and the next `}`, when not empty) or of the whole key.
-pub fn key_slot(key: &str) -> u16 {
-    let bytes = key.as_bytes();
-    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
-        let rest = bytes.get(open + 1..)?;
-        let close = rest.iter().position(|&b| b == b'}')?;
-        (close > 0).then(|| rest.get(..close)).flatten()
-    });
-    crc16(tagged.unwrap_or(bytes)) % 16384
-}
-
 /// The error of a call that hit the limiter's own time bound (async only:
 /// the sync connections carry their timeouts themselves).
 #[cfg(feature = "tokio")]
@@ -494,28 +442,6 @@ pub(crate) fn timed_out(started: Instant, limit: Duration) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ids_are_escaped_as_the_spec_says() {
-        for (id, key) in [
-            ("alice", "ratelimit:{alice}:sec"),
-            ("}x", "ratelimit:{%7Dx}:sec"),
-            ("{}", "ratelimit:{%7B%7D}:sec"),
-            ("50%", "ratelimit:{50%25}:sec"),
-            ("", "ratelimit:{%}:sec"),
-        ] {
-            assert_eq!(bucket_key("ratelimit:", id, "sec"), key, "id {id:?}");
-        }
-    }
-
-    #[test]
-    fn the_slot_function_matches_redis_reference_values() {
-        assert_eq!(crc16(b"123456789"), 0x31C3);
-        assert_eq!(key_slot("foo"), 12182);
-        assert_eq!(key_slot("{user1000}.following"), key_slot("user1000"));
-        assert_eq!(key_slot("foo{}{bar}"), key_slot("foo{}{bar}"));
-        assert_ne!(key_slot("foo{}{bar}"), key_slot("bar"));
-    }
 
     #[test]
     fn redirects_name_the_node() {

@@ -54,8 +54,10 @@ mod vectors;
 #[cfg(feature = "tokio")]
 pub use aio::{AsyncLeaseGuard, AsyncRateLimiter, LazyConnectionManager};
 pub use backend::{lua_script, Backend, Logger, Timeouts, LUA_LIBRARY};
-pub use decision::{check_policy, BucketKey, Decision, Limit, Policy, Source, TakeOptions};
-pub use engine::{bucket_key, escape_id, key_slot};
+pub use decision::{
+    bucket_key, check_policy, escape_id, key_slot, BucketKey, Decision, Limit, Policy, Source,
+    TakeOptions,
+};
 pub use error::{classify_reply, Error, FailureClass, Result};
 pub use lease::{LeaseDecision, LeaseId, Permit, LEASE_POLL_DEFAULT};
 pub use local::{OnUnavailable, LOCAL_MAX_KEYS_DEFAULT, LOCAL_PROBE_MS_DEFAULT};

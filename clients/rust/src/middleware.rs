@@ -3,8 +3,7 @@
 
 use crate::aio::{AsyncLeaseGuard, AsyncRateLimiter};
 use crate::backend::{emit, Logger};
-use crate::decision::{check_policy, sf_string, Decision, Limit, Policy, Source};
-use crate::engine::bucket_key;
+use crate::decision::{bucket_key, check_policy, sf_string, Decision, Limit, Policy, Source};
 use crate::error::{Error, Result};
 use crate::lease::{LeaseDecision, Permit};
 use crate::local::OnUnavailable;
