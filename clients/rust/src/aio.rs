@@ -282,11 +282,13 @@ where
     /// One call: answered in process if it can be, else sent under the
     /// failure rule, its outcome through the outage and the denial cache.
     async fn run<R: Request>(&self, call: &R) -> Result<R::Output> {
-        if let Some(answer) = self.opts.before(call) {
+        if let Some(answer) = self.opts.shield.before(&self.opts.local, call) {
             return answer;
         }
         let outcome = self.send(call).await;
-        self.opts.after(call, outcome)
+        self.opts
+            .shield
+            .after(&self.opts.local, &self.opts.logger, call, outcome)
     }
 
     async fn send<R: Request>(&self, call: &R) -> Result<R::Output> {

@@ -1,11 +1,14 @@
 //! The sans-IO engine: the backend choice with its retries as a state
 //! machine over replies, judged by the one failure rule of [`crate::error`],
-//! and the waits' rules (polling, redirections).
+//! the waits' rules (polling, redirections), and the [`Shield`]: what is
+//! answered without Redis (the denial cache, the local limiter during an
+//! outage; their state is in [`crate::local`]).
 //! The sync and async drivers only send what [`Exchange`] asks for and hand
 //! back what the server answered.
 
-use crate::backend::{self, Backend, Line, Request, Resolved};
+use crate::backend::{self, emit, Backend, Line, Logger, Request, Resolved};
 use crate::error::{classify, is_dropped, limiter_error, reply_text, Error, FailureClass, Result};
+use crate::local::{now_ms, DenialCache, LocalLimiter, LocalSettings, Outage};
 use redis::{Cmd, RedisError, Value};
 use std::time::{Duration, Instant};
 
@@ -319,6 +322,103 @@ impl<'a, R: Request> Exchange<'a, R> {
             }
             Phase::Call(_) => Step::Done(self.call.parse(value)),
         }
+    }
+}
+
+/// What a limiter answers without a round trip: the denial cache
+/// (`cache_denials`), and with [`OnUnavailable::Local`](crate::OnUnavailable::Local)
+/// the local limiter, which answers during an [`Outage`] (while Redis is
+/// unreachable, probing it again every `probe_ms`). Both drivers ask it
+/// before a call (`before`) and give it the call's outcome (`after`).
+/// `Shield` in all three libraries; shared by a limiter's clones and by a
+/// middleware made from it.
+#[derive(Default)]
+pub(crate) struct Shield {
+    pub local: LocalLimiter,
+    pub denials: DenialCache,
+    pub outage: Outage,
+}
+
+impl Shield {
+    /// The answer given without a round trip, if there is one: a cached
+    /// denial, or (in an outage, before its next probe) the local limiter's
+    /// answer or `Unavailable`. `None`: send the call.
+    pub fn before<R: Request>(
+        &self,
+        settings: &LocalSettings,
+        call: &R,
+    ) -> Option<Result<R::Output>> {
+        if !settings.cache_denials && !settings.local() {
+            return None;
+        }
+        let now = now_ms();
+        if settings.cache_denials {
+            if let Some(denied) = call.cached(&self.denials, settings, now) {
+                return Some(Ok(denied));
+            }
+        }
+        if settings.local() && !self.outage.should_send(settings.probe_ms, now) {
+            return Some(self.locally(
+                settings,
+                call,
+                now,
+                "Redis unreachable: waiting to probe it again",
+            ));
+        }
+        None
+    }
+
+    /// The server's `outcome` of `call`, through the outage and the denial
+    /// cache: an unreachable Redis answered locally (with `local`), a
+    /// reachable one ending the outage, a denial kept.
+    pub fn after<R: Request>(
+        &self,
+        settings: &LocalSettings,
+        logger: &Option<Logger>,
+        call: &R,
+        outcome: Result<R::Output>,
+    ) -> Result<R::Output> {
+        match outcome {
+            Err(Error::Unavailable(reason)) if settings.local() => {
+                let now = now_ms();
+                if self.outage.failed(settings.probe_ms, now) {
+                    let line = format!(
+                        "redis-tb: Redis unreachable ({reason}); limiting in process at 1/{} of each limit",
+                        settings.instances.max(1)
+                    );
+                    emit(logger, log::Level::Warn, &line);
+                }
+                self.locally(settings, call, now, &reason)
+            }
+            Err(Error::Unavailable(reason)) => Err(Error::Unavailable(reason)),
+            outcome => {
+                if settings.local() && self.outage.succeeded() {
+                    self.local.clear();
+                    emit(
+                        logger,
+                        log::Level::Warn,
+                        "redis-tb: Redis reachable again; limits come from Redis",
+                    );
+                }
+                if let (true, Ok(answer)) = (settings.cache_denials, &outcome) {
+                    call.observe(answer, &self.denials, settings, now_ms());
+                }
+                outcome
+            }
+        }
+    }
+
+    /// The local limiter's answer to `call`, or `Unavailable` for a call it
+    /// does not serve.
+    fn locally<R: Request>(
+        &self,
+        settings: &LocalSettings,
+        call: &R,
+        now: i64,
+        reason: &str,
+    ) -> Result<R::Output> {
+        call.local(&self.local, settings, now)
+            .ok_or_else(|| Error::Unavailable(reason.to_string()))
     }
 }
 

@@ -230,11 +230,13 @@ impl<C: ConnectionLike> RateLimiter<C> {
     /// One call: answered in process if it can be, else sent under the
     /// failure rule, its outcome through the outage and the denial cache.
     fn run<R: Request>(&mut self, call: &R) -> Result<R::Output> {
-        if let Some(answer) = self.opts.before(call) {
+        if let Some(answer) = self.opts.shield.before(&self.opts.local, call) {
             return answer;
         }
         let outcome = self.send(call);
-        self.opts.after(call, outcome)
+        self.opts
+            .shield
+            .after(&self.opts.local, &self.opts.logger, call, outcome)
     }
 
     fn send<R: Request>(&mut self, call: &R) -> Result<R::Output> {
