@@ -859,13 +859,3 @@ def module_present(reply) -> bool:
         return any(entry for entry in reply)
     return bool(reply)
 
-
-def redirection(error: BaseException) -> Optional[Tuple[str, str, int]]:
-    """("MOVED" | "ASK", host, port) of a redirection reply, else None."""
-    if not isinstance(error, rex.ResponseError):
-        return None
-    parts = reply_text(error).split(" ")
-    if len(parts) != 3 or parts[0] not in ("MOVED", "ASK"):
-        return None
-    host, _, port = parts[2].rpartition(":")
-    return parts[0], host, int(port)

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+import redis.exceptions as rex
+
 from . import _core, _local
 from ._core import BACKENDS, BLOCKING_MARGIN_S, SERVER_CHANGED, UNAVAILABLE, Call, Decision, classify
 
@@ -287,6 +289,17 @@ def _reserve(state: BackendState, call: Call, deadline: Optional[float], timeout
     return (yield from _run(state, call))
 
 
+def redirection(error: BaseException) -> Optional[Tuple[str, str, int]]:
+    """("MOVED" | "ASK", host, port) of a redirection reply, else None."""
+    if not isinstance(error, rex.ResponseError):
+        return None
+    parts = _core.reply_text(error).split(" ")
+    if len(parts) != 3 or parts[0] not in ("MOVED", "ASK"):
+        return None
+    host, _, port = parts[2].rpartition(":")
+    return parts[0], host, int(port)
+
+
 def _btake(call: Call, deadline: Optional[float]):
     key = call.keys[0]
     node, asking = None, False
@@ -299,7 +312,7 @@ def _btake(call: Call, deadline: Optional[float]):
         try:
             reply = yield Block(key, tuple(_core.blocking_command(call, timeout_ms)), wait_s, node, asking)
         except Exception as e:
-            moved = _core.redirection(e)
+            moved = redirection(e)
             if moved is None:
                 raise
             kind, host, port = moved
