@@ -48,9 +48,11 @@ dist: build ## Release artifacts in dist/: the module's tarball and .deb, the li
 	cd $(ROOT) && TB_MODULE=$(MODULE) bash scripts/dist.sh
 
 # Python 3 standard library only: runs before anything is built or installed.
-check-paths: ## Fail if the docs or a comment name a path that does not exist, or the map in docs/development.md misses a src/ file
+check-paths: ## Fail if the docs or a comment name a path that does not exist, the map in docs/development.md misses a src/ file, or the library map in docs/clients.md names what its files do not define
 	cd $(ROOT) && python3 scripts/check-paths.py --self-test
 	cd $(ROOT) && python3 scripts/check-paths.py
+	cd $(ROOT) && python3 scripts/check-map.py --self-test
+	cd $(ROOT) && python3 scripts/check-map.py
 
 lint: ## rustfmt check and clippy with warnings as errors (scripts/test.sh's lint step)
 	cd $(ROOT) && bash scripts/test.sh deps lint

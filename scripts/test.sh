@@ -3,7 +3,8 @@
 #
 #   scripts/test.sh [step ...]        (default: every step; `make test`)
 #
-#   paths        scripts/check-paths.py: the paths the docs and comments name exist
+#   paths        scripts/check-paths.py: the paths the docs and comments name exist;
+#                scripts/check-map.py: the library map in docs/clients.md names what its files define
 #   deps         scripts/ensure-deps.sh and scripts/fetch-servers.sh: tools, Valkey binaries
 #   lint         rustfmt --check and clippy -D warnings (module, core, Rust client, fuzz)
 #   build        the release module and the fault-injection build (target/fault)
@@ -39,6 +40,8 @@ export TB_SERVER=${TB_SERVER:-redis-server}
 step_paths() {
     python3 scripts/check-paths.py --self-test
     python3 scripts/check-paths.py
+    python3 scripts/check-map.py --self-test
+    python3 scripts/check-map.py
 }
 
 step_deps() {

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from redis_tb import _core, _local
+from redis_tb import _core, _engine, _local
 from redis_tb._core import Decision, InvalidArgument, Limit, LimiterUnavailable
 
 CASES = json.loads((Path(__file__).resolve().parents[2] / "conformance" / "vectors" / "local.json").read_text())["cases"]
@@ -26,7 +26,7 @@ def call_of(step):
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_the_local_limiter_replays_the_core_case_table(case):
-    buckets = _local.LocalBuckets(case["instances"], 10_000)
+    buckets = _local.LocalLimiter(case["instances"], 10_000)
     for i, step in enumerate(case["steps"]):
         d = buckets.decide(call_of(step), step["now_ms"])
         got = {f: getattr(d, f) for f in FIELDS}
@@ -53,7 +53,7 @@ def test_the_allowed_takes_reset_time_is_first_ms_when_of_the_written_bucket():
 
 
 def test_the_local_buckets_are_an_lru_of_local_max_keys():
-    buckets = _local.LocalBuckets(1, 2)
+    buckets = _local.LocalLimiter(1, 2)
     take = lambda key: buckets.decide(_core.single("take", key, 1, 0.001, 1, "default"), 0)
     assert take("a").allowed and take("b").allowed
     assert not take("a").allowed  # a is now the most recently used
@@ -72,7 +72,7 @@ class Clock:
 
 
 def shield(clock, **kw):
-    return _local.Shield(clock=clock, **kw)
+    return _engine.Shield(clock=clock, **kw)
 
 
 TAKE = _core.single("take", "k", 10, 1, 1, "default")
@@ -103,11 +103,23 @@ def test_an_outage_is_logged_once_at_its_start_and_its_end_and_probes_every_inte
     ]
 
 
+def test_an_outage_sends_nothing_until_its_probe_time():
+    outage = _local.Outage(probe_ms=1000, instances=1)
+    assert outage.should_send(0)
+    assert outage.failed("down", 0)  # starts it
+    assert not outage.should_send(999)
+    assert outage.should_send(1000)  # one probe
+    assert not outage.should_send(1001)  # and only one
+    assert not outage.failed("still down", 1002)  # goes on
+    assert outage.succeeded() and not outage.succeeded()
+    assert outage.should_send(1003)
+
+
 def test_raise_mode_raises_and_keeps_no_outage():
     s = shield(Clock())
     with pytest.raises(LimiterUnavailable):
         s.failed(TAKE, LimiterUnavailable("down"))
-    assert not s.down and s.before(TAKE) is None
+    assert not s.outage.active and s.before(TAKE) is None
 
 
 def test_a_wait_or_a_lease_is_not_answered_locally():
@@ -132,7 +144,7 @@ def test_the_denial_cache_answers_until_the_retry_time():
     d = s.before(TAKE)
     assert (d.retry_after_ms, d.reset_after_ms) == (1, 4701)
     clock.now += 1
-    assert s.before(TAKE) is None and not s.cache.entries
+    assert s.before(TAKE) is None and not s.denials.entries
 
 
 def test_the_denial_cache_keeps_only_what_a_later_call_is_sure_to_meet():
@@ -146,7 +158,7 @@ def test_the_denial_cache_keeps_only_what_a_later_call_is_sure_to_meet():
     assert s.before(_core.single("peek", "k", 10, 1, 2, "default")) is None
     s.after(_core.single("take", "never", 10, 1, 20, "default"), denied(-1))
     s.after(TAKE.with_options(("MAXWAIT", "100")), denied(700))
-    assert set(s.cache.entries) == {"k"}
+    assert set(s.denials.entries) == {"k"}
 
 
 @pytest.mark.parametrize("op", ["refund", "charge", "unblock"])
@@ -183,7 +195,7 @@ def allowed(remaining, reset, capacity=10, rate=1):
 ])
 def test_an_allowed_take_that_left_fewer_than_n_waits_until_the_bucket_holds_n_again(
         remaining, n, capacity, rate, reset, wait):
-    assert _local.refill_wait_ms(remaining, n, capacity, rate, reset) == wait
+    assert _local.primed_denial_ms(remaining, n, capacity, rate, reset) == wait
 
 
 def test_an_allowed_take_that_left_fewer_than_n_is_remembered_as_the_next_denial():
@@ -196,7 +208,7 @@ def test_an_allowed_take_that_left_fewer_than_n_is_remembered_as_the_next_denial
     assert (s.before(TAKE).retry_after_ms, s.before(TAKE).reset_after_ms) == (1, 9000)
     assert s.before(_core.single("take", "k", 10, 1, 0.5, "default")) is None  # a smaller take may pass
     clock.now += 1
-    assert s.before(TAKE) is None and not s.cache.entries
+    assert s.before(TAKE) is None and not s.denials.entries
 
 
 def test_only_a_plain_take_that_left_fewer_than_n_is_remembered():
@@ -206,14 +218,14 @@ def test_only_a_plain_take_that_left_fewer_than_n_is_remembered():
     s.after(TAKE.with_options(("BLOCK", "1000")), allowed(0, 9500))  # a lockout: the server locks
     s.after(_core.take_all([Limit("k", 10, 1)]), allowed(0, 9500))
     s.after(_core.single("peek", "k", 10, 1, 1, "default"), allowed(0, 9500))
-    assert not s.cache.entries
+    assert not s.denials.entries
 
 
 def test_the_denial_cache_holds_local_max_keys():
     s = shield(Clock(), cache_denials=True, local_max_keys=2)
     for key in "abc":
         s.after(_core.single("take", key, 10, 1, 1, "default"), denied(500))
-    assert list(s.cache.entries) == ["b", "c"]
+    assert list(s.denials.entries) == ["b", "c"]
 
 
 @pytest.mark.parametrize("kw", [

@@ -77,6 +77,6 @@ def test_first_ms_when_is_the_cores(vector):
 @vectors("denial_cache")
 def test_the_denial_cache_primes_the_cores_window(vector):
     config, reply = vector["config"], vector["reply"]
-    got = _local.refill_wait_ms(reply["remaining"], vector["n"], config["capacity"], config["rate"],
+    got = _local.primed_denial_ms(reply["remaining"], vector["n"], config["capacity"], config["rate"],
                                 reply["reset_after_ms"])
     assert got == vector["expect"]["window_ms"]

@@ -5,7 +5,7 @@
 //! a limiter can be created while the server is down).
 
 use crate::backend::{emit, emit_line, Backend, Blocking, Logger, Request, Timeouts};
-use crate::core::{self, BackendState, Exchange, Learned, Step};
+use crate::engine::{self, BackendState, Exchange, Learned, Step};
 use crate::error::{self, Error, Result};
 use crate::lease::{self, LeaseDecision, Permit, Renewal};
 use crate::limiter::{wait_read_bound, Options};
@@ -200,7 +200,7 @@ where
     let started = Instant::now();
     match tokio::time::timeout(limit, future).await {
         Ok(result) => Ok(result?),
-        Err(_) => Err(core::timed_out(started, limit)),
+        Err(_) => Err(engine::timed_out(started, limit)),
     }
 }
 
@@ -282,11 +282,13 @@ where
     /// One call: answered in process if it can be, else sent under the
     /// failure rule, its outcome through the outage and the denial cache.
     async fn run<R: Request>(&self, call: &R) -> Result<R::Output> {
-        if let Some(answer) = self.opts.before(call) {
+        if let Some(answer) = self.opts.shield.before(&self.opts.local, call) {
             return answer;
         }
         let outcome = self.send(call).await;
-        self.opts.after(call, outcome)
+        self.opts
+            .shield
+            .after(&self.opts.local, &self.opts.logger, call, outcome)
     }
 
     async fn send<R: Request>(&self, call: &R) -> Result<R::Output> {
@@ -304,7 +306,7 @@ where
                         match tokio::time::timeout(limit, cmd.query_async::<Value>(&mut con)).await
                         {
                             Ok(reply) => reply,
-                            Err(_) => break Err(core::timed_out(Instant::now(), limit)),
+                            Err(_) => break Err(engine::timed_out(Instant::now(), limit)),
                         };
                     step = exchange.on_reply(reply);
                 }
@@ -326,12 +328,12 @@ where
     ) -> Result<R::Output> {
         let timeouts = self.opts.timeouts;
         let pool = &self.state.waits;
-        let slot = core::key_slot(call.first_key());
+        let slot = crate::decision::key_slot(call.first_key());
         let mut addr = pool.owner(slot);
         let mut asking = false;
         let mut resent = false;
         // One round more than the redirects: the one resend.
-        for _ in 0..=core::MAX_REDIRECTS + 1 {
+        for _ in 0..=engine::MAX_REDIRECTIONS + 1 {
             let con = match pool.checkout(&addr) {
                 Some(con) => con,
                 None => {
@@ -339,7 +341,7 @@ where
                         .set_connection_timeout(Some(timeouts.connect))
                         // A wait's own bound is set per wait (blocking_query).
                         .set_response_timeout(None);
-                    let node = core::client_at(client, addr.as_deref())?;
+                    let node = engine::client_at(client, addr.as_deref())?;
                     timed(
                         timeouts.connect + timeouts.command,
                         node.get_multiplexed_async_connection_with_config(&config),
@@ -382,7 +384,7 @@ where
         }
         Err(Error::Other(format!(
             "TB.BTAKE: more than {} redirects",
-            core::MAX_REDIRECTS
+            engine::MAX_REDIRECTIONS
         )))
     }
 
@@ -419,9 +421,9 @@ where
                 pool.checkin(addr.clone(), con);
                 Some(call.parse(&value))
             }
-            Err(None) => Some(Err(core::timed_out(Instant::now(), Duration::ZERO))),
+            Err(None) => Some(Err(engine::timed_out(Instant::now(), Duration::ZERO))),
             Err(Some(e)) => {
-                let redirect = core::redirect_of(&e);
+                let redirect = engine::redirection(&e);
                 if !error::is_connection_problem(&e) {
                     pool.checkin(addr.clone(), con);
                 } else {

@@ -6,7 +6,7 @@ use crate::decision::{
     Fields, Limit, Policy, Source, TakeOptions, MAX_EXACT,
 };
 use crate::error::{Error, Result};
-use crate::local::{primed_denial_ms, BucketRef, InProcess, LocalSettings};
+use crate::local::{primed_denial_ms, BucketRef, DenialCache, LocalLimiter, LocalSettings};
 use redis::{Cmd, Value};
 use std::fmt;
 use std::sync::Arc;
@@ -477,9 +477,9 @@ pub(crate) fn lua_command(
     cmd
 }
 
-/// One kind of limiter call as the sans-IO core sees it: the command for
+/// One kind of limiter call as the sans-IO engine sees it: the command for
 /// each backend, the blocking form for a wait, and how to read the reply.
-/// [`Exchange`](crate::core::Exchange) drives any of them through
+/// [`Exchange`](crate::engine::Exchange) drives any of them through
 /// detection, one retry and the failure rule.
 pub(crate) trait Request {
     /// What the call answers.
@@ -494,15 +494,15 @@ pub(crate) trait Request {
 
     /// The local limiter's answer in an outage, or `None`: the call is
     /// not served locally (it is unavailable).
-    fn local(&self, _: &InProcess, _: &LocalSettings, _now_ms: i64) -> Option<Self::Output> {
+    fn local(&self, _: &LocalLimiter, _: &LocalSettings, _now_ms: i64) -> Option<Self::Output> {
         None
     }
     /// A cached denial that answers the call without a round trip.
-    fn cached(&self, _: &InProcess, _: &LocalSettings, _now_ms: i64) -> Option<Self::Output> {
+    fn cached(&self, _: &DenialCache, _: &LocalSettings, _now_ms: i64) -> Option<Self::Output> {
         None
     }
     /// What the denial cache learns from the server's answer.
-    fn observe(&self, _: &Self::Output, _: &InProcess, _: &LocalSettings, _now_ms: i64) {}
+    fn observe(&self, _: &Self::Output, _: &DenialCache, _: &LocalSettings, _now_ms: i64) {}
     /// Whether a connection dropped under the call may send it again
     /// (docs/clients.md#a-dropped-connection-is-not-an-outage).
     fn resend_on_drop(&self) -> bool {
@@ -542,7 +542,12 @@ impl Request for Call {
         self.decision(value)
     }
 
-    fn local(&self, local: &InProcess, settings: &LocalSettings, now_ms: i64) -> Option<Decision> {
+    fn local(
+        &self,
+        local: &LocalLimiter,
+        settings: &LocalSettings,
+        now_ms: i64,
+    ) -> Option<Decision> {
         if !self.local {
             return None;
         }
@@ -558,11 +563,16 @@ impl Request for Call {
         self.in_process(fields, answer.index, Source::Local)
     }
 
-    fn cached(&self, local: &InProcess, settings: &LocalSettings, now_ms: i64) -> Option<Decision> {
+    fn cached(
+        &self,
+        denials: &DenialCache,
+        settings: &LocalSettings,
+        now_ms: i64,
+    ) -> Option<Decision> {
         if !self.cacheable() {
             return None;
         }
-        let hit = local.cached(settings, &self.bucket_refs(), now_ms)?;
+        let hit = denials.answer(settings, &self.bucket_refs(), now_ms)?;
         let fields = Fields {
             allowed: false,
             remaining: hit.remaining,
@@ -572,12 +582,18 @@ impl Request for Call {
         self.in_process(fields, hit.index, Source::Cache)
     }
 
-    fn observe(&self, answer: &Decision, local: &InProcess, settings: &LocalSettings, now_ms: i64) {
+    fn observe(
+        &self,
+        answer: &Decision,
+        denials: &DenialCache,
+        settings: &LocalSettings,
+        now_ms: i64,
+    ) {
         match self.op {
             // This limiter changed the bucket: its cached denial may be wrong now.
             Op::Refund | Op::Charge => {
                 for b in &self.buckets {
-                    local.forget(&b.key);
+                    denials.forget(&b.key);
                 }
             }
             _ if self.cacheable() && !answer.allowed => {
@@ -589,7 +605,7 @@ impl Request for Call {
                     answer.retry_after_ms,
                     answer.reset_after_ms,
                 );
-                local.remember(settings, &denied.key, denied.n, fields, now_ms);
+                denials.remember(settings, &denied.key, denied.n, fields, now_ms);
             }
             // The flood bound: an allowed take that leaves fewer than its n
             // is cached as the denial the same take would get until n is
@@ -601,7 +617,7 @@ impl Request for Call {
                 };
                 let (remaining, reset) = (answer.remaining, answer.reset_after_ms);
                 if let Some(window) = primed_denial_ms(b.capacity, b.rate, b.n, remaining, reset) {
-                    local.remember(settings, &b.key, b.n, (remaining, window, reset), now_ms);
+                    denials.remember(settings, &b.key, b.n, (remaining, window, reset), now_ms);
                 }
             }
             _ => {}
@@ -661,9 +677,9 @@ impl Request for UnblockCall {
         }
     }
 
-    fn observe(&self, _: &bool, local: &InProcess, _: &LocalSettings, _now_ms: i64) {
+    fn observe(&self, _: &bool, denials: &DenialCache, _: &LocalSettings, _now_ms: i64) {
         // The lock is gone: a denial cached because of it is wrong now.
-        local.forget(&self.key);
+        denials.forget(&self.key);
     }
 }
 
@@ -722,7 +738,7 @@ pub(crate) mod tests {
             cache_denials: true,
             ..LocalSettings::default()
         };
-        let local = InProcess::default();
+        let denials = DenialCache::default();
         let take = Call::single(Op::Take, "k", 5.0, 1.0, 1.0, "default").unwrap();
         let fields = Fields {
             allowed: true,
@@ -732,15 +748,15 @@ pub(crate) mod tests {
         };
         let policies = vec![Policy::new("default", 5.0, 1.0)];
         let last_token = Decision::answered(fields, policies, None, Source::Server).unwrap();
-        take.observe(&last_token, &local, &settings, 10_000);
-        let hit = take.cached(&local, &settings, 10_400).unwrap();
+        take.observe(&last_token, &denials, &settings, 10_000);
+        let hit = take.cached(&denials, &settings, 10_400).unwrap();
         // Until 10_000 + 1000 + the 1 ms rounding margin.
         assert_eq!(
             (hit.allowed, hit.retry_after_ms, hit.remaining, hit.source()),
             (false, 601, 0, Source::Cache)
         );
         assert!(
-            take.cached(&local, &settings, 11_001).is_none(),
+            take.cached(&denials, &settings, 11_001).is_none(),
             "n is back"
         );
         // A lockout take is not primed: its denial must reach the server.
@@ -749,9 +765,9 @@ pub(crate) mod tests {
             ..TakeOptions::default()
         };
         let locking = Call::take_with(take.clone(), &options).unwrap();
-        let local = InProcess::default();
-        locking.observe(&last_token, &local, &settings, 10_000);
-        assert!(locking.cached(&local, &settings, 10_400).is_none());
+        let denials = DenialCache::default();
+        locking.observe(&last_token, &denials, &settings, 10_000);
+        assert!(locking.cached(&denials, &settings, 10_400).is_none());
     }
 
     /// A command's words, to hold against the expected ones (the lease

@@ -1,5 +1,7 @@
-//! Decisions, limits and the draft-11 `RateLimit` headers, and the checks
-//! that a policy, a key or a cost is one the server (and the headers) take.
+//! Decisions, limits and the draft-11 `RateLimit` headers, the checks that
+//! a policy, a key or a cost is one the server (and the headers) take, and
+//! the bucket keys with their cluster slots: the pure rules (Python's
+//! `_core.py`, Node's `core.js`; the commands are in `backend.rs`).
 
 use crate::error::{Error, Result};
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -574,6 +576,58 @@ impl<T: BucketKey + ?Sized> BucketKey for &T {
     }
 }
 
+/// The id as it goes between the braces of a bucket key: `%` -> `%25`,
+/// `{` -> `%7B`, `}` -> `%7D`, and the empty id -> `%`. The result never
+/// holds a brace and is never empty, so it is always exactly the hash tag.
+pub fn escape_id(id: &str) -> String {
+    if id.is_empty() {
+        return "%".into();
+    }
+    let mut out = String::with_capacity(id.len());
+    for c in id.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The bucket of caller `id` under policy `name`: `<prefix>{<escaped id>}:<name>`.
+pub fn bucket_key(prefix: &str, id: &str, name: &str) -> String {
+    format!("{prefix}{{{}}}:{name}", escape_id(id))
+}
+
+/// The CRC16 (XMODEM) of Redis Cluster's key hashing.
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// The cluster slot of `key`: the CRC16 of its hash tag (the part between
+/// the first `{` and the next `}`, when not empty) or of the whole key.
+pub fn key_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = bytes.get(open + 1..)?;
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| rest.get(..close)).flatten()
+    });
+    crc16(tagged.unwrap_or(bytes)) % 16384
+}
+
 /// Refuses a policy whose capacity, rate or name the server would refuse
 /// (or the headers could not carry).
 pub fn check_policy(policy: &Policy) -> Result<()> {
@@ -585,6 +639,28 @@ pub fn check_policy(policy: &Policy) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_are_escaped_as_the_spec_says() {
+        for (id, key) in [
+            ("alice", "ratelimit:{alice}:sec"),
+            ("}x", "ratelimit:{%7Dx}:sec"),
+            ("{}", "ratelimit:{%7B%7D}:sec"),
+            ("50%", "ratelimit:{50%25}:sec"),
+            ("", "ratelimit:{%}:sec"),
+        ] {
+            assert_eq!(bucket_key("ratelimit:", id, "sec"), key, "id {id:?}");
+        }
+    }
+
+    #[test]
+    fn the_slot_function_matches_redis_reference_values() {
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(key_slot("foo"), 12182);
+        assert_eq!(key_slot("{user1000}.following"), key_slot("user1000"));
+        assert_eq!(key_slot("foo{}{bar}"), key_slot("foo{}{bar}"));
+        assert_ne!(key_slot("foo{}{bar}"), key_slot("bar"));
+    }
 
     #[test]
     fn a_timeout_may_reach_but_not_pass_2_pow_53() {

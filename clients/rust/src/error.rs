@@ -73,7 +73,7 @@ impl From<redis::RedisError> for Error {
     /// Classified by the one failure rule; a "server changed" reply that
     /// reaches the caller (the retry did not help) is a [`Error::Reply`].
     fn from(e: redis::RedisError) -> Self {
-        error_of(&e)
+        limiter_error(&e)
     }
 }
 
@@ -161,7 +161,7 @@ pub(crate) fn classify(e: &RedisError) -> FailureClass {
 }
 
 /// The library's error for `e`.
-pub(crate) fn error_of(e: &RedisError) -> Error {
+pub(crate) fn limiter_error(e: &RedisError) -> Error {
     match (classify(e), reply_text(e)) {
         (FailureClass::Unavailable, _) => Error::Unavailable(e.to_string()),
         (_, Some(reply)) => Error::Reply(reply),

@@ -5,8 +5,8 @@
 //! and async limiters only do the I/O.
 
 use crate::backend::{lua_command, Backend, Blocking, LuaName, Request, Resolved};
-use crate::core::Awaited;
 use crate::decision::{check_key, check_name, sf_string, MAX_EXACT, SF_INT_MAX};
+use crate::engine::Awaited;
 use crate::error::{Error, Result};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use redis::{Cmd, Value};

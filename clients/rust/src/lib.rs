@@ -39,8 +39,8 @@
 #[cfg(feature = "tokio")]
 mod aio;
 mod backend;
-mod core;
 mod decision;
+mod engine;
 mod error;
 mod lease;
 mod limiter;
@@ -51,11 +51,13 @@ mod sync;
 #[cfg(test)]
 mod vectors;
 
-pub use crate::core::{bucket_key, escape_id, key_slot};
 #[cfg(feature = "tokio")]
 pub use aio::{AsyncLeaseGuard, AsyncRateLimiter, LazyConnectionManager};
 pub use backend::{lua_script, Backend, Logger, Timeouts, LUA_LIBRARY};
-pub use decision::{check_policy, BucketKey, Decision, Limit, Policy, Source, TakeOptions};
+pub use decision::{
+    bucket_key, check_policy, escape_id, key_slot, BucketKey, Decision, Limit, Policy, Source,
+    TakeOptions,
+};
 pub use error::{classify_reply, Error, FailureClass, Result};
 pub use lease::{LeaseDecision, LeaseId, Permit, LEASE_POLL_DEFAULT};
 pub use local::{OnUnavailable, LOCAL_MAX_KEYS_DEFAULT, LOCAL_PROBE_MS_DEFAULT};

@@ -4,11 +4,11 @@
 //! only difference between the two is `&mut self` or `&self`, `async` and
 //! `.await`: written once, so that their code and docs cannot drift apart.
 
-use crate::backend::{emit, Call, Logger, Op, Request, Timeouts};
-use crate::core::MODULE_RECHECK;
-use crate::error::{Error, Result};
+use crate::backend::{Call, Logger, Op, Timeouts};
+use crate::engine::{Shield, MODULE_RECHECK};
+use crate::error::Result;
 use crate::lease::{self, AcquireCall, LeaseDecision};
-use crate::local::{now_ms, InProcess, LocalSettings, Turn};
+use crate::local::LocalSettings;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,9 +30,9 @@ pub(crate) struct Options {
     /// `on_unavailable`, `instances`, `local_max_keys`, `local_probe_ms`,
     /// `cache_denials`.
     pub local: LocalSettings,
-    /// The local buckets, the denial cache and the outage (shared by
+    /// The local limiter, the denial cache and the outage (shared by
     /// clones of the limiter, and by a middleware made from it).
-    pub in_process: Arc<InProcess>,
+    pub shield: Arc<Shield>,
 }
 
 impl Default for Options {
@@ -46,7 +46,7 @@ impl Default for Options {
             lease_poll: lease::LEASE_POLL_DEFAULT,
             blocking: None,
             local: LocalSettings::default(),
-            in_process: Arc::default(),
+            shield: Arc::default(),
         }
     }
 }
@@ -66,67 +66,6 @@ impl Options {
     ) -> Result<Call> {
         let (capacity, rate, n) = (capacity.into(), rate.into(), n.into());
         Call::single(op, key, capacity, rate, n, &self.policy_name)
-    }
-
-    /// The answer given without a round trip, if there is one: a cached
-    /// denial, or (in an outage, before its next probe) the local limiter's
-    /// answer or `Unavailable`. `None`: send the call.
-    pub fn before<R: Request>(&self, call: &R) -> Option<Result<R::Output>> {
-        let settings = &self.local;
-        if !settings.cache_denials && !settings.local() {
-            return None;
-        }
-        let now = now_ms();
-        if settings.cache_denials {
-            if let Some(denied) = call.cached(&self.in_process, settings, now) {
-                return Some(Ok(denied));
-            }
-        }
-        if settings.local() && self.in_process.quiet(settings, now) {
-            return Some(self.locally(call, now, "Redis unreachable: waiting to probe it again"));
-        }
-        None
-    }
-
-    /// The server's `outcome` of `call`, through the outage and the denial
-    /// cache: an unreachable Redis answered locally (with `local`), a
-    /// reachable one ending the outage, a denial kept.
-    pub fn after<R: Request>(&self, call: &R, outcome: Result<R::Output>) -> Result<R::Output> {
-        let settings = &self.local;
-        match outcome {
-            Err(Error::Unavailable(reason)) if settings.local() => {
-                let now = now_ms();
-                if self.in_process.unreachable(settings, now) == Turn::Started {
-                    let line = format!(
-                        "redis-tb: Redis unreachable ({reason}); limiting in process at 1/{} of each limit",
-                        settings.instances.max(1)
-                    );
-                    emit(&self.logger, log::Level::Warn, &line);
-                }
-                self.locally(call, now, &reason)
-            }
-            Err(Error::Unavailable(reason)) => Err(Error::Unavailable(reason)),
-            outcome => {
-                if settings.local() && self.in_process.reachable() == Turn::Ended {
-                    emit(
-                        &self.logger,
-                        log::Level::Warn,
-                        "redis-tb: Redis reachable again; limits come from Redis",
-                    );
-                }
-                if let (true, Ok(answer)) = (settings.cache_denials, &outcome) {
-                    call.observe(answer, &self.in_process, settings, now_ms());
-                }
-                outcome
-            }
-        }
-    }
-
-    /// The local limiter's answer to `call`, or `Unavailable` for a call it
-    /// does not serve.
-    fn locally<R: Request>(&self, call: &R, now: i64, reason: &str) -> Result<R::Output> {
-        call.local(&self.in_process, &self.local, now)
-            .ok_or_else(|| Error::Unavailable(reason.to_string()))
     }
 
     /// An acquire under the limiter's policy name and polling cap.
@@ -453,7 +392,7 @@ macro_rules! limiter_methods {
         ) -> $crate::error::Result<R::Output>
         where
             R: $crate::backend::Blocking,
-            R::Output: $crate::core::Awaited,
+            R::Output: $crate::engine::Awaited,
         {
             use $crate::backend::Backend;
             use $crate::error::{classify_reply, Error, FailureClass};
@@ -468,7 +407,7 @@ macro_rules! limiter_methods {
                             if classify_reply(&r) == FailureClass::ServerChanged =>
                         {
                             // The module went away: detect again, then poll on Lua.
-                            self.learn(vec![$crate::core::Learned::Stale]);
+                            self.learn(vec![$crate::engine::Learned::Stale]);
                         }
                         other => return other,
                     }
@@ -476,7 +415,7 @@ macro_rules! limiter_methods {
                     $crate::backend::emit(
                         &self.opts.logger,
                         log::Level::Info,
-                        $crate::core::POLLING_NOTE,
+                        $crate::engine::POLLING_NOTE,
                     );
                 }
             }
@@ -500,10 +439,10 @@ macro_rules! limiter_methods {
         ) -> $crate::error::Result<R::Output>
         where
             R: $crate::backend::Blocking,
-            R::Output: $crate::core::Awaited,
+            R::Output: $crate::engine::Awaited,
         {
-            use $crate::core::Awaited;
-            let deadline = $crate::core::deadline_after(timeout_ms);
+            use $crate::engine::Awaited;
+            let deadline = $crate::engine::deadline_after(timeout_ms);
             let answer = self.run(reservation) $($aw)* ?;
             if let Some(wait) = answer.reserved_for() {
                 $sleep(wait) $($aw)*;
@@ -528,13 +467,13 @@ macro_rules! limiter_methods {
         ) -> $crate::error::Result<R::Output>
         where
             R: $crate::backend::Blocking,
-            R::Output: $crate::core::Awaited,
+            R::Output: $crate::engine::Awaited,
         {
-            let deadline = $crate::core::deadline_after(timeout_ms);
+            let deadline = $crate::engine::deadline_after(timeout_ms);
             loop {
                 let decision = self.run(call) $($aw)* ?;
                 let now = std::time::Instant::now();
-                match $crate::core::poll_wait(&decision, call.poll_cap(), deadline, now) {
+                match $crate::engine::poll_wait(&decision, call.poll_cap(), deadline, now) {
                     None => return Ok(decision),
                     Some(wait) => $sleep(wait) $($aw)*,
                 }

@@ -2,8 +2,10 @@
 //! limiter of an outage (docs/clients.md#when-redis-is-down-the-local-limiter)
 //! and the denial cache (docs/clients.md#the-denial-cache). The arithmetic is
 //! the module's own, from the pure core crate (`redis-tb-core`); this file
-//! only keeps the buckets, the denials and the outage's state, each behind
-//! one short-held lock so that the sync and the async limiter share it.
+//! only keeps the buckets ([`LocalLimiter`]), the denials ([`DenialCache`])
+//! and the outage's state ([`Outage`]), each behind one short-held lock so
+//! that the sync and the async limiter share them. The engine's `Shield`
+//! asks them around each call.
 
 use lru::LruCache;
 use redis_tb_core::bucket::{self, Charge, Limit as CoreLimit, Outcome, State, TakeOptions};
@@ -131,28 +133,11 @@ impl<V> Bounded<V> {
     }
 }
 
-/// Whether Redis is taken to be down, and when to try it again.
-#[derive(Debug, Default)]
-struct Outage {
-    down: bool,
-    probe_at_ms: i64,
-}
-
-/// What a change of the outage's state asks the limiter to log.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Turn {
-    Started,
-    Ended,
-    Unchanged,
-}
-
-/// The in-process state of one limiter (shared by its clones): the local
-/// buckets, the denial cache and the outage.
+/// Each key's bucket in process at `1/instances` of its limit, for the
+/// answers of an outage (`LocalLimiter` in all three libraries).
 #[derive(Default)]
-pub(crate) struct InProcess {
+pub(crate) struct LocalLimiter {
     buckets: Mutex<Bounded<State>>,
-    denials: Mutex<Bounded<Denial>>,
-    outage: Mutex<Outage>,
 }
 
 /// A poisoned lock only means a panic elsewhere while it was held; the
@@ -161,45 +146,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-impl InProcess {
-    /// True while in an outage and before its next probe: answer without
-    /// sending. The first call at or after the probe time is let through
-    /// (and the next probe moved on), so one call tries Redis per interval.
-    pub fn quiet(&self, settings: &LocalSettings, now_ms: i64) -> bool {
-        let mut outage = lock(&self.outage);
-        if !outage.down {
-            return false;
-        }
-        if now_ms >= outage.probe_at_ms {
-            outage.probe_at_ms = now_ms.saturating_add_unsigned(settings.probe_ms);
-            return false;
-        }
-        true
-    }
-
-    /// A call found Redis unreachable: the outage starts (or goes on) and
-    /// sends nothing for another `probe_ms`.
-    pub fn unreachable(&self, settings: &LocalSettings, now_ms: i64) -> Turn {
-        let mut outage = lock(&self.outage);
-        outage.probe_at_ms = now_ms.saturating_add_unsigned(settings.probe_ms);
-        if std::mem::replace(&mut outage.down, true) {
-            Turn::Unchanged
-        } else {
-            Turn::Started
-        }
-    }
-
-    /// A call reached Redis: an outage ends, and its local buckets are
-    /// forgotten (the next outage starts from full buckets).
-    pub fn reachable(&self) -> Turn {
-        let ended = std::mem::replace(&mut lock(&self.outage).down, false);
-        if !ended {
-            return Turn::Unchanged;
-        }
-        lock(&self.buckets).clear();
-        Turn::Ended
-    }
-
+impl LocalLimiter {
     /// A take (`write`) or a peek on the local buckets at `1/instances` of
     /// each limit: all or nothing over `buckets`, as TB.TAKEALL.
     pub fn take(
@@ -252,15 +199,46 @@ impl InProcess {
         })
     }
 
-    /// The first of `buckets` held in the denial cache for at least its
-    /// `n` tokens, answered with the time left. Expired entries go.
-    pub fn cached(
+    /// Forgets every bucket: an outage is over, and the next one starts
+    /// from full buckets.
+    pub fn clear(&self) {
+        lock(&self.buckets).clear();
+    }
+
+    /// Test-only: stores `state` as `key`'s local bucket, as a take would
+    /// have (the core's vectors each start from a stored state).
+    #[cfg(test)]
+    pub(crate) fn seed(&self, settings: &LocalSettings, key: &str, state: Option<State>) {
+        store(lock(&self.buckets).map(settings.max_keys), key, state);
+    }
+
+    /// Test-only: `key`'s local bucket as stored.
+    #[cfg(test)]
+    pub(crate) fn stored(&self, settings: &LocalSettings, key: &str) -> Option<State> {
+        lock(&self.buckets)
+            .map(settings.max_keys)
+            .peek(key)
+            .copied()
+    }
+}
+
+/// The server's denials, each kept per key until the time it names
+/// (`DenialCache` in all three libraries).
+#[derive(Default)]
+pub(crate) struct DenialCache {
+    entries: Mutex<Bounded<Denial>>,
+}
+
+impl DenialCache {
+    /// The first of `buckets` held in the cache for at least its `n`
+    /// tokens, answered with the time left. Expired entries go.
+    pub fn answer(
         &self,
         settings: &LocalSettings,
         buckets: &[BucketRef<'_>],
         now_ms: i64,
     ) -> Option<CachedDenial> {
-        let mut guard = lock(&self.denials);
+        let mut guard = lock(&self.entries);
         let map = guard.map(settings.max_keys);
         for (index, b) in buckets.iter().enumerate() {
             let Some(denial) = map.get(b.key).copied() else {
@@ -302,32 +280,60 @@ impl InProcess {
             remaining,
             reset_at_ms: now_ms.saturating_add(i64::try_from(reset_after_ms).unwrap_or(i64::MAX)),
         };
-        lock(&self.denials)
+        lock(&self.entries)
             .map(settings.max_keys)
             .put(key.to_string(), denial);
     }
 
-    /// Test-only: stores `state` as `key`'s local bucket, as a take would
-    /// have (the core's vectors each start from a stored state).
-    #[cfg(test)]
-    pub(crate) fn seed(&self, settings: &LocalSettings, key: &str, state: Option<State>) {
-        store(lock(&self.buckets).map(settings.max_keys), key, state);
-    }
-
-    /// Test-only: `key`'s local bucket as stored.
-    #[cfg(test)]
-    pub(crate) fn stored(&self, settings: &LocalSettings, key: &str) -> Option<State> {
-        lock(&self.buckets)
-            .map(settings.max_keys)
-            .peek(key)
-            .copied()
-    }
-
     /// Drops `key`'s cached denial: this limiter changed the bucket.
     pub fn forget(&self, key: &str) {
-        if let Some(map) = lock(&self.denials).0.as_mut() {
+        if let Some(map) = lock(&self.entries).0.as_mut() {
             map.pop(key);
         }
+    }
+}
+
+/// Whether Redis is taken to be down, and when to try it again: during an
+/// outage nothing is sent for `probe_ms`, then one call probes Redis
+/// (`Outage` in all three libraries).
+#[derive(Default)]
+pub(crate) struct Outage {
+    state: Mutex<OutageState>,
+}
+
+#[derive(Debug, Default)]
+struct OutageState {
+    active: bool,
+    probe_at_ms: i64,
+}
+
+impl Outage {
+    /// Whether a call at `now_ms` goes to Redis: always outside an outage;
+    /// in one, only the first call at or after the probe time (which moves
+    /// the next probe on), so one call tries Redis per interval.
+    pub fn should_send(&self, probe_ms: u64, now_ms: i64) -> bool {
+        let mut outage = lock(&self.state);
+        if !outage.active {
+            return true;
+        }
+        if now_ms < outage.probe_at_ms {
+            return false;
+        }
+        outage.probe_at_ms = now_ms.saturating_add_unsigned(probe_ms);
+        true
+    }
+
+    /// A call found Redis unreachable: nothing is sent for another
+    /// `probe_ms`. True when this starts the outage (log it).
+    pub fn failed(&self, probe_ms: u64, now_ms: i64) -> bool {
+        let mut outage = lock(&self.state);
+        outage.probe_at_ms = now_ms.saturating_add_unsigned(probe_ms);
+        !std::mem::replace(&mut outage.active, true)
+    }
+
+    /// A call reached Redis. True when this ends the outage (log it).
+    pub fn succeeded(&self) -> bool {
+        std::mem::replace(&mut lock(&self.state).active, false)
     }
 }
 
@@ -405,7 +411,7 @@ mod tests {
         for case in table["cases"].as_array().unwrap() {
             let name = case["name"].as_str().unwrap();
             let settings = settings(case["instances"].as_u64().unwrap() as u32);
-            let local = InProcess::default();
+            let local = LocalLimiter::default();
             for (i, step) in case["steps"].as_array().unwrap().iter().enumerate() {
                 let now = step["now_ms"].as_i64().unwrap();
                 let (buckets, write) = match step["op"].as_str().unwrap() {
@@ -452,7 +458,7 @@ mod tests {
             max_keys: 2,
             ..settings(1)
         };
-        let local = InProcess::default();
+        let local = LocalLimiter::default();
         let take = |key: &str| {
             let b = BucketRef {
                 key,
@@ -475,36 +481,36 @@ mod tests {
             cache_denials: true,
             ..LocalSettings::default()
         };
-        let local = InProcess::default();
+        let denials = DenialCache::default();
         let b = |n| BucketRef {
             key: "k",
             capacity: 5.0,
             rate: 1.0,
             n,
         };
-        local.remember(&settings, "k", 2.0, (1, 1000, 4000), 10_000);
-        let hit = local.cached(&settings, &[b(2.0)], 10_400).unwrap();
+        denials.remember(&settings, "k", 2.0, (1, 1000, 4000), 10_000);
+        let hit = denials.answer(&settings, &[b(2.0)], 10_400).unwrap();
         assert_eq!(
             (hit.remaining, hit.retry_after_ms, hit.reset_after_ms),
             (1, 600, 3600)
         );
         assert!(
-            local.cached(&settings, &[b(1.0)], 10_400).is_none(),
+            denials.answer(&settings, &[b(1.0)], 10_400).is_none(),
             "fewer tokens"
         );
         assert!(
-            local.cached(&settings, &[b(3.0)], 11_000).is_none(),
+            denials.answer(&settings, &[b(3.0)], 11_000).is_none(),
             "expired"
         );
-        local.remember(&settings, "k", 2.0, (0, -1, 0), 10_000);
+        denials.remember(&settings, "k", 2.0, (0, -1, 0), 10_000);
         assert!(
-            local.cached(&settings, &[b(3.0)], 10_001).is_none(),
+            denials.answer(&settings, &[b(3.0)], 10_001).is_none(),
             "never is not kept"
         );
-        local.remember(&settings, "k", 2.0, (0, 500, 0), 10_000);
-        local.forget("k");
+        denials.remember(&settings, "k", 2.0, (0, 500, 0), 10_000);
+        denials.forget("k");
         assert!(
-            local.cached(&settings, &[b(3.0)], 10_001).is_none(),
+            denials.answer(&settings, &[b(3.0)], 10_001).is_none(),
             "forgotten"
         );
     }
@@ -538,16 +544,15 @@ mod tests {
 
     #[test]
     fn an_outage_sends_nothing_until_its_probe_time() {
-        let settings = settings(1);
-        let local = InProcess::default();
-        assert!(!local.quiet(&settings, 0));
-        assert_eq!(local.unreachable(&settings, 0), Turn::Started);
-        assert!(local.quiet(&settings, 999));
-        assert!(!local.quiet(&settings, 1000), "one probe");
-        assert!(local.quiet(&settings, 1001), "and only one");
-        assert_eq!(local.unreachable(&settings, 1002), Turn::Unchanged);
-        assert_eq!(local.reachable(), Turn::Ended);
-        assert_eq!(local.reachable(), Turn::Unchanged);
-        assert!(!local.quiet(&settings, 1003));
+        let outage = Outage::default();
+        assert!(outage.should_send(1000, 0));
+        assert!(outage.failed(1000, 0), "starts it");
+        assert!(!outage.should_send(1000, 999));
+        assert!(outage.should_send(1000, 1000), "one probe");
+        assert!(!outage.should_send(1000, 1001), "and only one");
+        assert!(!outage.failed(1000, 1002), "goes on");
+        assert!(outage.succeeded());
+        assert!(!outage.succeeded());
+        assert!(outage.should_send(1000, 1003));
     }
 }

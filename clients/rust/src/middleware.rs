@@ -3,8 +3,7 @@
 
 use crate::aio::{AsyncLeaseGuard, AsyncRateLimiter};
 use crate::backend::{emit, Logger};
-use crate::core::bucket_key;
-use crate::decision::{check_policy, sf_string, Decision, Limit, Policy, Source};
+use crate::decision::{bucket_key, check_policy, sf_string, Decision, Limit, Policy, Source};
 use crate::error::{Error, Result};
 use crate::lease::{LeaseDecision, Permit};
 use crate::local::OnUnavailable;
@@ -89,17 +88,18 @@ where
     parts.extensions.get::<T>().map(|c| c.ip())
 }
 
-/// The outage of one layer: whether calls are failing now, and how many
-/// have failed (shared by the layer's clones).
+/// The outage log of one layer: one warning when calls start failing, one
+/// info line when they work again, and how many have failed (shared by the
+/// layer's clones). `OutageLog` in all three libraries.
 #[derive(Default)]
-struct Outage {
+struct OutageLog {
     failing: AtomicBool,
     failed_calls: AtomicU64,
 }
 
-impl Outage {
+impl OutageLog {
     /// A call reached the limiter: one info line if an outage ends.
-    fn recovered(&self, logger: &Option<Logger>) {
+    fn succeeded(&self, logger: &Option<Logger>) {
         if self.failing.swap(false, Ordering::SeqCst) {
             emit(
                 logger,
@@ -150,38 +150,38 @@ enum Verdict<P, D> {
 /// What the rate and the in-flight layer share: who the caller is, where
 /// the keys go, and what the failure rule does with an error.
 #[derive(Clone)]
-struct Common {
+struct Middleware {
     key_fn: KeyFn,
     prefix: String,
     on_unavailable: LayerOnUnavailable,
     logger: Option<Logger>,
     on_error: ErrorHandler,
     /// Per layer: a layer made from another's settings gets its own.
-    outage: Arc<Outage>,
+    outage_log: Arc<OutageLog>,
 }
 
-impl Common {
-    fn new(logger: Option<Logger>) -> Common {
-        Common {
+impl Middleware {
+    fn new(logger: Option<Logger>) -> Middleware {
+        Middleware {
             key_fn: Arc::new(default_key),
             prefix: "ratelimit:".into(),
             on_unavailable: LayerOnUnavailable::Open,
             logger,
             on_error: Arc::new(internal_error),
-            outage: Arc::new(Outage::default()),
+            outage_log: Arc::new(OutageLog::default()),
         }
     }
 
-    /// The same settings, with an outage (and its count) of its own.
-    fn fresh(&self) -> Common {
-        Common {
-            outage: Arc::new(Outage::default()),
+    /// The same settings, with an outage log (and its count) of its own.
+    fn fresh(&self) -> Middleware {
+        Middleware {
+            outage_log: Arc::new(OutageLog::default()),
             ..self.clone()
         }
     }
 
     fn unavailable_count(&self) -> u64 {
-        self.outage.failed_calls.load(Ordering::SeqCst)
+        self.outage_log.failed_calls.load(Ordering::SeqCst)
     }
 
     /// An unavailable limiter lets the request through (`Open`, and
@@ -198,12 +198,12 @@ impl Common {
         match result {
             Ok(value) => {
                 if !value.served_locally() {
-                    self.outage.recovered(&self.logger);
+                    self.outage_log.succeeded(&self.logger);
                 }
                 Ok(value)
             }
             Err(e) if e.is_unavailable() => {
-                self.outage.failed(&self.logger, self.passes(), &e);
+                self.outage_log.failed(&self.logger, self.passes(), &e);
                 Err(Verdict::Unavailable)
             }
             Err(e) => {
@@ -236,14 +236,14 @@ impl<G> Served for Permit<G> {
     }
 }
 
-/// The settings both layers take the same way, on their `common` part
+/// The settings both layers take the same way, on their `middleware` part
 /// (the layer's `shared` state, changed through its `edit`): one text, so
 /// that the two layers' settings and docs cannot drift apart.
 macro_rules! common_settings {
     () => {
         /// Calls the limiter could not make because it was unavailable, so far.
         pub fn unavailable_count(&self) -> u64 {
-            self.shared.common.unavailable_count()
+            self.shared.middleware.unavailable_count()
         }
 
         /// The caller's identity (default: the client IP as [`default_id`]
@@ -253,14 +253,14 @@ macro_rules! common_settings {
         /// `|p| Some(p.headers.get("x-user").and_then(|v| v.to_str().ok()).unwrap_or("anon").to_string())`;
         /// per route and IP: `|p| client_ip(p).map(|ip| format!("{ip}:{}", p.uri.path()))`.
         pub fn key_fn(self, f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
-            self.edit(|s| s.common.key_fn = Arc::new(f))
+            self.edit(|s| s.middleware.key_fn = Arc::new(f))
         }
 
         /// The key prefix (default `"ratelimit:"`): the keys are
         /// `<prefix>{<escaped id>}:<name>`.
         pub fn prefix(self, prefix: impl Into<String>) -> Self {
             let prefix = prefix.into();
-            self.edit(|s| s.common.prefix = prefix)
+            self.edit(|s| s.middleware.prefix = prefix)
         }
 
         /// `false` (fail closed): answer 503 when the limiter is unavailable.
@@ -284,7 +284,7 @@ macro_rules! common_settings {
         /// the in-flight limit, not served locally, goes through as `Open`).
         pub fn on_unavailable(self, mode: LayerOnUnavailable) -> Self {
             self.edit(|s| {
-                s.common.on_unavailable = mode;
+                s.middleware.on_unavailable = mode;
                 if mode == LayerOnUnavailable::Local {
                     // This layer's own copy of the limiter's settings; the
                     // local buckets stay the limiter's.
@@ -295,7 +295,7 @@ macro_rules! common_settings {
 
         /// Where the outage lines go (default: the limiter's logger, else `log`).
         pub fn logger(self, logger: Logger) -> Self {
-            self.edit(|s| s.common.logger = Some(logger))
+            self.edit(|s| s.middleware.logger = Some(logger))
         }
 
         /// The response to an error that is a bug, not an outage (the error is
@@ -304,7 +304,7 @@ macro_rules! common_settings {
             self,
             handler: impl Fn(&Error) -> Response<String> + Send + Sync + 'static,
         ) -> Self {
-            self.edit(|s| s.common.on_error = Arc::new(handler))
+            self.edit(|s| s.middleware.on_error = Arc::new(handler))
         }
     };
 }
@@ -383,9 +383,9 @@ macro_rules! layer_service {
                     let passed = match verdict {
                         Verdict::Pass(passed) => passed,
                         Verdict::Deny(denial) => return Ok(shared.denied(denial)),
-                        Verdict::Unavailable if shared.common.passes() => None,
+                        Verdict::Unavailable if shared.middleware.passes() => None,
                         Verdict::Unavailable => return Ok(unavailable_response()),
-                        Verdict::Bug(e) => return Ok(shared.common.bug_response(&e)),
+                        Verdict::Bug(e) => return Ok(shared.middleware.bug_response(&e)),
                     };
                     // Held across the inner call: a dropped future drops it.
                     let response = inner.call(request).await?;
@@ -401,7 +401,7 @@ struct Shared<C> {
     limiter: AsyncRateLimiter<C>,
     policies: Vec<Policy>,
     cost_fn: CostFn,
-    common: Common,
+    middleware: Middleware,
 }
 
 /// The rate-limiting layer: one limit ([`RateLimitLayer::new`]) or several
@@ -468,13 +468,13 @@ where
                 )));
             }
         }
-        let common = Common::new(limiter.logger().clone());
+        let middleware = Middleware::new(limiter.logger().clone());
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 limiter,
                 policies,
                 cost_fn: Arc::new(|_| 1.0),
-                common,
+                middleware,
             }),
         })
     }
@@ -541,7 +541,7 @@ where
         }
         let s = &self.shared;
         let layer = ConcurrencyLimitLayer::named(s.limiter.clone(), name, limit, lease_ms)?;
-        Ok(layer.edit(|c| c.common = s.common.fresh()))
+        Ok(layer.edit(|c| c.middleware = s.middleware.fresh()))
     }
 }
 
@@ -552,7 +552,7 @@ where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn judge(&self, parts: &Parts) -> Verdict<(Decision, Vec<Limit>), Decision> {
-        let Some(id) = (self.common.key_fn)(parts) else {
+        let Some(id) = (self.middleware.key_fn)(parts) else {
             return Verdict::Pass(None);
         };
         let cost = (self.cost_fn)(parts);
@@ -560,7 +560,7 @@ where
             .policies
             .iter()
             .map(|p| {
-                let key = bucket_key(&self.common.prefix, &id, &p.name);
+                let key = bucket_key(&self.middleware.prefix, &id, &p.name);
                 Limit::new(key, p.capacity, p.rate)
                     .cost(cost)
                     .name(p.name.clone())
@@ -574,7 +574,7 @@ where
                 .map(|d| d.with_policy_name(one.name.clone().unwrap_or_default())),
             _ => self.limiter.take_all(&limits).await,
         };
-        match self.common.settle(result) {
+        match self.middleware.settle(result) {
             Ok(decision) if decision.allowed => Verdict::Pass(Some((decision, limits))),
             Ok(decision) => Verdict::Deny(decision),
             Err(verdict) => verdict,
@@ -620,7 +620,7 @@ where
                 .refund(&limit.key, limit.capacity, limit.rate, limit.n)
                 .await;
             match refunded {
-                Err(e) if !e.is_unavailable() => log_bug(&self.common.logger, &e),
+                Err(e) if !e.is_unavailable() => log_bug(&self.middleware.logger, &e),
                 _ => {}
             }
         }
@@ -769,7 +769,7 @@ struct InFlight<C> {
     limit: u64,
     lease_ms: u64,
     deny_status: StatusCode,
-    common: Common,
+    middleware: Middleware,
 }
 
 impl<C> ConcurrencyLimitLayer<C>
@@ -805,7 +805,7 @@ where
         crate::decision::check_name(&name)?;
         crate::lease::check_limit(limit)?;
         crate::lease::check_lease_ms(lease_ms)?;
-        let common = Common::new(limiter.logger().clone());
+        let middleware = Middleware::new(limiter.logger().clone());
         Ok(ConcurrencyLimitLayer {
             shared: Arc::new(InFlight {
                 limiter,
@@ -813,7 +813,7 @@ where
                 limit,
                 lease_ms,
                 deny_status: StatusCode::TOO_MANY_REQUESTS,
-                common,
+                middleware,
             }),
         })
     }
@@ -851,10 +851,10 @@ where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn judge(&self, parts: &Parts) -> Admission {
-        let Some(id) = (self.common.key_fn)(parts) else {
+        let Some(id) = (self.middleware.key_fn)(parts) else {
             return Verdict::Pass(None);
         };
-        let key = bucket_key(&self.common.prefix, &id, &self.name);
+        let key = bucket_key(&self.middleware.prefix, &id, &self.name);
         let started = std::time::Instant::now();
         let outcome = self
             .limiter
@@ -865,7 +865,7 @@ where
                 d
             });
         let permit = self.limiter.guard_with(outcome, started, false);
-        match self.common.settle(permit) {
+        match self.middleware.settle(permit) {
             Ok(Permit::Held(guard)) => {
                 let decision = guard.decision().clone();
                 Verdict::Pass(Some((guard, decision)))
@@ -1101,12 +1101,12 @@ mod behaviour {
         let table = table();
         let defaults = &table["defaults"];
         let limiter = crate::limiter::Options::default();
-        let common = Common::new(None);
+        let middleware = Middleware::new(None);
         let names = |v: &Value| v.as_str().unwrap().to_string();
         let mut seen = 0;
         for (name, value) in defaults.as_object().unwrap() {
             match name.as_str() {
-                "prefix" => assert_eq!(common.prefix, names(value)),
+                "prefix" => assert_eq!(middleware.prefix, names(value)),
                 "lease_ms" => assert_eq!(LEASE_MS_DEFAULT, value.as_u64().unwrap()),
                 "concurrency_name" => assert_eq!(INFLIGHT, names(value)),
                 "module_recheck_ms" => {
@@ -1117,7 +1117,7 @@ mod behaviour {
                     assert_eq!(names(value), "raise");
                 }
                 "on_unavailable_middleware" => {
-                    assert_eq!(common.on_unavailable, LayerOnUnavailable::Open);
+                    assert_eq!(middleware.on_unavailable, LayerOnUnavailable::Open);
                     assert_eq!(names(value), "open");
                 }
                 "instances" => {

@@ -3,7 +3,7 @@
 //! [`ManagedConnection`] this crate makes with short timeouts).
 
 use crate::backend::{emit, emit_line, Backend, Blocking, Request, Timeouts};
-use crate::core::{BackendState, Exchange, Learned, Step};
+use crate::engine::{BackendState, Exchange, Learned, Step};
 use crate::error::{is_connection_problem, is_dropped, Error, Result};
 use crate::lease::{self, LeaseDecision, Permit, Renewal};
 use crate::limiter::{wait_read_bound, Options};
@@ -230,11 +230,13 @@ impl<C: ConnectionLike> RateLimiter<C> {
     /// One call: answered in process if it can be, else sent under the
     /// failure rule, its outcome through the outage and the denial cache.
     fn run<R: Request>(&mut self, call: &R) -> Result<R::Output> {
-        if let Some(answer) = self.opts.before(call) {
+        if let Some(answer) = self.opts.shield.before(&self.opts.local, call) {
             return answer;
         }
         let outcome = self.send(call);
-        self.opts.after(call, outcome)
+        self.opts
+            .shield
+            .after(&self.opts.local, &self.opts.logger, call, outcome)
     }
 
     fn send<R: Request>(&mut self, call: &R) -> Result<R::Output> {
@@ -278,11 +280,11 @@ impl<C: ConnectionLike> RateLimiter<C> {
         let mut asking = false;
         let mut resent = false;
         // One round more than the redirects: the one resend.
-        for _ in 0..=crate::core::MAX_REDIRECTS + 1 {
+        for _ in 0..=crate::engine::MAX_REDIRECTIONS + 1 {
             let mut con = match self.waits.remove(&addr) {
                 Some(con) => con,
                 None => ManagedConnection::with_read_timeout(
-                    crate::core::client_at(client, addr.as_deref())?,
+                    crate::engine::client_at(client, addr.as_deref())?,
                     self.opts.timeouts,
                     read,
                 ),
@@ -302,7 +304,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
                 call.blocking(timeout_ms).query::<Value>(&mut con)
             };
             let redirect = match &reply {
-                Err(e) => crate::core::redirect_of(e),
+                Err(e) => crate::engine::redirection(e),
                 Ok(_) => None,
             };
             self.waits.insert(addr.clone(), con);
@@ -326,7 +328,7 @@ impl<C: ConnectionLike> RateLimiter<C> {
         }
         Err(Error::Other(format!(
             "TB.BTAKE: more than {} redirects",
-            crate::core::MAX_REDIRECTS
+            crate::engine::MAX_REDIRECTIONS
         )))
     }
 }

@@ -9,7 +9,7 @@
 use redis_tb_core::bucket::State;
 use serde_json::Value;
 
-use crate::local::{primed_denial_ms, BucketRef, InProcess, LocalSettings};
+use crate::local::{primed_denial_ms, BucketRef, LocalLimiter, LocalSettings};
 
 fn vectors(rule: &str) -> Vec<Value> {
     let path = format!(
@@ -72,7 +72,7 @@ fn replay_single(rule: &str, write: bool) -> Vec<String> {
     let mut failures = Vec::new();
     for vector in vectors(rule).iter().filter(|v| !has_lock(v)) {
         let name = vector["name"].as_str().unwrap();
-        let local = InProcess::default();
+        let local = LocalLimiter::default();
         let before = state_of(&vector["state"]);
         local.seed(&settings, "k", before);
         let now = vector["now_ms"].as_i64().unwrap();
@@ -133,7 +133,7 @@ fn a_local_take_all_takes_from_every_bucket_or_none_as_the_core() {
     assert!(!plain.is_empty());
     for vector in plain {
         let name = vector["name"].as_str().unwrap();
-        let local = InProcess::default();
+        let local = LocalLimiter::default();
         let inputs = vector["buckets"].as_array().unwrap();
         let keys: Vec<String> = (0..inputs.len()).map(|i| format!("k{i}")).collect();
         let befores: Vec<Option<State>> = inputs.iter().map(|b| state_of(&b["state"])).collect();

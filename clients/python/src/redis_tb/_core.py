@@ -173,7 +173,7 @@ def classify(error: BaseException) -> str:
     return BUG
 
 
-def dropped(error: BaseException) -> bool:
+def is_dropped(error: BaseException) -> bool:
     """Did the connection drop under the call (reset, broken pipe, end of
     file, closed), so that sending it again on a new one may succeed? Not a
     timeout (the server may be slow and still run the first copy), nor
@@ -859,13 +859,3 @@ def module_present(reply) -> bool:
         return any(entry for entry in reply)
     return bool(reply)
 
-
-def redirection(error: BaseException) -> Optional[Tuple[str, str, int]]:
-    """("MOVED" | "ASK", host, port) of a redirection reply, else None."""
-    if not isinstance(error, rex.ResponseError):
-        return None
-    parts = reply_text(error).split(" ")
-    if len(parts) != 3 or parts[0] not in ("MOVED", "ASK"):
-        return None
-    host, _, port = parts[2].rpartition(":")
-    return parts[0], host, int(port)

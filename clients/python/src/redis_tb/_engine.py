@@ -5,18 +5,23 @@ Each operation is a generator that yields the I/O it needs (`Send`,
 `RateLimiter` runs these with blocking calls, `AsyncRateLimiter` with
 awaits; neither holds any logic of its own. Backend choice, the failure
 rule (docs/clients.md#the-failure-rule), the retry after a server change,
-redirections of a blocking wait and the polling fallback all live here.
+redirections of a blocking wait and the polling fallback all live here, and
+the `Shield`: what is answered without Redis (the denial cache, the local
+limiter during an outage; their rules are in `_local`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from . import _core
+import redis.exceptions as rex
+
+from . import _core, _local
 from ._core import BACKENDS, BLOCKING_MARGIN_S, SERVER_CHANGED, UNAVAILABLE, Call, Decision, classify
 
 log = logging.getLogger("redis_tb")
@@ -43,7 +48,7 @@ DETECTION_TIMEOUT_FACTOR = 5
 @dataclass(frozen=True)
 class Send:
     """A command; `retry`: sent again once on a new connection if the
-    connection dropped under it (`_core.dropped`)."""
+    connection dropped under it (`_core.is_dropped`)."""
 
     args: tuple
     route: str = BY_KEY
@@ -74,7 +79,7 @@ class Sleep:
     seconds: float
 
 
-class Backend:
+class BackendState:
     """Which backend a limiter uses, and why; changed only by `detect` and
     `ensure`."""
 
@@ -130,7 +135,7 @@ def _module_present():
     return _core.module_present(info)
 
 
-def detect(state: Backend):
+def detect(state: BackendState):
     """Choose the backend (forced, or: module, else FUNCTION LOAD, else the
     script) and load the Lua code it needs on every primary."""
     if state.requested == "module":
@@ -154,7 +159,7 @@ def detect(state: Backend):
     return state.use("function", "no TB.TAKE on the server; FUNCTION LOAD of lua/tb.lua")
 
 
-def ensure(state: Backend):
+def ensure(state: BackendState):
     """The backend for the next call: detected on the first call that
     reaches the server; on Lua after the module went away, the module is
     looked for again at most every `recheck_s`."""
@@ -182,14 +187,14 @@ def _translated(gen):
         raise _core.limiter_error(e) from e
 
 
-def run(state: Backend, call: Call):
+def run(state: BackendState, call: Call):
     """One call under the failure rule: a server change (module gone,
     script or function flushed) detects the backend again and retries once;
     any other error, or the retry's, is raised as its class."""
     return (yield from _translated(_run(state, call)))
 
 
-def _run(state: Backend, call: Call):
+def _run(state: BackendState, call: Call):
     backend = yield from ensure(state)
     try:
         reply = yield Send(tuple(_core.command(backend, call, state.sha)), retry=call.retry)
@@ -207,7 +212,7 @@ def _run(state: Backend, call: Call):
 LEASE_POLL_S = 0.1
 
 
-def wait_acquire(state: Backend, call: Call, timeout_ms: int, poll_s: float = LEASE_POLL_S):
+def wait_acquire(state: BackendState, call: Call, timeout_ms: int, poll_s: float = LEASE_POLL_S):
     """Acquire, waiting up to timeout_ms (0: no limit). Module: TB.ACQUIRE
     with timeout_ms on the slot owner, first come first served by the
     server. Lua: acquire, sleep min(retry_after_ms, poll_s), retry (not
@@ -215,7 +220,7 @@ def wait_acquire(state: Backend, call: Call, timeout_ms: int, poll_s: float = LE
     return (yield from _translated(_wait(state, call, timeout_ms, poll_s)))
 
 
-def wait_take(state: Backend, call: Call, timeout_ms: int):
+def wait_take(state: BackendState, call: Call, timeout_ms: int):
     """Take, waiting up to timeout_ms (0: no limit). Module: TB.BTAKE on the
     slot owner, served first come first served by the server. Lua: take,
     sleep the announced wait, retry (not first come first served)."""
@@ -229,7 +234,7 @@ def _done(d) -> bool:
     return d.allowed or d.retry_after_ms < 0
 
 
-def _wait(state: Backend, call: Call, timeout_ms: int, poll_s: Optional[float]):
+def _wait(state: BackendState, call: Call, timeout_ms: int, poll_s: Optional[float]):
     deadline = None if timeout_ms == 0 else time.monotonic() + timeout_ms / 1000
     backend = yield from ensure(state)
     if backend == "module":
@@ -258,7 +263,7 @@ def _wait(state: Backend, call: Call, timeout_ms: int, poll_s: Optional[float]):
         yield Sleep(pause)
 
 
-def _reserve(state: Backend, call: Call, deadline: Optional[float], timeout_ms: int):
+def _reserve(state: BackendState, call: Call, deadline: Optional[float], timeout_ms: int):
     """wait_take without the module: ONE reservation (TB.TAKE's MAXWAIT,
     the timeout; no limit is MAXWAIT 2^53) and one sleep for the delay it
     returns. Reservations queue in the bucket's debt, so this is first come
@@ -284,6 +289,17 @@ def _reserve(state: Backend, call: Call, deadline: Optional[float], timeout_ms: 
     return (yield from _run(state, call))
 
 
+def redirection(error: BaseException) -> Optional[Tuple[str, str, int]]:
+    """("MOVED" | "ASK", host, port) of a redirection reply, else None."""
+    if not isinstance(error, rex.ResponseError):
+        return None
+    parts = _core.reply_text(error).split(" ")
+    if len(parts) != 3 or parts[0] not in ("MOVED", "ASK"):
+        return None
+    host, _, port = parts[2].rpartition(":")
+    return parts[0], host, int(port)
+
+
 def _btake(call: Call, deadline: Optional[float]):
     key = call.keys[0]
     node, asking = None, False
@@ -296,7 +312,7 @@ def _btake(call: Call, deadline: Optional[float]):
         try:
             reply = yield Block(key, tuple(_core.blocking_command(call, timeout_ms)), wait_s, node, asking)
         except Exception as e:
-            moved = _core.redirection(e)
+            moved = redirection(e)
             if moved is None:
                 raise
             kind, host, port = moved
@@ -304,6 +320,106 @@ def _btake(call: Call, deadline: Optional[float]):
             continue
         return _core.result(call, reply)
     raise _core.LimiterUnavailable(f"{_core.blocking_command(call, 0)[0]}: more than {MAX_REDIRECTIONS} redirections (the cluster is resharding)")
+
+
+#: The calls the local limiter answers during an outage; every other call
+#: (refund, charge, unblock, waits, leases) raises LimiterUnavailable.
+LOCAL_OPS = frozenset({"take", "peek", "takeall"})
+#: The calls the denial cache answers (a peek takes nothing: it goes to Redis).
+CACHED_OPS = frozenset({"take", "takeall"})
+#: The calls that drop the key's cached denial (when sent): they may give
+#: tokens back or lift a lock.
+FORGETTING_OPS = frozenset({"refund", "charge", "unblock"})
+
+
+def _choice(value, what: str, allowed) -> str:
+    if value not in allowed:
+        raise _core.InvalidArgument(f"{what} must be one of {allowed}, not {value!r}")
+    return value
+
+
+def _positive_int(value, what: str) -> int:
+    _core.whole_text(value, what)
+    if value < 1:
+        raise _core.InvalidArgument(f"{what} must be at least 1, not {value!r}")
+    return int(value)
+
+
+class Shield:
+    """A limiter's answers without a round trip: the denial cache
+    (`cache_denials`), and with on_unavailable="local" the local limiter,
+    which answers during an `Outage` (while Redis is unreachable, probing
+    it again every `local_probe_ms`). Both drivers ask it before a call
+    (`before`), and tell it how the call went (`after`, `failed`)."""
+
+    def __init__(self, on_unavailable="raise", instances=1, local_max_keys=10_000, local_probe_ms=1_000,
+                 cache_denials=False, clock=_local.wall_ms):
+        self.on_unavailable = _choice(on_unavailable, "on_unavailable", ("raise", "local"))
+        self.instances = _positive_int(instances, "instances")
+        self.local_max_keys = _positive_int(local_max_keys, "local_max_keys")
+        _core.whole_text(local_probe_ms, "local_probe_ms")
+        self.local_probe_ms = int(local_probe_ms)
+        if not isinstance(cache_denials, bool):
+            raise _core.InvalidArgument(f"cache_denials must be a bool, not {cache_denials!r}")
+        self.local = _local.LocalLimiter(self.instances, self.local_max_keys) if on_unavailable == "local" else None
+        self.outage = _local.Outage(self.local_probe_ms, self.instances)  # only the local limiter starts one
+        self.denials = _local.DenialCache(self.local_max_keys) if cache_denials else None
+        self.clock = clock
+        self._lock = threading.Lock()
+
+    # `plain`: the call is one command (not a wait), so the cache and the
+    # local limiter may answer it.
+
+    def before(self, call: Call, plain: bool = True) -> Optional[Decision]:
+        """An answer without Redis, or None: send the call. During an
+        outage, between probes, a call the local limiter cannot answer
+        raises LimiterUnavailable without a round trip."""
+        denials = self.denials
+        if denials is not None:
+            if call.op in FORGETTING_OPS:
+                denials.forget(call.keys[0])
+            elif plain and denials.entries and call.op in CACHED_OPS:
+                with self._lock:
+                    d = denials.answer(call, self.clock())
+                if d is not None:
+                    return d
+        outage = self.outage
+        if not outage.active:
+            return None
+        with self._lock:
+            now = self.clock()
+            if outage.should_send(now):  # this call probes Redis; the others wait for it
+                return None
+            if plain and call.op in LOCAL_OPS:
+                return self.local.decide(call, now)
+        raise _core.LimiterUnavailable(f"Redis unreachable ({outage.reason}); next try within {self.local_probe_ms} ms")
+
+    def after(self, call: Call, result, plain: bool = True):
+        """The call reached Redis: an outage is over; a denial is remembered."""
+        if self.outage.active:
+            with self._lock:
+                ended = self.outage.succeeded()
+                if ended:
+                    self.local.clear()
+            if ended:
+                log.warning("redis-tb: Redis reachable again; limits come from Redis")
+        if self.denials is not None and plain and call.op in CACHED_OPS:
+            with self._lock:
+                self.denials.remember(call, result, self.clock())
+
+    def failed(self, call: Call, error: _core.LimiterUnavailable, plain: bool = True) -> Decision:
+        """The call found Redis unreachable: raise `error`, or (the local
+        limiter) start the outage and answer locally what it can."""
+        if self.local is None:
+            raise error
+        with self._lock:
+            now = self.clock()
+            if self.outage.failed(str(error), now):
+                log.warning("redis-tb: Redis unreachable (%s); limiting in process at 1/%d of each limit",
+                            error, self.instances)
+            if plain and call.op in LOCAL_OPS:
+                return self.local.decide(call, now)
+        raise error
 
 
 def drive(gen, execute):
@@ -338,7 +454,7 @@ async def adrive(gen, execute):
                 try:
                     result = await execute(step)
                 except Exception as e:
-                    if not (getattr(step, "retry", False) and _core.dropped(e)):
+                    if not (getattr(step, "retry", False) and _core.is_dropped(e)):
                         raise
                     result = await execute(step)
             except Exception as e:

@@ -1,8 +1,9 @@
-"""What a limiter answers without Redis: the local limiter for outages and
-the denial cache (docs/clients.md#when-redis-is-down-the-local-limiter,
-#the-denial-cache). Pure: no I/O; the clock is passed in (or injected), so
-both drivers share it and the tests replay clients/conformance/vectors/local.json
-on a virtual clock.
+"""What a limiter answers without Redis: the local limiter, the denial cache
+and the outage that says when the local limiter answers
+(docs/clients.md#when-redis-is-down-the-local-limiter, #the-denial-cache).
+Pure: no I/O, no lock; the clock is passed in, so the tests replay
+clients/conformance/vectors/local.json on a virtual clock. The engine's
+`Shield` holds the three and asks them around each call.
 
 The bucket arithmetic is core/src/bucket.rs's `take`, `take_all` and
 `first_ms_when` (which lua/tb.lua follows too), in the same operation
@@ -11,29 +12,16 @@ order, so the doubles, and so the answers, are identical.
 
 from __future__ import annotations
 
-import logging
 import math
-import threading
 import time
 from collections import OrderedDict
 from typing import Optional, Tuple
 
-from ._core import Call, Decision, InvalidArgument, LimiterUnavailable, quick_decision, whole_text
-
-log = logging.getLogger("redis_tb")
+from ._core import Call, Decision, quick_decision
 
 MAX_EXACT = 2**53
 _MAX_EXACT_F = float(MAX_EXACT)
 _floor, _ceil = math.floor, math.ceil  # module globals: a local take looks them up without `math.`
-
-#: The calls the local limiter answers during an outage; every other call
-#: (refund, charge, unblock, waits, leases) raises LimiterUnavailable.
-LOCAL_OPS = frozenset({"take", "peek", "takeall"})
-#: The calls the denial cache answers (a peek takes nothing: it goes to Redis).
-CACHED_OPS = frozenset({"take", "takeall"})
-#: The calls that drop the key's cached denial (when sent): they may give
-#: tokens back or lift a lock.
-FORGETTING_OPS = frozenset({"refund", "charge", "unblock"})
 
 # An outcome: (allowed, remaining, retry_after_ms, reset_after_ms, write),
 # write the (tokens, last_refill_ms) to store or None.
@@ -214,7 +202,7 @@ class LRU(OrderedDict):
             self.popitem(last=False)
 
 
-class LocalBuckets:
+class LocalLimiter:
     """Each key's bucket in process at 1/instances of its limit."""
 
     def __init__(self, instances: int, max_keys: int):
@@ -248,7 +236,7 @@ class LocalBuckets:
         self.buckets.clear()
 
 
-def refill_wait_ms(remaining: int, n: float, capacity: float, rate: float, reset_after_ms: int) -> int:
+def primed_denial_ms(remaining: int, n: float, capacity: float, rate: float, reset_after_ms: int) -> int:
     """After an allowed take of `n` that left `remaining` < n whole tokens:
     how long the same take stays denied, from the reply alone. The bucket
     is full after reset_after_ms and holds n (capacity - n) / rate seconds
@@ -312,7 +300,7 @@ class DenialCache:
         """Keep the server's denial `d` of `call` until its retry time; and
         an allowed take that left fewer than n tokens as the denial the
         next one would get, until the bucket holds n again
-        (`refill_wait_ms`): so a flood by one id reaches the server once
+        (`primed_denial_ms`): so a flood by one id reaches the server once
         per retry window, not twice."""
         if d.allowed:
             # Only a plain take: a reservation may go into debt, and under a
@@ -321,7 +309,7 @@ class DenialCache:
             if call.op != "take" or call.options:
                 return
             n = call.amounts[0]
-            wait = refill_wait_ms(d.remaining, n, float(d.capacity), float(d.rate), d.reset_after_ms)
+            wait = primed_denial_ms(d.remaining, n, float(d.capacity), float(d.rate), d.reset_after_ms)
             index = 0
         else:
             if "MAXWAIT" in call.options:
@@ -337,94 +325,39 @@ class DenialCache:
         self.entries.pop(key, None)
 
 
-def _choice(value, what: str, allowed) -> str:
-    if value not in allowed:
-        raise InvalidArgument(f"{what} must be one of {allowed}, not {value!r}")
-    return value
+class Outage:
+    """Whether Redis is taken to be down, and when to try it again: during
+    an outage nothing is sent for `probe_ms`, then one call probes Redis
+    (docs/clients.md#when-redis-is-down-the-local-limiter). The times are
+    whole ms, passed in; the caller holds the lock (`Shield`'s)."""
 
+    def __init__(self, probe_ms: int, instances: int):
+        self.probe_ms = probe_ms
+        self.instances = instances
+        self.active = False
+        self.probe_at_ms = 0
+        self.reason = ""  # the error that started it
 
-def _positive_int(value, what: str) -> int:
-    whole_text(value, what)
-    if value < 1:
-        raise InvalidArgument(f"{what} must be at least 1, not {value!r}")
-    return int(value)
+    def should_send(self, now_ms: int) -> bool:
+        """Whether a call at `now_ms` goes to Redis (in an outage: it
+        becomes the probe, and the next one is `probe_ms` later)."""
+        if not self.active:
+            return True
+        if now_ms < self.probe_at_ms:
+            return False
+        self.probe_at_ms = now_ms + self.probe_ms
+        return True
 
+    def failed(self, reason: str, now_ms: int) -> bool:
+        """A call found Redis unreachable: nothing is sent for another
+        `probe_ms`. True when this starts the outage (log it)."""
+        self.probe_at_ms = now_ms + self.probe_ms
+        if self.active:
+            return False
+        self.active, self.reason = True, reason
+        return True
 
-class Shield:
-    """A limiter's answers without a round trip, and its outage state: the
-    denial cache (`cache_denials`), and with on_unavailable="local" the
-    local limiter, which answers while Redis is unreachable, probing it
-    again every `local_probe_ms`. Both drivers ask it before a call
-    (`before`), and tell it how the call went (`after`, `failed`)."""
-
-    def __init__(self, on_unavailable="raise", instances=1, local_max_keys=10_000, local_probe_ms=1_000,
-                 cache_denials=False, clock=wall_ms):
-        self.on_unavailable = _choice(on_unavailable, "on_unavailable", ("raise", "local"))
-        self.instances = _positive_int(instances, "instances")
-        self.local_max_keys = _positive_int(local_max_keys, "local_max_keys")
-        whole_text(local_probe_ms, "local_probe_ms")
-        self.local_probe_ms = int(local_probe_ms)
-        if not isinstance(cache_denials, bool):
-            raise InvalidArgument(f"cache_denials must be a bool, not {cache_denials!r}")
-        self.local = LocalBuckets(self.instances, self.local_max_keys) if on_unavailable == "local" else None
-        self.cache = DenialCache(self.local_max_keys) if cache_denials else None
-        self.clock = clock
-        self.down = False  # in an outage (only with the local limiter)
-        self.next_probe_ms = 0
-        self.reason = ""
-        self._lock = threading.Lock()
-
-    # `plain`: the call is one command (not a wait), so the cache and the
-    # local limiter may answer it.
-
-    def before(self, call: Call, plain: bool = True) -> Optional[Decision]:
-        """An answer without Redis, or None: send the call. During an
-        outage, between probes, a call the local limiter cannot answer
-        raises LimiterUnavailable without a round trip."""
-        cache = self.cache
-        if cache is not None:
-            if call.op in FORGETTING_OPS:
-                cache.forget(call.keys[0])
-            elif plain and cache.entries and call.op in CACHED_OPS:
-                with self._lock:
-                    d = cache.answer(call, self.clock())
-                if d is not None:
-                    return d
-        if not self.down:
-            return None
-        with self._lock:
-            now = self.clock()
-            if now >= self.next_probe_ms:  # this call probes Redis; the others wait for it
-                self.next_probe_ms = now + self.local_probe_ms
-                return None
-            if plain and call.op in LOCAL_OPS:
-                return self.local.decide(call, now)
-        raise LimiterUnavailable(f"Redis unreachable ({self.reason}); next try within {self.local_probe_ms} ms")
-
-    def after(self, call: Call, result, plain: bool = True):
-        """The call reached Redis: an outage is over; a denial is remembered."""
-        if self.down:
-            with self._lock:
-                was_down, self.down = self.down, False
-                self.local.clear()
-            if was_down:
-                log.warning("redis-tb: Redis reachable again; limits come from Redis")
-        if self.cache is not None and plain and call.op in CACHED_OPS:
-            with self._lock:
-                self.cache.remember(call, result, self.clock())
-
-    def failed(self, call: Call, error: LimiterUnavailable, plain: bool = True) -> Decision:
-        """The call found Redis unreachable: raise `error`, or (the local
-        limiter) start the outage and answer locally what it can."""
-        if self.local is None:
-            raise error
-        with self._lock:
-            now = self.clock()
-            if not self.down:
-                self.down, self.reason = True, str(error)
-                self.next_probe_ms = now + self.local_probe_ms
-                log.warning("redis-tb: Redis unreachable (%s); limiting in process at 1/%d of each limit",
-                            error, self.instances)
-            if plain and call.op in LOCAL_OPS:
-                return self.local.decide(call, now)
-        raise error
+    def succeeded(self) -> bool:
+        """A call reached Redis. True when this ends the outage (log it)."""
+        ended, self.active = self.active, False
+        return ended

@@ -185,12 +185,13 @@ FAIL_CLOSED = "fail_closed"
 ERROR = "error"
 
 
-class Outcomes:
+class OutageLog:
     """The middleware's failure rule, the same for ASGI and WSGI: an
     unavailable limiter fails open or closed, logged once per outage (one
     WARNING when failures start, one INFO when calls work again) and
     counted; any other limiter error is a bug, logged at ERROR every time
-    and never let through."""
+    and never let through. (The middleware's `outcomes`, the name its
+    README gives the counts; `OutageLog` in all three libraries.)"""
 
     def __init__(self, fail_open: bool):
         self.fail_open = fail_open
@@ -213,7 +214,7 @@ class Outcomes:
             log.warning("redis-tb: rate limiter unavailable, %s: %s", action, error)
         return FAIL_OPEN if self.fail_open else FAIL_CLOSED
 
-    def ok(self):
+    def succeeded(self):
         if not self.down:
             return
         with self._lock:
@@ -263,4 +264,4 @@ class Middleware(Generic[L]):
         self.on_unavailable = on_unavailable_mode(on_unavailable, fail_open, limiter)
         # "local": the limiter answers takes itself while Redis is down; what
         # still fails (a lease) goes through, as with "open".
-        self.outcomes = Outcomes(self.on_unavailable != "closed")
+        self.outcomes = OutageLog(self.on_unavailable != "closed")

@@ -16,7 +16,7 @@ import redis.exceptions as rex
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
 
-from . import _core, _engine, _local
+from . import _core, _engine
 from ._core import Decision, Lease, Limit, LimiterUnavailable, Number
 from ._lease import AsyncLeaseGuard
 from .limiter import DEFAULT_TIMEOUT, fast_failing_kwargs, get_connection_args
@@ -68,8 +68,8 @@ class AsyncRateLimiter:
                  on_unavailable: str = "raise", instances: int = 1, local_max_keys: int = 10_000,
                  local_probe_ms: int = 1_000, cache_denials: bool = False,
                  module_recheck_ms: int = _engine.MODULE_RECHECK_MS):
-        self._state = _engine.Backend(backend, module_recheck_ms)
-        self._shield = _local.Shield(on_unavailable, instances, local_max_keys, local_probe_ms, cache_denials)
+        self._state = _engine.BackendState(backend, module_recheck_ms)
+        self._shield = _engine.Shield(on_unavailable, instances, local_max_keys, local_probe_ms, cache_denials)
         self.timeout = timeout
         self._cluster = isinstance(client, AsyncRedisCluster)
         self._own_client = timeout is not None and not self._cluster

@@ -77,7 +77,7 @@ class RateLimitMiddleware(mw.Middleware[AsyncRateLimiter]):
                 try:
                     await guard.__aenter__()
                 except LeaseDenied as e:
-                    self.outcomes.ok()
+                    self.outcomes.succeeded()
                     headers = mw.lease_denied_headers(self.policies, c, e.decision)
                     return await _respond(send, c.status, headers, mw.lease_denied_body(e.decision, c.status))
             try:
@@ -86,7 +86,7 @@ class RateLimitMiddleware(mw.Middleware[AsyncRateLimiter]):
                 await _release(guard)
                 raise
             if d is not None and not d.allowed:
-                self.outcomes.ok()
+                self.outcomes.succeeded()
                 await _release(guard)
                 headers = mw.merged_headers(d, guard.decision if guard is not None else None)
                 return await _respond(send, 429, headers, mw.denied_body(d))
@@ -100,7 +100,7 @@ class RateLimitMiddleware(mw.Middleware[AsyncRateLimiter]):
                 answer = await _maybe_await(self.on_error(e, scope))
                 return await answer(scope, receive, send)
             return await _respond(send, 500, [], mw.error_body())
-        self.outcomes.ok()
+        self.outcomes.succeeded()
         headers = mw.merged_headers(d, guard.decision if guard is not None else None)
         raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
 

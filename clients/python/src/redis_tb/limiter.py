@@ -20,7 +20,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from . import _core, _engine, _local
+from . import _core, _engine
 from ._core import Decision, Lease, Limit, LimiterError, LimiterUnavailable, Number
 from ._lease import LeaseGuard
 
@@ -132,8 +132,8 @@ class RateLimiter:
                  on_unavailable: str = "raise", instances: int = 1, local_max_keys: int = 10_000,
                  local_probe_ms: int = 1_000, cache_denials: bool = False,
                  module_recheck_ms: int = _engine.MODULE_RECHECK_MS):
-        self._state = _engine.Backend(backend, module_recheck_ms)
-        self._shield = _local.Shield(on_unavailable, instances, local_max_keys, local_probe_ms, cache_denials)
+        self._state = _engine.BackendState(backend, module_recheck_ms)
+        self._shield = _engine.Shield(on_unavailable, instances, local_max_keys, local_probe_ms, cache_denials)
         self.timeout = timeout
         self._own_client = timeout is not None and not _is_cluster(client)
         self.client = limiter_client(client, timeout)

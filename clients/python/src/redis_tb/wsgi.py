@@ -53,7 +53,7 @@ class RateLimitMiddleware(mw.Middleware[RateLimiter]):
                 try:
                     guard.__enter__()
                 except LeaseDenied as e:
-                    self.outcomes.ok()
+                    self.outcomes.succeeded()
                     headers = mw.lease_denied_headers(self.policies, c, e.decision)
                     return _respond(start_response, c.status, headers, mw.lease_denied_body(e.decision, c.status))
             try:
@@ -62,7 +62,7 @@ class RateLimitMiddleware(mw.Middleware[RateLimiter]):
                 _release(guard)
                 raise
             if d is not None and not d.allowed:
-                self.outcomes.ok()
+                self.outcomes.succeeded()
                 _release(guard)
                 headers = mw.merged_headers(d, guard.decision if guard is not None else None)
                 return _respond(start_response, 429, headers, mw.denied_body(d))
@@ -75,7 +75,7 @@ class RateLimitMiddleware(mw.Middleware[RateLimiter]):
             if self.on_error is not None:
                 return self.on_error(e, environ)(environ, start_response)
             return _respond(start_response, 500, [], mw.error_body())
-        self.outcomes.ok()
+        self.outcomes.succeeded()
         headers = mw.merged_headers(d, guard.decision if guard is not None else None)
 
         def start_with_headers(status, response_headers, exc_info=None):

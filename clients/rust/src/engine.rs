@@ -1,37 +1,16 @@
-//! The sans-IO core: bucket keys and slots, and the backend choice with its
-//! retries as a state machine over replies, judged by the one failure rule
-//! of [`crate::error`].
+//! The sans-IO engine: the backend choice with its retries as a state
+//! machine over replies, judged by the one failure rule of [`crate::error`],
+//! the waits' rules (polling, redirections), and the [`Shield`]: what is
+//! answered without Redis (the denial cache, the local limiter during an
+//! outage; their state is in [`crate::local`]).
 //! The sync and async drivers only send what [`Exchange`] asks for and hand
 //! back what the server answered.
 
-use crate::backend::{self, Backend, Line, Request, Resolved};
-use crate::error::{classify, error_of, is_dropped, reply_text, Error, FailureClass, Result};
+use crate::backend::{self, emit, Backend, Line, Logger, Request, Resolved};
+use crate::error::{classify, is_dropped, limiter_error, reply_text, Error, FailureClass, Result};
+use crate::local::{now_ms, DenialCache, LocalLimiter, LocalSettings, Outage};
 use redis::{Cmd, RedisError, Value};
 use std::time::{Duration, Instant};
-
-/// The id as it goes between the braces of a bucket key: `%` -> `%25`,
-/// `{` -> `%7B`, `}` -> `%7D`, and the empty id -> `%`. The result never
-/// holds a brace and is never empty, so it is always exactly the hash tag.
-pub fn escape_id(id: &str) -> String {
-    if id.is_empty() {
-        return "%".into();
-    }
-    let mut out = String::with_capacity(id.len());
-    for c in id.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            '{' => out.push_str("%7B"),
-            '}' => out.push_str("%7D"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// The bucket of caller `id` under policy `name`: `<prefix>{<escaped id>}:<name>`.
-pub fn bucket_key(prefix: &str, id: &str, name: &str) -> String {
-    format!("{prefix}{{{}}}:{name}", escape_id(id))
-}
 
 /// How often a limiter on Lua that has seen the module looks for it again.
 pub(crate) const MODULE_RECHECK: Duration = Duration::from_secs(30);
@@ -282,15 +261,15 @@ impl<'a, R: Request> Exchange<'a, R> {
             if is_dropped(&error) && !self.resent && self.call.resend_on_drop() {
                 return self.resend();
             }
-            return Step::Done(Err(error_of(&error)));
+            return Step::Done(Err(limiter_error(&error)));
         }
         match phase {
             // The server refused COMMAND INFO (an ACL without `command`): it
             // tells nothing of the module, so the Lua backend is tried, as in
             // the Python and Node libraries (docs/clients.md).
             Phase::CommandInfo { recheck } => self.without_module(recheck),
-            Phase::ScriptLoad { .. } => Step::Done(Err(error_of(&error))),
-            Phase::FunctionLoad { forced: true } => Step::Done(Err(error_of(&error))),
+            Phase::ScriptLoad { .. } => Step::Done(Err(limiter_error(&error))),
+            Phase::FunctionLoad { forced: true } => Step::Done(Err(limiter_error(&error))),
             // FUNCTION is missing (Redis < 7) or refused: the script works everywhere.
             Phase::FunctionLoad { forced: false } => self.go(
                 Phase::ScriptLoad {
@@ -314,7 +293,7 @@ impl<'a, R: Request> Exchange<'a, R> {
                 }
                 self.detect()
             }
-            Phase::Call(_) => Step::Done(Err(error_of(&error))),
+            Phase::Call(_) => Step::Done(Err(limiter_error(&error))),
         }
     }
 
@@ -343,6 +322,103 @@ impl<'a, R: Request> Exchange<'a, R> {
             }
             Phase::Call(_) => Step::Done(self.call.parse(value)),
         }
+    }
+}
+
+/// What a limiter answers without a round trip: the denial cache
+/// (`cache_denials`), and with [`OnUnavailable::Local`](crate::OnUnavailable::Local)
+/// the local limiter, which answers during an [`Outage`] (while Redis is
+/// unreachable, probing it again every `probe_ms`). Both drivers ask it
+/// before a call (`before`) and give it the call's outcome (`after`).
+/// `Shield` in all three libraries; shared by a limiter's clones and by a
+/// middleware made from it.
+#[derive(Default)]
+pub(crate) struct Shield {
+    pub local: LocalLimiter,
+    pub denials: DenialCache,
+    pub outage: Outage,
+}
+
+impl Shield {
+    /// The answer given without a round trip, if there is one: a cached
+    /// denial, or (in an outage, before its next probe) the local limiter's
+    /// answer or `Unavailable`. `None`: send the call.
+    pub fn before<R: Request>(
+        &self,
+        settings: &LocalSettings,
+        call: &R,
+    ) -> Option<Result<R::Output>> {
+        if !settings.cache_denials && !settings.local() {
+            return None;
+        }
+        let now = now_ms();
+        if settings.cache_denials {
+            if let Some(denied) = call.cached(&self.denials, settings, now) {
+                return Some(Ok(denied));
+            }
+        }
+        if settings.local() && !self.outage.should_send(settings.probe_ms, now) {
+            return Some(self.locally(
+                settings,
+                call,
+                now,
+                "Redis unreachable: waiting to probe it again",
+            ));
+        }
+        None
+    }
+
+    /// The server's `outcome` of `call`, through the outage and the denial
+    /// cache: an unreachable Redis answered locally (with `local`), a
+    /// reachable one ending the outage, a denial kept.
+    pub fn after<R: Request>(
+        &self,
+        settings: &LocalSettings,
+        logger: &Option<Logger>,
+        call: &R,
+        outcome: Result<R::Output>,
+    ) -> Result<R::Output> {
+        match outcome {
+            Err(Error::Unavailable(reason)) if settings.local() => {
+                let now = now_ms();
+                if self.outage.failed(settings.probe_ms, now) {
+                    let line = format!(
+                        "redis-tb: Redis unreachable ({reason}); limiting in process at 1/{} of each limit",
+                        settings.instances.max(1)
+                    );
+                    emit(logger, log::Level::Warn, &line);
+                }
+                self.locally(settings, call, now, &reason)
+            }
+            Err(Error::Unavailable(reason)) => Err(Error::Unavailable(reason)),
+            outcome => {
+                if settings.local() && self.outage.succeeded() {
+                    self.local.clear();
+                    emit(
+                        logger,
+                        log::Level::Warn,
+                        "redis-tb: Redis reachable again; limits come from Redis",
+                    );
+                }
+                if let (true, Ok(answer)) = (settings.cache_denials, &outcome) {
+                    call.observe(answer, &self.denials, settings, now_ms());
+                }
+                outcome
+            }
+        }
+    }
+
+    /// The local limiter's answer to `call`, or `Unavailable` for a call it
+    /// does not serve.
+    fn locally<R: Request>(
+        &self,
+        settings: &LocalSettings,
+        call: &R,
+        now: i64,
+        reason: &str,
+    ) -> Result<R::Output> {
+        call.local(&self.local, settings, now)
+            .ok_or_else(|| Error::Unavailable(reason.to_string()))
     }
 }
 
@@ -420,7 +496,7 @@ pub(crate) fn poll_wait(
 }
 
 /// Where the error reply `e` sends a command, if it is a `MOVED` or `ASK`.
-pub(crate) fn redirect_of(e: &RedisError) -> Option<(bool, String)> {
+pub(crate) fn redirection(e: &RedisError) -> Option<(bool, String)> {
     reply_text(e).and_then(|reply| redirect(&reply))
 }
 
@@ -451,35 +527,7 @@ pub(crate) fn client_at(seed: &redis::Client, addr: Option<&str>) -> Result<redi
 }
 
 /// How many `MOVED`/`ASK` a wait follows before it gives up.
-pub(crate) const MAX_REDIRECTS: usize = 5;
-
-/// The CRC16 (XMODEM) of Redis Cluster's key hashing.
-fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in data {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
-
-/// The cluster slot of `key`: the CRC16 of its hash tag (the part between
-/// the first `{` and the next `}`, when not empty) or of the whole key.
-pub fn key_slot(key: &str) -> u16 {
-    let bytes = key.as_bytes();
-    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
-        let rest = bytes.get(open + 1..)?;
-        let close = rest.iter().position(|&b| b == b'}')?;
-        (close > 0).then(|| rest.get(..close)).flatten()
-    });
-    crc16(tagged.unwrap_or(bytes)) % 16384
-}
+pub(crate) const MAX_REDIRECTIONS: usize = 5;
 
 /// The error of a call that hit the limiter's own time bound (async only:
 /// the sync connections carry their timeouts themselves).
@@ -494,28 +542,6 @@ pub(crate) fn timed_out(started: Instant, limit: Duration) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ids_are_escaped_as_the_spec_says() {
-        for (id, key) in [
-            ("alice", "ratelimit:{alice}:sec"),
-            ("}x", "ratelimit:{%7Dx}:sec"),
-            ("{}", "ratelimit:{%7B%7D}:sec"),
-            ("50%", "ratelimit:{50%25}:sec"),
-            ("", "ratelimit:{%}:sec"),
-        ] {
-            assert_eq!(bucket_key("ratelimit:", id, "sec"), key, "id {id:?}");
-        }
-    }
-
-    #[test]
-    fn the_slot_function_matches_redis_reference_values() {
-        assert_eq!(crc16(b"123456789"), 0x31C3);
-        assert_eq!(key_slot("foo"), 12182);
-        assert_eq!(key_slot("{user1000}.following"), key_slot("user1000"));
-        assert_eq!(key_slot("foo{}{bar}"), key_slot("foo{}{bar}"));
-        assert_ne!(key_slot("foo{}{bar}"), key_slot("bar"));
-    }
 
     #[test]
     fn redirects_name_the_node() {
