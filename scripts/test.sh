@@ -10,7 +10,8 @@
 #   build        the release module and the fault-injection build (target/fault)
 #   rust         cargo test --workspace on Redis 7.0: the core's unit, property and vector
 #                tests, the layer rules, and every integration test (tests/it)
-#   valkey-8.1   the integration tests (tests/it) again on Valkey 8.1, the same .so
+#   valkey-8.1   the integration tests (tests/it) again on Valkey 8.1, the same .so (but for
+#                the release checks, which `rust` runs)
 #   valkey-9.1   and on Valkey 9.1
 #   python       clients/python/run-tests.sh
 #   node         clients/node/run-tests.sh
@@ -72,11 +73,13 @@ step_rust() {
 }
 
 # The same .so, unchanged, in each Valkey (fetched by `deps`): the unit and property tests do
-# not depend on the server, so only the integration program runs again.
+# not depend on the server, so only the integration program runs again, but for the release
+# checks (tests/it/release.rs: the packages installed as a user would, minutes of pip, npm
+# and cargo), which the `rust` step runs once.
 valkey() {
     local server=$ROOT/.cache/servers/valkey-$1/valkey-server
     echo "integration tests on $("$server" --version)"
-    TB_SERVER=$server cargo test --test it
+    TB_SERVER=$server cargo test --test it -- --skip release::
 }
 step_valkey-8.1() { valkey 8.1; }
 step_valkey-9.1() { valkey 9.1; }
