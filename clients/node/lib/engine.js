@@ -93,6 +93,16 @@ function afterFailure(err, tried, retryDrop) {
   return 'fail';
 }
 
+// A cluster client that knows no master in `status`: whether it is worth waiting for (its
+// first connection, or a reconnection after its connections dropped: ioredis's 'close' turns
+// into 'reconnecting' or 'end' at the next tick), or not ('end', 'disconnecting': closed for
+// good; 'ready' with no master cannot become ready again).
+const CLUSTER_ON_ITS_WAY = ['wait', 'connecting', 'connect', 'reconnecting', 'close'];
+
+function clusterMayReconnect(status) {
+  return CLUSTER_ON_ITS_WAY.includes(status);
+}
+
 // A MOVED / ASK reply of a cluster -> where the command goes next: { node, asking,
 // refreshSlots }, or null (not a redirection: the error is the answer).
 function redirection(err, isCluster) {
@@ -154,5 +164,6 @@ class Outage {
 }
 
 module.exports = {
-  detectionStart, afterFunctionLoadFailed, choiceLine, shouldLookForModule, isDropped, isUnsent, afterFailure, redirection, Outage,
+  detectionStart, afterFunctionLoadFailed, choiceLine, shouldLookForModule, isDropped, isUnsent, afterFailure,
+  clusterMayReconnect, redirection, Outage,
 };

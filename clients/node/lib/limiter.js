@@ -469,25 +469,36 @@ class RateLimiter {
   }
 
   // Every master of a cluster (a function or script lives on one node), else the client.
-  _nodes() {
+  // A cluster client whose connections dropped (a restart, CLIENT KILL) knows no master
+  // until it has reconnected: it is waited for up to timeoutMs (connectTimeoutMs without
+  // one), as _reconnected waits for a standalone client, instead of failing at once.
+  async _nodes() {
     if (!this.isCluster) {
       return [this.client];
     }
-    const masters = this.client.nodes('master');
+    const client = this.client;
+    let masters = client.nodes('master');
+    if (masters.length === 0 && engine.clusterMayReconnect(client.status)) {
+      if (client.status === 'wait') {
+        client.connect().catch(() => {});
+      }
+      await clusterReadyAgain(client, this.timeoutMs || this.connectTimeoutMs);
+      masters = client.nodes('master');
+    }
     if (masters.length === 0) {
-      throw new LimiterUnavailable('the cluster client is not connected (no master known yet)');
+      throw new LimiterUnavailable(`the cluster client is not connected (no master known; client ${client.status})`);
     }
     return masters;
   }
 
   async _loadFunction() {
     const { library } = lua();
-    await Promise.all(this._nodes().map((node) => this._sendTo(node, 'function', ['load', 'replace', library], null)));
+    await Promise.all((await this._nodes()).map((node) => this._sendTo(node, 'function', ['load', 'replace', library], null)));
   }
 
   async _loadScript() {
     const { script } = lua();
-    await Promise.all(this._nodes().map((node) => this._sendTo(node, 'script', ['load', script], null)));
+    await Promise.all((await this._nodes()).map((node) => this._sendTo(node, 'script', ['load', script], null)));
   }
 
   async _sendTo(client, name, args, keys) {
@@ -961,7 +972,7 @@ class RateLimiter {
 
   // The node that owns `key`'s slot, by the server's slot rule and the client's slot map;
   // null for a standalone client. A stale map is corrected by MOVED.
-  _owner(key) {
+  async _owner(key) {
     if (!this.isCluster) {
       return null;
     }
@@ -969,7 +980,7 @@ class RateLimiter {
     if (owners && owners.length > 0) {
       return nodeAddress(owners[0]);
     }
-    const [master] = this._nodes();
+    const [master] = await this._nodes();
     return { host: master.options.host, port: master.options.port };
   }
 
@@ -1002,7 +1013,7 @@ class RateLimiter {
     // The client-side timer is above the server's timeout, so the server's denial arrives
     // first; timeout 0 waits as long as the server does.
     const clientTimeout = timeoutMs === 0 ? 0 : timeoutMs + this.blockingMarginMs;
-    let node = this._owner(key);
+    let node = await this._owner(key);
     let asking = false;
     let resent = false;
     for (let hop = 0; hop <= MAX_REDIRECTIONS; hop++) {
@@ -1044,7 +1055,7 @@ class RateLimiter {
     throw new LimiterUnavailable(`${command}: more than ${MAX_REDIRECTIONS} cluster redirections`);
   }
 
-  _newConnection(node) {
+  async _newConnection(node) {
     // A connection of waitTake's does not reconnect (one that drops is discarded, and a new
     // one made by the next waitTake), has no command timeout of its own (waitTake's timer
     // is per call: timeout 0 waits without limit), and queues nothing offline.
@@ -1052,7 +1063,7 @@ class RateLimiter {
     if (node === null) {
       return this.client.duplicate(own);
     }
-    const nodes = this._nodes();
+    const nodes = await this._nodes();
     const same = nodes.find((n) => n.options.host === node.host && n.options.port === node.port) ?? nodes[0];
     return same.duplicate({ ...own, host: node.host, port: node.port, readOnly: false });
   }
@@ -1069,7 +1080,11 @@ class RateLimiter {
       }
       conn.disconnect();
     }
-    const conn = this._newConnection(node);
+    const conn = await this._newConnection(node);
+    if (this._closed) {
+      conn.disconnect();
+      throw new LimiterUnavailable('the RateLimiter is closed');
+    }
     this._connections.add(conn);
     conn.on('error', () => {});
     conn.once('end', () => this._connections.delete(conn));

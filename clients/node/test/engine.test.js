@@ -82,6 +82,15 @@ test('after a failed send: detect again once on a server change, reconnect once 
   }
 });
 
+test('a cluster client that knows no master is waited for while it (re)connects, not once it ended', () => {
+  for (const status of ['wait', 'connecting', 'connect', 'reconnecting', 'close']) {
+    assert.equal(engine.clusterMayReconnect(status), true, status);
+  }
+  for (const status of ['ready', 'end', 'disconnecting']) {
+    assert.equal(engine.clusterMayReconnect(status), false, status);
+  }
+});
+
 test('redirections: MOVED refreshes the slots, ASK asks; none outside a cluster', () => {
   assert.deepEqual(engine.redirection(reply('MOVED 3999 127.0.0.1:7001'), true),
     { node: { host: '127.0.0.1', port: 7001 }, asking: false, refreshSlots: true });
