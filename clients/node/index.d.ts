@@ -327,7 +327,7 @@ export declare function expressRateLimit<Req = any>(
 /** Fastify plugin: fastify.register(fastifyRateLimit, options). */
 export declare function fastifyRateLimit(fastify: any, options: MiddlewareOptions<any>): Promise<void>;
 
-/** An ioredis Redis that fails fast: no offline queue, no retries per request, 200 ms timeouts. */
+/** An ioredis Redis that fails fast: no offline queue after the first connection attempt, no retries per request, 200 ms timeouts. Usable at once. */
 export declare function createClient(url?: string, options?: RedisOptions): Redis;
 /** The same for an ioredis Cluster. */
 export declare function createClusterClient(nodes: ClusterNode[], options?: ClusterOptions): Cluster;

@@ -1313,13 +1313,42 @@ const TUNED = {
   retryStrategy: (times) => Math.min(times * 100, 2000),
 };
 
+// Without an offline queue ioredis refuses every command before its first 'ready' ("Stream
+// isn't writeable"), so the application's own first command would fail although the
+// limiter waits for that connection. The queue is on for the first connection attempt only
+// (unless `options` set enableOfflineQueue): a command sent meanwhile goes out at 'ready', or
+// is refused when the attempt fails, as it would have been without the queue. From then on
+// nothing is queued.
+function queueTheFirstConnection(client, options) {
+  if (options.enableOfflineQueue !== undefined) {
+    return;
+  }
+  client.options.enableOfflineQueue = true;
+  const settled = () => {
+    client.off('ready', settled);
+    client.off('close', settled);
+    client.options.enableOfflineQueue = false;
+    if (client.status !== 'ready') {
+      const refused = client.isCluster ? "Cluster isn't ready" : "Stream isn't writeable";
+      // A Redis's command queue (written, in flight) is its own business: only the queue of
+      // commands never written is emptied (a Cluster has only that one).
+      client.flushQueue(new Error(`${refused} and enableOfflineQueue options is false`), { offlineQueue: true, commandQueue: false });
+    }
+  };
+  client.on('ready', settled);
+  client.on('close', settled);
+}
+
 // An ioredis Redis set up for a rate limiter: fail fast instead of waiting while Redis is
-// down (no offline queue, no per-request retries, 200 ms connect and command timeouts);
-// ioredis keeps reconnecting in the background. `options` override any of that. It may be
-// used at once: the limiter waits for the first connection (up to its timeoutMs).
+// down (no offline queue after the first connection, no per-request retries, 200 ms connect
+// and command timeouts); ioredis keeps reconnecting in the background. `options` override
+// any of that. It may be used at once, by the limiter and by the application: the limiter
+// waits for the first connection (up to its timeoutMs), and a command of the application's
+// waits for it too (queueTheFirstConnection).
 function createClient(url = 'redis://127.0.0.1:6379', options = {}) {
   const Redis = requireIoredis();
   const client = new Redis(url, { ...TUNED, ...options });
+  queueTheFirstConnection(client, options);
   // Without a listener ioredis prints every failed reconnect; the middleware reports an
   // outage itself, once.
   client.on('error', () => {});
@@ -1336,6 +1365,7 @@ function createClusterClient(nodes, options = {}) {
     ...clusterOptions,
     redisOptions: { ...TUNED, ...redisOptions },
   });
+  queueTheFirstConnection(client, clusterOptions);
   client.on('error', () => {});
   return client;
 }
