@@ -118,6 +118,19 @@ function redirection(err, isCluster) {
 }
 
 // ---------------------------------------------------------------------------------------
+// waitTake without the module (docs/clients.md, "Waiting")
+// ---------------------------------------------------------------------------------------
+
+// waitTake on a Lua backend takes one reservation, then sleeps its retryAfterMs. What the
+// caller gets is the grant TB.BTAKE answers at the end of that wait: no wait left, and the
+// reset counted from then. The reservation's reset was counted from before the wait (after
+// a 500 ms wait it said 5500 ms where TB.BTAKE says 5000, and RateLimit t=6 for t=5).
+function grantAfterWait(reservation) {
+  const waited = Math.max(0, reservation.retryAfterMs);
+  return { retryAfterMs: 0, resetAfterMs: Math.max(0, reservation.resetAfterMs - waited) };
+}
+
+// ---------------------------------------------------------------------------------------
 // The local limiter's outage (docs/clients.md, "When it is used")
 // ---------------------------------------------------------------------------------------
 
@@ -165,5 +178,5 @@ class Outage {
 
 module.exports = {
   detectionStart, afterFunctionLoadFailed, choiceLine, shouldLookForModule, isDropped, isUnsent, afterFailure,
-  clusterMayReconnect, redirection, Outage,
+  clusterMayReconnect, redirection, grantAfterWait, Outage,
 };

@@ -828,8 +828,7 @@ class RateLimiter {
       if (reserved.retryAfterMs > 0) {
         await sleep(reserved.retryAfterMs);
       }
-      reserved.retryAfterMs = 0;
-      return reserved;
+      return Object.assign(reserved, engine.grantAfterWait(reserved));
     }
     if (reserved.retryAfterMs < 0 || timeoutMs === 0) {
       return reserved;

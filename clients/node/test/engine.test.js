@@ -91,6 +91,12 @@ test('a cluster client that knows no master is waited for while it (re)connects,
   }
 });
 
+test('a Lua waitTake\'s grant is the reservation with no wait left and its reset counted from the grant', () => {
+  assert.deepEqual(engine.grantAfterWait({ retryAfterMs: 500, resetAfterMs: 5500 }), { retryAfterMs: 0, resetAfterMs: 5000 });
+  assert.deepEqual(engine.grantAfterWait({ retryAfterMs: 0, resetAfterMs: 1200 }), { retryAfterMs: 0, resetAfterMs: 1200 });
+  assert.deepEqual(engine.grantAfterWait({ retryAfterMs: 30, resetAfterMs: 20 }), { retryAfterMs: 0, resetAfterMs: 0 });
+});
+
 test('redirections: MOVED refreshes the slots, ASK asks; none outside a cluster', () => {
   assert.deepEqual(engine.redirection(reply('MOVED 3999 127.0.0.1:7001'), true),
     { node: { host: '127.0.0.1', port: 7001 }, asking: false, refreshSlots: true });
