@@ -19,7 +19,7 @@ export interface RateLimiterOptions {
   backend?: 'auto' | Backend;
   /** Timeout of every command the limiter sends, in ms (0: none). Default 200. */
   timeoutMs?: number;
-  /** How long waitTake waits for a connection of its own, in ms. Default 1000. */
+  /** How long waitTake waits for a connection of its own, and a call for the client's first connection in progress (at least timeoutMs), in ms. Default 1000. */
   connectTimeoutMs?: number;
   /** Added to a waitTake's timeoutMs for the client-side timer of TB.BTAKE, in ms. Default 1000. */
   blockingMarginMs?: number;

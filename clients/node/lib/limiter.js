@@ -145,7 +145,9 @@ function send(client, name, args, keys, timeoutMs) {
 // when it cannot: a client that is (re)connecting has just been refused, and a command
 // queued offline would wait out its timeout and might be sent, and charged, later. A
 // first connection in progress (right after createClient()) is waited for, up to
-// timeoutMs: the refusal, if any, comes within a round trip.
+// `timeoutMs` (RateLimiter's connectTimeoutMs, or its timeoutMs if longer: a busy machine's
+// first connection and ready check can outlast one command's 200 ms); a refusal, if any,
+// fails at once.
 // Calls that arrive during one connection attempt share one wait (and one set of listeners).
 const connecting = new WeakMap();
 
@@ -287,7 +289,9 @@ class RateLimiter {
   // client: an ioredis Redis or Cluster. Options:
   //   backend          'auto' (default) | 'module' | 'function' | 'script'
   //   timeoutMs        per-command timeout, default 200 (0: none)
-  //   connectTimeoutMs how long waitTake waits for a connection of its own, default 1000
+  //   connectTimeoutMs how long waitTake waits for a connection of its own, and a call for
+  //                    the client's first connection in progress (at least timeoutMs),
+  //                    default 1000
   //   blockingMarginMs added to a waitTake's timeout_ms for the client-side timer, default 1000
   //   blockingPoolSize idle blocking connections kept for waitTake, per node, default 4
   //   blockingIdleMs   an idle blocking connection is closed after this, default 5000
@@ -502,7 +506,7 @@ class RateLimiter {
   }
 
   async _sendTo(client, name, args, keys) {
-    await whenWritable(client, this.timeoutMs);
+    await whenWritable(client, Math.max(this.timeoutMs, this.connectTimeoutMs));
     return send(client, name, args, keys, this.timeoutMs);
   }
 
@@ -1342,7 +1346,7 @@ function queueTheFirstConnection(client, options) {
 // down (no offline queue after the first connection, no per-request retries, 200 ms connect
 // and command timeouts); ioredis keeps reconnecting in the background. `options` override
 // any of that. It may be used at once, by the limiter and by the application: the limiter
-// waits for the first connection (up to its timeoutMs), and a command of the application's
+// waits for the first connection (up to its connectTimeoutMs), and a command of the application's
 // waits for it too (queueTheFirstConnection).
 function createClient(url = 'redis://127.0.0.1:6379', options = {}) {
   const Redis = requireIoredis();

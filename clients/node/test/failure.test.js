@@ -62,6 +62,24 @@ test('the first take right after createClient() succeeds, without waiting for "r
   await server.stop();
 });
 
+// On a busy machine the first connection and its ready check can take longer than one
+// command's timeoutMs (the README's quick start, run under load, died of that); a call waits
+// for a first connection in progress up to connectTimeoutMs. Here the server answers the
+// ready check only after 500 ms.
+test('the first take waits for a first connection slower than timeoutMs, up to connectTimeoutMs', async () => {
+  const server = await startServer({ module: true });
+  server.pause();
+  const limiter = new RateLimiter(client(server.url, { commandTimeout: 10_000 }), { timeoutMs: 200, connectTimeoutMs: 5000, logger: false });
+  const resumed = new Promise((resolve) => setTimeout(resolve, 500)).then(() => server.resume());
+  try {
+    const d = await limiter.take('slow-first', 5, RATE);
+    assert.deepEqual([d.allowed, d.remaining], [true, 4]);
+  } finally {
+    await resumed;
+    await server.stop();
+  }
+});
+
 // Issue 35, also-fix 4: the README says createClient()'s client "can be used at once, before
 // 'ready'"; the application's own first command failed ("Stream isn't writeable and
 // enableOfflineQueue options is false") until a limiter call had waited for the connection.
