@@ -2,13 +2,15 @@
 
 // The limiter's decisions, pure: which backend, when to look for the module again, what a
 // failed send leads to (detect again and retry, reconnect and retry, fail), where a cluster
-// redirection goes, and the outage of the local limiter. lib/limiter.js does the I/O these
-// decide on and feeds back what happened; nothing here touches a socket, a timer or a
-// logger (the times are passed in), so test/engine.test.js checks every rule without a
+// redirection goes, a Lua wait's grant, and the shield: the denial cache and the local
+// limiter with its outage (their buckets are lib/local.js's). lib/limiter.js does the I/O
+// these decide on and feeds back what happened; nothing here touches a socket, a timer or
+// a logger (the times are passed in), so test/engine.test.js checks every rule without a
 // server. The rules are docs/clients.md's.
 
-const { classify, parseRedirect } = require('./core');
-const { isReplyError } = require('./errors');
+const { Decision, classify, parseRedirect } = require('./core');
+const { LimiterUnavailable, isReplyError } = require('./errors');
+const { LocalLimiter, DenialCache, cachedReply, outcomeReply } = require('./local');
 
 // ---------------------------------------------------------------------------------------
 // The backend (docs/clients.md, "How the backend is chosen")
@@ -176,7 +178,112 @@ class Outage {
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// Answers without a round trip: the denial cache and the local limiter (docs/clients.md,
+// "The denial cache" and "When Redis is down: the local limiter"); Python's Shield
+// ---------------------------------------------------------------------------------------
+
+// One call as the shield sees it: `op` (take, peek, takeall, refund, acquire, ...), its
+// prefixed `keys`, their `costs` and `limits` ({ name, capacity, rate } each: a Decision's),
+// and how it may be answered: `local` ('take' | 'peek' | false), what the local limiter
+// answers during an outage; `cache`, whether the denial cache answers it and learns its
+// denial; `primable`, a plain take (no MAXWAIT, no BLOCK), whose allowed answer that left
+// fewer than n tokens is remembered as the next one's denial.
+class Call {
+  constructor(op, keys, { costs = [], limits = null, local = false, cache = false, primable = false } = {}) {
+    this.op = op;
+    this.keys = keys;
+    this.costs = costs;
+    this.limits = limits;
+    this.local = local;
+    this.cache = cache;
+    this.primable = primable;
+  }
+
+  // The Decision's index of the bucket at `i` (null but for takeall).
+  indexOf(i) {
+    return this.op === 'takeall' ? i : null;
+  }
+}
+
+// The denial cache, the local limiter and its outage, asked before each call (`before`) and
+// told how it went (`after`, `failed`). The times are whole Unix ms, passed in.
+class Shield {
+  constructor(instances, maxKeys, probeMs, cacheDenials) {
+    this.local = new LocalLimiter(instances, maxKeys);
+    this.outage = new Outage(probeMs, instances);
+    this.denials = cacheDenials ? new DenialCache(maxKeys) : null;
+  }
+
+  // Before `call` at `now`: a Decision without Redis (source 'cache': a remembered denial;
+  // 'local': the local limiter between the probes of an outage), or null: send it. Throws
+  // LimiterUnavailable for a call the local limiter does not serve between probes.
+  before(call, now) {
+    if (call.cache && this.denials !== null) {
+      for (let i = 0; i < call.keys.length; i++) {
+        const entry = this.denials.denial(call.keys[i], call.costs[i], now);
+        if (entry !== undefined) {
+          return new Decision(cachedReply(entry, now), call.limits, call.indexOf(i), 'cache');
+        }
+      }
+    }
+    if (this.outage.shouldSend(now)) {
+      return null;
+    }
+    if (call.local) {
+      return this.answerLocally(call, now);
+    }
+    throw new LimiterUnavailable('Redis unreachable (in an outage: waiting for the next probe)');
+  }
+
+  // `call` failed with `error` (a LimiterError) at `now`: { decision, line }. decision: the
+  // local limiter's answer, or null (the error is the answer); line: the [level, message] to
+  // log when this failure starts an outage, or null. Only an unavailable call that the local
+  // limiter serves starts one (or goes on with one in progress).
+  failed(call, error, now) {
+    if (!(error instanceof LimiterUnavailable) || !(call.local || this.outage.active)) {
+      return { decision: null, line: null };
+    }
+    const line = this.outage.failed(error.message, now);
+    return { decision: call.local ? this.answerLocally(call, now) : null, line };
+  }
+
+  // `call` reached Redis and answered `answer` at `now`: an outage is over (the line to log,
+  // else null; the local buckets are dropped, limits come from Redis again), and a denial
+  // (or a primable take's next denial) is remembered.
+  after(call, answer, now) {
+    const line = this.outage.succeeded();
+    if (line) {
+      this.local.clear();
+    }
+    if (call.cache && this.denials !== null) {
+      const i = answer.index ?? 0;
+      const primable = call.primable ? { capacity: call.limits[i].capacity, rate: call.limits[i].rate } : null;
+      this.denials.remember(call.keys[i], call.costs[i], answer, now, primable);
+    }
+    return line;
+  }
+
+  // A refund, charge, settle or unblock through this limiter changed `key` (prefixed).
+  forget(key) {
+    if (this.denials !== null) {
+      this.denials.forget(key);
+    }
+  }
+
+  // The local limiter's Decision for `call` at `now` (a peek writes nothing).
+  answerLocally(call, now) {
+    const { keys, costs, limits } = call;
+    if (call.op !== 'takeall') {
+      const outcome = this.local.take(keys[0], limits[0].capacity, limits[0].rate, costs[0], now, call.local === 'take');
+      return new Decision(outcomeReply(outcome), limits, null, 'local');
+    }
+    const all = this.local.takeAll(keys.map((key, i) => ({ key, capacity: limits[i].capacity, rate: limits[i].rate, n: costs[i] })), now);
+    return new Decision(outcomeReply(all.outcomes[all.index], all.allowed), limits, all.index, 'local');
+  }
+}
+
 module.exports = {
   detectionStart, afterFunctionLoadFailed, choiceLine, shouldLookForModule, isDropped, isUnsent, afterFailure,
-  clusterMayReconnect, redirection, grantAfterWait, Outage,
+  clusterMayReconnect, redirection, grantAfterWait, Outage, Call, Shield,
 };

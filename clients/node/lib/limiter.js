@@ -10,7 +10,6 @@ const { createRequire } = require('node:module');
 const { LimiterError, InvalidArgument, LimiterUnavailable, LeaseDenied, LeaseLost, isReplyError } = require('./errors');
 const core = require('./core');
 const engine = require('./engine');
-const { LocalLimiter, DenialCache, cachedReply, outcomeReply } = require('./local');
 
 const { Limit, Decision, decisionFrom, classify, limiterError } = core;
 
@@ -282,9 +281,6 @@ function optionalCount(options, name, fallback) {
 
 const ON_UNAVAILABLE = ['raise', 'local'];
 
-// A call the local limiter does not serve (_call's how.local).
-const NO_LOCAL = null;
-
 class RateLimiter {
   // client: an ioredis Redis or Cluster. Options:
   //   backend          'auto' (default) | 'module' | 'function' | 'script'
@@ -336,9 +332,8 @@ class RateLimiter {
       throw new InvalidArgument(`cacheDenials must be true or false, got ${util.inspect(cacheDenials)}`);
     }
     this.cacheDenials = cacheDenials;
-    this._local = new LocalLimiter(this.instances, this.localMaxKeys);
-    this._localOutage = new engine.Outage(this.localProbeMs, this.instances);
-    this._denials = cacheDenials ? new DenialCache(this.localMaxKeys) : null;
+    // The denial cache, the local limiter and its outage (lib/engine.js).
+    this._shield = new engine.Shield(this.instances, this.localMaxKeys, this.localProbeMs, cacheDenials);
     this.log = toLog(options.logger);
     watchReconnections(client);
     // Calls that failed, by class of the failure rule (LimiterUnavailable, any other error).
@@ -515,40 +510,40 @@ class RateLimiter {
     return this._sendTo(this.client, name, args, keys);
   }
 
-  // One call of `op` (take, peek, refund, takeall, ...): the failure rule around its sends.
-  // `parse`: the reply -> the answer (default: a Decision over `limits`). how.retryDrop:
-  // false for a call that may not be sent twice (refund, settle). how.local: (now) => the
-  // answer of the local limiter, for a call it serves (take, peek, takeAll) when Redis is
-  // unreachable; none: such a call throws LimiterUnavailable.
-  // During the local limiter's outage nothing is sent until its probe is due.
-  async _call(op, keys, numbers, limits, parse = (reply) => decisionFrom(reply, limits, op === 'takeall'),
-    { retryDrop = true, local = NO_LOCAL } = {}) {
-    if (!this._localOutage.shouldSend(Date.now())) {
+  // One call (an engine.Call): the shield first (the denial cache, the local limiter during
+  // an outage, engine.Shield), then the failure rule around its sends. `parse`: the reply ->
+  // the answer (default: a Decision over call.limits). retryDrop: false for a call that may
+  // not be sent twice (refund, settle).
+  async _call(call, numbers, parse = (reply) => decisionFrom(reply, call.limits, call.op === 'takeall'), retryDrop = true) {
+    let early;
+    try {
+      early = this._shield.before(call, Date.now());
+    } catch (err) {
       this.stats.unavailable += 1;
-      if (local !== NO_LOCAL) {
-        return local(Date.now());
+      throw err;
+    }
+    if (early !== null) {
+      if (early.source === 'local') {
+        this.stats.unavailable += 1;
       }
-      throw new LimiterUnavailable('Redis unreachable (in an outage: waiting for the next probe)');
+      return early;
     }
     let answer;
     try {
-      answer = await this._exchange(op, keys, numbers, parse, retryDrop);
+      answer = await this._exchange(call.op, call.keys, numbers, parse, retryDrop);
     } catch (err) {
       const error = this._failed(err);
-      if (error instanceof LimiterUnavailable && (local !== NO_LOCAL || this._localOutage.active)) {
-        const line = this._localOutage.failed(error.message, Date.now());
-        if (line) {
-          this.log(...line);
-        }
-        if (local !== NO_LOCAL) {
-          return local(Date.now());
-        }
+      const { decision, line } = this._shield.failed(call, error, Date.now());
+      if (line) {
+        this.log(...line);
+      }
+      if (decision !== null) {
+        return decision;
       }
       throw error;
     }
-    const line = this._localOutage.succeeded();
+    const line = this._shield.after(call, answer, Date.now());
     if (line) {
-      this._local.clear();
       this.log(...line);
     }
     return answer;
@@ -612,29 +607,17 @@ class RateLimiter {
   }
 
   // `extra`: the command's options after n (MAXWAIT, BLOCK, MAXBLOCK; MAXDEBT). how:
-  // { retryDrop, local, cache } (local: the local limiter may answer, `take` or `peek`;
+  // { retryDrop, local, cache } (local: the local limiter may answer, 'take' or 'peek';
   // cache: the denial cache may answer and learns this call's denial).
   async _single(op, key, capacity, rate, n, options, extra = [], how = {}) {
     const limits = [{ name: core.checkName((options && options.name) ?? 'default'), capacity, rate }];
     const numbers = [core.capacityText(capacity), core.rateText(rate), core.costText(n), ...extra];
     const k = prefixed(this.client, core.checkKey(key));
-    const denials = how.cache ? this._denials : null;
-    if (denials !== null) {
-      const now = Date.now();
-      const entry = denials.denial(k, n, now);
-      if (entry !== undefined) {
-        return new Decision(cachedReply(entry, now), limits, null, 'cache');
-      }
-    }
-    const local = how.local ? (now) => new Decision(
-      outcomeReply(this._local.take(k, capacity, rate, n, now, how.local === 'take')), limits, null, 'local') : NO_LOCAL;
-    const decision = await this._call(op, [k], numbers, limits, undefined, { retryDrop: how.retryDrop, local });
-    if (denials !== null && decision.source === 'server') {
-      // Only a plain take primes a denial (no MAXWAIT, no BLOCK: `extra` is empty).
-      const primable = op === 'take' && extra.length === 0 ? { capacity, rate } : null;
-      denials.remember(k, n, decision, Date.now(), primable);
-    }
-    return decision;
+    // Only a plain take primes a denial (no MAXWAIT, no BLOCK: `extra` is empty).
+    const call = new engine.Call(op, [k], {
+      costs: [n], limits, local: how.local ?? false, cache: Boolean(how.cache), primable: op === 'take' && extra.length === 0,
+    });
+    return this._call(call, numbers, undefined, how.retryDrop);
   }
 
   // How a take is served: locally when Redis is down if the limiter (or the middleware:
@@ -646,9 +629,7 @@ class RateLimiter {
 
   // The denial cache forgets a key this limiter changed (refund, charge, settle, unblock).
   _changed(key) {
-    if (this._denials !== null) {
-      this._denials.forget(prefixed(this.client, key));
-    }
+    this._shield.forget(prefixed(this.client, key));
   }
 
   // Takes n tokens if the bucket holds them. options.name: the policy name for the headers.
@@ -721,7 +702,7 @@ class RateLimiter {
     const key = isLimit ? limitOrKey.key : limitOrKey;
     const k = prefixed(this.client, core.checkKey(key));
     this._changed(key);
-    return this._call('unblock', [k], [], null, core.boolFrom);
+    return this._call(new engine.Call('unblock', [k]), [], core.boolFrom);
   }
 
   // What take would answer now; writes nothing.
@@ -770,29 +751,10 @@ class RateLimiter {
     }
     numbers.push(...core.takeOptions(options?.maxWaitMs, limits[0].blockMs, limits[0].maxBlockMs));
     const how = this._takeHow(options, local);
-    const costs = limits.map((limit) => limit.n ?? 1);
-    const denials = how.cache ? this._denials : null;
-    if (denials !== null) {
-      const now = Date.now();
-      for (let i = 0; i < keys.length; i++) {
-        const entry = denials.denial(keys[i], costs[i], now);
-        if (entry !== undefined) {
-          return new Decision(cachedReply(entry, now), judged, i, 'cache');
-        }
-      }
-    }
-    const answerLocally = (now) => {
-      const all = this._local.takeAll(keys.map((key, i) => ({
-        key, capacity: limits[i].capacity, rate: limits[i].rate, n: costs[i],
-      })), now);
-      return new Decision(outcomeReply(all.outcomes[all.index], all.allowed), judged, all.index, 'local');
-    };
-    const decision = await this._call('takeall', keys, numbers, judged, undefined,
-      { local: how.local ? answerLocally : NO_LOCAL });
-    if (denials !== null && decision.source === 'server' && !decision.allowed) {
-      denials.remember(keys[decision.index], costs[decision.index], decision, Date.now());
-    }
-    return decision;
+    const call = new engine.Call('takeall', keys, {
+      costs: limits.map((limit) => limit.n ?? 1), limits: judged, local: how.local, cache: how.cache,
+    });
+    return this._call(call, numbers);
   }
 
   // Waits up to options.timeoutMs (required; 0 = no limit) for n tokens.
@@ -868,7 +830,7 @@ class RateLimiter {
   async acquire(key, limit, leaseMs, options = {}) {
     const asked = this._asked(key, limit, leaseMs, options);
     try {
-      return await this._call('acquire', [prefixed(this.client, asked.key)], asked.texts, null,
+      return await this._call(new engine.Call('acquire', [prefixed(this.client, asked.key)]), asked.texts,
         (reply) => core.leaseFrom(reply, asked));
     } catch (err) {
       return this._failOpen(err, asked, options);
@@ -883,7 +845,7 @@ class RateLimiter {
     if (id === null) {
       return false;
     }
-    return this._call('release', [k], [id], null, core.boolFrom);
+    return this._call(new engine.Call('release', [k]), [id], core.boolFrom);
   }
 
   // Makes a live lease end leaseMs from now: true, or false if it is not held any more.
@@ -894,7 +856,7 @@ class RateLimiter {
     if (id === null) {
       return false;
     }
-    return this._call('renew', [k], [id, ms], null, core.boolFrom);
+    return this._call(new engine.Call('renew', [k]), [id, ms], core.boolFrom);
   }
 
   // Waits up to options.timeoutMs (required; 0 = no limit) for a lease.

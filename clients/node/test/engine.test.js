@@ -123,3 +123,55 @@ test('the outage: logged once at each end; nothing sent for probeMs, then one pr
   assert.equal(outage.succeeded(), null);
   assert.equal(outage.shouldSend(2161), true);
 });
+
+// The shield (engine.Shield): the denial cache and the local limiter, before and after a call.
+const { Decision } = require('../lib/core');
+
+const LIMITS = [{ name: 'default', capacity: 4, rate: 1 }];
+const takeCall = (how = {}) => new engine.Call('take', ['k'], { costs: [1], limits: LIMITS, ...how });
+const served = (reply) => new Decision(reply, LIMITS, null, 'server');
+
+test('the shield: a remembered denial answers from the cache until its time, and a change forgets it', () => {
+  const shield = new engine.Shield(1, 100, 1000, true);
+  const call = takeCall({ cache: true });
+  assert.equal(shield.before(call, 0), null);
+  assert.equal(shield.after(call, served([0, 0, 500, 4000]), 0), null);
+  const cached = shield.before(call, 100);
+  assert.deepEqual([cached.source, cached.allowed, cached.retryAfterMs], ['cache', false, 400]);
+  assert.equal(shield.before(call, 500), null); // its time has come: sent
+  shield.after(call, served([0, 0, 500, 4000]), 500);
+  shield.forget('k');
+  assert.equal(shield.before(call, 600), null);
+  // Without the cache (a reservation), or without cacheDenials: always sent.
+  shield.after(call, served([0, 0, 500, 4000]), 600);
+  assert.equal(shield.before(takeCall(), 700), null);
+  assert.equal(new engine.Shield(1, 100, 1000, false).before(call, 0), null);
+});
+
+test('the shield: a primable take that left fewer than n tokens is remembered as the next denial', () => {
+  const shield = new engine.Shield(1, 100, 1000, true);
+  // Allowed, 0 left of capacity 4 at 1/s: full in 4000 ms, so the next token in 1000 (+1).
+  shield.after(takeCall({ cache: true, primable: true }), served([1, 0, 0, 4000]), 0);
+  assert.equal(shield.before(takeCall({ cache: true }), 1000).source, 'cache');
+  assert.equal(shield.before(takeCall({ cache: true }), 1001), null);
+  // Not primable (a lockout): nothing remembered.
+  const other = new engine.Shield(1, 100, 1000, true);
+  other.after(takeCall({ cache: true }), served([1, 0, 0, 4000]), 0);
+  assert.equal(other.before(takeCall({ cache: true }), 10), null);
+});
+
+test('the shield: an unavailable call the local limiter serves starts an outage and is answered locally until a probe succeeds', () => {
+  const shield = new engine.Shield(2, 100, 1000, false);
+  const call = takeCall({ local: 'take' });
+  const { decision, line } = shield.failed(call, new LimiterUnavailable('connect ECONNREFUSED'), 0);
+  assert.deepEqual([decision.source, decision.allowed, decision.remaining], ['local', true, 1]); // capacity 4 / 2 instances
+  assert.match(line[1], /Redis unreachable \(connect ECONNREFUSED\)/);
+  assert.equal(shield.before(call, 10).source, 'local'); // between probes
+  assert.throws(() => shield.before(new engine.Call('refund', ['k']), 20), LimiterUnavailable);
+  assert.equal(shield.before(call, 1000), null); // the probe
+  assert.deepEqual(shield.after(call, served([1, 3, 0, 1000]), 1005), ['warn', 'redis-tb: Redis reachable again; limits come from Redis']);
+  assert.equal(shield.before(call, 1010), null);
+  // A bug is never answered locally; without a local answer an unavailable call is only thrown.
+  assert.deepEqual(shield.failed(call, new LimiterError('bug', 'x'), 1020), { decision: null, line: null });
+  assert.deepEqual(shield.failed(takeCall(), new LimiterUnavailable('down'), 1030), { decision: null, line: null });
+});
