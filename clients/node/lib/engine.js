@@ -46,10 +46,182 @@ function choiceLine(previous, backend, why, requested) {
 }
 
 // On Lua after having seen the module (auto only): look for it again at most every
-// recheckMs. state: { backend, sawModule, checkedAt, requested }.
+// recheckMs. state: a Backend ({ chosen, sawModule, checkedAt, requested }).
 function shouldLookForModule(state, now, recheckMs) {
-  return state.sawModule && state.backend !== 'module' && state.requested === 'auto'
+  return state.sawModule && state.chosen !== 'module' && state.requested === 'auto'
     && now - state.checkedAt >= recheckMs;
+}
+
+// Which backend a limiter uses, and why (Python's Backend). `clock`: performance.now() ms.
+class Backend {
+  constructor(requested, clock) {
+    this.requested = requested;
+    this.clock = clock;
+    // 'module' | 'function' | 'script', or null before the first detection.
+    this.chosen = null;
+    this.sawModule = false;
+    // When the module was last looked for, or left.
+    this.checkedAt = 0;
+    // Detections ended: a call that met a server change after another call detected the
+    // backend again only sends again.
+    this.generation = 0;
+  }
+
+  // The backend is now `backend`: the [level, message] to log.
+  use(backend, why) {
+    const previous = this.chosen;
+    this.chosen = backend;
+    if (backend === 'module') {
+      this.sawModule = true;
+    }
+    if (previous === 'module' && backend !== 'module') {
+      this.checkedAt = this.clock();
+    }
+    return choiceLine(previous, backend, why, this.requested);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Operations as steps (as Python's _engine.py): an operation is a generator that yields the
+// I/O it needs and gets back its result, or has its error thrown in; lib/limiter.js's
+// _drive runs it. The steps:
+//   { step: 'send', op, keys, numbers }   the call's command on backend.chosen, by its keys
+//   { step: 'ask_module' }                 COMMAND INFO tb.take -> its reply
+//   { step: 'load', what }                 lua/tb.lua on every master: FUNCTION LOAD
+//                                          REPLACE ('function') or SCRIPT LOAD ('script')
+//   { step: 'detect', generation }         the limiter's one detection in progress (detect,
+//                                          shared by the calls that need it), unless one
+//                                          ended since `generation`
+//   { step: 'reconnect', error }           the client ready again after `error` dropped it
+//   { step: 'block', command, key, args, timeoutMs }  a blocking command on a connection of
+//                                          its own to the key's node
+//   { step: 'log', line }                  [level, message]
+// ---------------------------------------------------------------------------------------
+
+const log = (line) => ({ step: 'log', line });
+
+// Whether the server has TB.TAKE. An error reply that is not about the server's state (an
+// ACL that refuses COMMAND) says nothing about the module: no. Unavailable: thrown.
+function* moduleOnServer() {
+  let info;
+  try {
+    info = yield { step: 'ask_module' };
+  } catch (err) {
+    if (classify(err) === 'unavailable') {
+      throw err;
+    }
+    return false;
+  }
+  return Array.isArray(info) && Array.isArray(info[0]);
+}
+
+// Detects the backend (docs/clients.md, "How the backend is chosen"): a forced one is loaded
+// as it is; auto: the module if the server has TB.TAKE, else FUNCTION LOAD of lua/tb.lua,
+// else (functions refused) SCRIPT LOAD.
+function* detect(backend) {
+  try {
+    const [chosen, why] = yield* detectedBackend(backend);
+    yield log(backend.use(chosen, why));
+  } finally {
+    backend.generation += 1;
+  }
+}
+
+function* detectedBackend(backend) {
+  switch (detectionStart(backend.requested)) {
+    case 'module':
+      return ['module', 'forced'];
+    case 'function':
+      yield { step: 'load', what: 'function' };
+      return ['function', 'forced; FUNCTION LOAD tb done'];
+    case 'script':
+      yield { step: 'load', what: 'script' };
+      return ['script', 'forced; SCRIPT LOAD done'];
+    default:
+      break;
+  }
+  if (yield* moduleOnServer()) {
+    return ['module', 'the server has TB.TAKE'];
+  }
+  try {
+    yield { step: 'load', what: 'function' };
+  } catch (err) {
+    if (afterFunctionLoadFailed(err) === 'throw') {
+      throw err;
+    }
+    yield { step: 'load', what: 'script' };
+    return ['script', `no TB.TAKE; FUNCTION LOAD failed (${err.message}); EVALSHA of lua/tb.lua`];
+  }
+  return ['function', 'no TB.TAKE on the server; FUNCTION LOAD of lua/tb.lua'];
+}
+
+// The backend for the next call: detected on the first call that reaches the server; on Lua
+// after the module went away (auto), the module is looked for again at most every recheckMs,
+// and that look's failure changes nothing (the call itself says so).
+function* ensure(backend, recheckMs) {
+  if (backend.chosen === null) {
+    yield { step: 'detect', generation: backend.generation };
+  } else if (shouldLookForModule(backend, backend.clock(), recheckMs)) {
+    backend.checkedAt = backend.clock();
+    let present = false;
+    try {
+      present = yield* moduleOnServer();
+    } catch {
+      // unavailable now: the call itself will say so
+    }
+    if (present) {
+      yield log(backend.use('module', 'the server has TB.TAKE again'));
+      backend.generation += 1;
+    }
+  }
+}
+
+// One call's sends under the failure rule: a server change (the module unloaded, a FUNCTION
+// FLUSH, a SCRIPT FLUSH) detects the backend again and sends once more; a dropped connection
+// waits for the reconnection and sends once more (afterFailure). The reply, or the last error.
+function* exchange(backend, recheckMs, op, keys, numbers, retryDrop) {
+  yield* ensure(backend, recheckMs);
+  const tried = { detected: false, reconnected: false };
+  for (;;) {
+    const generation = backend.generation;
+    try {
+      return yield { step: 'send', op, keys, numbers };
+    } catch (err) {
+      const next = afterFailure(err, tried, retryDrop);
+      if (next === 'detect') {
+        tried.detected = true;
+        yield log(['info', `redis-tb: the server changed (${err.message}); detecting the backend again`]);
+        yield { step: 'detect', generation };
+      } else if (next === 'reconnect') {
+        tried.reconnected = true;
+        yield { step: 'reconnect', error: err };
+      } else {
+        throw err;
+      }
+    }
+  }
+}
+
+// waitTake's and waitAcquire's wait in the server (TB.BTAKE, TB.ACQUIRE with timeout_ms):
+// its reply, or undefined when the backend is Lua, or the module went away during the wait
+// (detected again): the caller waits the Lua way. Errors are thrown as they came.
+function* waitOnModule(backend, recheckMs, command, key, args, timeoutMs) {
+  yield* ensure(backend, recheckMs);
+  if (backend.chosen !== 'module') {
+    return undefined;
+  }
+  try {
+    return yield { step: 'block', command, key, args, timeoutMs };
+  } catch (err) {
+    if (classify(err) !== 'server_changed') {
+      throw err;
+    }
+    yield { step: 'detect', generation: backend.generation };
+    if (backend.chosen === 'module') {
+      throw err;
+    }
+    return undefined;
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -284,6 +456,6 @@ class Shield {
 }
 
 module.exports = {
-  detectionStart, afterFunctionLoadFailed, choiceLine, shouldLookForModule, isDropped, isUnsent, afterFailure,
-  clusterMayReconnect, redirection, grantAfterWait, Outage, Call, Shield,
+  detectionStart, afterFunctionLoadFailed, choiceLine, shouldLookForModule, Backend, detect, ensure, exchange, waitOnModule,
+  isDropped, isUnsent, afterFailure, clusterMayReconnect, redirection, grantAfterWait, Outage, Call, Shield,
 };

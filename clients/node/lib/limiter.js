@@ -338,13 +338,10 @@ class RateLimiter {
     watchReconnections(client);
     // Calls that failed, by class of the failure rule (LimiterUnavailable, any other error).
     this.stats = { unavailable: 0, errors: 0 };
-    this._backend = null;
+    // The backend (engine.Backend), and the detection in progress, shared by the calls that
+    // need it.
+    this._backend = new engine.Backend(backend, () => performance.now());
     this._detecting = null;
-    // Bumped at each detection: a call that met a server change after another call already
-    // detected again just retries.
-    this._generation = 0;
-    this._sawModule = false;
-    this._moduleCheckedAt = 0;
     // waitTake's own connections: idle ones per node ('' standalone), and every one open.
     this._idle = new Map();
     this._connections = new Set();
@@ -356,7 +353,7 @@ class RateLimiter {
 
   // 'module' | 'function' | 'script', or null before the first call that reached the server.
   get backend() {
-    return this._backend;
+    return this._backend.chosen;
   }
 
   get isCluster() {
@@ -367,104 +364,61 @@ class RateLimiter {
   // else FUNCTION LOAD REPLACE tb.lua -> function; if FUNCTION fails -> script.
   async connect() {
     try {
-      await this._ensureBackend();
+      await this._drive(engine.ensure(this._backend, this.moduleRecheckMs));
     } catch (err) {
       throw limiterError(err);
     }
-    return this._backend;
+    return this._backend.chosen;
   }
 
-  async _ensureBackend() {
-    if (this._backend === null) {
-      await this._detectAgain();
-    } else if (engine.shouldLookForModule(this._recheckState(), performance.now(), this.moduleRecheckMs)) {
-      await this._lookForModule();
+  // Runs an operation of lib/engine.js: each step it yields is done here, and its result
+  // sent back (or its error thrown in).
+  async _drive(operation) {
+    let next = operation.next();
+    while (!next.done) {
+      let result;
+      try {
+        result = await this._do(next.value);
+      } catch (err) {
+        next = operation.throw(err);
+        continue;
+      }
+      next = operation.next(result);
     }
+    return next.value;
   }
 
-  _recheckState() {
-    return {
-      backend: this._backend, sawModule: this._sawModule, checkedAt: this._moduleCheckedAt, requested: this.requestedBackend,
-    };
+  // The I/O of one step (engine.js, "Operations as steps").
+  _do(step) {
+    switch (step.step) {
+      case 'send':
+        return this._sendOp(step.op, step.keys, step.numbers);
+      case 'ask_module':
+        return this._sendTo(this.client, 'command', ['info', 'tb.take'], null);
+      case 'load':
+        return this._load(step.what);
+      case 'detect':
+        return step.generation === this._backend.generation ? this._detectAgain() : undefined;
+      case 'reconnect':
+        return this._reconnected(step.error);
+      case 'block':
+        return this._blocking(step.command, step.key, step.args, step.timeoutMs);
+      case 'log':
+        this.log(...step.line);
+        return undefined;
+      default:
+        throw new LimiterError('bug', `redis-tb: an unknown step ${util.inspect(step)}`);
+    }
   }
 
   // One detection at a time; callers that arrive meanwhile share it.
   _detectAgain() {
     if (!this._detecting) {
-      this._detecting = this._detect().finally(() => {
+      this._detecting = this._drive(engine.detect(this._backend)).finally(() => {
         this._detecting = null;
-        this._generation += 1;
       });
     }
     return this._detecting;
-  }
-
-  _choose(backend, why) {
-    const previous = this._backend;
-    this._backend = backend;
-    if (backend === 'module') {
-      this._sawModule = true;
-    }
-    if (previous === 'module' && backend !== 'module') {
-      this._moduleCheckedAt = performance.now();
-    }
-    this.log(...engine.choiceLine(previous, backend, why, this.requestedBackend));
-  }
-
-  async _hasModule() {
-    try {
-      const info = await this._sendTo(this.client, 'command', ['info', 'tb.take'], null);
-      return Array.isArray(info) && Array.isArray(info[0]);
-    } catch (err) {
-      // An error reply that is not about the server's state (an ACL that refuses COMMAND)
-      // says nothing about the module: go on to the Lua fallback.
-      if (classify(err) === 'unavailable') {
-        throw err;
-      }
-      return false;
-    }
-  }
-
-  async _detect() {
-    switch (engine.detectionStart(this.requestedBackend)) {
-      case 'module':
-        return this._choose('module', 'forced');
-      case 'function':
-        await this._loadFunction();
-        return this._choose('function', 'forced; FUNCTION LOAD tb done');
-      case 'script':
-        await this._loadScript();
-        return this._choose('script', 'forced; SCRIPT LOAD done');
-      default:
-        break;
-    }
-    if (await this._hasModule()) {
-      return this._choose('module', 'the server has TB.TAKE');
-    }
-    try {
-      await this._loadFunction();
-    } catch (err) {
-      if (engine.afterFunctionLoadFailed(err) === 'throw') {
-        throw err;
-      }
-      await this._loadScript();
-      return this._choose('script', `no TB.TAKE; FUNCTION LOAD failed (${err.message}); EVALSHA of lua/tb.lua`);
-    }
-    return this._choose('function', 'no TB.TAKE on the server; FUNCTION LOAD of lua/tb.lua');
-  }
-
-  // On Lua after the module went away: at most every moduleRecheckMs, one COMMAND INFO.
-  // Its failure changes nothing (the call goes on with the Lua backend).
-  async _lookForModule() {
-    this._moduleCheckedAt = performance.now();
-    try {
-      if (await this._hasModule()) {
-        this._choose('module', 'the server has TB.TAKE again');
-        this._generation += 1;
-      }
-    } catch {
-      // unavailable now: the call itself will say so
-    }
   }
 
   // Every master of a cluster (a function or script lives on one node), else the client.
@@ -490,14 +444,11 @@ class RateLimiter {
     return masters;
   }
 
-  async _loadFunction() {
-    const { library } = lua();
-    await Promise.all((await this._nodes()).map((node) => this._sendTo(node, 'function', ['load', 'replace', library], null)));
-  }
-
-  async _loadScript() {
-    const { script } = lua();
-    await Promise.all((await this._nodes()).map((node) => this._sendTo(node, 'script', ['load', script], null)));
+  // lua/tb.lua on every master: 'function' (FUNCTION LOAD REPLACE) or 'script' (SCRIPT LOAD).
+  async _load(what) {
+    const { library, script } = lua();
+    const [name, args] = what === 'function' ? ['function', ['load', 'replace', library]] : ['script', ['load', script]];
+    await Promise.all((await this._nodes()).map((node) => this._sendTo(node, name, args, null)));
   }
 
   async _sendTo(client, name, args, keys) {
@@ -506,7 +457,7 @@ class RateLimiter {
   }
 
   _sendOp(op, keys, numbers) {
-    const { name, args } = core.commandFor(this._backend, op, keys, numbers, lua().sha);
+    const { name, args } = core.commandFor(this._backend.chosen, op, keys, numbers, lua().sha);
     return this._sendTo(this.client, name, args, keys);
   }
 
@@ -530,7 +481,8 @@ class RateLimiter {
     }
     let answer;
     try {
-      answer = await this._exchange(call.op, call.keys, numbers, parse, retryDrop);
+      const sends = engine.exchange(this._backend, this.moduleRecheckMs, call.op, call.keys, numbers, retryDrop);
+      answer = parse(await this._drive(sends));
     } catch (err) {
       const error = this._failed(err);
       const { decision, line } = this._shield.failed(call, error, Date.now());
@@ -547,34 +499,6 @@ class RateLimiter {
       this.log(...line);
     }
     return answer;
-  }
-
-  // The sends of one call: a server change (the module unloaded, a FUNCTION FLUSH, a SCRIPT
-  // FLUSH) detects the backend again and sends once more; a dropped connection waits for
-  // the reconnection and sends once more (engine.afterFailure). The last error is thrown.
-  async _exchange(op, keys, numbers, parse, retryDrop) {
-    await this._ensureBackend();
-    const tried = { detected: false, reconnected: false };
-    for (;;) {
-      const generation = this._generation;
-      try {
-        return parse(await this._sendOp(op, keys, numbers));
-      } catch (err) {
-        const step = engine.afterFailure(err, tried, retryDrop);
-        if (step === 'detect') {
-          tried.detected = true;
-          this.log('info', `redis-tb: the server changed (${err.message}); detecting the backend again`);
-          if (generation === this._generation) {
-            await this._detectAgain();
-          }
-        } else if (step === 'reconnect') {
-          tried.reconnected = true;
-          await this._reconnected(err);
-        } else {
-          throw err;
-        }
-      }
-    }
   }
 
   // Waits for a client whose connection dropped to be ready again: its first reconnection,
@@ -949,27 +873,13 @@ class RateLimiter {
     return { host: master.options.host, port: master.options.port };
   }
 
-  // waitTake's and waitAcquire's wait in the server: `command` (TB.BTAKE, TB.ACQUIRE with
-  // timeout_ms) on `_blocking`, its reply -> parse(reply). undefined when the backend is
-  // Lua, or the module went away during the wait (detected again): the caller polls. Errors
-  // are thrown as they came; the caller applies the failure rule.
+  // waitTake's and waitAcquire's wait in the server (engine.waitOnModule): `command`
+  // (TB.BTAKE, TB.ACQUIRE with timeout_ms) on `_blocking`, its reply -> parse(reply).
+  // undefined when the backend is Lua, or the module went away during the wait: the caller
+  // waits the Lua way. Errors are thrown as they came; the caller applies the failure rule.
   async _waitOnModule(command, key, args, timeoutMs, parse) {
-    await this._ensureBackend();
-    if (this._backend !== 'module') {
-      return undefined;
-    }
-    try {
-      return parse(await this._blocking(command, key, args, timeoutMs));
-    } catch (err) {
-      if (classify(err) !== 'server_changed') {
-        throw err;
-      }
-      await this._detectAgain();
-      if (this._backend === 'module') {
-        throw err;
-      }
-      return undefined;
-    }
+    const reply = await this._drive(engine.waitOnModule(this._backend, this.moduleRecheckMs, command, key, args, timeoutMs));
+    return reply === undefined ? undefined : parse(reply);
   }
 
   // A blocking command (TB.BTAKE, TB.ACQUIRE with timeout_ms) on the slot owner, on a

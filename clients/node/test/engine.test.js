@@ -40,11 +40,11 @@ test('the choice is logged once: a Lua fallback of auto at warn, the module or a
 });
 
 test('the module recheck: on Lua after having seen the module, at most every recheckMs, auto only', () => {
-  const state = { backend: 'function', sawModule: true, checkedAt: 1000, requested: 'auto' };
+  const state = { chosen: 'function', sawModule: true, checkedAt: 1000, requested: 'auto' };
   assert.equal(engine.shouldLookForModule(state, 1000 + 29_999, 30_000), false);
   assert.equal(engine.shouldLookForModule(state, 1000 + 30_000, 30_000), true);
   assert.equal(engine.shouldLookForModule({ ...state, sawModule: false }, 1e9, 30_000), false);
-  assert.equal(engine.shouldLookForModule({ ...state, backend: 'module' }, 1e9, 30_000), false);
+  assert.equal(engine.shouldLookForModule({ ...state, chosen: 'module' }, 1e9, 30_000), false);
   assert.equal(engine.shouldLookForModule({ ...state, requested: 'function' }, 1e9, 30_000), false);
 });
 
@@ -95,6 +95,104 @@ test('a Lua waitTake\'s grant is the reservation with no wait left and its reset
   assert.deepEqual(engine.grantAfterWait({ retryAfterMs: 500, resetAfterMs: 5500 }), { retryAfterMs: 0, resetAfterMs: 5000 });
   assert.deepEqual(engine.grantAfterWait({ retryAfterMs: 0, resetAfterMs: 1200 }), { retryAfterMs: 0, resetAfterMs: 1200 });
   assert.deepEqual(engine.grantAfterWait({ retryAfterMs: 30, resetAfterMs: 20 }), { retryAfterMs: 0, resetAfterMs: 0 });
+});
+
+// Runs an engine operation with `answer(step)` for its I/O (a thrown error is thrown in);
+// -> { value, steps } (the steps but the logs) and the lines it logged.
+function run(operation, answer) {
+  const steps = [];
+  const lines = [];
+  let next = operation.next();
+  while (!next.done) {
+    const step = next.value;
+    if (step.step === 'log') {
+      lines.push(step.line);
+      next = operation.next();
+      continue;
+    }
+    steps.push(step.step === 'load' ? `load ${step.what}` : step.step);
+    let result;
+    try {
+      result = answer(step);
+    } catch (err) {
+      next = operation.throw(err);
+      continue;
+    }
+    next = operation.next(result);
+  }
+  return { value: next.value, steps, lines };
+}
+
+const HAS_MODULE = [['tb.take', -5, ['write'], 1, 1, 1]];
+
+test('detection: the module if the server has TB.TAKE, else FUNCTION LOAD, else SCRIPT LOAD; every detection ends a generation', () => {
+  const withModule = new engine.Backend('auto', () => 0);
+  assert.deepEqual(run(engine.detect(withModule), () => HAS_MODULE).steps, ['ask_module']);
+  assert.deepEqual([withModule.chosen, withModule.sawModule, withModule.generation], ['module', true, 1]);
+  const plain = new engine.Backend('auto', () => 0);
+  const loaded = run(engine.detect(plain), (step) => (step.step === 'ask_module' ? [null] : 'OK'));
+  assert.deepEqual([loaded.steps, plain.chosen], [['ask_module', 'load function'], 'function']);
+  assert.equal(loaded.lines[0][0], 'warn');
+  const old = new engine.Backend('auto', () => 0);
+  const refused = run(engine.detect(old), (step) => {
+    if (step.step === 'load' && step.what === 'function') throw reply("ERR unknown command 'FUNCTION'");
+    return step.step === 'ask_module' ? [null] : 'sha';
+  });
+  assert.deepEqual([refused.steps, old.chosen], [['ask_module', 'load function', 'load script'], 'script']);
+  const down = new engine.Backend('auto', () => 0);
+  assert.throws(() => run(engine.detect(down), () => { throw new Error('connect ECONNREFUSED'); }), /ECONNREFUSED/);
+  assert.deepEqual([down.chosen, down.generation], [null, 1]);
+  const forced = new engine.Backend('script', () => 0);
+  assert.deepEqual(run(engine.detect(forced), () => 'sha').steps, ['load script']);
+});
+
+test('a call: detected first; a server change detects again and sends once more; a drop reconnects and sends once more', () => {
+  const backend = new engine.Backend('auto', () => 0);
+  // The first call asks for the one detection in progress.
+  const first = run(engine.exchange(backend, 30_000, 'take', ['k'], ['1', '1', '1'], true), (step) => {
+    if (step.step === 'detect') {
+      run(engine.detect(backend), () => HAS_MODULE);
+      return undefined;
+    }
+    return [1, 0, 0, 1000];
+  });
+  assert.deepEqual([first.steps, first.value], [['detect', 'send'], [1, 0, 0, 1000]]);
+  let sends = 0;
+  const changed = run(engine.exchange(backend, 30_000, 'take', ['k'], [], true), (step) => {
+    if (step.step === 'send' && ++sends === 1) throw reply('NOSCRIPT No matching script');
+    return 'OK';
+  });
+  assert.deepEqual(changed.steps, ['send', 'detect', 'send']);
+  assert.match(changed.lines[0][1], /the server changed/);
+  sends = 0;
+  const dropped = run(engine.exchange(backend, 30_000, 'take', ['k'], [], true), (step) => {
+    if (step.step === 'send' && ++sends === 1) throw new Error('read ECONNRESET');
+    return 'OK';
+  });
+  assert.deepEqual(dropped.steps, ['send', 'reconnect', 'send']);
+  // A refund is not sent twice after a drop; a second server change is the answer.
+  assert.throws(() => run(engine.exchange(backend, 30_000, 'refund', ['k'], [], false), () => {
+    throw new Error('read ECONNRESET');
+  }), /ECONNRESET/);
+  assert.throws(() => run(engine.exchange(backend, 30_000, 'take', ['k'], [], true), (step) => {
+    if (step.step === 'send') throw reply('NOSCRIPT No matching script');
+    return undefined;
+  }), /NOSCRIPT/);
+});
+
+test('on Lua after the module went away, a call looks for it again at most every recheckMs', () => {
+  let now = 0;
+  const backend = new engine.Backend('auto', () => now);
+  run(engine.detect(backend), () => HAS_MODULE);
+  backend.use('function', 'the module went away');
+  const steps = () => run(engine.ensure(backend, 1000), (step) => (step.step === 'ask_module' ? [null] : 'OK')).steps;
+  assert.deepEqual(steps(), []);
+  now = 1000;
+  assert.deepEqual(steps(), ['ask_module']);
+  assert.deepEqual(steps(), []);
+  now = 2000;
+  run(engine.ensure(backend, 1000), () => HAS_MODULE);
+  assert.equal(backend.chosen, 'module');
 });
 
 test('redirections: MOVED refreshes the slots, ASK asks; none outside a cluster', () => {
