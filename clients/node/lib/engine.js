@@ -8,7 +8,7 @@
 // a logger (the times are passed in), so test/engine.test.js checks every rule without a
 // server. The rules are docs/clients.md's.
 
-const { Decision, classify, parseRedirect } = require('./core');
+const { Decision, MAX_TOKENS, classify, parseRedirect } = require('./core');
 const { LimiterUnavailable, isReplyError } = require('./errors');
 const { LocalLimiter, DenialCache, cachedReply, outcomeReply } = require('./local');
 
@@ -95,6 +95,12 @@ class Backend {
 //   { step: 'reconnect', error }           the client ready again after `error` dropped it
 //   { step: 'block', command, key, args, timeoutMs }  a blocking command on a connection of
 //                                          its own to the key's node
+//   { step: 'take', take, maxWaitMs }      a take (with MAXWAIT when maxWaitMs is set) of
+//                                          take: { key, capacity, rate, n, name }, under the
+//                                          failure rule -> its Decision
+//   { step: 'acquire', acquire }           acquire(acquire: { key, limit, leaseMs, options })
+//                                          under the failure rule -> its Lease
+//   { step: 'sleep', ms }
 //   { step: 'log', line }                  [level, message]
 // ---------------------------------------------------------------------------------------
 
@@ -292,16 +298,58 @@ function redirection(err, isCluster) {
 }
 
 // ---------------------------------------------------------------------------------------
-// waitTake without the module (docs/clients.md, "Waiting")
+// Waiting without the module (docs/clients.md, "Waiting in a cluster" and "Leases")
 // ---------------------------------------------------------------------------------------
 
-// waitTake on a Lua backend takes one reservation, then sleeps its retryAfterMs. What the
-// caller gets is the grant TB.BTAKE answers at the end of that wait: no wait left, and the
-// reset counted from then. The reservation's reset was counted from before the wait (after
-// a 500 ms wait it said 5500 ms where TB.BTAKE says 5000, and RateLimit t=6 for t=5).
+// waitTake on a Lua backend: ONE reservation (MAXWAIT timeoutMs; no limit is MAXWAIT 2^53)
+// and one sleep for the wait it names. Reservations queue in the bucket's debt, so this is
+// first come first served like TB.BTAKE. A denial (the tokens do not come within the
+// timeout) sleeps out the timeout like TB.BTAKE, then takes once more, plainly, and answers
+// that (only a refund can have changed it). `started`: when waitTake began (clock() ms).
+function* reserveAndWait(take, timeoutMs, started, clock) {
+  const reserved = yield { step: 'take', take, maxWaitMs: timeoutMs || MAX_TOKENS };
+  if (reserved.allowed) {
+    if (reserved.retryAfterMs > 0) {
+      yield { step: 'sleep', ms: reserved.retryAfterMs };
+    }
+    return Object.assign(reserved, grantAfterWait(reserved));
+  }
+  if (reserved.retryAfterMs < 0 || timeoutMs === 0) {
+    return reserved;
+  }
+  const left = started + timeoutMs - clock();
+  if (left > 0) {
+    yield { step: 'sleep', ms: left };
+  }
+  return yield { step: 'take', take, maxWaitMs: undefined };
+}
+
+// The grant reserveAndWait answers after its sleep: the one TB.BTAKE answers at the end of
+// that wait: no wait left, and the reset counted from then. The reservation's reset was
+// counted from before the wait (after a 500 ms wait it said 5500 ms where TB.BTAKE says
+// 5000, and RateLimit t=6 for t=5).
 function grantAfterWait(reservation) {
   const waited = Math.max(0, reservation.retryAfterMs);
   return { retryAfterMs: 0, resetAfterMs: Math.max(0, reservation.resetAfterMs - waited) };
+}
+
+// waitAcquire on a Lua backend: POLLING, NOT FIFO: acquire; until a lease or the deadline,
+// sleep min(retryAfterMs, pollMs, the time left) but at least 1 ms, as in the Python and
+// Rust clients (a denial with retryAfterMs 0, the module's answer to a caller turned away
+// only because others wait, is tried again after 1 ms, not after a whole pollMs), and again.
+function* pollForLease(acquire, timeoutMs, pollMs, started, clock) {
+  const deadline = timeoutMs === 0 ? Infinity : started + timeoutMs;
+  for (;;) {
+    const lease = yield { step: 'acquire', acquire };
+    if (lease.acquired) {
+      return lease;
+    }
+    const left = deadline - clock();
+    if (left <= 0) {
+      return lease;
+    }
+    yield { step: 'sleep', ms: Math.max(1, Math.min(lease.retryAfterMs, pollMs, left)) };
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -457,5 +505,6 @@ class Shield {
 
 module.exports = {
   detectionStart, afterFunctionLoadFailed, choiceLine, shouldLookForModule, Backend, detect, ensure, exchange, waitOnModule,
-  isDropped, isUnsent, afterFailure, clusterMayReconnect, redirection, grantAfterWait, Outage, Call, Shield,
+  isDropped, isUnsent, afterFailure, clusterMayReconnect, redirection, reserveAndWait, grantAfterWait, pollForLease, Outage,
+  Call, Shield,
 };

@@ -403,6 +403,16 @@ class RateLimiter {
         return this._reconnected(step.error);
       case 'block':
         return this._blocking(step.command, step.key, step.args, step.timeoutMs);
+      case 'take': {
+        const { key, capacity, rate, n, name } = step.take;
+        return this._serverTake(key, capacity, rate, n, { name, maxWaitMs: step.maxWaitMs });
+      }
+      case 'acquire': {
+        const { key, limit, leaseMs, options } = step.acquire;
+        return this.acquire(key, limit, leaseMs, options);
+      }
+      case 'sleep':
+        return sleep(step.ms);
       case 'log':
         this.log(...step.line);
         return undefined;
@@ -707,27 +717,9 @@ class RateLimiter {
     if (served !== undefined) {
       return served;
     }
-    // Without the module: ONE reservation (MAXWAIT timeoutMs; no limit is MAXWAIT 2^53) and
-    // one sleep for the delay it returns. Reservations queue in the bucket's debt, so this is
-    // first come first served like TB.BTAKE. The grant comes back after the sleep with
-    // retryAfterMs 0 (the wait is done). A denial (the tokens do not come within the timeout)
-    // sleeps out the timeout like TB.BTAKE, then takes once more, plainly, and answers that.
-    const name = limits[0].name;
-    const reserved = await this._serverTake(key, capacity, rate, n, { name, maxWaitMs: timeoutMs || core.MAX_TOKENS });
-    if (reserved.allowed) {
-      if (reserved.retryAfterMs > 0) {
-        await sleep(reserved.retryAfterMs);
-      }
-      return Object.assign(reserved, engine.grantAfterWait(reserved));
-    }
-    if (reserved.retryAfterMs < 0 || timeoutMs === 0) {
-      return reserved;
-    }
-    const left = started + timeoutMs - performance.now();
-    if (left > 0) {
-      await sleep(left);
-    }
-    return this._serverTake(key, capacity, rate, n, { name });
+    // Without the module: one reservation and one sleep (engine.reserveAndWait).
+    const take = { key, capacity, rate, n, name: limits[0].name };
+    return this._drive(engine.reserveAndWait(take, timeoutMs, started, () => performance.now()));
   }
 
   // ---------------------------------------------------------------------------------------
@@ -809,21 +801,9 @@ class RateLimiter {
     if (served !== undefined) {
       return served;
     }
-    const deadline = timeoutMs === 0 ? Infinity : started + timeoutMs;
-    for (;;) {
-      const decision = await this.acquire(key, limit, leaseMs, { name: asked.name, failOpen: options.failOpen });
-      if (decision.acquired) {
-        return decision;
-      }
-      const left = deadline - performance.now();
-      if (left <= 0) {
-        return decision;
-      }
-      // At least 1 ms, as in the Python and Rust clients: a denial with retryAfterMs 0 (the
-      // module's answer to a caller turned away only because others wait) is tried again
-      // after 1 ms, not after a whole pollMs.
-      await sleep(Math.max(1, Math.min(decision.retryAfterMs, pollMs, left)));
-    }
+    // Without the module: polling (engine.pollForLease).
+    const acquire = { key, limit, leaseMs, options: { name: asked.name, failOpen: options.failOpen } };
+    return this._drive(engine.pollForLease(acquire, timeoutMs, pollMs, started, () => performance.now()));
   }
 
   // A LeaseGuard: acquires (waitAcquire with options.timeoutMs), throws LeaseDenied when

@@ -1,13 +1,19 @@
 'use strict';
 
-// lib/engine.js, the limiter's decisions, without I/O (issue 26, item 7): the backend choice
-// and its log line, the module recheck, what a failed send leads to, redirections, and the
-// local limiter's outage.
+// lib/engine.js, the limiter's decisions, without I/O (issue 26, item 7; issue 35, item 3):
+// the backend choice and its log line, the module recheck, what a failed send leads to, the
+// operations (detection, a call's sends, the Lua waits) run step by step with made-up
+// answers, redirections, and the shield (the denial cache, the local limiter's outage).
 
 const assert = require('node:assert/strict');
 const { test } = require('node:test');
 const engine = require('../lib/engine');
+const { Decision } = require('../lib/core');
 const { LimiterUnavailable, LimiterReplyError, LimiterError } = require('../lib/errors');
+
+const LIMITS = [{ name: 'default', capacity: 4, rate: 1 }];
+const takeCall = (how = {}) => new engine.Call('take', ['k'], { costs: [1], limits: LIMITS, ...how });
+const served = (fields) => new Decision(fields, LIMITS, null, 'server');
 
 function reply(message) {
   const err = new Error(message);
@@ -195,6 +201,56 @@ test('on Lua after the module went away, a call looks for it again at most every
   assert.equal(backend.chosen, 'module');
 });
 
+test('a Lua waitTake: one reservation, one sleep for the wait it names, then the grant TB.BTAKE would answer', () => {
+  const take = { key: 'k', capacity: 10, rate: 2, n: 1, name: 'default' };
+  const sleeps = [];
+  const maxWaits = [];
+  let now = 0;
+  const answer = (reply) => (step) => {
+    if (step.step === 'sleep') {
+      sleeps.push(step.ms);
+      now += step.ms;
+      return undefined;
+    }
+    maxWaits.push(step.maxWaitMs);
+    return served(reply);
+  };
+  const granted = run(engine.reserveAndWait(take, 2000, 0, () => now), answer([1, 0, 500, 5500]));
+  assert.deepEqual([granted.steps, maxWaits, sleeps], [['take', 'sleep'], [2000], [500]]);
+  assert.deepEqual([granted.value.allowed, granted.value.retryAfterMs, granted.value.resetAfterMs], [true, 0, 5000]);
+  // Not within the timeout: the timeout slept out, then one plain take is the answer.
+  maxWaits.length = 0;
+  sleeps.length = 0;
+  now = 100;
+  const late = run(engine.reserveAndWait(take, 2000, 0, () => now), answer([0, 0, 3000, 5000]));
+  assert.deepEqual([late.steps, maxWaits, sleeps, now], [['take', 'sleep', 'take'], [2000, undefined], [1900], 2000]);
+  // Never (n above the capacity: -1), or no timeout (MAXWAIT 2^53): the reservation's answer.
+  maxWaits.length = 0;
+  assert.deepEqual(run(engine.reserveAndWait(take, 2000, 0, () => now), answer([0, 0, -1, 0])).steps, ['take']);
+  assert.deepEqual(run(engine.reserveAndWait(take, 0, 0, () => now), answer([0, 0, 10, 0])).steps, ['take']);
+  assert.deepEqual(maxWaits, [2000, 2 ** 53]);
+});
+
+test('a Lua waitAcquire polls: min(retryAfterMs, pollMs, the time left) but at least 1 ms, until a lease or the deadline', () => {
+  const acquire = { key: 'k', limit: 1, leaseMs: 1000, options: {} };
+  let now = 0;
+  const sleeps = [];
+  const poll = (leases, timeoutMs) => run(engine.pollForLease(acquire, timeoutMs, 100, 0, () => now), (step) => {
+    if (step.step === 'sleep') {
+      sleeps.push(step.ms);
+      now += step.ms;
+      return undefined;
+    }
+    return leases.length > 1 ? leases.shift() : leases[0];
+  });
+  const got = poll([{ acquired: false, retryAfterMs: 300 }, { acquired: false, retryAfterMs: 0 }, { acquired: true }], 1000);
+  assert.deepEqual([got.value.acquired, sleeps], [true, [100, 1]]);
+  now = 0;
+  sleeps.length = 0;
+  const timedOut = poll([{ acquired: false, retryAfterMs: 300 }], 250);
+  assert.deepEqual([timedOut.value.acquired, sleeps, now], [false, [100, 100, 50], 250]);
+});
+
 test('redirections: MOVED refreshes the slots, ASK asks; none outside a cluster', () => {
   assert.deepEqual(engine.redirection(reply('MOVED 3999 127.0.0.1:7001'), true),
     { node: { host: '127.0.0.1', port: 7001 }, asking: false, refreshSlots: true });
@@ -223,11 +279,6 @@ test('the outage: logged once at each end; nothing sent for probeMs, then one pr
 });
 
 // The shield (engine.Shield): the denial cache and the local limiter, before and after a call.
-const { Decision } = require('../lib/core');
-
-const LIMITS = [{ name: 'default', capacity: 4, rate: 1 }];
-const takeCall = (how = {}) => new engine.Call('take', ['k'], { costs: [1], limits: LIMITS, ...how });
-const served = (reply) => new Decision(reply, LIMITS, null, 'server');
 
 test('the shield: a remembered denial answers from the cache until its time, and a change forgets it', () => {
   const shield = new engine.Shield(1, 100, 1000, true);
