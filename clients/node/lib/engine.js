@@ -93,8 +93,12 @@ class Backend {
 //                                          shared by the calls that need it), unless one
 //                                          ended since `generation`
 //   { step: 'reconnect', error }           the client ready again after `error` dropped it
-//   { step: 'block', command, key, args, timeoutMs }  a blocking command on a connection of
-//                                          its own to the key's node
+//   { step: 'owner', key }                 the node that owns key's slot (null: standalone)
+//   { step: 'block', command, key, args, timeoutMs, node, asking }  a blocking command on a
+//                                          pooled connection of its own to `node`, after
+//                                          ASKING when `asking`
+//   { step: 'refresh_slots' }              the cluster client's slot map, refreshed in the
+//                                          background
 //   { step: 'take', take, maxWaitMs }      a take (with MAXWAIT when maxWaitMs is set) of
 //                                          take: { key, capacity, rate, n, name }, under the
 //                                          failure rule -> its Decision
@@ -211,13 +215,13 @@ function* exchange(backend, recheckMs, op, keys, numbers, retryDrop) {
 // waitTake's and waitAcquire's wait in the server (TB.BTAKE, TB.ACQUIRE with timeout_ms):
 // its reply, or undefined when the backend is Lua, or the module went away during the wait
 // (detected again): the caller waits the Lua way. Errors are thrown as they came.
-function* waitOnModule(backend, recheckMs, command, key, args, timeoutMs) {
+function* waitOnModule(backend, recheckMs, command, key, args, timeoutMs, isCluster) {
   yield* ensure(backend, recheckMs);
   if (backend.chosen !== 'module') {
     return undefined;
   }
   try {
-    return yield { step: 'block', command, key, args, timeoutMs };
+    return yield* blockOnOwner(command, key, args, timeoutMs, isCluster);
   } catch (err) {
     if (classify(err) !== 'server_changed') {
       throw err;
@@ -295,6 +299,43 @@ function redirection(err, isCluster) {
     asking: redirect.kind === 'ASK',
     refreshSlots: redirect.kind === 'MOVED',
   };
+}
+
+// The most MOVED/ASK hops one blocking command follows (a slot moves once per resharding step).
+const MAX_REDIRECTIONS = 5;
+
+// A blocking command (TB.BTAKE, TB.ACQUIRE with timeout_ms) on the node that owns the key:
+// a MOVED or ASK reply sends it again where it points (a MOVED refreshes the slot map, an
+// ASK is preceded by ASKING), at most MAX_REDIRECTIONS times. A pooled connection the server
+// had closed while idle (a restart, CLIENT KILL) can still look ready: the command is sent
+// once more, on a new one (docs/clients.md, "A dropped connection is not an outage").
+function* blockOnOwner(command, key, args, timeoutMs, isCluster) {
+  let node = yield { step: 'owner', key };
+  let asking = false;
+  let resent = false;
+  for (let hops = 0; hops <= MAX_REDIRECTIONS;) {
+    try {
+      return yield { step: 'block', command, key, args, timeoutMs, node, asking };
+    } catch (err) {
+      if (!isReplyError(err)) {
+        if (!resent && isDropped(err)) {
+          resent = true;
+          continue;
+        }
+        throw err;
+      }
+      const redirect = redirection(err, isCluster);
+      if (!redirect) {
+        throw err;
+      }
+      ({ node, asking } = redirect);
+      if (redirect.refreshSlots) {
+        yield { step: 'refresh_slots' };
+      }
+      hops += 1;
+    }
+  }
+  throw new LimiterUnavailable(`${command}: more than ${MAX_REDIRECTIONS} cluster redirections`);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -505,6 +546,7 @@ class Shield {
 
 module.exports = {
   detectionStart, afterFunctionLoadFailed, choiceLine, shouldLookForModule, Backend, detect, ensure, exchange, waitOnModule,
+  blockOnOwner, MAX_REDIRECTIONS,
   isDropped, isUnsent, afterFailure, clusterMayReconnect, redirection, reserveAndWait, grantAfterWait, pollForLease, Outage,
   Call, Shield,
 };

@@ -260,8 +260,6 @@ function checkedLimit(limit) {
 
 const BACKENDS = ['auto', 'module', 'function', 'script'];
 const LUA_BACKENDS = ['function', 'script'];
-// The most MOVED/ASK hops one TB.BTAKE follows (a slot moves once per resharding step).
-const MAX_REDIRECTIONS = 5;
 
 function optionalMs(options, name, fallback) {
   const value = options[name] ?? fallback;
@@ -401,8 +399,15 @@ class RateLimiter {
         return step.generation === this._backend.generation ? this._detectAgain() : undefined;
       case 'reconnect':
         return this._reconnected(step.error);
+      case 'owner':
+        return this._owner(step.key);
       case 'block':
-        return this._blocking(step.command, step.key, step.args, step.timeoutMs);
+        return this._blockOnce(step);
+      case 'refresh_slots':
+        if (typeof this.client.refreshSlotsCache === 'function') {
+          this.client.refreshSlotsCache(() => {});
+        }
+        return undefined;
       case 'take': {
         const { key, capacity, rate, n, name } = step.take;
         return this._serverTake(key, capacity, rate, n, { name, maxWaitMs: step.maxWaitMs });
@@ -854,60 +859,41 @@ class RateLimiter {
   }
 
   // waitTake's and waitAcquire's wait in the server (engine.waitOnModule): `command`
-  // (TB.BTAKE, TB.ACQUIRE with timeout_ms) on `_blocking`, its reply -> parse(reply).
+  // (TB.BTAKE, TB.ACQUIRE with timeout_ms) on the key's node, its reply -> parse(reply).
   // undefined when the backend is Lua, or the module went away during the wait: the caller
   // waits the Lua way. Errors are thrown as they came; the caller applies the failure rule.
   async _waitOnModule(command, key, args, timeoutMs, parse) {
-    const reply = await this._drive(engine.waitOnModule(this._backend, this.moduleRecheckMs, command, key, args, timeoutMs));
+    const wait = engine.waitOnModule(this._backend, this.moduleRecheckMs, command, key, args, timeoutMs, this.isCluster);
+    const reply = await this._drive(wait);
     return reply === undefined ? undefined : parse(reply);
   }
 
-  // A blocking command (TB.BTAKE, TB.ACQUIRE with timeout_ms) on the slot owner, on a
-  // pooled connection of its own, following MOVED and ASK.
-  async _blocking(command, key, args, timeoutMs) {
+  // One send of a blocking command (engine.blockOnOwner's 'block' step) on a pooled
+  // connection of its own to step.node, after ASKING when step.asking.
+  async _blockOnce({ command, key, args, timeoutMs, node, asking }) {
     // The client-side timer is above the server's timeout, so the server's denial arrives
     // first; timeout 0 waits as long as the server does.
     const clientTimeout = timeoutMs === 0 ? 0 : timeoutMs + this.blockingMarginMs;
-    let node = await this._owner(key);
-    let asking = false;
-    let resent = false;
-    for (let hop = 0; hop <= MAX_REDIRECTIONS; hop++) {
-      const conn = await this._acquire(node);
-      try {
-        const pending = [];
-        if (asking) {
-          pending.push(send(conn, 'asking', [], null, this.timeoutMs));
-        }
-        pending.push(send(conn, command, [key, ...args], null, clientTimeout));
-        const replies = await Promise.all(pending);
-        this._release(conn, node);
-        return replies[replies.length - 1];
-      } catch (err) {
-        // A server error leaves the connection usable; anything else (our timer, a lost
-        // connection) leaves its state unknown: close it, which also ends the server-side wait.
-        if (!isReplyError(err)) {
-          conn.disconnect();
-          // An idle connection the server closed (a restart, CLIENT KILL) can still look
-          // ready: once, on a new one (docs/clients.md, a dropped connection).
-          if (!resent && engine.isDropped(err)) {
-            resent = true;
-            hop -= 1;
-            continue;
-          }
-          throw err;
-        }
-        this._release(conn, node);
-        const redirect = engine.redirection(err, this.isCluster);
-        if (!redirect) {
-          throw err;
-        }
-        ({ node, asking } = redirect);
-        if (redirect.refreshSlots && typeof this.client.refreshSlotsCache === 'function') {
-          this.client.refreshSlotsCache(() => {});
-        }
+    const conn = await this._acquire(node);
+    try {
+      const pending = [];
+      if (asking) {
+        pending.push(send(conn, 'asking', [], null, this.timeoutMs));
       }
+      pending.push(send(conn, command, [key, ...args], null, clientTimeout));
+      const replies = await Promise.all(pending);
+      this._release(conn, node);
+      return replies[replies.length - 1];
+    } catch (err) {
+      // A server error leaves the connection usable; anything else (our timer, a lost
+      // connection) leaves its state unknown: close it, which also ends the server-side wait.
+      if (isReplyError(err)) {
+        this._release(conn, node);
+      } else {
+        conn.disconnect();
+      }
+      throw err;
     }
-    throw new LimiterUnavailable(`${command}: more than ${MAX_REDIRECTIONS} cluster redirections`);
   }
 
   async _newConnection(node) {

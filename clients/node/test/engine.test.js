@@ -260,6 +260,32 @@ test('redirections: MOVED refreshes the slots, ASK asks; none outside a cluster'
   assert.equal(engine.redirection(reply('WRONGTYPE x'), true), null);
 });
 
+test('a blocking command follows MOVED (refreshing the slots) and ASK (asking), at most MAX_REDIRECTIONS times, and is sent once more after a drop', () => {
+  const OWNER = { host: '127.0.0.1', port: 7000 };
+  const blocks = [];
+  const answering = (...errors) => (step) => {
+    if (step.step === 'owner') return OWNER;
+    if (step.step === 'refresh_slots') return undefined;
+    blocks.push([step.node.port, step.asking]);
+    const err = errors.shift();
+    if (err) throw err;
+    return [1, 0, 0, 0];
+  };
+  const moved = run(engine.blockOnOwner('TB.BTAKE', 'k', [], 100, true),
+    answering(reply('MOVED 1 127.0.0.1:7001'), reply('ASK 1 127.0.0.1:7002'), new Error('read ECONNRESET')));
+  assert.deepEqual(moved.steps, ['owner', 'block', 'refresh_slots', 'block', 'block', 'block']);
+  assert.deepEqual(blocks, [[7000, false], [7001, false], [7002, true], [7002, true]]);
+  assert.deepEqual(moved.value, [1, 0, 0, 0]);
+  const endless = Array.from({ length: engine.MAX_REDIRECTIONS + 1 }, () => reply('MOVED 1 127.0.0.1:7001'));
+  assert.throws(() => run(engine.blockOnOwner('TB.BTAKE', 'k', [], 100, true), answering(...endless)),
+    (err) => err instanceof LimiterUnavailable && /more than 5 cluster redirections/.test(err.message));
+  // A second drop, a timeout, or a redirection outside a cluster is the answer.
+  assert.throws(() => run(engine.blockOnOwner('TB.BTAKE', 'k', [], 100, true),
+    answering(new Error('read ECONNRESET'), new Error('read ECONNRESET'))), /ECONNRESET/);
+  assert.throws(() => run(engine.blockOnOwner('TB.BTAKE', 'k', [], 100, true), answering(new Error('Command timed out'))), /timed out/);
+  assert.throws(() => run(engine.blockOnOwner('TB.BTAKE', 'k', [], 100, false), answering(reply('MOVED 1 127.0.0.1:7001'))), /MOVED/);
+});
+
 test('the outage: logged once at each end; nothing sent for probeMs, then one probe', () => {
   const outage = new engine.Outage(1000, 2);
   assert.equal(outage.shouldSend(0), true);
