@@ -19,7 +19,7 @@ export interface RateLimiterOptions {
   backend?: 'auto' | Backend;
   /** Timeout of every command the limiter sends, in ms (0: none). Default 200. */
   timeoutMs?: number;
-  /** How long waitTake waits for a connection of its own, in ms. Default 1000. */
+  /** How long waitTake waits for a connection of its own, and a call for the client's first connection in progress (at least timeoutMs), in ms. Default 1000. */
   connectTimeoutMs?: number;
   /** Added to a waitTake's timeoutMs for the client-side timer of TB.BTAKE, in ms. Default 1000. */
   blockingMarginMs?: number;
@@ -327,7 +327,7 @@ export declare function expressRateLimit<Req = any>(
 /** Fastify plugin: fastify.register(fastifyRateLimit, options). */
 export declare function fastifyRateLimit(fastify: any, options: MiddlewareOptions<any>): Promise<void>;
 
-/** An ioredis Redis that fails fast: no offline queue, no retries per request, 200 ms timeouts. */
+/** An ioredis Redis that fails fast: no offline queue after the first connection attempt, no retries per request, 200 ms timeouts. Usable at once. */
 export declare function createClient(url?: string, options?: RedisOptions): Redis;
 /** The same for an ioredis Cluster. */
 export declare function createClusterClient(nodes: ClusterNode[], options?: ClusterOptions): Cluster;

@@ -7,7 +7,8 @@
 #   - node --test over test/*.test.js: every API test on a server with the module and one
 #     without (function and script backends), 3-master clusters with and without it,
 #     fail-open (stopped, SIGSTOP), migration script -> module, Express/Fastify over HTTP,
-#     npm install/pack of the package (the README's tarball install, then tsc --strict),
+#     npm install/pack of the package (the README's tarball install, then tsc --strict and
+#     every js block of the README as written),
 #     tsc on index.d.ts; the shared conformance suite (clients/conformance/cases.json) on
 #     every backend and topology; without a server: clients/conformance/vectors/local.json (the
 #     local limiter), behaviour.json, and lib/engine.js's decisions; against real servers:

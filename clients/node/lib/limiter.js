@@ -10,7 +10,6 @@ const { createRequire } = require('node:module');
 const { LimiterError, InvalidArgument, LimiterUnavailable, LeaseDenied, LeaseLost, isReplyError } = require('./errors');
 const core = require('./core');
 const engine = require('./engine');
-const { LocalLimiter, DenialCache, cachedReply, outcomeReply } = require('./local');
 
 const { Limit, Decision, decisionFrom, classify, limiterError } = core;
 
@@ -145,7 +144,9 @@ function send(client, name, args, keys, timeoutMs) {
 // when it cannot: a client that is (re)connecting has just been refused, and a command
 // queued offline would wait out its timeout and might be sent, and charged, later. A
 // first connection in progress (right after createClient()) is waited for, up to
-// timeoutMs: the refusal, if any, comes within a round trip.
+// `timeoutMs` (RateLimiter's connectTimeoutMs, or its timeoutMs if longer: a busy machine's
+// first connection and ready check can outlast one command's 200 ms); a refusal, if any,
+// fails at once.
 // Calls that arrive during one connection attempt share one wait (and one set of listeners).
 const connecting = new WeakMap();
 
@@ -259,8 +260,6 @@ function checkedLimit(limit) {
 
 const BACKENDS = ['auto', 'module', 'function', 'script'];
 const LUA_BACKENDS = ['function', 'script'];
-// The most MOVED/ASK hops one TB.BTAKE follows (a slot moves once per resharding step).
-const MAX_REDIRECTIONS = 5;
 
 function optionalMs(options, name, fallback) {
   const value = options[name] ?? fallback;
@@ -280,14 +279,13 @@ function optionalCount(options, name, fallback) {
 
 const ON_UNAVAILABLE = ['raise', 'local'];
 
-// A call the local limiter does not serve (_call's how.local).
-const NO_LOCAL = null;
-
 class RateLimiter {
   // client: an ioredis Redis or Cluster. Options:
   //   backend          'auto' (default) | 'module' | 'function' | 'script'
   //   timeoutMs        per-command timeout, default 200 (0: none)
-  //   connectTimeoutMs how long waitTake waits for a connection of its own, default 1000
+  //   connectTimeoutMs how long waitTake waits for a connection of its own, and a call for
+  //                    the client's first connection in progress (at least timeoutMs),
+  //                    default 1000
   //   blockingMarginMs added to a waitTake's timeout_ms for the client-side timer, default 1000
   //   blockingPoolSize idle blocking connections kept for waitTake, per node, default 4
   //   blockingIdleMs   an idle blocking connection is closed after this, default 5000
@@ -332,20 +330,16 @@ class RateLimiter {
       throw new InvalidArgument(`cacheDenials must be true or false, got ${util.inspect(cacheDenials)}`);
     }
     this.cacheDenials = cacheDenials;
-    this._local = new LocalLimiter(this.instances, this.localMaxKeys);
-    this._localOutage = new engine.Outage(this.localProbeMs, this.instances);
-    this._denials = cacheDenials ? new DenialCache(this.localMaxKeys) : null;
+    // The denial cache, the local limiter and its outage (lib/engine.js).
+    this._shield = new engine.Shield(this.instances, this.localMaxKeys, this.localProbeMs, cacheDenials);
     this.log = toLog(options.logger);
     watchReconnections(client);
     // Calls that failed, by class of the failure rule (LimiterUnavailable, any other error).
     this.stats = { unavailable: 0, errors: 0 };
-    this._backend = null;
+    // The backend (engine.Backend), and the detection in progress, shared by the calls that
+    // need it.
+    this._backend = new engine.Backend(backend, () => performance.now());
     this._detecting = null;
-    // Bumped at each detection: a call that met a server change after another call already
-    // detected again just retries.
-    this._generation = 0;
-    this._sawModule = false;
-    this._moduleCheckedAt = 0;
     // waitTake's own connections: idle ones per node ('' standalone), and every one open.
     this._idle = new Map();
     this._connections = new Set();
@@ -357,7 +351,7 @@ class RateLimiter {
 
   // 'module' | 'function' | 'script', or null before the first call that reached the server.
   get backend() {
-    return this._backend;
+    return this._backend.chosen;
   }
 
   get isCluster() {
@@ -368,203 +362,158 @@ class RateLimiter {
   // else FUNCTION LOAD REPLACE tb.lua -> function; if FUNCTION fails -> script.
   async connect() {
     try {
-      await this._ensureBackend();
+      await this._drive(engine.ensure(this._backend, this.moduleRecheckMs));
     } catch (err) {
       throw limiterError(err);
     }
-    return this._backend;
+    return this._backend.chosen;
   }
 
-  async _ensureBackend() {
-    if (this._backend === null) {
-      await this._detectAgain();
-    } else if (engine.shouldLookForModule(this._recheckState(), performance.now(), this.moduleRecheckMs)) {
-      await this._lookForModule();
+  // Runs an operation of lib/engine.js: each step it yields is done here, and its result
+  // sent back (or its error thrown in).
+  async _drive(operation) {
+    let next = operation.next();
+    while (!next.done) {
+      let result;
+      try {
+        result = await this._do(next.value);
+      } catch (err) {
+        next = operation.throw(err);
+        continue;
+      }
+      next = operation.next(result);
     }
+    return next.value;
   }
 
-  _recheckState() {
-    return {
-      backend: this._backend, sawModule: this._sawModule, checkedAt: this._moduleCheckedAt, requested: this.requestedBackend,
-    };
+  // The I/O of one step (engine.js, "Operations as steps").
+  _do(step) {
+    switch (step.step) {
+      case 'send':
+        return this._sendOp(step.op, step.keys, step.numbers);
+      case 'ask_module':
+        return this._sendTo(this.client, 'command', ['info', 'tb.take'], null);
+      case 'load':
+        return this._load(step.what);
+      case 'detect':
+        return step.generation === this._backend.generation ? this._detectAgain() : undefined;
+      case 'reconnect':
+        return this._reconnected(step.error);
+      case 'owner':
+        return this._owner(step.key);
+      case 'block':
+        return this._blockOnce(step);
+      case 'refresh_slots':
+        if (typeof this.client.refreshSlotsCache === 'function') {
+          this.client.refreshSlotsCache(() => {});
+        }
+        return undefined;
+      case 'take': {
+        const { key, capacity, rate, n, name } = step.take;
+        return this._serverTake(key, capacity, rate, n, { name, maxWaitMs: step.maxWaitMs });
+      }
+      case 'acquire': {
+        const { key, limit, leaseMs, options } = step.acquire;
+        return this.acquire(key, limit, leaseMs, options);
+      }
+      case 'sleep':
+        return sleep(step.ms);
+      case 'log':
+        this.log(...step.line);
+        return undefined;
+      default:
+        throw new LimiterError('bug', `redis-tb: an unknown step ${util.inspect(step)}`);
+    }
   }
 
   // One detection at a time; callers that arrive meanwhile share it.
   _detectAgain() {
     if (!this._detecting) {
-      this._detecting = this._detect().finally(() => {
+      this._detecting = this._drive(engine.detect(this._backend)).finally(() => {
         this._detecting = null;
-        this._generation += 1;
       });
     }
     return this._detecting;
   }
 
-  _choose(backend, why) {
-    const previous = this._backend;
-    this._backend = backend;
-    if (backend === 'module') {
-      this._sawModule = true;
-    }
-    if (previous === 'module' && backend !== 'module') {
-      this._moduleCheckedAt = performance.now();
-    }
-    this.log(...engine.choiceLine(previous, backend, why, this.requestedBackend));
-  }
-
-  async _hasModule() {
-    try {
-      const info = await this._sendTo(this.client, 'command', ['info', 'tb.take'], null);
-      return Array.isArray(info) && Array.isArray(info[0]);
-    } catch (err) {
-      // An error reply that is not about the server's state (an ACL that refuses COMMAND)
-      // says nothing about the module: go on to the Lua fallback.
-      if (classify(err) === 'unavailable') {
-        throw err;
-      }
-      return false;
-    }
-  }
-
-  async _detect() {
-    switch (engine.detectionStart(this.requestedBackend)) {
-      case 'module':
-        return this._choose('module', 'forced');
-      case 'function':
-        await this._loadFunction();
-        return this._choose('function', 'forced; FUNCTION LOAD tb done');
-      case 'script':
-        await this._loadScript();
-        return this._choose('script', 'forced; SCRIPT LOAD done');
-      default:
-        break;
-    }
-    if (await this._hasModule()) {
-      return this._choose('module', 'the server has TB.TAKE');
-    }
-    try {
-      await this._loadFunction();
-    } catch (err) {
-      if (engine.afterFunctionLoadFailed(err) === 'throw') {
-        throw err;
-      }
-      await this._loadScript();
-      return this._choose('script', `no TB.TAKE; FUNCTION LOAD failed (${err.message}); EVALSHA of lua/tb.lua`);
-    }
-    return this._choose('function', 'no TB.TAKE on the server; FUNCTION LOAD of lua/tb.lua');
-  }
-
-  // On Lua after the module went away: at most every moduleRecheckMs, one COMMAND INFO.
-  // Its failure changes nothing (the call goes on with the Lua backend).
-  async _lookForModule() {
-    this._moduleCheckedAt = performance.now();
-    try {
-      if (await this._hasModule()) {
-        this._choose('module', 'the server has TB.TAKE again');
-        this._generation += 1;
-      }
-    } catch {
-      // unavailable now: the call itself will say so
-    }
-  }
-
   // Every master of a cluster (a function or script lives on one node), else the client.
-  _nodes() {
+  // A cluster client whose connections dropped (a restart, CLIENT KILL) knows no master
+  // until it has reconnected: it is waited for up to timeoutMs (connectTimeoutMs without
+  // one), as _reconnected waits for a standalone client, instead of failing at once.
+  async _nodes() {
     if (!this.isCluster) {
       return [this.client];
     }
-    const masters = this.client.nodes('master');
+    const client = this.client;
+    let masters = client.nodes('master');
+    if (masters.length === 0 && engine.clusterMayReconnect(client.status)) {
+      if (client.status === 'wait') {
+        client.connect().catch(() => {});
+      }
+      await clusterReadyAgain(client, this.timeoutMs || this.connectTimeoutMs);
+      masters = client.nodes('master');
+    }
     if (masters.length === 0) {
-      throw new LimiterUnavailable('the cluster client is not connected (no master known yet)');
+      throw new LimiterUnavailable(`the cluster client is not connected (no master known; client ${client.status})`);
     }
     return masters;
   }
 
-  async _loadFunction() {
-    const { library } = lua();
-    await Promise.all(this._nodes().map((node) => this._sendTo(node, 'function', ['load', 'replace', library], null)));
-  }
-
-  async _loadScript() {
-    const { script } = lua();
-    await Promise.all(this._nodes().map((node) => this._sendTo(node, 'script', ['load', script], null)));
+  // lua/tb.lua on every master: 'function' (FUNCTION LOAD REPLACE) or 'script' (SCRIPT LOAD).
+  async _load(what) {
+    const { library, script } = lua();
+    const [name, args] = what === 'function' ? ['function', ['load', 'replace', library]] : ['script', ['load', script]];
+    await Promise.all((await this._nodes()).map((node) => this._sendTo(node, name, args, null)));
   }
 
   async _sendTo(client, name, args, keys) {
-    await whenWritable(client, this.timeoutMs);
+    await whenWritable(client, Math.max(this.timeoutMs, this.connectTimeoutMs));
     return send(client, name, args, keys, this.timeoutMs);
   }
 
   _sendOp(op, keys, numbers) {
-    const { name, args } = core.commandFor(this._backend, op, keys, numbers, lua().sha);
+    const { name, args } = core.commandFor(this._backend.chosen, op, keys, numbers, lua().sha);
     return this._sendTo(this.client, name, args, keys);
   }
 
-  // One call of `op` (take, peek, refund, takeall, ...): the failure rule around its sends.
-  // `parse`: the reply -> the answer (default: a Decision over `limits`). how.retryDrop:
-  // false for a call that may not be sent twice (refund, settle). how.local: (now) => the
-  // answer of the local limiter, for a call it serves (take, peek, takeAll) when Redis is
-  // unreachable; none: such a call throws LimiterUnavailable.
-  // During the local limiter's outage nothing is sent until its probe is due.
-  async _call(op, keys, numbers, limits, parse = (reply) => decisionFrom(reply, limits, op === 'takeall'),
-    { retryDrop = true, local = NO_LOCAL } = {}) {
-    if (!this._localOutage.shouldSend(Date.now())) {
+  // One call (an engine.Call): the shield first (the denial cache, the local limiter during
+  // an outage, engine.Shield), then the failure rule around its sends. `parse`: the reply ->
+  // the answer (default: a Decision over call.limits). retryDrop: false for a call that may
+  // not be sent twice (refund, settle).
+  async _call(call, numbers, parse = (reply) => decisionFrom(reply, call.limits, call.op === 'takeall'), retryDrop = true) {
+    let early;
+    try {
+      early = this._shield.before(call, Date.now());
+    } catch (err) {
       this.stats.unavailable += 1;
-      if (local !== NO_LOCAL) {
-        return local(Date.now());
+      throw err;
+    }
+    if (early !== null) {
+      if (early.source === 'local') {
+        this.stats.unavailable += 1;
       }
-      throw new LimiterUnavailable('Redis unreachable (in an outage: waiting for the next probe)');
+      return early;
     }
     let answer;
     try {
-      answer = await this._exchange(op, keys, numbers, parse, retryDrop);
+      const sends = engine.exchange(this._backend, this.moduleRecheckMs, call.op, call.keys, numbers, retryDrop);
+      answer = parse(await this._drive(sends));
     } catch (err) {
       const error = this._failed(err);
-      if (error instanceof LimiterUnavailable && (local !== NO_LOCAL || this._localOutage.active)) {
-        const line = this._localOutage.failed(error.message, Date.now());
-        if (line) {
-          this.log(...line);
-        }
-        if (local !== NO_LOCAL) {
-          return local(Date.now());
-        }
+      const { decision, line } = this._shield.failed(call, error, Date.now());
+      if (line) {
+        this.log(...line);
+      }
+      if (decision !== null) {
+        return decision;
       }
       throw error;
     }
-    const line = this._localOutage.succeeded();
+    const line = this._shield.after(call, answer, Date.now());
     if (line) {
-      this._local.clear();
       this.log(...line);
     }
     return answer;
-  }
-
-  // The sends of one call: a server change (the module unloaded, a FUNCTION FLUSH, a SCRIPT
-  // FLUSH) detects the backend again and sends once more; a dropped connection waits for
-  // the reconnection and sends once more (engine.afterFailure). The last error is thrown.
-  async _exchange(op, keys, numbers, parse, retryDrop) {
-    await this._ensureBackend();
-    const tried = { detected: false, reconnected: false };
-    for (;;) {
-      const generation = this._generation;
-      try {
-        return parse(await this._sendOp(op, keys, numbers));
-      } catch (err) {
-        const step = engine.afterFailure(err, tried, retryDrop);
-        if (step === 'detect') {
-          tried.detected = true;
-          this.log('info', `redis-tb: the server changed (${err.message}); detecting the backend again`);
-          if (generation === this._generation) {
-            await this._detectAgain();
-          }
-        } else if (step === 'reconnect') {
-          tried.reconnected = true;
-          await this._reconnected(err);
-        } else {
-          throw err;
-        }
-      }
-    }
   }
 
   // Waits for a client whose connection dropped to be ready again: its first reconnection,
@@ -597,29 +546,17 @@ class RateLimiter {
   }
 
   // `extra`: the command's options after n (MAXWAIT, BLOCK, MAXBLOCK; MAXDEBT). how:
-  // { retryDrop, local, cache } (local: the local limiter may answer, `take` or `peek`;
+  // { retryDrop, local, cache } (local: the local limiter may answer, 'take' or 'peek';
   // cache: the denial cache may answer and learns this call's denial).
   async _single(op, key, capacity, rate, n, options, extra = [], how = {}) {
     const limits = [{ name: core.checkName((options && options.name) ?? 'default'), capacity, rate }];
     const numbers = [core.capacityText(capacity), core.rateText(rate), core.costText(n), ...extra];
     const k = prefixed(this.client, core.checkKey(key));
-    const denials = how.cache ? this._denials : null;
-    if (denials !== null) {
-      const now = Date.now();
-      const entry = denials.denial(k, n, now);
-      if (entry !== undefined) {
-        return new Decision(cachedReply(entry, now), limits, null, 'cache');
-      }
-    }
-    const local = how.local ? (now) => new Decision(
-      outcomeReply(this._local.take(k, capacity, rate, n, now, how.local === 'take')), limits, null, 'local') : NO_LOCAL;
-    const decision = await this._call(op, [k], numbers, limits, undefined, { retryDrop: how.retryDrop, local });
-    if (denials !== null && decision.source === 'server') {
-      // Only a plain take primes a denial (no MAXWAIT, no BLOCK: `extra` is empty).
-      const primable = op === 'take' && extra.length === 0 ? { capacity, rate } : null;
-      denials.remember(k, n, decision, Date.now(), primable);
-    }
-    return decision;
+    // Only a plain take primes a denial (no MAXWAIT, no BLOCK: `extra` is empty).
+    const call = new engine.Call(op, [k], {
+      costs: [n], limits, local: how.local ?? false, cache: Boolean(how.cache), primable: op === 'take' && extra.length === 0,
+    });
+    return this._call(call, numbers, undefined, how.retryDrop);
   }
 
   // How a take is served: locally when Redis is down if the limiter (or the middleware:
@@ -631,9 +568,7 @@ class RateLimiter {
 
   // The denial cache forgets a key this limiter changed (refund, charge, settle, unblock).
   _changed(key) {
-    if (this._denials !== null) {
-      this._denials.forget(prefixed(this.client, key));
-    }
+    this._shield.forget(prefixed(this.client, key));
   }
 
   // Takes n tokens if the bucket holds them. options.name: the policy name for the headers.
@@ -706,7 +641,7 @@ class RateLimiter {
     const key = isLimit ? limitOrKey.key : limitOrKey;
     const k = prefixed(this.client, core.checkKey(key));
     this._changed(key);
-    return this._call('unblock', [k], [], null, core.boolFrom);
+    return this._call(new engine.Call('unblock', [k]), [], core.boolFrom);
   }
 
   // What take would answer now; writes nothing.
@@ -755,29 +690,10 @@ class RateLimiter {
     }
     numbers.push(...core.takeOptions(options?.maxWaitMs, limits[0].blockMs, limits[0].maxBlockMs));
     const how = this._takeHow(options, local);
-    const costs = limits.map((limit) => limit.n ?? 1);
-    const denials = how.cache ? this._denials : null;
-    if (denials !== null) {
-      const now = Date.now();
-      for (let i = 0; i < keys.length; i++) {
-        const entry = denials.denial(keys[i], costs[i], now);
-        if (entry !== undefined) {
-          return new Decision(cachedReply(entry, now), judged, i, 'cache');
-        }
-      }
-    }
-    const answerLocally = (now) => {
-      const all = this._local.takeAll(keys.map((key, i) => ({
-        key, capacity: limits[i].capacity, rate: limits[i].rate, n: costs[i],
-      })), now);
-      return new Decision(outcomeReply(all.outcomes[all.index], all.allowed), judged, all.index, 'local');
-    };
-    const decision = await this._call('takeall', keys, numbers, judged, undefined,
-      { local: how.local ? answerLocally : NO_LOCAL });
-    if (denials !== null && decision.source === 'server' && !decision.allowed) {
-      denials.remember(keys[decision.index], costs[decision.index], decision, Date.now());
-    }
-    return decision;
+    const call = new engine.Call('takeall', keys, {
+      costs: limits.map((limit) => limit.n ?? 1), limits: judged, local: how.local, cache: how.cache,
+    });
+    return this._call(call, numbers);
   }
 
   // Waits up to options.timeoutMs (required; 0 = no limit) for n tokens.
@@ -806,28 +722,9 @@ class RateLimiter {
     if (served !== undefined) {
       return served;
     }
-    // Without the module: ONE reservation (MAXWAIT timeoutMs; no limit is MAXWAIT 2^53) and
-    // one sleep for the delay it returns. Reservations queue in the bucket's debt, so this is
-    // first come first served like TB.BTAKE. The grant comes back after the sleep with
-    // retryAfterMs 0 (the wait is done). A denial (the tokens do not come within the timeout)
-    // sleeps out the timeout like TB.BTAKE, then takes once more, plainly, and answers that.
-    const name = limits[0].name;
-    const reserved = await this._serverTake(key, capacity, rate, n, { name, maxWaitMs: timeoutMs || core.MAX_TOKENS });
-    if (reserved.allowed) {
-      if (reserved.retryAfterMs > 0) {
-        await sleep(reserved.retryAfterMs);
-      }
-      reserved.retryAfterMs = 0;
-      return reserved;
-    }
-    if (reserved.retryAfterMs < 0 || timeoutMs === 0) {
-      return reserved;
-    }
-    const left = started + timeoutMs - performance.now();
-    if (left > 0) {
-      await sleep(left);
-    }
-    return this._serverTake(key, capacity, rate, n, { name });
+    // Without the module: one reservation and one sleep (engine.reserveAndWait).
+    const take = { key, capacity, rate, n, name: limits[0].name };
+    return this._drive(engine.reserveAndWait(take, timeoutMs, started, () => performance.now()));
   }
 
   // ---------------------------------------------------------------------------------------
@@ -854,7 +751,7 @@ class RateLimiter {
   async acquire(key, limit, leaseMs, options = {}) {
     const asked = this._asked(key, limit, leaseMs, options);
     try {
-      return await this._call('acquire', [prefixed(this.client, asked.key)], asked.texts, null,
+      return await this._call(new engine.Call('acquire', [prefixed(this.client, asked.key)]), asked.texts,
         (reply) => core.leaseFrom(reply, asked));
     } catch (err) {
       return this._failOpen(err, asked, options);
@@ -869,7 +766,7 @@ class RateLimiter {
     if (id === null) {
       return false;
     }
-    return this._call('release', [k], [id], null, core.boolFrom);
+    return this._call(new engine.Call('release', [k]), [id], core.boolFrom);
   }
 
   // Makes a live lease end leaseMs from now: true, or false if it is not held any more.
@@ -880,7 +777,7 @@ class RateLimiter {
     if (id === null) {
       return false;
     }
-    return this._call('renew', [k], [id, ms], null, core.boolFrom);
+    return this._call(new engine.Call('renew', [k]), [id, ms], core.boolFrom);
   }
 
   // Waits up to options.timeoutMs (required; 0 = no limit) for a lease.
@@ -909,21 +806,9 @@ class RateLimiter {
     if (served !== undefined) {
       return served;
     }
-    const deadline = timeoutMs === 0 ? Infinity : started + timeoutMs;
-    for (;;) {
-      const decision = await this.acquire(key, limit, leaseMs, { name: asked.name, failOpen: options.failOpen });
-      if (decision.acquired) {
-        return decision;
-      }
-      const left = deadline - performance.now();
-      if (left <= 0) {
-        return decision;
-      }
-      // At least 1 ms, as in the Python and Rust clients: a denial with retryAfterMs 0 (the
-      // module's answer to a caller turned away only because others wait) is tried again
-      // after 1 ms, not after a whole pollMs.
-      await sleep(Math.max(1, Math.min(decision.retryAfterMs, pollMs, left)));
-    }
+    // Without the module: polling (engine.pollForLease).
+    const acquire = { key, limit, leaseMs, options: { name: asked.name, failOpen: options.failOpen } };
+    return this._drive(engine.pollForLease(acquire, timeoutMs, pollMs, started, () => performance.now()));
   }
 
   // A LeaseGuard: acquires (waitAcquire with options.timeoutMs), throws LeaseDenied when
@@ -961,7 +846,7 @@ class RateLimiter {
 
   // The node that owns `key`'s slot, by the server's slot rule and the client's slot map;
   // null for a standalone client. A stale map is corrected by MOVED.
-  _owner(key) {
+  async _owner(key) {
     if (!this.isCluster) {
       return null;
     }
@@ -969,82 +854,49 @@ class RateLimiter {
     if (owners && owners.length > 0) {
       return nodeAddress(owners[0]);
     }
-    const [master] = this._nodes();
+    const [master] = await this._nodes();
     return { host: master.options.host, port: master.options.port };
   }
 
-  // waitTake's and waitAcquire's wait in the server: `command` (TB.BTAKE, TB.ACQUIRE with
-  // timeout_ms) on `_blocking`, its reply -> parse(reply). undefined when the backend is
-  // Lua, or the module went away during the wait (detected again): the caller polls. Errors
-  // are thrown as they came; the caller applies the failure rule.
+  // waitTake's and waitAcquire's wait in the server (engine.waitOnModule): `command`
+  // (TB.BTAKE, TB.ACQUIRE with timeout_ms) on the key's node, its reply -> parse(reply).
+  // undefined when the backend is Lua, or the module went away during the wait: the caller
+  // waits the Lua way. Errors are thrown as they came; the caller applies the failure rule.
   async _waitOnModule(command, key, args, timeoutMs, parse) {
-    await this._ensureBackend();
-    if (this._backend !== 'module') {
-      return undefined;
-    }
-    try {
-      return parse(await this._blocking(command, key, args, timeoutMs));
-    } catch (err) {
-      if (classify(err) !== 'server_changed') {
-        throw err;
-      }
-      await this._detectAgain();
-      if (this._backend === 'module') {
-        throw err;
-      }
-      return undefined;
-    }
+    const wait = engine.waitOnModule(this._backend, this.moduleRecheckMs, command, key, args, timeoutMs, this.isCluster);
+    const reply = await this._drive(wait);
+    return reply === undefined ? undefined : parse(reply);
   }
 
-  // A blocking command (TB.BTAKE, TB.ACQUIRE with timeout_ms) on the slot owner, on a
-  // pooled connection of its own, following MOVED and ASK.
-  async _blocking(command, key, args, timeoutMs) {
+  // One send of a blocking command (engine.blockOnOwner's 'block' step) on a pooled
+  // connection of its own to step.node, after ASKING when step.asking.
+  async _blockOnce({ command, key, args, timeoutMs, node, asking }) {
     // The client-side timer is above the server's timeout, so the server's denial arrives
     // first; timeout 0 waits as long as the server does.
     const clientTimeout = timeoutMs === 0 ? 0 : timeoutMs + this.blockingMarginMs;
-    let node = this._owner(key);
-    let asking = false;
-    let resent = false;
-    for (let hop = 0; hop <= MAX_REDIRECTIONS; hop++) {
-      const conn = await this._acquire(node);
-      try {
-        const pending = [];
-        if (asking) {
-          pending.push(send(conn, 'asking', [], null, this.timeoutMs));
-        }
-        pending.push(send(conn, command, [key, ...args], null, clientTimeout));
-        const replies = await Promise.all(pending);
-        this._release(conn, node);
-        return replies[replies.length - 1];
-      } catch (err) {
-        // A server error leaves the connection usable; anything else (our timer, a lost
-        // connection) leaves its state unknown: close it, which also ends the server-side wait.
-        if (!isReplyError(err)) {
-          conn.disconnect();
-          // An idle connection the server closed (a restart, CLIENT KILL) can still look
-          // ready: once, on a new one (docs/clients.md, a dropped connection).
-          if (!resent && engine.isDropped(err)) {
-            resent = true;
-            hop -= 1;
-            continue;
-          }
-          throw err;
-        }
-        this._release(conn, node);
-        const redirect = engine.redirection(err, this.isCluster);
-        if (!redirect) {
-          throw err;
-        }
-        ({ node, asking } = redirect);
-        if (redirect.refreshSlots && typeof this.client.refreshSlotsCache === 'function') {
-          this.client.refreshSlotsCache(() => {});
-        }
+    const conn = await this._acquire(node);
+    try {
+      const pending = [];
+      if (asking) {
+        pending.push(send(conn, 'asking', [], null, this.timeoutMs));
       }
+      pending.push(send(conn, command, [key, ...args], null, clientTimeout));
+      const replies = await Promise.all(pending);
+      this._release(conn, node);
+      return replies[replies.length - 1];
+    } catch (err) {
+      // A server error leaves the connection usable; anything else (our timer, a lost
+      // connection) leaves its state unknown: close it, which also ends the server-side wait.
+      if (isReplyError(err)) {
+        this._release(conn, node);
+      } else {
+        conn.disconnect();
+      }
+      throw err;
     }
-    throw new LimiterUnavailable(`${command}: more than ${MAX_REDIRECTIONS} cluster redirections`);
   }
 
-  _newConnection(node) {
+  async _newConnection(node) {
     // A connection of waitTake's does not reconnect (one that drops is discarded, and a new
     // one made by the next waitTake), has no command timeout of its own (waitTake's timer
     // is per call: timeout 0 waits without limit), and queues nothing offline.
@@ -1052,7 +904,7 @@ class RateLimiter {
     if (node === null) {
       return this.client.duplicate(own);
     }
-    const nodes = this._nodes();
+    const nodes = await this._nodes();
     const same = nodes.find((n) => n.options.host === node.host && n.options.port === node.port) ?? nodes[0];
     return same.duplicate({ ...own, host: node.host, port: node.port, readOnly: false });
   }
@@ -1069,7 +921,11 @@ class RateLimiter {
       }
       conn.disconnect();
     }
-    const conn = this._newConnection(node);
+    const conn = await this._newConnection(node);
+    if (this._closed) {
+      conn.disconnect();
+      throw new LimiterUnavailable('the RateLimiter is closed');
+    }
     this._connections.add(conn);
     conn.on('error', () => {});
     conn.once('end', () => this._connections.delete(conn));
@@ -1298,13 +1154,42 @@ const TUNED = {
   retryStrategy: (times) => Math.min(times * 100, 2000),
 };
 
+// Without an offline queue ioredis refuses every command before its first 'ready' ("Stream
+// isn't writeable"), so the application's own first command would fail although the
+// limiter waits for that connection. The queue is on for the first connection attempt only
+// (unless `options` set enableOfflineQueue): a command sent meanwhile goes out at 'ready', or
+// is refused when the attempt fails, as it would have been without the queue. From then on
+// nothing is queued.
+function queueTheFirstConnection(client, options) {
+  if (options.enableOfflineQueue !== undefined) {
+    return;
+  }
+  client.options.enableOfflineQueue = true;
+  const settled = () => {
+    client.off('ready', settled);
+    client.off('close', settled);
+    client.options.enableOfflineQueue = false;
+    if (client.status !== 'ready') {
+      const refused = client.isCluster ? "Cluster isn't ready" : "Stream isn't writeable";
+      // A Redis's command queue (written, in flight) is its own business: only the queue of
+      // commands never written is emptied (a Cluster has only that one).
+      client.flushQueue(new Error(`${refused} and enableOfflineQueue options is false`), { offlineQueue: true, commandQueue: false });
+    }
+  };
+  client.on('ready', settled);
+  client.on('close', settled);
+}
+
 // An ioredis Redis set up for a rate limiter: fail fast instead of waiting while Redis is
-// down (no offline queue, no per-request retries, 200 ms connect and command timeouts);
-// ioredis keeps reconnecting in the background. `options` override any of that. It may be
-// used at once: the limiter waits for the first connection (up to its timeoutMs).
+// down (no offline queue after the first connection, no per-request retries, 200 ms connect
+// and command timeouts); ioredis keeps reconnecting in the background. `options` override
+// any of that. It may be used at once, by the limiter and by the application: the limiter
+// waits for the first connection (up to its connectTimeoutMs), and a command of the application's
+// waits for it too (queueTheFirstConnection).
 function createClient(url = 'redis://127.0.0.1:6379', options = {}) {
   const Redis = requireIoredis();
   const client = new Redis(url, { ...TUNED, ...options });
+  queueTheFirstConnection(client, options);
   // Without a listener ioredis prints every failed reconnect; the middleware reports an
   // outage itself, once.
   client.on('error', () => {});
@@ -1321,6 +1206,7 @@ function createClusterClient(nodes, options = {}) {
     ...clusterOptions,
     redisOptions: { ...TUNED, ...redisOptions },
   });
+  queueTheFirstConnection(client, clusterOptions);
   client.on('error', () => {});
   return client;
 }

@@ -143,3 +143,34 @@ test('close() closes every waitTake connection, idle or waiting', async () => {
   }
   await until(async () => (await blockedOn(owner)) === 0, 'the waits to end on the server');
 });
+
+// Issue 35: a cluster client whose connections all dropped knows no master until it has
+// reconnected. waitTake's resend met it there and failed ("the cluster client is not
+// connected"); it waits for the reconnection up to timeoutMs, as a standalone client is
+// waited for. The client retries after 300 ms, so the call surely meets it reconnecting.
+test('a waitTake while the cluster client reconnects after its connections dropped waits for it', async () => {
+  const name = 'dropped-cluster';
+  const own = createClusterClient(cluster.startup, { clusterRetryStrategy: () => 300, redisOptions: { connectionName: name } });
+  const ownLimiter = new RateLimiter(own, { timeoutMs: 2000, logger: false });
+  try {
+    await once(own, 'ready');
+    const key = '{dropped}:w';
+    assert.equal((await ownLimiter.waitTake(key, 5, 0.001, 1, { timeoutMs: 1000 })).remaining, 4);
+    // A connection to every master (the client connects to a node when first used): once
+    // they are all closed, the client has none left and reconnects as a whole.
+    await Promise.all(own.nodes('master').map((node) => node.ping()));
+    for (const a of admins) {
+      const ids = (await a.call('client', 'list')).split('\n')
+        .filter((line) => line.includes(` name=${name} `)).map((line) => /\bid=(\d+)/.exec(line)[1]);
+      for (const id of ids) {
+        await a.call('client', 'kill', 'id', id);
+      }
+    }
+    await until(() => own.nodes('master').length === 0, 'the cluster client to lose every node');
+    const d = await ownLimiter.waitTake(key, 5, 0.001, 1, { timeoutMs: 1000 });
+    assert.deepEqual([d.allowed, d.remaining], [true, 3]);
+  } finally {
+    ownLimiter.close();
+    own.disconnect();
+  }
+});

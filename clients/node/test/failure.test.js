@@ -15,7 +15,7 @@ const {
   RateLimiter, LimiterUnavailable, LimiterReplyError, InvalidArgument, createClient, createClusterClient, expressRateLimit,
   fastifyRateLimit,
 } = require('..');
-const { admin, freePort, startServer } = require('./servers');
+const { admin, freePort, startCluster, startServer } = require('./servers');
 const { HELLO, untilTheEnd } = require('./helpers');
 
 const RATE = 0.001;
@@ -60,6 +60,60 @@ test('the first take right after createClient() succeeds, without waiting for "r
   const d = await limiter.take('first', 5, RATE);
   assert.deepEqual([d.allowed, d.remaining], [true, 4]);
   await server.stop();
+});
+
+// On a busy machine the first connection and its ready check can take longer than one
+// command's timeoutMs (the README's quick start, run under load, died of that); a call waits
+// for a first connection in progress up to connectTimeoutMs. Here the server answers the
+// ready check only after 500 ms.
+test('the first take waits for a first connection slower than timeoutMs, up to connectTimeoutMs', async () => {
+  const server = await startServer({ module: true });
+  server.pause();
+  const limiter = new RateLimiter(client(server.url, { commandTimeout: 10_000 }), { timeoutMs: 200, connectTimeoutMs: 5000, logger: false });
+  const resumed = new Promise((resolve) => setTimeout(resolve, 500)).then(() => server.resume());
+  try {
+    const d = await limiter.take('slow-first', 5, RATE);
+    assert.deepEqual([d.allowed, d.remaining], [true, 4]);
+  } finally {
+    await resumed;
+    await server.stop();
+  }
+});
+
+// Issue 35, also-fix 4: the README says createClient()'s client "can be used at once, before
+// 'ready'"; the application's own first command failed ("Stream isn't writeable and
+// enableOfflineQueue options is false") until a limiter call had waited for the connection.
+test("the application's own first command right after createClient() succeeds, before 'ready'", async () => {
+  const server = await startServer({ module: true });
+  const c = client(server.url);
+  assert.notEqual(c.status, 'ready');
+  assert.equal(await c.set('cc', 1), 'OK');
+  assert.equal(await c.get('cc'), '1');
+  await server.stop();
+});
+
+test("the application's own first command right after createClusterClient() succeeds, before 'ready'", async () => {
+  const cluster = await startCluster({ module: true });
+  const c = createClusterClient(cluster.startup);
+  clients.push(c);
+  assert.notEqual(c.status, 'ready');
+  assert.equal(await c.set('cc', 1), 'OK');
+  assert.equal(await c.get('cc'), '1');
+});
+
+// The first connection's queue holds nothing past that attempt: a command sent while a
+// server refuses connections fails when the attempt does, and once it failed, at once.
+test("the application's first command on a server that refuses connections fails within the attempt, then at once", async () => {
+  const port = await freePort();
+  for (const c of [client(`redis://127.0.0.1:${port}`), createClusterClient([{ host: '127.0.0.1', port }])]) {
+    clients.push(c);
+    let started = performance.now();
+    await assert.rejects(c.set('cc', 1));
+    assert.ok(performance.now() - started < 1000, `the first command took ${(performance.now() - started).toFixed(0)} ms`);
+    started = performance.now();
+    await assert.rejects(c.set('cc', 1), /enableOfflineQueue options is false|Connection is closed/);
+    assert.ok(performance.now() - started < 100, `the second command took ${(performance.now() - started).toFixed(0)} ms`);
+  }
 });
 
 // Three takes on a server that refuses connections: each throws LimiterUnavailable well

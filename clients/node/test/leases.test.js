@@ -6,10 +6,6 @@
 // stopped, and the in-flight limit of the Express middleware and the Fastify plugin.
 
 const assert = require('node:assert/strict');
-const { execFile } = require('node:child_process');
-const fs = require('node:fs');
-const os = require('node:os');
-const path = require('node:path');
 const { once } = require('node:events');
 const { setTimeout: sleep } = require('node:timers/promises');
 const { before, describe, test } = require('node:test');
@@ -405,31 +401,6 @@ test('concurrency options are checked when the middleware is made', () => {
   assert.throws(() => expressRateLimit({ limiter, capacity: 1, rate: 1, name: 'x', concurrency: { limit: 1, name: 'x' } }), InvalidArgument);
   assert.throws(() => expressRateLimit({ limiter }), InvalidArgument);
   limiter.client.disconnect();
-});
-
-// The README's first ```js block of "## Concurrency limits", as written, from a project whose
-// node_modules holds this package and ioredis (links), on both servers.
-test('the README\'s Concurrency limits block runs as written', async () => {
-  const pkg = path.join(__dirname, '..');
-  const readme = fs.readFileSync(path.join(pkg, 'README.md'), 'utf8');
-  const block = /```js\n([\s\S]*?)```/.exec(readme.slice(readme.indexOf('\n## Concurrency limits\n')))[1];
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tb-node-readme-'));
-  try {
-    fs.mkdirSync(path.join(dir, 'node_modules'));
-    fs.symlinkSync(pkg, path.join(dir, 'node_modules', 'redis-tb'));
-    fs.symlinkSync(path.join(pkg, 'node_modules', 'ioredis'), path.join(dir, 'node_modules', 'ioredis'));
-    fs.writeFileSync(path.join(dir, 'app.js'), block);
-    for (const server of [servers.module, servers.plain]) {
-      const out = await new Promise((resolve, reject) => {
-        execFile(process.execPath, ['app.js'], { cwd: dir, env: { ...process.env, REDIS_URL: server.url }, timeout: 20_000 },
-          (err, stdout, stderr) => (err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout)));
-      });
-      assert.match(out, /^true 1 0 [0-9]+-[0-9]+-[0-9]+$/m);
-      assert.match(out, /^worked with lease [0-9]+-[0-9]+-[0-9]+$/m);
-    }
-  } finally {
-    fs.rmSync(dir, { recursive: true, force: true });
-  }
 });
 
 // One id per master of a cluster (the slot ranges of servers.js).

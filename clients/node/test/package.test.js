@@ -3,8 +3,9 @@
 // The package as users get it: the version agrees with the module's, tb.lua is the
 // repository's lua/tb.lua through a relative symlink (never a copy), `npm install
 // ./clients/node` into a fresh project reaches it, and so does a tarball (`npm pack`,
-// where npm drops symlinks: the prepack step ships the text as dist/tb.lua). index.d.ts
-// type-checks against a usage file.
+// where npm drops symlinks: the prepack step ships the text as dist/tb.lua). Every ```js
+// block of the README runs as written from that install. index.d.ts type-checks against a
+// usage file.
 
 const assert = require('node:assert/strict');
 const { execFileSync, spawn } = require('node:child_process');
@@ -152,6 +153,107 @@ function readmeInstall(pkg, dir, extra) {
     const real = args.map((a) => (a === '/path/to/redis-tb/clients/node' ? pkg : a === 'ioredis' ? 'ioredis@6.0.0' : a));
     npm([verb, ...real, ...(verb === 'install' ? extra : [])], dir);
   }
+}
+
+// Every ```js block of the README, in order, with the heading it is under.
+function readmeBlocks() {
+  const readme = fs.readFileSync(path.join(PKG, 'README.md'), 'utf8');
+  const blocks = [];
+  let heading = '';
+  for (const [, line, code] of readme.matchAll(/^(#+ .*)$|^```js\n([\s\S]*?)^```$/gm)) {
+    if (line !== undefined) {
+      heading = line;
+    } else {
+      blocks.push({ heading, code });
+    }
+  }
+  return blocks;
+}
+
+// One project for every block: the README's install (the tarball of a clean checkout), and
+// the frameworks its blocks use, at package-lock.json's versions.
+let blockProject = null;
+function projectForBlocks() {
+  if (blockProject === null) {
+    const dir = tempProject();
+    readmeInstall(cleanCheckout(), dir, ['express@5.3.0', 'fastify@5.12.8']);
+    blockProject = dir;
+  }
+  return blockProject;
+}
+
+// What a block prints beyond running (exit 0, or serving HTTP: below): the blocks that
+// contain `has`.
+const BLOCK_OUTPUT = [
+  { has: "limiter.take('user:42', 20, 5)", output: [/^true 19 "default";r=19;t=1$/m] },
+  { has: 'limiter.unblock(login)', output: [/^false$/m] },
+  { has: 'limiter.withLease(', output: [/^true 1 0 [0-9]+-[0-9]+-[0-9]+$/m, /^worked with lease [0-9]+-[0-9]+-[0-9]+$/m] },
+];
+
+// Runs a block as a CommonJS file of `dir`. A block that serves HTTP prints `listening on <port>` once
+// for each `listening on` in its text: each such port must answer GET / with the
+// middleware's RateLimit-Policy header (a request the limiter let through unlimited, as a
+// busy machine's first one may be, is sent again), and the block is then stopped. Any other
+// block must exit 0. Either way stdout must match the block's BLOCK_OUTPUT.
+function runBlock(dir, block, env) {
+  fs.writeFileSync(path.join(dir, 'app.js'), block.code);
+  const servers = block.code.split('listening on').length - 1;
+  const expected = BLOCK_OUTPUT.filter((b) => block.code.includes(b.has)).flatMap((b) => b.output);
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, ['app.js'], { cwd: dir, env: { ...process.env, PORT: '0', FASTIFY_PORT: '0', ...env } });
+    let out = '';
+    let err = '';
+    let checking = false;
+    const timer = setTimeout(() => finish(new Error(`timed out; stdout: ${out}; stderr: ${err}`)), 20_000);
+    function finish(error) {
+      clearTimeout(timer);
+      child.kill('SIGKILL');
+      if (error) reject(error); else resolve(out);
+    }
+    const printed = () => expected.every((p) => p.test(out));
+    const ports = () => [...out.matchAll(/^listening on (\d+)$/gm)].map((m) => m[1]);
+    async function serving() {
+      for (const port of ports()) {
+        let res;
+        for (let i = 0; i < 10 && !res?.headers.get('ratelimit-policy'); i++) {
+          res = await fetch(`http://localhost:${port}/`);
+        }
+        assert.ok(res.headers.get('ratelimit-policy'),
+          `port ${port}: ${res.status} ${JSON.stringify([...res.headers])}, no RateLimit-Policy; stderr: ${err}`);
+      }
+    }
+    child.stdout.on('data', (d) => {
+      out += d;
+      if (servers > 0 && !checking && printed() && ports().length >= servers) {
+        checking = true;
+        serving().then(() => finish(null), finish);
+      }
+    });
+    child.stderr.on('data', (d) => { err += d; });
+    child.on('exit', (code) => {
+      if (servers === 0 && code === 0 && printed()) finish(null);
+      else if (!checking) finish(new Error(`exited ${code}; stdout: ${out}; stderr: ${err}`));
+    });
+  });
+}
+
+// Issue 35, also-fix 5: every ```js block of the README runs as pasted into a project (a
+// CommonJS file), from the README's install, on a server with the module and one without.
+for (const [i, block] of readmeBlocks().entries()) {
+  test(`README block ${i + 1} (${block.heading.replace(/^#+ /, '')}) runs as written, with the module and without`, async () => {
+    const dir = projectForBlocks();
+    for (const module of [true, false]) {
+      const server = await startServer({ module });
+      try {
+        await runBlock(dir, block, { REDIS_URL: server.url });
+      } catch (err) {
+        err.message = `${module ? 'with' : 'without'} the module: ${err.message}`;
+        throw err;
+      } finally {
+        await server.stop();
+      }
+    }
+  });
 }
 
 test('from a clean checkout, the README\'s install and its quick start run as written (issue 18, items 1 and 2)', async () => {

@@ -53,6 +53,17 @@ for (const backend of BACKENDS) {
       assert.ok(took >= 300 && took < 2000, `served after ${took.toFixed(0)} ms`);
     });
 
+    // Issue 35, also-fix 3: the Lua path answered its reservation's reset, counted from before
+    // the wait (5500 ms here, RateLimit t=6), where TB.BTAKE answers at the grant (5000, t=5).
+    test('a waiter\'s reset is counted from its grant, not from before its wait', async () => {
+      const key = fresh('reset');
+      assert.equal((await limiter.take(key, 10, 2, 10)).remaining, 0);
+      const d = await limiter.waitTake(key, 10, 2, 1, { timeoutMs: 2000 });
+      assert.deepEqual([d.allowed, d.remaining, d.retryAfterMs], [true, 0, 0]);
+      assert.ok(d.resetAfterMs >= 4900 && d.resetAfterMs <= 5000, `resetAfterMs ${d.resetAfterMs}`);
+      assert.equal(d.headers().RateLimit, '"default";r=0;t=5');
+    });
+
     test('tokens there: granted at once', async () => {
       const started = performance.now();
       const d = await limiter.waitTake(fresh('full'), 5, 0.001, 2, { timeoutMs: 1000, name: 'w' });
