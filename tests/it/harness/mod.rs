@@ -9,6 +9,7 @@
 //! - [`cell`]: redis-cell's module (`CL.THROTTLE`), built outside the tree, to load beside;
 //! - [`clock`]: a server whose clock the test moves, forwards and back (libfaketime);
 //! - [`twin`]: the Lua twin (`lua/tb.lua`) and the differential harness against the module;
+//! - [`vectors`]: the core's vector files (clients/conformance/vectors/), read for the replays;
 //! - [`rng`]: a small seeded generator for test inputs.
 //!
 //! Nothing here is mocked: replies, errors and timings come from the server itself.
@@ -31,9 +32,10 @@ pub mod rng;
 mod self_check;
 pub mod server;
 pub mod twin;
+pub mod vectors;
 
 // Every test file takes what it needs from one flat namespace (`use crate::harness::*`).
 pub use self::{
     aof::*, cell::*, clock::*, commands::*, raw_client::*, replication::*, rng::*, server::*,
-    twin::*,
+    twin::*, vectors::*,
 };
