@@ -450,268 +450,74 @@ fn cases() -> Vec<Case> {
     vary(Command::Throttle, &cell, 2, "period", &wholes);
     vary(Command::Throttle, &cell, 3, "quantity", &wholes);
 
+    #[rustfmt::skip]
     let listed: &[(Command, &str, &[&str])] = &[
         // The options: none, each, all in any order and case.
         (Command::Take, "no option", &["10", "1", "1"]),
-        (
-            Command::Take,
-            "MAXWAIT 0 is no reservation",
-            &["10", "1", "1", "MAXWAIT", "0"],
-        ),
-        (
-            Command::Take,
-            "every option, in another order and case",
-            &[
-                "10", "1", "1", "block", "100", "MaxWait", "0", "maxblock", "800",
-            ],
-        ),
-        (
-            Command::Take,
-            "MAXBLOCK before BLOCK",
-            &["10", "1", "1", "MAXBLOCK", "20", "BLOCK", "10"],
-        ),
-        (
-            Command::Take,
-            "MAXBLOCK equal to BLOCK",
-            &["10", "1", "1", "BLOCK", "10", "MAXBLOCK", "10"],
-        ),
-        (
-            Command::Take,
-            "MAXBLOCK below BLOCK",
-            &["10", "1", "1", "BLOCK", "10", "MAXBLOCK", "9"],
-        ),
-        (
-            Command::Take,
-            "MAXBLOCK without BLOCK",
-            &["10", "1", "1", "MAXBLOCK", "10"],
-        ),
+        (Command::Take, "MAXWAIT 0 is no reservation", &["10", "1", "1", "MAXWAIT", "0"]),
+        (Command::Take, "every option, in another order and case", &["10", "1", "1", "block", "100", "MaxWait", "0", "maxblock", "800"]),
+        (Command::Take, "MAXBLOCK before BLOCK", &["10", "1", "1", "MAXBLOCK", "20", "BLOCK", "10"]),
+        (Command::Take, "MAXBLOCK equal to BLOCK", &["10", "1", "1", "BLOCK", "10", "MAXBLOCK", "10"]),
+        (Command::Take, "MAXBLOCK below BLOCK", &["10", "1", "1", "BLOCK", "10", "MAXBLOCK", "9"]),
+        (Command::Take, "MAXBLOCK without BLOCK", &["10", "1", "1", "MAXBLOCK", "10"]),
         // A keyword without its value.
-        (
-            Command::Take,
-            "MAXWAIT without a value",
-            &["10", "1", "1", "MAXWAIT"],
-        ),
-        (
-            Command::Take,
-            "BLOCK without a value",
-            &["10", "1", "1", "BLOCK"],
-        ),
-        (
-            Command::Take,
-            "MAXBLOCK without a value, after BLOCK",
-            &["10", "1", "1", "BLOCK", "100", "MAXBLOCK"],
-        ),
-        (
-            Command::Take,
-            "maxwait in lower case without a value",
-            &["10", "1", "1", "maxwait"],
-        ),
+        (Command::Take, "MAXWAIT without a value", &["10", "1", "1", "MAXWAIT"]),
+        (Command::Take, "BLOCK without a value", &["10", "1", "1", "BLOCK"]),
+        (Command::Take, "MAXBLOCK without a value, after BLOCK", &["10", "1", "1", "BLOCK", "100", "MAXBLOCK"]),
+        (Command::Take, "maxwait in lower case without a value", &["10", "1", "1", "maxwait"]),
         // An option given twice: named in upper case, whatever case it came in.
-        (
-            Command::Take,
-            "BLOCK given twice, the second in lower case",
-            &["10", "1", "1", "BLOCK", "10", "block", "10"],
-        ),
-        (
-            Command::Take,
-            "MAXWAIT given twice, the first in lower case",
-            &["10", "1", "1", "maxwait", "1", "MAXWAIT", "2"],
-        ),
-        (
-            Command::Take,
-            "MAXBLOCK given twice in mixed case",
-            &[
-                "10", "1", "1", "MAXBLOCK", "5", "BLOCK", "1", "MaxBlock", "6",
-            ],
-        ),
-        (
-            Command::Take,
-            "MAXWAIT given twice, the second without a value",
-            &["10", "1", "1", "MAXWAIT", "5", "MAXWAIT"],
-        ),
+        (Command::Take, "BLOCK given twice, the second in lower case", &["10", "1", "1", "BLOCK", "10", "block", "10"]),
+        (Command::Take, "MAXWAIT given twice, the first in lower case", &["10", "1", "1", "maxwait", "1", "MAXWAIT", "2"]),
+        (Command::Take, "MAXBLOCK given twice in mixed case", &["10", "1", "1", "MAXBLOCK", "5", "BLOCK", "1", "MaxBlock", "6"]),
+        (Command::Take, "MAXWAIT given twice, the second without a value", &["10", "1", "1", "MAXWAIT", "5", "MAXWAIT"]),
         // Unknown options.
-        (
-            Command::Take,
-            "an unknown option",
-            &["10", "1", "1", "WAIT", "5"],
-        ),
-        (
-            Command::Take,
-            "TB.CHARGE's MAXDEBT",
-            &["10", "1", "1", "MAXDEBT", "5"],
-        ),
+        (Command::Take, "an unknown option", &["10", "1", "1", "WAIT", "5"]),
+        (Command::Take, "TB.CHARGE's MAXDEBT", &["10", "1", "1", "MAXDEBT", "5"]),
         (Command::Take, "a flag", &["10", "1", "1", "NX"]),
-        (
-            Command::Take,
-            "an empty keyword",
-            &["10", "1", "1", "", "5"],
-        ),
-        (
-            Command::Take,
-            "an unknown word after a whole option",
-            &["10", "1", "1", "MAXWAIT", "5", "EXTRA"],
-        ),
+        (Command::Take, "an empty keyword", &["10", "1", "1", "", "5"]),
+        (Command::Take, "an unknown word after a whole option", &["10", "1", "1", "MAXWAIT", "5", "EXTRA"]),
         // Checked in argument order: the first bad one is named.
-        (
-            Command::Take,
-            "three bad numbers: capacity is named",
-            &["x", "y", "z"],
-        ),
-        (
-            Command::Take,
-            "a bad rate and n: rate is named",
-            &["10", "0", "-1"],
-        ),
-        (
-            Command::Take,
-            "a bad capacity and option: capacity is named",
-            &["0", "1", "1", "MAXWAIT", "-1"],
-        ),
-        (
-            Command::Take,
-            "a bad n and an unknown option: n is named",
-            &["10", "1", "x", "WAIT", "5"],
-        ),
-        (
-            Command::Take,
-            "a bad MAXWAIT before an unknown option",
-            &["10", "1", "1", "MAXWAIT", "-1", "WAIT"],
-        ),
-        (
-            Command::Take,
-            "an unknown option before a bad MAXWAIT",
-            &["10", "1", "1", "WAIT", "5", "MAXWAIT", "-1"],
-        ),
-        (
-            Command::Take,
-            "a bad BLOCK after MAXBLOCK: BLOCK is named",
-            &["10", "1", "1", "MAXBLOCK", "10", "BLOCK", "x"],
-        ),
+        (Command::Take, "three bad numbers: capacity is named", &["x", "y", "z"]),
+        (Command::Take, "a bad rate and n: rate is named", &["10", "0", "-1"]),
+        (Command::Take, "a bad capacity and option: capacity is named", &["0", "1", "1", "MAXWAIT", "-1"]),
+        (Command::Take, "a bad n and an unknown option: n is named", &["10", "1", "x", "WAIT", "5"]),
+        (Command::Take, "a bad MAXWAIT before an unknown option", &["10", "1", "1", "MAXWAIT", "-1", "WAIT"]),
+        (Command::Take, "an unknown option before a bad MAXWAIT", &["10", "1", "1", "WAIT", "5", "MAXWAIT", "-1"]),
+        (Command::Take, "a bad BLOCK after MAXBLOCK: BLOCK is named", &["10", "1", "1", "MAXBLOCK", "10", "BLOCK", "x"]),
         // TB.PEEK without n, TB.REFUND plain.
         (Command::Peek, "no n (1)", &["10", "1"]),
         (Command::Peek, "n 0", &["10", "1", "0"]),
         (Command::Refund, "plain", &["10", "1", "1"]),
         // TB.CHARGE's one option.
         (Command::Charge, "no option", &["10", "1", "1"]),
-        (
-            Command::Charge,
-            "maxdebt in lower case",
-            &["10", "1", "1", "maxdebt", "2.5"],
-        ),
-        (
-            Command::Charge,
-            "MAXDEBT without a value",
-            &["10", "1", "1", "MAXDEBT"],
-        ),
-        (
-            Command::Charge,
-            "MAXDEBT given twice, the second in lower case",
-            &["10", "1", "1", "MAXDEBT", "1", "maxdebt", "2"],
-        ),
-        (
-            Command::Charge,
-            "MAXDEBT given twice, the second without a value",
-            &["10", "1", "1", "MAXDEBT", "1", "MAXDEBT"],
-        ),
-        (
-            Command::Charge,
-            "MAXDEBT given twice, the first value bad: the repeat is named",
-            &["10", "1", "1", "MAXDEBT", "-1", "MAXDEBT", "2"],
-        ),
-        (
-            Command::Charge,
-            "TB.TAKE's MAXWAIT",
-            &["10", "1", "1", "MAXWAIT", "5"],
-        ),
-        (
-            Command::Charge,
-            "an unknown word after MAXDEBT",
-            &["10", "1", "1", "MAXDEBT", "1", "x"],
-        ),
-        (
-            Command::Charge,
-            "a bad n before a bad MAXDEBT: n is named",
-            &["10", "1", "-1", "MAXDEBT", "-1"],
-        ),
+        (Command::Charge, "maxdebt in lower case", &["10", "1", "1", "maxdebt", "2.5"]),
+        (Command::Charge, "MAXDEBT without a value", &["10", "1", "1", "MAXDEBT"]),
+        (Command::Charge, "MAXDEBT given twice, the second in lower case", &["10", "1", "1", "MAXDEBT", "1", "maxdebt", "2"]),
+        (Command::Charge, "MAXDEBT given twice, the second without a value", &["10", "1", "1", "MAXDEBT", "1", "MAXDEBT"]),
+        (Command::Charge, "MAXDEBT given twice, the first value bad: the repeat is named", &["10", "1", "1", "MAXDEBT", "-1", "MAXDEBT", "2"]),
+        (Command::Charge, "TB.TAKE's MAXWAIT", &["10", "1", "1", "MAXWAIT", "5"]),
+        (Command::Charge, "an unknown word after MAXDEBT", &["10", "1", "1", "MAXDEBT", "1", "x"]),
+        (Command::Charge, "a bad n before a bad MAXDEBT: n is named", &["10", "1", "-1", "MAXDEBT", "-1"]),
         // TB.TAKEALL: its groups, its options, its keys.
         (Command::TakeAll, "one group", &["a", "10", "1", "1"]),
-        (
-            Command::TakeAll,
-            "two groups and every option",
-            &[
-                "a", "10", "1", "1", "b", "5", "2", "1", "BLOCK", "10", "maxblock", "20",
-                "MAXWAIT", "5",
-            ],
-        ),
-        (
-            Command::TakeAll,
-            "a key named like an option comes first",
-            &["MAXWAIT", "10", "1", "1", "MAXWAIT", "5"],
-        ),
-        (
-            Command::TakeAll,
-            "a later group starting with a keyword begins the options",
-            &["a", "10", "1", "1", "block", "1", "1", "1"],
-        ),
-        (
-            Command::TakeAll,
-            "a key given twice",
-            &["a", "10", "1", "1", "a", "10", "1", "1"],
-        ),
-        (
-            Command::TakeAll,
-            "a key given twice and a bad option: the option is named",
-            &["a", "10", "1", "1", "a", "10", "1", "1", "MAXWAIT", "-1"],
-        ),
-        (
-            Command::TakeAll,
-            "a bad second capacity before a bad option",
-            &["a", "10", "1", "1", "b", "x", "1", "1", "MAXWAIT", "-1"],
-        ),
-        (
-            Command::TakeAll,
-            "MAXBLOCK without a value",
-            &["a", "10", "1", "1", "BLOCK", "100", "MAXBLOCK"],
-        ),
-        (
-            Command::TakeAll,
-            "BLOCK given twice",
-            &["a", "10", "1", "1", "BLOCK", "10", "block", "10"],
-        ),
-        (
-            Command::TakeAll,
-            "an unknown word after an option",
-            &["a", "10", "1", "1", "MAXWAIT", "5", "WAIT"],
-        ),
+        (Command::TakeAll, "two groups and every option", &["a", "10", "1", "1", "b", "5", "2", "1", "BLOCK", "10", "maxblock", "20", "MAXWAIT", "5"]),
+        (Command::TakeAll, "a key named like an option comes first", &["MAXWAIT", "10", "1", "1", "MAXWAIT", "5"]),
+        (Command::TakeAll, "a later group starting with a keyword begins the options", &["a", "10", "1", "1", "block", "1", "1", "1"]),
+        (Command::TakeAll, "a key given twice", &["a", "10", "1", "1", "a", "10", "1", "1"]),
+        (Command::TakeAll, "a key given twice and a bad option: the option is named", &["a", "10", "1", "1", "a", "10", "1", "1", "MAXWAIT", "-1"]),
+        (Command::TakeAll, "a bad second capacity before a bad option", &["a", "10", "1", "1", "b", "x", "1", "1", "MAXWAIT", "-1"]),
+        (Command::TakeAll, "MAXBLOCK without a value", &["a", "10", "1", "1", "BLOCK", "100", "MAXBLOCK"]),
+        (Command::TakeAll, "BLOCK given twice", &["a", "10", "1", "1", "BLOCK", "10", "block", "10"]),
+        (Command::TakeAll, "an unknown word after an option", &["a", "10", "1", "1", "MAXWAIT", "5", "WAIT"]),
         // TB.BTAKE, TB.ACQUIRE: the first bad one is named.
-        (
-            Command::BTake,
-            "a bad n before a bad timeout: n is named",
-            &["10", "1", "x", "-1"],
-        ),
+        (Command::BTake, "a bad n before a bad timeout: n is named", &["10", "1", "-1", "-1"]),
         (Command::Acquire, "no timeout", &["5", "1000"]),
-        (
-            Command::Acquire,
-            "a bad limit before a bad lease_ms: limit is named",
-            &["0", "0"],
-        ),
-        (
-            Command::Acquire,
-            "a bad lease_ms before a bad timeout: lease_ms is named",
-            &["5", "0", "-1"],
-        ),
+        (Command::Acquire, "a bad limit before a bad lease_ms: limit is named", &["0", "0"]),
+        (Command::Acquire, "a bad lease_ms before a bad timeout: lease_ms is named", &["5", "0", "-1"]),
         (Command::Renew, "any lease id", &["x", "1000"]),
         (Command::Throttle, "no quantity", &["15", "30", "60"]),
-        (
-            Command::Throttle,
-            "max_burst 2^53 - 1 and count 2^53",
-            &["9007199254740991", "9007199254740992", "1"],
-        ),
-        (
-            Command::Throttle,
-            "a bad count before a bad period: count is named",
-            &["15", "0", "0"],
-        ),
+        (Command::Throttle, "max_burst 2^53 - 1 and count 2^53", &["9007199254740991", "9007199254740992", "1"]),
+        (Command::Throttle, "a bad count before a bad period: count is named", &["15", "0", "0"]),
     ];
     for (command, name, args) in listed {
         add(*command, name.to_string(), words(args));
