@@ -87,7 +87,7 @@ function costText(value, what = 'n') {
 
 function timeoutText(value) {
   if (!isNumber(value) || !(value >= 0) || aboveMaxExact(value)) {
-    throw new InvalidArgument(`timeoutMs must be a finite number of ms >= 0 (0: no limit), got ${util.inspect(value)}`);
+    throw new InvalidArgument(`timeoutMs must be a finite number of ms from 0 (no limit) to 2^53, got ${util.inspect(value)}`);
   }
   return String(Math.ceil(value));
 }

@@ -128,6 +128,9 @@ function toLog(logger) {
 // Sends one command with its own timeout (ms; 0 = none). ioredis arms a command's timer
 // once, so this per-call timer wins over the client's commandTimeout. `keys` route the
 // command in a Cluster: ioredis does not know the TB.* commands' key positions.
+// The longest delay a timer holds: setTimeout fires a longer one at once.
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
 function send(client, name, args, keys, timeoutMs) {
   const { Command } = ioredisOf(client);
   const command = new Command(name, args);
@@ -545,16 +548,20 @@ class RateLimiter {
     return error;
   }
 
-  // `extra`: the command's options after n (MAXWAIT, BLOCK, MAXBLOCK; MAXDEBT). how:
-  // { retryDrop, local, cache } (local: the local limiter may answer, 'take' or 'peek';
+  // `extra`: the command's options after n (MAXWAIT, BLOCK, MAXBLOCK; MAXDEBT), or a function
+  // that checks and returns them, called after the numbers are checked so that the first bad
+  // argument is named in the server's order. how:
+  // { retryDrop, local, cache } (local: the local limiter may answer, `take` or `peek`;
   // cache: the denial cache may answer and learns this call's denial).
   async _single(op, key, capacity, rate, n, options, extra = [], how = {}) {
     const limits = [{ name: core.checkName((options && options.name) ?? 'default'), capacity, rate }];
-    const numbers = [core.capacityText(capacity), core.rateText(rate), core.costText(n), ...extra];
+    const numbers = [core.capacityText(capacity), core.rateText(rate), core.costText(n)];
+    const words = typeof extra === 'function' ? extra() : extra;
+    numbers.push(...words);
     const k = prefixed(this.client, core.checkKey(key));
-    // Only a plain take primes a denial (no MAXWAIT, no BLOCK: `extra` is empty).
+    // Only a plain take primes a denial (no MAXWAIT, no BLOCK: no `words`).
     const call = new engine.Call(op, [k], {
-      costs: [n], limits, local: how.local ?? false, cache: Boolean(how.cache), primable: op === 'take' && extra.length === 0,
+      costs: [n], limits, local: how.local ?? false, cache: Boolean(how.cache), primable: op === 'take' && words.length === 0,
     });
     return this._call(call, numbers, undefined, how.retryDrop);
   }
@@ -584,7 +591,7 @@ class RateLimiter {
   // take, answered by the local limiter during an outage when `local` (the middleware's
   // onUnavailable: 'local') or the limiter's onUnavailable says so.
   async _take(key, capacity, rate, n, options, local) {
-    const extra = core.takeOptions(options?.maxWaitMs, options?.blockMs, options?.maxBlockMs);
+    const extra = () => core.takeOptions(options?.maxWaitMs, options?.blockMs, options?.maxBlockMs);
     return this._single('take', key, capacity, rate, n, options, extra, this._takeHow(options, local));
   }
 
@@ -608,7 +615,7 @@ class RateLimiter {
   async charge(limit, n, options = {}) {
     const checked = checkedLimit(limit);
     const maxDebt = options?.maxDebt;
-    const extra = maxDebt === undefined || maxDebt === null ? [] : ['MAXDEBT', core.costText(maxDebt, 'maxDebt')];
+    const extra = () => (maxDebt === undefined || maxDebt === null ? [] : ['MAXDEBT', core.costText(maxDebt, 'maxDebt')]);
     this._changed(checked.key);
     return this._single('charge', checked.key, checked.capacity, checked.rate, n, { name: checked.name ?? 'default' }, extra);
   }
@@ -706,10 +713,11 @@ class RateLimiter {
     if (options.timeoutMs === undefined) {
       throw new InvalidArgument('waitTake needs options.timeoutMs, a finite number of ms >= 0 (0: no limit)');
     }
-    const timeoutText = core.timeoutText(options.timeoutMs);
-    const timeoutMs = Number(timeoutText);
     const limits = [{ name: core.checkName(options.name ?? 'default'), capacity, rate }];
     const numbers = [core.capacityText(capacity), core.rateText(rate), core.costText(n)];
+    // After the numbers, as the server checks them.
+    const timeoutText = core.timeoutText(options.timeoutMs);
+    const timeoutMs = Number(timeoutText);
     const prefixedKey = prefixed(this.client, core.checkKey(key));
     const started = performance.now();
     let served;
@@ -790,10 +798,11 @@ class RateLimiter {
     if (options.timeoutMs === undefined) {
       throw new InvalidArgument('waitAcquire needs options.timeoutMs, a finite number of ms >= 0 (0: no limit)');
     }
+    const asked = this._asked(key, limit, leaseMs, options);
+    // After limit and leaseMs, as the server checks them.
     const timeoutText = core.timeoutText(options.timeoutMs);
     const timeoutMs = Number(timeoutText);
     const pollMs = optionalMs(options, 'pollMs', 100) || 1;
-    const asked = this._asked(key, limit, leaseMs, options);
     const prefixedKey = prefixed(this.client, asked.key);
     const started = performance.now();
     let served;
@@ -872,8 +881,10 @@ class RateLimiter {
   // connection of its own to step.node, after ASKING when step.asking.
   async _blockOnce({ command, key, args, timeoutMs, node, asking }) {
     // The client-side timer is above the server's timeout, so the server's denial arrives
-    // first; timeout 0 waits as long as the server does.
-    const clientTimeout = timeoutMs === 0 ? 0 : timeoutMs + this.blockingMarginMs;
+    // first; timeout 0 waits as long as the server does, and so does a timeout beyond what a
+    // timer holds (2^31 - 1 ms, 24.8 days; a longer one fires at once), up to 2^53 ms.
+    const clientTimeout = timeoutMs === 0 || timeoutMs + this.blockingMarginMs > MAX_TIMER_MS
+      ? 0 : timeoutMs + this.blockingMarginMs;
     const conn = await this._acquire(node);
     try {
       const pending = [];

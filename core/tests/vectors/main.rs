@@ -5,8 +5,8 @@
 //! Every rule that a client library or the Lua twin writes again (take,
 //! peek, refund, charge, reservation, lockout, TB.TAKEALL, throttle, the
 //! lease rules, `first_ms_when`, the denial cache's priming window, the
-//! local limiter) is computed here with this crate's own functions, over
-//! hand-picked inputs (awkward doubles among them: 2^53, 1e-300, just under
+//! local limiter, the arguments) is computed here with this crate's own
+//! functions, over hand-picked inputs (awkward doubles among them: 2^53, 1e-300, just under
 //! the capacity, a clock behind `last_refill`) and seeded random ones. The
 //! twin replays them in a real server (tests/it/twin/vectors.rs at the repository
 //! root), and Python, Node and the Rust library replay the ones they
@@ -17,6 +17,7 @@
 //! After a deliberate change to a rule, rewrite them all with
 //! `UPDATE_VECTORS=1 cargo test -p redis-tb-core --test vectors`.
 
+mod args;
 mod bucket_rules;
 mod file;
 mod leases;
@@ -35,6 +36,7 @@ fn files() -> Vec<(String, String)> {
     let mut rules: Vec<VectorFile> = bucket_rules::files();
     rules.push(throttle::file());
     rules.push(leases::file());
+    rules.push(args::file());
     let mut all: Vec<(String, String)> = rules
         .iter()
         .map(|file| (format!("{}.json", file.rule), file.render()))

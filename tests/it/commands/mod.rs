@@ -1,5 +1,6 @@
 //! Each command against one real server: replies, errors, stored state and expiry.
 
+mod arg_vectors;
 mod charge;
 mod command_info;
 mod concurrency;

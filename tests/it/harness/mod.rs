@@ -12,6 +12,7 @@
 //! - [`backend`]: a behaviour case written once, run on the module and on the twin
 //!   ([`on_every_backend!`]);
 //! - [`buckets`]: frozen buckets and locks written by hand, and the lock a call stored;
+//! - [`vectors`]: the core's vector files (clients/conformance/vectors/), read for the replays;
 //! - [`rng`]: a small seeded generator for test inputs.
 //!
 //! Nothing here is mocked: replies, errors and timings come from the server itself.
@@ -36,9 +37,10 @@ pub mod rng;
 mod self_check;
 pub mod server;
 pub mod twin;
+pub mod vectors;
 
 // Every test file takes what it needs from one flat namespace (`use crate::harness::*`).
 pub use self::{
     aof::*, backend::*, buckets::*, cell::*, clock::*, commands::*, raw_client::*, replication::*,
-    rng::*, server::*, twin::*,
+    rng::*, server::*, twin::*, vectors::*,
 };

@@ -13,6 +13,9 @@
 //!
 //! The rules the twin runs: take, peek, refund, charge, reserve, lockout, takeall, throttle
 //! and leases. (`first_ms_when` and the denial cache's window are the libraries' to replay.)
+//! And the argument rules (args.json), which need no clock: each vector's arguments through
+//! the twin loaded both ways, by FCALL and by EVALSHA, must give the core's error text
+//! exactly, or be accepted. (The module replays the same file: tests/it/commands/arg_vectors.rs.)
 
 use crate::harness::*;
 use redis::Value as Reply;
@@ -128,17 +131,6 @@ fn as_json(reply: &Reply) -> Value {
         Reply::Array(items) => Value::Array(items.iter().map(as_json).collect()),
         other => json!(format!("{other:?}")),
     }
-}
-
-/// One rule's vectors, from the checked-in file.
-fn vectors(rule: &str) -> Vec<Value> {
-    let path = format!(
-        "{}/clients/conformance/vectors/{rule}.json",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let file: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
-    file["vectors"].as_array().expect("vectors").clone()
 }
 
 fn f64_of(value: &Value) -> f64 {
@@ -586,4 +578,43 @@ fn the_twin_grants_renews_and_releases_leases_as_the_core_does() {
         report.replayed += 1;
     }
     report.finish("leases");
+}
+
+// --- Arguments ----------------------------------------------------------------------------
+
+/// Every vector of args.json through the twin, `fallback`-loaded, on a fresh key: the core's
+/// error text exactly, or accepted. Not TB.BTAKE, and not TB.ACQUIRE with a timeout: a
+/// script cannot wait (it has neither; one more argument is its arity error).
+fn replay_args(fallback: impl Fn(&mut redis::Connection) -> Fallback) {
+    let server = Server::start_without_module(&[]);
+    let mut con = server.conn();
+    let fallback = fallback(&mut con);
+    let mut failures = Vec::new();
+    let mut replayed = 0;
+    for vector in arg_vectors() {
+        let waits = vector.command == "TB.ACQUIRE" && vector.args.len() == 3;
+        if vector.command == "TB.BTAKE" || waits {
+            continue;
+        }
+        let _: () = redis::cmd("FLUSHALL").query(&mut con).expect("FLUSHALL");
+        let (keys, args) = vector.keys_and_args("vector");
+        let keys: Vec<&[u8]> = keys.iter().map(|key| key.as_bytes()).collect();
+        let args: Vec<&[u8]> = args.iter().map(|arg| arg.as_bytes()).collect();
+        let result = fallback
+            .cmd_for(&vector.twin_command(), &keys, &args)
+            .query::<Reply>(&mut con);
+        failures.extend(vector.differs(result));
+        replayed += 1;
+    }
+    finish_arg_replay(fallback.name(), &failures, replayed);
+}
+
+#[test]
+fn the_twin_by_fcall_reads_arguments_as_the_core_does() {
+    replay_args(Fallback::function);
+}
+
+#[test]
+fn the_twin_by_evalsha_reads_arguments_as_the_core_does() {
+    replay_args(Fallback::script);
 }

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import math
 import numbers
+import sys
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Optional, Sequence, Tuple, Union
@@ -26,6 +27,11 @@ BACKENDS = ("module", "function", "script")
 #: Added to timeout_ms for the socket read timeout of TB.BTAKE, so the server
 #: answers (a denial on its own timeout) before the client gives up.
 BLOCKING_MARGIN_S = 1.0
+
+#: The longest socket read timeout of a blocking call (poll() takes a C int
+#: of ms, 24.8 days). A longer wait (timeout_ms may be 2^53, 285,000 years)
+#: reads without one, as a wait with no limit does.
+MAX_BLOCKING_READ_S = 2_000_000.0
 
 #: The largest capacity, and cost, the server accepts (docs/commands.md).
 MAX_AMOUNT = 2**53
@@ -207,15 +213,18 @@ def number_text(value: Number, what: str, *, positive: bool) -> str:
     non-negative (n). A bad value is refused here, before anything is sent.
     The bound is judged on the exact value, as the server judges it on the
     exact text: Fraction(2**54 + 1, 2), 2^53 + 1/2, becomes the float 2^53
-    but is refused."""
+    but is refused; an int or a Fraction beyond every float is a finite
+    number above 2^53 (and a rate no double holds)."""
     kind = type(value)
     if kind is int or kind is float:  # the usual case, without the (slow) ABC checks below
         x = value
+        finite = kind is int or math.isfinite(x)
     elif isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidArgument(f"{what} must be an int or a float, not {type(value).__name__}")
     else:
-        x = value if isinstance(value, numbers.Integral) else float(value)
-    if not math.isfinite(x):
+        x = value if isinstance(value, numbers.Integral) else _double(value)
+        finite = _finite(x)
+    if not finite:
         raise InvalidArgument(f"{what} must be a finite number, not {x!r}")
     if positive and x <= 0:
         raise InvalidArgument(f"{what} must be a positive finite number, not {x!r}")
@@ -223,11 +232,29 @@ def number_text(value: Number, what: str, *, positive: bool) -> str:
         raise InvalidArgument(f"{what} must be a non-negative finite number, not {x!r}")
     if what != "rate" and (x > MAX_AMOUNT or (x == MAX_AMOUNT and value > MAX_AMOUNT)):
         raise InvalidArgument(f"{what} must be at most {MAX_AMOUNT} (2^53), not {value!r}")
-    if isinstance(x, int):
+    if isinstance(x, int) and x <= MAX_AMOUNT:
         return str(int(x))
+    x = _double(x)
+    if not isinstance(x, float):  # only a rate gets here
+        raise InvalidArgument(f"{what} must be at most {sys.float_info.max!r}, not {value!r}")
     if x == int(x) and x < 1e16:
         return str(int(x))  # 20.0 -> "20": same value, shorter text
     return repr(x)
+
+
+def _double(value):
+    """float(value), or `value` itself when no float holds it (an int or a
+    Fraction beyond 1.8e308, which float() refuses with OverflowError)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return value
+
+
+def _finite(x) -> bool:
+    """math.isfinite(x), for exact numbers too large for a float as well
+    (an int or a Fraction is always finite)."""
+    return isinstance(x, numbers.Rational) or math.isfinite(x)
 
 
 def check_key(key) -> str:
@@ -248,7 +275,7 @@ def check_timeout_ms(timeout_ms) -> int:
     as the server's timeout_ms: the whole ms it is sent as (rounded up)."""
     if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, numbers.Real):
         raise InvalidArgument("timeout_ms must be a number of milliseconds")
-    if not math.isfinite(timeout_ms) or timeout_ms < 0:
+    if not _finite(timeout_ms) or timeout_ms < 0:
         raise InvalidArgument("timeout_ms must be a finite number >= 0 (0: no limit)")
     if timeout_ms > MAX_AMOUNT:
         raise InvalidArgument(f"timeout_ms must be at most {MAX_AMOUNT} (2^53), not {timeout_ms!r}")
@@ -262,7 +289,7 @@ def whole_text(value, what: str) -> str:
         raise InvalidArgument(f"{what} must be a positive integer, not {type(value).__name__}")
     if isinstance(value, numbers.Integral):
         x = int(value)
-    elif math.isfinite(value) and float(value) == int(value):
+    elif _finite(value) and value == int(value):
         x = int(value)
     else:
         raise InvalidArgument(f"{what} must be a positive integer, at most 2^53, not {value!r}")
@@ -276,7 +303,7 @@ def ms_text(value, what: str, least: int) -> str:
     MAXBLOCK: least 1), sent as plain digits (the server takes no other)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidArgument(f"{what} must be a whole number of ms, not {type(value).__name__}")
-    if not isinstance(value, numbers.Integral) and not (math.isfinite(value) and float(value) == int(value)):
+    if not isinstance(value, numbers.Integral) and not (_finite(value) and value == int(value)):
         raise InvalidArgument(f"{what} must be a whole number of ms, not {value!r}")
     x = int(value)
     if not least <= x <= MAX_AMOUNT:
@@ -673,9 +700,11 @@ def take(key: str, capacity: Number, rate: Number, n: Number, policy: str, max_w
          max_block_ms=None) -> Call:
     """TB.TAKE with its options, for both limiters' `take` (without an
     option: no option checks, the memoised call)."""
+    call = single("take", key, capacity, rate, n, policy)
     if max_wait_ms is None and block_ms is None and max_block_ms is None:
-        return single("take", key, capacity, rate, n, policy)
-    return single("take", key, capacity, rate, n, policy, take_options(max_wait_ms, block_ms, max_block_ms))
+        return call
+    # The options after the numbers: a bad value is named in the server's order.
+    return call.with_options(take_options(max_wait_ms, block_ms, max_block_ms))
 
 
 def _limit(limit) -> Limit:
@@ -700,8 +729,11 @@ def charge(limit: Limit, n: Number, max_debt: Optional[Number]) -> Call:
     """TB.CHARGE limit.key capacity rate n [MAXDEBT d]: a cost learned after
     the work, always taken, into debt down to -max_debt (default capacity)."""
     limit = _limit(limit)
-    options = () if max_debt is None else ("MAXDEBT", number_text(max_debt, "max_debt", positive=False))
-    return single("charge", limit.key, limit.capacity, limit.rate, n, limit.policy or "default", options)
+    call = single("charge", limit.key, limit.capacity, limit.rate, n, limit.policy or "default")
+    if max_debt is None:
+        return call
+    # MAXDEBT after n: a bad value is named in the server's order.
+    return call.with_options(("MAXDEBT", number_text(max_debt, "max_debt", positive=False)))
 
 
 def settle(limit: Limit, reserved: Number, actual: Number) -> Optional[Call]:

@@ -22,7 +22,7 @@ from typing import Optional, Tuple
 import redis.exceptions as rex
 
 from . import _core, _local
-from ._core import BACKENDS, BLOCKING_MARGIN_S, SERVER_CHANGED, UNAVAILABLE, Call, Decision, classify
+from ._core import BACKENDS, BLOCKING_MARGIN_S, MAX_BLOCKING_READ_S, SERVER_CHANGED, UNAVAILABLE, Call, Decision, classify
 
 log = logging.getLogger("redis_tb")
 
@@ -309,6 +309,8 @@ def _btake(call: Call, deadline: Optional[float]):
         else:
             timeout_ms = max(1, int((deadline - time.monotonic()) * 1000))
             wait_s = timeout_ms / 1000 + BLOCKING_MARGIN_S
+            if wait_s > MAX_BLOCKING_READ_S:
+                wait_s = None
         try:
             reply = yield Block(key, tuple(_core.blocking_command(call, timeout_ms)), wait_s, node, asking)
         except Exception as e:

@@ -226,8 +226,8 @@ class AsyncRateLimiter:
                         policy: str = "default") -> Decision:
         """See `RateLimiter.wait_take`: TB.BTAKE on the key's node with the
         module, one reservation and one sleep with the Lua fallback (both FIFO)."""
-        timeout_ms = _core.check_timeout_ms(timeout_ms)
         call = _core.single("take", key, capacity, rate, n, policy)
+        timeout_ms = _core.check_timeout_ms(timeout_ms)  # after the numbers, as the server checks them
         return await self._run(call, _engine.wait_take, timeout_ms)
 
     # --- concurrency limits: see RateLimiter.acquire and docs/leases.md -----
@@ -256,9 +256,9 @@ class AsyncRateLimiter:
                            poll_ms: Number = _engine.LEASE_POLL_S * 1000) -> Lease:
         """See `RateLimiter.wait_acquire`: TB.ACQUIRE with timeout_ms on the
         key's node with the module (FIFO), polling with the Lua fallback (NOT FIFO)."""
-        timeout_ms = _core.check_timeout_ms(timeout_ms)
-        poll_s = _core.check_timeout_ms(poll_ms) / 1000 or 0.001
         call = _core.acquire(key, limit, lease_ms, policy)
+        timeout_ms = _core.check_timeout_ms(timeout_ms)  # after limit and lease_ms, as the server checks them
+        poll_s = _core.check_timeout_ms(poll_ms) / 1000 or 0.001
         return await self._leased(call, fail_open, _engine.wait_acquire, timeout_ms, poll_s)
 
     def lease(self, key: str, limit: int, lease_ms: int, *, timeout_ms: Optional[Number] = None,

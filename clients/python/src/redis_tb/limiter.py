@@ -307,8 +307,8 @@ class RateLimiter:
         Returns the grant (retry_after_ms 0: the wait is done), or the
         denial at the timeout (at once when the request can never succeed,
         n > capacity)."""
-        timeout_ms = _core.check_timeout_ms(timeout_ms)
         call = _core.single("take", key, capacity, rate, n, policy)
+        timeout_ms = _core.check_timeout_ms(timeout_ms)  # after the numbers, as the server checks them
         return self._run(call, _engine.wait_take, timeout_ms)
 
     # --- concurrency limits (docs/leases.md) --------------------------------
@@ -350,9 +350,9 @@ class RateLimiter:
         server, woken by a release. Lua fallback: a client-side loop
         (acquire, sleep min(retry_after_ms, poll_ms), retry): NOT first come
         first served. Returns the grant, or the last denial at the timeout."""
-        timeout_ms = _core.check_timeout_ms(timeout_ms)
-        poll_s = _core.check_timeout_ms(poll_ms) / 1000 or 0.001
         call = _core.acquire(key, limit, lease_ms, policy)
+        timeout_ms = _core.check_timeout_ms(timeout_ms)  # after limit and lease_ms, as the server checks them
+        poll_s = _core.check_timeout_ms(poll_ms) / 1000 or 0.001
         return self._leased(call, fail_open, _engine.wait_acquire, timeout_ms, poll_s)
 
     def lease(self, key: str, limit: int, lease_ms: int, *, timeout_ms: Optional[Number] = None,

@@ -1,6 +1,7 @@
 //! Integration tests against real servers (one binary: one link).
 
 mod api;
+mod arg_vectors;
 mod cluster;
 mod common;
 mod conformance;
