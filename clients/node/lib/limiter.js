@@ -345,8 +345,6 @@ class RateLimiter {
     this._connections = new Set();
     this._idleTimer = null;
     this._closed = false;
-    // Outage state shared by every middleware built on this limiter (one log line per outage).
-    this._outage = new core.OutageLog();
   }
 
   // 'module' | 'function' | 'script', or null before the first call that reached the server.
@@ -989,21 +987,6 @@ class RateLimiter {
     }
     this._connections.clear();
     this._idle.clear();
-  }
-
-  // Middleware bookkeeping: one warning when failures start, one info line when they end.
-  _outageFailed(err, failOpen) {
-    const line = this._outage.failed(err, failOpen ? 'letting requests through' : 'answering 503', Date.now());
-    if (line) {
-      this.log(...line);
-    }
-  }
-
-  _outageOver() {
-    const line = this._outage.succeeded();
-    if (line) {
-      this.log(...line);
-    }
   }
 }
 
