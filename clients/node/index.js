@@ -6,7 +6,8 @@ const { RateLimiter, LeaseGuard, createClient, createClusterClient, lua } = requ
 const { Decision, Lease, Limit, bucketKey, escapeId, classify } = require('./lib/core');
 const { LimiterError, InvalidArgument, LimiterReplyError, LimiterUnavailable, LeaseDenied, LeaseLost } = require('./lib/errors');
 const { rateLimitHeaders } = require('./lib/headers');
-const { expressRateLimit, fastifyRateLimit } = require('./lib/middleware');
+const { expressRateLimit } = require('./lib/express');
+const { fastifyRateLimit } = require('./lib/fastify');
 
 module.exports = {
   RateLimiter,

@@ -1,5 +1,9 @@
 'use strict';
 
+// What the Express middleware (lib/express.js) and the Fastify plugin (lib/fastify.js)
+// share, as Python's _middleware.py under asgi.py and wsgi.py: the options, the decision
+// for one request (limiterCore), the in-flight lease's release, and the outage log.
+
 const { InvalidArgument, LimiterUnavailable, LeaseDenied } = require('./errors');
 const { Limit, bucketKey, checkPolicy, checkName, wholeText } = require('./core');
 const { policyLine } = require('./headers');
@@ -332,47 +336,4 @@ function releaseWhenDone(limiter, guard, res) {
   }
 }
 
-// Express (or any connect-style framework, or plain node:http): app.use(expressRateLimit({...})).
-function expressRateLimit(options) {
-  const decide = limiterCore(options);
-  return async function redisTbRateLimit(req, res, next) {
-    let outcome;
-    try {
-      outcome = await decide(req);
-    } catch (err) {
-      return next(err);
-    }
-    for (const [name, value] of Object.entries(outcome.headers)) {
-      res.setHeader(name, value);
-    }
-    if (outcome.status === 0) {
-      releaseWhenDone(options.limiter, outcome.guard, res);
-      return next();
-    }
-    res.statusCode = outcome.status;
-    res.setHeader('Content-Type', 'application/problem+json');
-    res.end(JSON.stringify(outcome.body));
-    return undefined;
-  };
-}
-
-// Fastify: fastify.register(fastifyRateLimit, {...}). Applies to the context it is registered
-// in (like fastify-plugin: no encapsulation of its own), as an onRequest hook.
-async function fastifyRateLimit(fastify, options) {
-  const decide = limiterCore(options);
-  fastify.addHook('onRequest', async (request, reply) => {
-    const outcome = await decide(request);
-    reply.headers(outcome.headers);
-    releaseWhenDone(options.limiter, outcome.guard, reply.raw);
-    if (outcome.status !== 0) {
-      reply.code(outcome.status).header('content-type', 'application/problem+json').send(Buffer.from(JSON.stringify(outcome.body)));
-      return reply;
-    }
-    return undefined;
-  });
-}
-fastifyRateLimit[Symbol.for('skip-override')] = true;
-fastifyRateLimit[Symbol.for('fastify.display-name')] = 'redis-tb';
-fastifyRateLimit[Symbol.for('plugin-meta')] = { name: 'redis-tb', fastify: '>=4' };
-
-module.exports = { expressRateLimit, fastifyRateLimit, limiterCore, peerId, OutageLog, QUOTA_EXCEEDED };
+module.exports = { limiterCore, releaseWhenDone, peerId, OutageLog, QUOTA_EXCEEDED };
