@@ -2,11 +2,13 @@
 
 // redis-tb: token-bucket rate limiting over ioredis. The module's TB.* commands when the
 // server has them, the Lua fallback (lua/tb.lua) otherwise; same replies either way.
-const { RateLimiter, LeaseGuard, createClient, createClusterClient, lua } = require('./lib/limiter');
+const { RateLimiter, createClient, createClusterClient, lua } = require('./lib/limiter');
+const { LeaseGuard } = require('./lib/lease');
 const { Decision, Lease, Limit, bucketKey, escapeId, classify } = require('./lib/core');
 const { LimiterError, InvalidArgument, LimiterReplyError, LimiterUnavailable, LeaseDenied, LeaseLost } = require('./lib/errors');
 const { rateLimitHeaders } = require('./lib/headers');
-const { expressRateLimit, fastifyRateLimit } = require('./lib/middleware');
+const { expressRateLimit } = require('./lib/express');
+const { fastifyRateLimit } = require('./lib/fastify');
 
 module.exports = {
   RateLimiter,

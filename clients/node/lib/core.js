@@ -464,33 +464,6 @@ function boolFrom(reply) {
   return reply === 1;
 }
 
-// ---------------------------------------------------------------------------------------
-// Outages: one warning when calls start failing, one info line when they succeed again
-// ---------------------------------------------------------------------------------------
-
-class OutageLog {
-  constructor() {
-    this.since = null;
-  }
-
-  // -> the [level, message] to log, or null.
-  failed(err, action, now) {
-    if (this.since !== null) {
-      return null;
-    }
-    this.since = now;
-    return ['warn', `redis-tb: rate limiter unavailable, ${action}: ${err.message}`];
-  }
-
-  succeeded() {
-    if (this.since === null) {
-      return null;
-    }
-    this.since = null;
-    return ['info', 'redis-tb: rate limiter available again'];
-  }
-}
-
 module.exports = {
   MAX_TOKENS,
   aboveMaxExact,
@@ -521,5 +494,4 @@ module.exports = {
   leaseFrom,
   boolFrom,
   concurrencyItem,
-  OutageLog,
 };

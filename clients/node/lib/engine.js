@@ -3,14 +3,14 @@
 // The limiter's decisions, pure: which backend, when to look for the module again, what a
 // failed send leads to (detect again and retry, reconnect and retry, fail), where a cluster
 // redirection goes, a Lua wait's grant, and the shield: the denial cache and the local
-// limiter with its outage (their buckets are lib/local.js's). lib/limiter.js does the I/O
+// limiter with its outage (their buckets and the outage's clock are lib/local.js's). lib/limiter.js does the I/O
 // these decide on and feeds back what happened; nothing here touches a socket, a timer or
 // a logger (the times are passed in), so test/engine.test.js checks every rule without a
 // server. The rules are docs/clients.md's.
 
 const { Decision, MAX_TOKENS, classify, parseRedirect } = require('./core');
 const { LimiterUnavailable, isReplyError } = require('./errors');
-const { LocalLimiter, DenialCache, cachedReply, outcomeReply } = require('./local');
+const { LocalLimiter, DenialCache, Outage, cachedReply, outcomeReply } = require('./local');
 
 // ---------------------------------------------------------------------------------------
 // The backend (docs/clients.md, "How the backend is chosen")
@@ -394,52 +394,6 @@ function* pollForLease(acquire, timeoutMs, pollMs, started, clock) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The local limiter's outage (docs/clients.md, "When it is used")
-// ---------------------------------------------------------------------------------------
-
-// Started by the first unavailable call; while it lasts nothing is sent for probeMs, then
-// one call probes Redis (the others go on locally while it is out); a success ends it.
-class Outage {
-  constructor(probeMs, instances) {
-    this.probeMs = probeMs;
-    this.instances = instances;
-    this.active = false;
-    this.probeAt = 0;
-  }
-
-  // Whether a call at `now` is sent to Redis (and, in an outage, becomes the probe).
-  shouldSend(now) {
-    if (!this.active) {
-      return true;
-    }
-    if (now < this.probeAt) {
-      return false;
-    }
-    this.probeAt = now + this.probeMs;
-    return true;
-  }
-
-  // An unavailable call: the line to log when it starts the outage, else null.
-  failed(reason, now) {
-    this.probeAt = now + this.probeMs;
-    if (this.active) {
-      return null;
-    }
-    this.active = true;
-    return ['warn', `redis-tb: Redis unreachable (${reason}); limiting in process at 1/${this.instances} of each limit`];
-  }
-
-  // A call that reached Redis: the line to log when it ends the outage, else null.
-  succeeded() {
-    if (!this.active) {
-      return null;
-    }
-    this.active = false;
-    return ['warn', 'redis-tb: Redis reachable again; limits come from Redis'];
-  }
-}
-
-// ---------------------------------------------------------------------------------------
 // Answers without a round trip: the denial cache and the local limiter (docs/clients.md,
 // "The denial cache" and "When Redis is down: the local limiter"); Python's Shield
 // ---------------------------------------------------------------------------------------
@@ -547,6 +501,6 @@ class Shield {
 module.exports = {
   detectionStart, afterFunctionLoadFailed, choiceLine, shouldLookForModule, Backend, detect, ensure, exchange, waitOnModule,
   blockOnOwner, MAX_REDIRECTIONS,
-  isDropped, isUnsent, afterFailure, clusterMayReconnect, redirection, reserveAndWait, grantAfterWait, pollForLease, Outage,
+  isDropped, isUnsent, afterFailure, clusterMayReconnect, redirection, reserveAndWait, grantAfterWait, pollForLease,
   Call, Shield,
 };

@@ -1,8 +1,9 @@
 'use strict';
 
-// The local limiter and the denial cache (docs/clients.md, "When Redis is down: the local
-// limiter" and "The denial cache"): pure, in process, no I/O. The time is passed in (whole
-// Unix ms), so clients/conformance/vectors/local.json replays against it with a virtual clock.
+// The local limiter, the denial cache and the outage (docs/clients.md, "When Redis is down:
+// the local limiter", "When it is used" and "The denial cache"): pure, in process, no I/O.
+// The time is passed in (whole Unix ms), so clients/conformance/vectors/local.json replays
+// against it with a virtual clock.
 //
 // The bucket arithmetic is a copy of core/src/bucket.rs `take`, `take_all` and
 // `first_ms_when` (lua/tb.lua does the same operations in the same order), so the doubles
@@ -316,6 +317,52 @@ function outcomeReply(outcome, allowed = outcome.allowed) {
   return [allowed ? 1 : 0, outcome.remaining, outcome.retryAfterMs, outcome.resetAfterMs];
 }
 
+// ---------------------------------------------------------------------------------------
+// The local limiter's outage (docs/clients.md, "When it is used")
+// ---------------------------------------------------------------------------------------
+
+// Started by the first unavailable call; while it lasts nothing is sent for probeMs, then
+// one call probes Redis (the others go on locally while it is out); a success ends it.
+class Outage {
+  constructor(probeMs, instances) {
+    this.probeMs = probeMs;
+    this.instances = instances;
+    this.active = false;
+    this.probeAt = 0;
+  }
+
+  // Whether a call at `now` is sent to Redis (and, in an outage, becomes the probe).
+  shouldSend(now) {
+    if (!this.active) {
+      return true;
+    }
+    if (now < this.probeAt) {
+      return false;
+    }
+    this.probeAt = now + this.probeMs;
+    return true;
+  }
+
+  // An unavailable call: the line to log when it starts the outage, else null.
+  failed(reason, now) {
+    this.probeAt = now + this.probeMs;
+    if (this.active) {
+      return null;
+    }
+    this.active = true;
+    return ['warn', `redis-tb: Redis unreachable (${reason}); limiting in process at 1/${this.instances} of each limit`];
+  }
+
+  // A call that reached Redis: the line to log when it ends the outage, else null.
+  succeeded() {
+    if (!this.active) {
+      return null;
+    }
+    this.active = false;
+    return ['warn', 'redis-tb: Redis reachable again; limits come from Redis'];
+  }
+}
+
 module.exports = {
-  LruMap, LocalLimiter, DenialCache, primedDenialMs, take, takeAll, firstMsWhen, cachedReply, outcomeReply,
+  LruMap, LocalLimiter, DenialCache, Outage, primedDenialMs, take, takeAll, firstMsWhen, cachedReply, outcomeReply,
 };

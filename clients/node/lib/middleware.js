@@ -1,5 +1,9 @@
 'use strict';
 
+// What the Express middleware (lib/express.js) and the Fastify plugin (lib/fastify.js)
+// share, as Python's _middleware.py under asgi.py and wsgi.py: the options, the decision
+// for one request (limiterCore), the in-flight lease's release, and the outage log.
+
 const { InvalidArgument, LimiterUnavailable, LeaseDenied } = require('./errors');
 const { Limit, bucketKey, checkPolicy, checkName, wholeText } = require('./core');
 const { policyLine } = require('./headers');
@@ -37,6 +41,60 @@ function unavailableMode(options) {
 const UNAVAILABLE_BODY = { title: 'Service Unavailable', status: 503, detail: 'The rate limiter is unavailable.' };
 // A limiter bug: 500, no detail of the error (it is logged), never the framework's HTML page.
 const BUG_BODY = { title: 'Internal Server Error', status: 500, detail: 'The rate limiter failed.' };
+
+// ---------------------------------------------------------------------------------------
+// Outages: one warning when calls start failing, one info line when they succeed again
+// ---------------------------------------------------------------------------------------
+
+class OutageLog {
+  constructor() {
+    this.since = null;
+  }
+
+  // -> the [level, message] to log, or null.
+  failed(err, action, now) {
+    if (this.since !== null) {
+      return null;
+    }
+    this.since = now;
+    return ['warn', `redis-tb: rate limiter unavailable, ${action}: ${err.message}`];
+  }
+
+  succeeded() {
+    if (this.since === null) {
+      return null;
+    }
+    this.since = null;
+    return ['info', 'redis-tb: rate limiter available again'];
+  }
+}
+
+// One OutageLog per limiter, shared by every middleware built on it (one line per outage,
+// however many apps or routes use the limiter).
+const outageLogs = new WeakMap();
+
+function outageLogOf(limiter) {
+  let log = outageLogs.get(limiter);
+  if (log === undefined) {
+    log = new OutageLog();
+    outageLogs.set(limiter, log);
+  }
+  return log;
+}
+
+function outageFailed(limiter, err, failOpen) {
+  const line = outageLogOf(limiter).failed(err, failOpen ? 'letting requests through' : 'answering 503', Date.now());
+  if (line) {
+    limiter.log(...line);
+  }
+}
+
+function outageOver(limiter) {
+  const line = outageLogOf(limiter).succeeded();
+  if (line) {
+    limiter.log(...line);
+  }
+}
 
 // The shared part of the Express middleware and the Fastify plugin. Options:
 //   limiter    a RateLimiter (required)
@@ -151,7 +209,7 @@ function limiterCore(options) {
         return { denied: err.decision };
       }
       if (err instanceof LimiterUnavailable && mode !== 'closed') {
-        limiter._outageFailed(err, true);
+        outageFailed(limiter, err, true);
         return { guard: null };
       }
       throw err;
@@ -186,14 +244,14 @@ function limiterCore(options) {
         limiter.log('error', `redis-tb: rate limiter error, answering 500: ${err.name}: ${err.message}`);
         return { status: 500, headers: {}, body: BUG_BODY };
       }
-      limiter._outageFailed(err, mode !== 'closed');
+      outageFailed(limiter, err, mode !== 'closed');
       if (mode !== 'closed') {
         return { status: 0, headers: {}, body: null };
       }
       return { status: 503, headers: {}, body: UNAVAILABLE_BODY };
     }
     if (decision === null || decision.source === 'server') {
-      limiter._outageOver();
+      outageOver(limiter);
     }
     const headers = mergeHeaders(decision ? decision.headers() : {}, guard ? guard.decision.headers() : {});
     if (decision === null || decision.allowed) {
@@ -222,7 +280,7 @@ function limiterCore(options) {
   return decide;
 
   function concurrencyDenial(denied) {
-    limiter._outageOver();
+    outageOver(limiter);
     const headers = mergeHeaders(rateHeadersOnly(), denied.headers());
     return {
       status: concurrency.status,
@@ -278,47 +336,4 @@ function releaseWhenDone(limiter, guard, res) {
   }
 }
 
-// Express (or any connect-style framework, or plain node:http): app.use(expressRateLimit({...})).
-function expressRateLimit(options) {
-  const decide = limiterCore(options);
-  return async function redisTbRateLimit(req, res, next) {
-    let outcome;
-    try {
-      outcome = await decide(req);
-    } catch (err) {
-      return next(err);
-    }
-    for (const [name, value] of Object.entries(outcome.headers)) {
-      res.setHeader(name, value);
-    }
-    if (outcome.status === 0) {
-      releaseWhenDone(options.limiter, outcome.guard, res);
-      return next();
-    }
-    res.statusCode = outcome.status;
-    res.setHeader('Content-Type', 'application/problem+json');
-    res.end(JSON.stringify(outcome.body));
-    return undefined;
-  };
-}
-
-// Fastify: fastify.register(fastifyRateLimit, {...}). Applies to the context it is registered
-// in (like fastify-plugin: no encapsulation of its own), as an onRequest hook.
-async function fastifyRateLimit(fastify, options) {
-  const decide = limiterCore(options);
-  fastify.addHook('onRequest', async (request, reply) => {
-    const outcome = await decide(request);
-    reply.headers(outcome.headers);
-    releaseWhenDone(options.limiter, outcome.guard, reply.raw);
-    if (outcome.status !== 0) {
-      reply.code(outcome.status).header('content-type', 'application/problem+json').send(Buffer.from(JSON.stringify(outcome.body)));
-      return reply;
-    }
-    return undefined;
-  });
-}
-fastifyRateLimit[Symbol.for('skip-override')] = true;
-fastifyRateLimit[Symbol.for('fastify.display-name')] = 'redis-tb';
-fastifyRateLimit[Symbol.for('plugin-meta')] = { name: 'redis-tb', fastify: '>=4' };
-
-module.exports = { expressRateLimit, fastifyRateLimit, limiterCore, peerId, QUOTA_EXCEEDED };
+module.exports = { limiterCore, releaseWhenDone, peerId, OutageLog, QUOTA_EXCEEDED };

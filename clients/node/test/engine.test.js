@@ -286,24 +286,6 @@ test('a blocking command follows MOVED (refreshing the slots) and ASK (asking), 
   assert.throws(() => run(engine.blockOnOwner('TB.BTAKE', 'k', [], 100, false), answering(reply('MOVED 1 127.0.0.1:7001'))), /MOVED/);
 });
 
-test('the outage: logged once at each end; nothing sent for probeMs, then one probe', () => {
-  const outage = new engine.Outage(1000, 2);
-  assert.equal(outage.shouldSend(0), true);
-  assert.equal(outage.succeeded(), null);
-  assert.deepEqual(outage.failed('connect ECONNREFUSED', 100),
-    ['warn', 'redis-tb: Redis unreachable (connect ECONNREFUSED); limiting in process at 1/2 of each limit']);
-  assert.equal(outage.failed('again', 150), null);
-  assert.equal(outage.shouldSend(1149), false);
-  assert.equal(outage.shouldSend(1150), true); // the probe
-  assert.equal(outage.shouldSend(1151), false); // the others, while it is out
-  assert.equal(outage.failed('still down', 1160), null);
-  assert.equal(outage.shouldSend(2159), false);
-  assert.equal(outage.shouldSend(2160), true);
-  assert.deepEqual(outage.succeeded(), ['warn', 'redis-tb: Redis reachable again; limits come from Redis']);
-  assert.equal(outage.succeeded(), null);
-  assert.equal(outage.shouldSend(2161), true);
-});
-
 // The shield (engine.Shield): the denial cache and the local limiter, before and after a call.
 
 test('the shield: a remembered denial answers from the cache until its time, and a change forgets it', () => {

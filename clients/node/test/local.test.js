@@ -1,6 +1,6 @@
 'use strict';
 
-// The local limiter and the denial cache, without a server: clients/conformance/vectors/local.json
+// The local limiter, the denial cache and the outage, without a server: clients/conformance/vectors/local.json
 // (the pure core's case table) replayed step by step with a virtual clock, the LRU bound,
 // and the denial cache's rules (docs/clients.md).
 
@@ -8,7 +8,7 @@ const assert = require('node:assert/strict');
 const fs = require('node:fs');
 const path = require('node:path');
 const { test } = require('node:test');
-const { LocalLimiter, DenialCache, LruMap, primedDenialMs } = require('../lib/local');
+const { LocalLimiter, DenialCache, LruMap, Outage, primedDenialMs } = require('../lib/local');
 
 const TABLE = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', 'conformance', 'vectors', 'local.json'), 'utf8'));
 
@@ -108,4 +108,22 @@ test('an allowed plain take that left fewer than n is remembered as the next den
   assert.equal(cache.denial('k', 1, now + 501), undefined);
   cache.remember('locked', 1, granted, now, null);
   assert.equal(cache.denial('locked', 1, now), undefined);
+});
+
+test('the outage: logged once at each end; nothing sent for probeMs, then one probe', () => {
+  const outage = new Outage(1000, 2);
+  assert.equal(outage.shouldSend(0), true);
+  assert.equal(outage.succeeded(), null);
+  assert.deepEqual(outage.failed('connect ECONNREFUSED', 100),
+    ['warn', 'redis-tb: Redis unreachable (connect ECONNREFUSED); limiting in process at 1/2 of each limit']);
+  assert.equal(outage.failed('again', 150), null);
+  assert.equal(outage.shouldSend(1149), false);
+  assert.equal(outage.shouldSend(1150), true); // the probe
+  assert.equal(outage.shouldSend(1151), false); // the others, while it is out
+  assert.equal(outage.failed('still down', 1160), null);
+  assert.equal(outage.shouldSend(2159), false);
+  assert.equal(outage.shouldSend(2160), true);
+  assert.deepEqual(outage.succeeded(), ['warn', 'redis-tb: Redis reachable again; limits come from Redis']);
+  assert.equal(outage.succeeded(), null);
+  assert.equal(outage.shouldSend(2161), true);
 });
