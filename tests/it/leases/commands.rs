@@ -288,16 +288,18 @@ fn a_crashed_holders_slot_comes_back_at_its_deadline() {
 fn renewal_keeps_a_lease_past_its_first_deadline_and_an_ended_one_cannot_come_back() {
     let server = Server::start();
     let mut con = server.conn();
-    let lease = id_of(&acquire(&mut con, "jobs", 1, 400));
-    for _ in 0..4 {
-        sleep_ms(200);
-        assert_eq!(renew(&mut con, "jobs", &lease, 400), 1);
+    // Leases of 2 s renewed every 0.5 s: a slow server (valgrind) has 1.5 s for each
+    // renewal to arrive before the lease would end.
+    let lease = id_of(&acquire(&mut con, "jobs", 1, 2000));
+    for _ in 0..5 {
+        sleep_ms(500);
+        assert_eq!(renew(&mut con, "jobs", &lease, 2000), 1);
     }
-    // 800 ms after the grant, the lease still holds the slot.
-    assert_eq!(acquire(&mut con, "jobs", 1, 400).acquired, 0);
+    // 2.5 s after the grant, past its first deadline, the lease still holds the slot.
+    assert_eq!(acquire(&mut con, "jobs", 1, 2000).acquired, 0);
     let now = server_time_ms(&mut con);
     let deadline = leases(&mut con, "jobs")[0].1;
-    assert!(deadline > now && deadline <= now + 400);
+    assert!(deadline > now && deadline <= now + 2000);
     // A renewal may shorten the lease; the key's expiry never shrinks.
     let expiry = pexpiretime(&mut con, "jobs");
     assert_eq!(renew(&mut con, "jobs", &lease, 50), 1);
@@ -585,12 +587,18 @@ fn a_key_that_is_not_a_lease_set_is_refused_and_left_alone() {
 fn a_writing_call_removes_at_most_64_ended_leases_and_still_counts_exactly() {
     let server = Server::start();
     let mut con = server.conn();
-    // 100 leases that end together, then one that lasts.
+    // 100 leases of 5 s, so that none ends while a slow server (valgrind) grants the rest,
+    // then one that lasts; then the wait until all 100 have ended, read from their stored
+    // deadlines and the server's clock.
     for _ in 0..100 {
-        assert_eq!(acquire(&mut con, "jobs", 1000, 150).acquired, 1);
+        assert_eq!(acquire(&mut con, "jobs", 1000, 5000).acquired, 1);
     }
+    let short_deadlines: Vec<i64> = leases(&mut con, "jobs").iter().map(|(_, d)| *d).collect();
     let lasting = acquire(&mut con, "jobs", 1000, 60_000);
-    sleep_ms(200);
+    let all_ended_at = short_deadlines.into_iter().max().unwrap_or(0);
+    wait_until("the 100 leases' deadlines", Duration::from_secs(60), || {
+        server_time_ms(&mut con) > all_ended_at
+    });
     let grant = acquire(&mut con, "jobs", 3, 60_000);
     assert_eq!(
         (grant.acquired, grant.available),
