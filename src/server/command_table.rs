@@ -276,30 +276,14 @@ pub unsafe fn register(
 
 /// The arguments of the lease commands (empty for the others).
 fn lease_args(shape: Shape) -> [raw::RedisModuleCommandArg; 5] {
-    let key = raw::RedisModuleCommandArg {
-        key_spec_index: 0,
-        ..command_arg(
-            c"key",
-            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
-            c"the lease set's sorted set",
-            CommandArgFlags::NONE,
-        )
-    };
-    let integer = |name, summary, flags| {
-        command_arg(
-            name,
-            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
-            summary,
-            flags,
-        )
-    };
+    let key = key_arg(c"the lease set's sorted set");
     let lease = command_arg(
         c"lease",
         raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
         c"the id TB.ACQUIRE handed out",
         CommandArgFlags::NONE,
     );
-    let lease_ms = integer(
+    let lease_ms = integer_arg(
         c"lease_ms",
         c"how long the lease lasts, in ms, 1 to 2^53",
         CommandArgFlags::NONE,
@@ -307,7 +291,7 @@ fn lease_args(shape: Shape) -> [raw::RedisModuleCommandArg; 5] {
     match shape {
         Shape::Acquire => [
             key,
-            integer(
+            integer_arg(
                 c"limit",
                 c"leases live at once at most, 1 to 2^53",
                 CommandArgFlags::NONE,
@@ -328,23 +312,7 @@ fn lease_args(shape: Shape) -> [raw::RedisModuleCommandArg; 5] {
 
 /// The arguments of TB.UNBLOCK and TB.THROTTLE (empty for the others).
 fn other_args(shape: Shape) -> [raw::RedisModuleCommandArg; 6] {
-    let key = raw::RedisModuleCommandArg {
-        key_spec_index: 0,
-        ..command_arg(
-            c"key",
-            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
-            c"the bucket's hash (or a redis-cell key, read and converted)",
-            CommandArgFlags::NONE,
-        )
-    };
-    let integer = |name, summary, flags| {
-        command_arg(
-            name,
-            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
-            summary,
-            flags,
-        )
-    };
+    let key = key_arg(c"the bucket's hash (or a redis-cell key, read and converted)");
     match shape {
         Shape::KeyOnly => [
             key,
@@ -356,22 +324,22 @@ fn other_args(shape: Shape) -> [raw::RedisModuleCommandArg; 6] {
         ],
         Shape::Throttle => [
             key,
-            integer(
+            integer_arg(
                 c"max_burst",
                 c"the burst beyond one, 0 to 2^53 - 1: capacity is max_burst + 1",
                 CommandArgFlags::NONE,
             ),
-            integer(
+            integer_arg(
                 c"count",
                 c"tokens per period, 1 to 2^53",
                 CommandArgFlags::NONE,
             ),
-            integer(
+            integer_arg(
                 c"period",
                 c"the period in seconds, 1 to 2^53",
                 CommandArgFlags::NONE,
             ),
-            integer(
+            integer_arg(
                 c"quantity",
                 c"tokens to take, 0 to 2^53; default 1",
                 CommandArgFlags::OPTIONAL,
@@ -391,13 +359,34 @@ fn token_arg(
 ) -> raw::RedisModuleCommandArg {
     raw::RedisModuleCommandArg {
         token: token.as_ptr(),
+        ..integer_arg(name, summary, flags)
+    }
+}
+
+/// The key argument, the first key spec's.
+fn key_arg(summary: &'static CStr) -> raw::RedisModuleCommandArg {
+    raw::RedisModuleCommandArg {
+        key_spec_index: 0,
         ..command_arg(
-            name,
-            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
+            c"key",
+            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
             summary,
-            flags,
+            CommandArgFlags::NONE,
         )
     }
+}
+
+fn integer_arg(
+    name: &'static CStr,
+    summary: &'static CStr,
+    flags: CommandArgFlags,
+) -> raw::RedisModuleCommandArg {
+    command_arg(
+        name,
+        raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
+        summary,
+        flags,
+    )
 }
 
 /// The all-zero entry that ends an argument array.
