@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import tempfile
+
+import check_common
 
 MAP_FILE = "docs/clients.md"
 HEADING = "## The same map in every library"
@@ -130,13 +131,11 @@ def check(root: str) -> tuple[list[str], int]:
 
 
 def report(problems: list[str], checked: int) -> int:
-    for p in problems:
-        print(p)
-    if problems:
-        print(f"check-map: {len(problems)} problem(s), {checked} names checked")
-        return 1
-    print(f"check-map: OK, the {checked} names of the library map are defined where it says")
-    return 0
+    return check_common.report(
+        problems,
+        f"check-map: {len(problems)} problem(s), {checked} names checked",
+        f"check-map: OK, the {checked} names of the library map are defined where it says",
+    )
 
 
 # ---------------------------------------------------------- the self-test
@@ -190,13 +189,6 @@ def self_test() -> int:
     return 0
 
 
-def repository_root() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
-    return subprocess.run(
-        ["git", "-C", here, "rev-parse", "--show-toplevel"], check=True, capture_output=True, text=True
-    ).stdout.strip()
-
-
 def main(argv: list[str]) -> int:
     if argv == ["--self-test"]:
         return self_test()
@@ -205,7 +197,7 @@ def main(argv: list[str]) -> int:
     if argv:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
-    return report(*check(repository_root()))
+    return report(*check(check_common.repository_root()))
 
 
 if __name__ == "__main__":

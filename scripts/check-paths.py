@@ -51,6 +51,8 @@ import subprocess
 import sys
 import tempfile
 
+import check_common
+
 LAYOUT_MARKER = "<!-- layout map: checked by scripts/check-paths.py -->"
 # Where the map of src/ and core/src/ is: the README links to it.
 MAP_FILE = "docs/development.md"
@@ -539,24 +541,12 @@ def check(root: str, listing=None) -> tuple[list[str], int]:
     return problems, checked
 
 
-def repository_root() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
-    return subprocess.run(
-        ["git", "-C", here, "rev-parse", "--show-toplevel"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-
-
 def report(problems: list[str], checked: int) -> int:
-    for p in problems:
-        print(p)
-    if problems:
-        print(f"check-paths: {len(problems)} stale mention(s) or map gap(s), {checked} mentions checked")
-        return 1
-    print(f"check-paths: OK, {checked} path mentions checked, the layout map names every src/ file")
-    return 0
+    return check_common.report(
+        problems,
+        f"check-paths: {len(problems)} stale mention(s) or map gap(s), {checked} mentions checked",
+        f"check-paths: OK, {checked} path mentions checked, the layout map names every src/ file",
+    )
 
 
 # ---------------------------------------------------------- the self-test
@@ -738,7 +728,7 @@ def main(argv: list[str]) -> int:
         else:
             print(__doc__.split("\n\n")[1], file=sys.stderr)
             return 2
-    problems, checked = check(root or repository_root(), listing)
+    problems, checked = check(root or check_common.repository_root(), listing)
     for line in listing or ():
         print(line)
     return report(problems, checked)
