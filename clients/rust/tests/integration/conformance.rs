@@ -378,73 +378,101 @@ fn keys_take_all(call: &Json) -> Option<Call> {
     })
 }
 
-fn run_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) -> usize {
-    let env = Env::start(backend, topology);
+/// Runs `each` once per driver on every one of `cases` that lists this backend and topology,
+/// on servers prepared for it: how many runs there were.
+fn run_cases(
+    env: &Env,
+    backend: &str,
+    topology: &str,
+    cases: &[Json],
+    mut each: impl FnMut(&str, &Json),
+) -> usize {
     let mut ran = 0;
     for driver in ["sync", "async"] {
-        for case in cases() {
-            if !lists(&case, "backends", backend) || !lists(&case, "topologies", topology) {
-                continue;
+        for case in cases {
+            if lists(case, "backends", backend) && lists(case, "topologies", topology) {
+                env.prepare(case);
+                each(driver, case);
+                ran += 1;
             }
-            env.prepare(&case);
-            let name = case["name"].as_str().unwrap();
-            let sync = |policy: Option<&str>| -> SyncDriver<'_> {
-                let name = policy.unwrap_or("default").to_string();
-                match &env {
-                    Env::Standalone(s) => {
-                        let mut l =
-                            RateLimiter::from_client(s.client(), GENEROUS).with_policy_name(name);
-                        Box::new(move |c| sync_call(&mut l, c))
-                    }
-                    Env::Cluster(c) => {
-                        let mut l = RateLimiter::new(c.client().get_connection().unwrap())
-                            .with_policy_name(name);
-                        Box::new(move |c| sync_call(&mut l, c))
-                    }
-                }
-            };
-            let mut plain = sync(None);
-            for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
-                let at = format!("{backend}/{topology}/{driver}: {name:?} call {i}");
-                if check_pure(&env, call, &at) {
-                    if let (Env::Cluster(_), Some(all)) = (&env, keys_take_all(call)) {
-                        let d = plain(&all).unwrap_or_else(|e| panic!("{at}: take_all: {e}"));
-                        assert!(d.allowed, "{at}: {d:?}");
-                    }
-                    continue;
-                }
-                let limit = limit_call(call);
-                let policy = call["policy"].as_str();
-                let outcome = if driver == "sync" {
-                    match policy {
-                        Some(_) => sync(policy)(&limit),
-                        None => plain(&limit),
-                    }
-                } else {
-                    rt.block_on(async {
-                        let name = policy.unwrap_or("default");
-                        match &env {
-                            Env::Standalone(s) => {
-                                let l = AsyncRateLimiter::from_client(s.client(), GENEROUS)
-                                    .with_policy_name(name);
-                                async_call(&l, &limit).await
-                            }
-                            Env::Cluster(c) => {
-                                let con = c.client().get_async_connection().await.unwrap();
-                                let l = AsyncRateLimiter::new(con)
-                                    .with_timeouts(GENEROUS)
-                                    .with_policy_name(name);
-                                async_call(&l, &limit).await
-                            }
-                        }
-                    })
-                };
-                check(call, outcome, &at);
-            }
-            ran += 1;
         }
     }
     ran
+}
+
+/// The call's arguments, or None where one is a number Rust's types cannot pass: the type
+/// refuses it before anything is sent, so the case must expect that refusal.
+fn passable<T>(call: &Json, parsed: Result<T, String>, at: &str) -> Option<T> {
+    match parsed {
+        Ok(arguments) => Some(arguments),
+        Err(number) => {
+            assert_eq!(
+                call["error"], "invalid_argument",
+                "{at}: {number} cannot be passed in Rust, so the case must refuse it"
+            );
+            None
+        }
+    }
+}
+
+fn run_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) -> usize {
+    let env = Env::start(backend, topology);
+    run_cases(&env, backend, topology, &cases(), |driver, case| {
+        let name = case["name"].as_str().unwrap();
+        let sync = |policy: Option<&str>| -> SyncDriver<'_> {
+            let name = policy.unwrap_or("default").to_string();
+            match &env {
+                Env::Standalone(s) => {
+                    let mut l =
+                        RateLimiter::from_client(s.client(), GENEROUS).with_policy_name(name);
+                    Box::new(move |c| sync_call(&mut l, c))
+                }
+                Env::Cluster(c) => {
+                    let mut l = RateLimiter::new(c.client().get_connection().unwrap())
+                        .with_policy_name(name);
+                    Box::new(move |c| sync_call(&mut l, c))
+                }
+            }
+        };
+        let mut plain = sync(None);
+        for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
+            let at = format!("{backend}/{topology}/{driver}: {name:?} call {i}");
+            if check_pure(&env, call, &at) {
+                if let (Env::Cluster(_), Some(all)) = (&env, keys_take_all(call)) {
+                    let d = plain(&all).unwrap_or_else(|e| panic!("{at}: take_all: {e}"));
+                    assert!(d.allowed, "{at}: {d:?}");
+                }
+                continue;
+            }
+            let limit = limit_call(call);
+            let policy = call["policy"].as_str();
+            let outcome = if driver == "sync" {
+                match policy {
+                    Some(_) => sync(policy)(&limit),
+                    None => plain(&limit),
+                }
+            } else {
+                rt.block_on(async {
+                    let name = policy.unwrap_or("default");
+                    match &env {
+                        Env::Standalone(s) => {
+                            let l = AsyncRateLimiter::from_client(s.client(), GENEROUS)
+                                .with_policy_name(name);
+                            async_call(&l, &limit).await
+                        }
+                        Env::Cluster(c) => {
+                            let con = c.client().get_async_connection().await.unwrap();
+                            let l = AsyncRateLimiter::new(con)
+                                .with_timeouts(GENEROUS)
+                                .with_policy_name(name);
+                            async_call(&l, &limit).await
+                        }
+                    }
+                })
+            };
+            check(call, outcome, &at);
+        }
+    })
 }
 
 fn lease_cases() -> Vec<Json> {
@@ -605,43 +633,26 @@ fn check_lease(
 
 fn run_lease_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) -> usize {
     let env = Env::start(backend, topology);
-    let mut ran = 0;
-    for driver in ["sync", "async"] {
-        for case in lease_cases() {
-            if !lists(&case, "backends", backend) || !lists(&case, "topologies", topology) {
+    run_cases(&env, backend, topology, &lease_cases(), |driver, case| {
+        let name = case["name"].as_str().unwrap();
+        let mut saved = HashMap::new();
+        for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
+            let at = format!("{backend}/{topology}/{driver}: lease case {name:?} call {i}");
+            let Some(lease) = passable(call, lease_call(call, &saved), &at) else {
                 continue;
-            }
-            env.prepare(&case);
-            let name = case["name"].as_str().unwrap();
-            let mut saved = HashMap::new();
-            for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
-                let at = format!("{backend}/{topology}/{driver}: lease case {name:?} call {i}");
-                let lease = match lease_call(call, &saved) {
-                    Ok(lease) => lease,
-                    Err(number) => {
-                        // Not a u64: the type refuses it before anything is sent.
-                        assert_eq!(
-                            call["error"], "invalid_argument",
-                            "{at}: {number} cannot be passed in Rust, so the case must refuse it"
-                        );
-                        continue;
-                    }
-                };
-                let policy = call["policy"].as_str().unwrap_or("default");
-                let outcome = on_limiter!(
-                    &env,
-                    driver,
-                    rt,
-                    policy,
-                    |l| sync_lease(l, &lease),
-                    async_lease(l, &lease).await
-                );
-                check_lease(call, outcome, &mut saved, &at);
-            }
-            ran += 1;
+            };
+            let policy = call["policy"].as_str().unwrap_or("default");
+            let outcome = on_limiter!(
+                &env,
+                driver,
+                rt,
+                policy,
+                |l| sync_lease(l, &lease),
+                async_lease(l, &lease).await
+            );
+            check_lease(call, outcome, &mut saved, &at);
         }
-    }
-    ran
+    })
 }
 
 on_every_backend!(
@@ -830,47 +841,31 @@ fn run_jobs_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) -> 
         return 1;
     }
     let env = Env::start(backend, topology);
-    let mut ran = 0;
-    for driver in ["sync", "async"] {
-        for case in job_cases() {
-            if !lists(&case, "backends", backend) || !lists(&case, "topologies", topology) {
+    run_cases(&env, backend, topology, &job_cases(), |driver, case| {
+        let name = case["name"].as_str().unwrap();
+        for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
+            let at = format!("{backend}/{topology}/{driver}: jobs case {name:?} call {i}");
+            if call["op"] == "sleep" {
+                std::thread::sleep(std::time::Duration::from_millis(
+                    call["ms"].as_u64().unwrap(),
+                ));
                 continue;
             }
-            env.prepare(&case);
-            let name = case["name"].as_str().unwrap();
-            for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
-                let at = format!("{backend}/{topology}/{driver}: jobs case {name:?} call {i}");
-                if call["op"] == "sleep" {
-                    std::thread::sleep(std::time::Duration::from_millis(
-                        call["ms"].as_u64().unwrap(),
-                    ));
-                    continue;
-                }
-                let job = match job_call(call) {
-                    Ok(job) => job,
-                    Err(number) => {
-                        assert_eq!(
-                            call["error"], "invalid_argument",
-                            "{at}: {number} cannot be passed in Rust, so the case must refuse it"
-                        );
-                        continue;
-                    }
-                };
-                let policy = call["policy"].as_str().unwrap_or("default");
-                let outcome = on_limiter!(
-                    &env,
-                    driver,
-                    rt,
-                    policy,
-                    |l| sync_job(l, &job),
-                    async_job(l, &job).await
-                );
-                check_job(call, outcome, &at);
-            }
-            ran += 1;
+            let Some(job) = passable(call, job_call(call), &at) else {
+                continue;
+            };
+            let policy = call["policy"].as_str().unwrap_or("default");
+            let outcome = on_limiter!(
+                &env,
+                driver,
+                rt,
+                policy,
+                |l| sync_job(l, &job),
+                async_job(l, &job).await
+            );
+            check_job(call, outcome, &at);
         }
-    }
-    ran
+    })
 }
 
 on_every_backend!(
@@ -970,37 +965,33 @@ fn has_a_refund(case: &Json) -> bool {
 
 fn run_resend_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) -> usize {
     let env = Env::start(backend, topology);
-    let mut ran = 0;
-    for driver in ["sync", "async"] {
-        for case in resend_cases() {
-            if !lists(&case, "backends", backend) || !lists(&case, "topologies", topology) {
-                continue;
-            }
-            if topology == "cluster" && has_a_refund(&case) {
-                // redis-rs's cluster connections resend any command on a
-                // dropped connection themselves (their `retries`), a refund
-                // too: the limiter never sees the error (README, "A dropped
-                // connection").
+    let mut cases = resend_cases();
+    if topology == "cluster" {
+        // redis-rs's cluster connections resend any command on a dropped
+        // connection themselves (their `retries`), a refund too: the limiter
+        // never sees the error (README, "A dropped connection").
+        cases.retain(|case| {
+            let skipped = has_a_refund(case);
+            if skipped {
                 eprintln!("resend.json: {:?} skipped in a cluster", case["name"]);
-                continue;
             }
-            env.prepare(&case);
-            let at = format!(
-                "{backend}/{topology}/{driver}: resend case {:?}",
-                case["name"].as_str().unwrap()
-            );
-            on_limiter!(
-                &env,
-                driver,
-                rt,
-                "default",
-                |l| resend_sync(l, &env, &case, &at),
-                resend_async(l, &env, &case, &at).await
-            );
-            ran += 1;
-        }
+            !skipped
+        });
     }
-    ran
+    run_cases(&env, backend, topology, &cases, |driver, case| {
+        let at = format!(
+            "{backend}/{topology}/{driver}: resend case {:?}",
+            case["name"].as_str().unwrap()
+        );
+        on_limiter!(
+            &env,
+            driver,
+            rt,
+            "default",
+            |l| resend_sync(l, &env, case, &at),
+            resend_async(l, &env, case, &at).await
+        );
+    })
 }
 
 on_every_backend!(
