@@ -34,6 +34,10 @@ import tempfile
 
 import check_common
 
+# What the check says when it finds problems, and when it finds none.
+FAILED = "check-map: {problems} problem(s), {checked} names checked"
+PASSED = "check-map: OK, the {checked} names of the library map are defined where it says"
+
 MAP_FILE = "docs/clients.md"
 HEADING = "## The same map in every library"
 LANGUAGES = ("Python", "Node", "Rust")
@@ -130,14 +134,6 @@ def check(root: str) -> tuple[list[str], int]:
     return problems, checked
 
 
-def report(problems: list[str], checked: int) -> int:
-    return check_common.report(
-        problems,
-        f"check-map: {len(problems)} problem(s), {checked} names checked",
-        f"check-map: OK, the {checked} names of the library map are defined where it says",
-    )
-
-
 # ---------------------------------------------------------- the self-test
 
 # A map with one true name per language and one of each kind of mistake.
@@ -193,11 +189,14 @@ def main(argv: list[str]) -> int:
     if argv == ["--self-test"]:
         return self_test()
     if argv[:1] == ["--root"] and len(argv) == 2:
-        return report(*check(argv[1]))
-    if argv:
+        root = argv[1]
+    elif argv:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
-    return report(*check(check_common.repository_root()))
+    else:
+        root = check_common.repository_root()
+    problems, checked = check(root)
+    return check_common.report(problems, checked, FAILED, PASSED)
 
 
 if __name__ == "__main__":

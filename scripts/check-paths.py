@@ -53,6 +53,10 @@ import tempfile
 
 import check_common
 
+# What the check says when it finds problems, and when it finds none.
+FAILED = "check-paths: {problems} stale mention(s) or map gap(s), {checked} mentions checked"
+PASSED = "check-paths: OK, {checked} path mentions checked, the layout map names every src/ file"
+
 LAYOUT_MARKER = "<!-- layout map: checked by scripts/check-paths.py -->"
 # Where the map of src/ and core/src/ is: the README links to it.
 MAP_FILE = "docs/development.md"
@@ -541,14 +545,6 @@ def check(root: str, listing=None) -> tuple[list[str], int]:
     return problems, checked
 
 
-def report(problems: list[str], checked: int) -> int:
-    return check_common.report(
-        problems,
-        f"check-paths: {len(problems)} stale mention(s) or map gap(s), {checked} mentions checked",
-        f"check-paths: OK, {checked} path mentions checked, the layout map names every src/ file",
-    )
-
-
 # ---------------------------------------------------------- the self-test
 
 
@@ -731,7 +727,7 @@ def main(argv: list[str]) -> int:
     problems, checked = check(root or check_common.repository_root(), listing)
     for line in listing or ():
         print(line)
-    return report(problems, checked)
+    return check_common.report(problems, checked, FAILED, PASSED)
 
 
 if __name__ == "__main__":

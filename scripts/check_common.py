@@ -18,9 +18,12 @@ def repository_root() -> str:
     ).stdout.strip()
 
 
-def report(problems: list[str], failed: str, passed: str) -> int:
-    """Prints each problem, then `failed` if there is one, else `passed`: the exit status."""
+def report(problems: list[str], checked: int, failed: str, passed: str) -> int:
+    """Prints each problem, then the summary, `failed` if there is one, else
+    `passed` (templates of `{problems}` and `{checked}`, the counts): the
+    exit status."""
     for p in problems:
         print(p)
-    print(failed if problems else passed)
+    summary = failed if problems else passed
+    print(summary.format(problems=len(problems), checked=checked))
     return 1 if problems else 0
