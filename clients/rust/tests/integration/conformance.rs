@@ -71,6 +71,18 @@ macro_rules! on_limiter {
             })
         }
     };
+    // `sync(l, arg)` or `async(l, arg)` on a limiter with the call's policy
+    // (`default` where it names none).
+    ($env:expr, $driver:expr, $rt:expr, $call:expr => $sync:ident, $async:ident($arg:expr)) => {
+        on_limiter!(
+            $env,
+            $driver,
+            $rt,
+            $call["policy"].as_str().unwrap_or("default"),
+            |l| $sync(l, $arg),
+            $async(l, $arg).await
+        )
+    };
 }
 
 /// The cases of clients/conformance/`file`, whose version this runner knows.
@@ -85,24 +97,15 @@ fn cases_of(file: &str) -> Vec<Json> {
 /// each asserts that some case ran there.
 macro_rules! on_every_backend {
     ($run:ident: $module_standalone:ident, $lua_standalone:ident, $module_cluster:ident, $lua_cluster:ident) => {
+        on_every_backend!(@one $module_standalone: $run("module", "standalone"));
+        on_every_backend!(@one $lua_standalone: $run("lua", "standalone"));
+        on_every_backend!(@one $module_cluster: $run("module", "cluster"));
+        on_every_backend!(@one $lua_cluster: $run("lua", "cluster"));
+    };
+    (@one $test:ident: $run:ident($backend:literal, $topology:literal)) => {
         #[test]
-        fn $module_standalone() {
-            assert!($run("module", "standalone", &runtime()) > 0);
-        }
-
-        #[test]
-        fn $lua_standalone() {
-            assert!($run("lua", "standalone", &runtime()) > 0);
-        }
-
-        #[test]
-        fn $module_cluster() {
-            assert!($run("module", "cluster", &runtime()) > 0);
-        }
-
-        #[test]
-        fn $lua_cluster() {
-            assert!($run("lua", "cluster", &runtime()) > 0);
+        fn $test() {
+            assert!($run($backend, $topology, &runtime()) > 0);
         }
     };
 }
@@ -641,15 +644,7 @@ fn run_lease_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) ->
             let Some(lease) = passable(call, lease_call(call, &saved), &at) else {
                 continue;
             };
-            let policy = call["policy"].as_str().unwrap_or("default");
-            let outcome = on_limiter!(
-                &env,
-                driver,
-                rt,
-                policy,
-                |l| sync_lease(l, &lease),
-                async_lease(l, &lease).await
-            );
+            let outcome = on_limiter!(&env, driver, rt, call => sync_lease, async_lease(&lease));
             check_lease(call, outcome, &mut saved, &at);
         }
     })
@@ -854,15 +849,7 @@ fn run_jobs_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) -> 
             let Some(job) = passable(call, job_call(call), &at) else {
                 continue;
             };
-            let policy = call["policy"].as_str().unwrap_or("default");
-            let outcome = on_limiter!(
-                &env,
-                driver,
-                rt,
-                policy,
-                |l| sync_job(l, &job),
-                async_job(l, &job).await
-            );
+            let outcome = on_limiter!(&env, driver, rt, call => sync_job, async_job(&job));
             check_job(call, outcome, &at);
         }
     })
