@@ -895,10 +895,13 @@ fn kill_clients(env: &Env) {
 enum ResendCall {
     Bucket(Call),
     Lease(LeaseCall),
+    /// Not a limiter's call: close every client connection (`kill_clients`).
+    KillClients,
 }
 
 fn resend_call(call: &Json) -> ResendCall {
     match call["op"].as_str().unwrap() {
+        "kill_clients" => ResendCall::KillClients,
         "acquire" => ResendCall::Lease(
             lease_call(call, &HashMap::new()).unwrap_or_else(|n| panic!("{n} in {call}")),
         ),
@@ -910,14 +913,19 @@ fn check_resend(call: &Json, outcome: Result<LeaseAnswer, Error>, at: &str) {
     check_lease(call, outcome, &mut HashMap::new(), at)
 }
 
+/// A resend case's calls, each with where it stands (`at`).
+fn resend_calls<'a>(
+    case: &'a Json,
+    at: &'a str,
+) -> impl Iterator<Item = (&'a Json, ResendCall, String)> + 'a {
+    let calls = case["calls"].as_array().unwrap().iter().enumerate();
+    calls.map(move |(i, call)| (call, resend_call(call), format!("{at} call {i}")))
+}
+
 fn resend_sync<C: redis::ConnectionLike>(l: &mut RateLimiter<C>, env: &Env, case: &Json, at: &str) {
-    for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
-        let at = format!("{at} call {i}");
-        if call["op"] == "kill_clients" {
-            kill_clients(env);
-            continue;
-        }
-        match resend_call(call) {
+    for (call, resend, at) in resend_calls(case, at) {
+        match resend {
+            ResendCall::KillClients => kill_clients(env),
             ResendCall::Bucket(c) => check(call, sync_call(l, &c), &at),
             ResendCall::Lease(c) => check_resend(call, sync_lease(l, &c), &at),
         }
@@ -928,13 +936,9 @@ async fn resend_async<C>(l: &AsyncRateLimiter<C>, env: &Env, case: &Json, at: &s
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
-    for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
-        let at = format!("{at} call {i}");
-        if call["op"] == "kill_clients" {
-            kill_clients(env);
-            continue;
-        }
-        match resend_call(call) {
+    for (call, resend, at) in resend_calls(case, at) {
+        match resend {
+            ResendCall::KillClients => kill_clients(env),
             ResendCall::Bucket(c) => check(call, async_call(l, &c).await, &at),
             ResendCall::Lease(c) => check_resend(call, async_lease(l, &c).await, &at),
         }
