@@ -29,9 +29,14 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import tempfile
+
+import check_common
+
+# What the check says when it finds problems, and when it finds none.
+FAILED = "check-map: {problems} problem(s), {checked} names checked"
+PASSED = "check-map: OK, the {checked} names of the library map are defined where it says"
 
 MAP_FILE = "docs/clients.md"
 HEADING = "## The same map in every library"
@@ -129,16 +134,6 @@ def check(root: str) -> tuple[list[str], int]:
     return problems, checked
 
 
-def report(problems: list[str], checked: int) -> int:
-    for p in problems:
-        print(p)
-    if problems:
-        print(f"check-map: {len(problems)} problem(s), {checked} names checked")
-        return 1
-    print(f"check-map: OK, the {checked} names of the library map are defined where it says")
-    return 0
-
-
 # ---------------------------------------------------------- the self-test
 
 # A map with one true name per language and one of each kind of mistake.
@@ -190,22 +185,18 @@ def self_test() -> int:
     return 0
 
 
-def repository_root() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
-    return subprocess.run(
-        ["git", "-C", here, "rev-parse", "--show-toplevel"], check=True, capture_output=True, text=True
-    ).stdout.strip()
-
-
 def main(argv: list[str]) -> int:
     if argv == ["--self-test"]:
         return self_test()
     if argv[:1] == ["--root"] and len(argv) == 2:
-        return report(*check(argv[1]))
-    if argv:
+        root = argv[1]
+    elif argv:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
-    return report(*check(repository_root()))
+    else:
+        root = check_common.repository_root()
+    problems, checked = check(root)
+    return check_common.report(problems, checked, FAILED, PASSED)
 
 
 if __name__ == "__main__":

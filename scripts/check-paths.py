@@ -51,6 +51,12 @@ import subprocess
 import sys
 import tempfile
 
+import check_common
+
+# What the check says when it finds problems, and when it finds none.
+FAILED = "check-paths: {problems} stale mention(s) or map gap(s), {checked} mentions checked"
+PASSED = "check-paths: OK, {checked} path mentions checked, the layout map names every src/ file"
+
 LAYOUT_MARKER = "<!-- layout map: checked by scripts/check-paths.py -->"
 # Where the map of src/ and core/src/ is: the README links to it.
 MAP_FILE = "docs/development.md"
@@ -200,6 +206,20 @@ def _line_end(s: str, i: int) -> int:
     return len(s) if j < 0 else j
 
 
+def _line_comment(s: str, spans: list, i: int, opener: int, marks: str) -> int:
+    """Records the comment that opens at s[i] with `opener` characters and runs to the end
+    of the line: the index of that end."""
+    j = _line_end(s, i)
+    spans.append(_comment_body(s, i + opener, j, marks))
+    return j
+
+
+def _past(s: str, close: str, start: int) -> int:
+    """Index just past the first `close` from `start`, or the end of `s` if there is none."""
+    j = s.find(close, start)
+    return len(s) if j < 0 else j + len(close)
+
+
 def _comment_body(s: str, start: int, end: int, marks: str) -> tuple[int, int]:
     """Drop the extra marker characters a doc comment opens with (`///`, `//!`, `/**`, `##`)."""
     while start < end and s[start] in marks:
@@ -217,9 +237,7 @@ def rust_comments(s: str) -> str:
     while m := _RUST_NEXT.search(s, i):
         i, tok = m.start(), m.group(0)
         if tok == "//":
-            j = _line_end(s, i)
-            spans.append(_comment_body(s, i + 2, j, "/!"))
-            i = j
+            i = _line_comment(s, spans, i, 2, "/!")
         elif tok == "/*":  # block comments nest
             depth, j = 1, i + 2
             while depth and (b := _RUST_BLOCK.search(s, j)):
@@ -236,8 +254,7 @@ def rust_comments(s: str) -> str:
             i = c.end() if c else i + 1  # else a lifetime or a label
         else:  # a raw string: r"...", r#"..."#, br"..."
             close = '"' + m.group(1)
-            j = s.find(close, m.end())
-            i = n if j < 0 else j + len(close)
+            i = _past(s, close, m.end())
     return _keep(s, spans)
 
 
@@ -250,9 +267,7 @@ def hash_comments(s: str) -> str:
     while m := _PY_NEXT.search(s, i):
         i = m.start()
         if m.group(0) == "#":
-            j = _line_end(s, i)
-            spans.append(_comment_body(s, i + 1, j, "#!"))
-            i = j
+            i = _line_comment(s, spans, i, 1, "#!")
         else:
             i = _skip_quoted(s, m.start(1), m.group(1))
     return _keep(s, spans)
@@ -286,9 +301,7 @@ def shell_comments(s: str) -> str:
             i = _skip_quoted(s, i, '"', multiline=True)
         elif c == "#":
             if i == 0 or s[i - 1] in " \t\n;&|(":
-                j = _line_end(s, i)
-                spans.append(_comment_body(s, i + 1, j, "#!"))
-                i = j
+                i = _line_comment(s, spans, i, 1, "#!")
             else:
                 i += 1  # `$#`, `${#x}`, `a#b`
         else:
@@ -318,9 +331,7 @@ def js_comments(s: str) -> str:
     while m := _JS_NEXT.search(s, i):
         i, c = m.start(), m.group(0)
         if c == "//":
-            j = _line_end(s, i)
-            spans.append(_comment_body(s, i + 2, j, "/"))
-            i = j
+            i = _line_comment(s, spans, i, 2, "/")
         elif c == "/*":
             j = s.find("*/", i + 2)
             j = n if j < 0 else j
@@ -381,15 +392,12 @@ def lua_comments(s: str) -> str:
                 spans.append((long.end(), j))
                 i = j + len(close)
             else:
-                j = _line_end(s, i)
-                spans.append(_comment_body(s, i + 2, j, "-"))
-                i = j
+                i = _line_comment(s, spans, i, 2, "-")
         elif c in "'\"":
             i = _skip_quoted(s, i, c)
         else:  # a long string [[ ]], [==[ ]==]
             close = "]" + m.group(0)[1:-1] + "]"
-            j = s.find(close, m.end())
-            i = n if j < 0 else j + len(close)
+            i = _past(s, close, m.end())
     return _keep(s, spans)
 
 
@@ -537,26 +545,6 @@ def check(root: str, listing=None) -> tuple[list[str], int]:
             also = f" (name it or its folder '{folder}')" if folder not in MAP_ROOTS else ""
             problems.append(f"{MAP_FILE}:{line}: the layout map leaves out '{gap}'{also}")
     return problems, checked
-
-
-def repository_root() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
-    return subprocess.run(
-        ["git", "-C", here, "rev-parse", "--show-toplevel"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-
-
-def report(problems: list[str], checked: int) -> int:
-    for p in problems:
-        print(p)
-    if problems:
-        print(f"check-paths: {len(problems)} stale mention(s) or map gap(s), {checked} mentions checked")
-        return 1
-    print(f"check-paths: OK, {checked} path mentions checked, the layout map names every src/ file")
-    return 0
 
 
 # ---------------------------------------------------------- the self-test
@@ -738,10 +726,10 @@ def main(argv: list[str]) -> int:
         else:
             print(__doc__.split("\n\n")[1], file=sys.stderr)
             return 2
-    problems, checked = check(root or repository_root(), listing)
+    problems, checked = check(root or check_common.repository_root(), listing)
     for line in listing or ():
         print(line)
-    return report(problems, checked)
+    return check_common.report(problems, checked, FAILED, PASSED)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,18 @@ impl TakeOptions {
         max_wait_ms: 0,
         block: None,
     };
+
+    /// `MAXWAIT max_wait_ms`, and `BLOCK block_ms MAXBLOCK max_block_ms`
+    /// where `block` is `Some((block_ms, max_block_ms))`.
+    pub fn new(max_wait_ms: i64, block: Option<(i64, i64)>) -> TakeOptions {
+        TakeOptions {
+            max_wait_ms,
+            block: block.map(|(block_ms, max_block_ms)| Block {
+                block_ms,
+                max_block_ms,
+            }),
+        }
+    }
 }
 
 impl State {
@@ -900,16 +912,6 @@ mod tests {
         assert!(got.outcomes.iter().all(|o| o.write.is_some()));
     }
 
-    fn options(max_wait_ms: i64, block: Option<(i64, i64)>) -> TakeOptions {
-        TakeOptions {
-            max_wait_ms,
-            block: block.map(|(block_ms, max_block_ms)| Block {
-                block_ms,
-                max_block_ms,
-            }),
-        }
-    }
-
     #[test]
     fn a_reservation_goes_into_debt_and_says_when_to_act() {
         let lim = limit(10.0, 1.0);
@@ -1005,7 +1007,7 @@ mod tests {
     #[test]
     fn a_denial_with_block_locks_the_key() {
         let lim = limit(5.0, 1.0);
-        let opts = options(0, Some((10_000, 10_000)));
+        let opts = TakeOptions::new(0, Some((10_000, 10_000)));
         let got = take_with(state(0.0, NOW), None, &lim, 1.0, &opts, NOW);
         assert!(!got.allowed);
         let lock = got.lock.expect("the denial starts a lock");
@@ -1031,7 +1033,7 @@ mod tests {
     #[test]
     fn the_wait_of_a_locked_denial_is_the_later_of_lock_and_tokens() {
         let lim = limit(10.0, 0.1); // a token per 10 s
-        let opts = options(0, Some((2_000, 2_000)));
+        let opts = TakeOptions::new(0, Some((2_000, 2_000)));
         let got = take_with(state(0.0, NOW), None, &lim, 1.0, &opts, NOW);
         assert_eq!(got.retry_after_ms, 10_000, "tokens come after the lock");
         let during = take_with(got.write, got.lock, &lim, 1.0, &opts, NOW + 1_000);
@@ -1068,7 +1070,7 @@ mod tests {
 
     #[test]
     fn take_all_waits_for_its_longest_reservation() {
-        let opts = options(5_000, None);
+        let opts = TakeOptions::new(5_000, None);
         let mut short = charge_of(state(0.0, NOW), limit(10.0, 1.0), 1.0);
         let mut long = charge_of(state(0.0, NOW), limit(10.0, 0.5), 1.0);
         short.options = opts;
@@ -1278,7 +1280,7 @@ mod tests {
             });
             let got = take_with(
                 state(tokens, NOW - since_ms), lock, &limit(capacity, rate), n,
-                &options(max_wait_ms, None), NOW,
+                &TakeOptions::new(max_wait_ms, None), NOW,
             );
             if !got.allowed {
                 prop_assert!(got.write.is_none() && got.lock.is_none());
@@ -1295,7 +1297,7 @@ mod tests {
         ) {
             let lim = limit(capacity, rate);
             let n = (capacity * share).max(1.0).min(capacity);
-            let opts = options(max_wait_ms, Some((block_ms, block_ms * 4)));
+            let opts = TakeOptions::new(max_wait_ms, Some((block_ms, block_ms * 4)));
             let prior = state(tokens, NOW);
             let got = take_with(prior, None, &lim, n, &opts, NOW);
             prop_assume!(!got.allowed && got.retry_after_ms > 0);

@@ -16,6 +16,10 @@ use redis_module::commands::{
     get_redis_key_spec, BeginSearch, CommandArgFlags, FindKeys, KeySpec, KeySpecFlags,
 };
 use redis_module::raw::{self, RedisModuleCmdFunc, RedisModuleCtx};
+use redis_module::raw::{
+    RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_DOUBLE as DOUBLE,
+    RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER as INTEGER,
+};
 
 /// One command as registered.
 pub struct CommandSpec {
@@ -142,17 +146,19 @@ pub unsafe fn register(
             c"the bucket's hash",
             CommandArgFlags::NONE,
         ),
-        number_arg(
+        command_arg(
             c"capacity",
+            DOUBLE,
             c"tokens when full (burst), > 0",
             CommandArgFlags::NONE,
         ),
-        number_arg(
+        command_arg(
             c"rate",
+            DOUBLE,
             c"tokens added per second, > 0",
             CommandArgFlags::NONE,
         ),
-        number_arg(c"n", c"tokens, >= 0", n_flags),
+        command_arg(c"n", DOUBLE, c"tokens, >= 0", n_flags),
         END_OF_ARGS,
         END_OF_ARGS,
         END_OF_ARGS,
@@ -210,8 +216,9 @@ pub unsafe fn register(
     }
     if spec.shape == Shape::Blocking {
         if let Some(slot) = bucket.get_mut(4) {
-            *slot = number_arg(
+            *slot = command_arg(
                 c"timeout_ms",
+                DOUBLE,
                 c"how long to wait at most, in ms; 0 waits without limit",
                 CommandArgFlags::NONE,
             );
@@ -276,45 +283,32 @@ pub unsafe fn register(
 
 /// The arguments of the lease commands (empty for the others).
 fn lease_args(shape: Shape) -> [raw::RedisModuleCommandArg; 5] {
-    let key = raw::RedisModuleCommandArg {
-        key_spec_index: 0,
-        ..command_arg(
-            c"key",
-            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
-            c"the lease set's sorted set",
-            CommandArgFlags::NONE,
-        )
-    };
-    let integer = |name, summary, flags| {
-        command_arg(
-            name,
-            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
-            summary,
-            flags,
-        )
-    };
+    let key = key_arg(c"the lease set's sorted set");
     let lease = command_arg(
         c"lease",
         raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
         c"the id TB.ACQUIRE handed out",
         CommandArgFlags::NONE,
     );
-    let lease_ms = integer(
+    let lease_ms = command_arg(
         c"lease_ms",
+        INTEGER,
         c"how long the lease lasts, in ms, 1 to 2^53",
         CommandArgFlags::NONE,
     );
     match shape {
         Shape::Acquire => [
             key,
-            integer(
+            command_arg(
                 c"limit",
+                INTEGER,
                 c"leases live at once at most, 1 to 2^53",
                 CommandArgFlags::NONE,
             ),
             lease_ms,
-            number_arg(
+            command_arg(
                 c"timeout_ms",
+                DOUBLE,
                 c"wait up to this long, in ms, first come first served; 0 waits without limit",
                 CommandArgFlags::OPTIONAL,
             ),
@@ -328,23 +322,7 @@ fn lease_args(shape: Shape) -> [raw::RedisModuleCommandArg; 5] {
 
 /// The arguments of TB.UNBLOCK and TB.THROTTLE (empty for the others).
 fn other_args(shape: Shape) -> [raw::RedisModuleCommandArg; 6] {
-    let key = raw::RedisModuleCommandArg {
-        key_spec_index: 0,
-        ..command_arg(
-            c"key",
-            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
-            c"the bucket's hash (or a redis-cell key, read and converted)",
-            CommandArgFlags::NONE,
-        )
-    };
-    let integer = |name, summary, flags| {
-        command_arg(
-            name,
-            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
-            summary,
-            flags,
-        )
-    };
+    let key = key_arg(c"the bucket's hash (or a redis-cell key, read and converted)");
     match shape {
         Shape::KeyOnly => [
             key,
@@ -356,23 +334,27 @@ fn other_args(shape: Shape) -> [raw::RedisModuleCommandArg; 6] {
         ],
         Shape::Throttle => [
             key,
-            integer(
+            command_arg(
                 c"max_burst",
+                INTEGER,
                 c"the burst beyond one, 0 to 2^53 - 1: capacity is max_burst + 1",
                 CommandArgFlags::NONE,
             ),
-            integer(
+            command_arg(
                 c"count",
+                INTEGER,
                 c"tokens per period, 1 to 2^53",
                 CommandArgFlags::NONE,
             ),
-            integer(
+            command_arg(
                 c"period",
+                INTEGER,
                 c"the period in seconds, 1 to 2^53",
                 CommandArgFlags::NONE,
             ),
-            integer(
+            command_arg(
                 c"quantity",
+                INTEGER,
                 c"tokens to take, 0 to 2^53; default 1",
                 CommandArgFlags::OPTIONAL,
             ),
@@ -391,11 +373,19 @@ fn token_arg(
 ) -> raw::RedisModuleCommandArg {
     raw::RedisModuleCommandArg {
         token: token.as_ptr(),
+        ..command_arg(name, INTEGER, summary, flags)
+    }
+}
+
+/// The key argument, the first key spec's.
+fn key_arg(summary: &'static CStr) -> raw::RedisModuleCommandArg {
+    raw::RedisModuleCommandArg {
+        key_spec_index: 0,
         ..command_arg(
-            name,
-            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
+            c"key",
+            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
             summary,
-            flags,
+            CommandArgFlags::NONE,
         )
     }
 }
@@ -428,19 +418,6 @@ fn command_arg(
         flags: flags.bits() as c_int,
         ..END_OF_ARGS
     }
-}
-
-fn number_arg(
-    name: &'static CStr,
-    summary: &'static CStr,
-    flags: CommandArgFlags,
-) -> raw::RedisModuleCommandArg {
-    command_arg(
-        name,
-        raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_DOUBLE,
-        summary,
-        flags,
-    )
 }
 
 /// Every command the module registers, with its COMMAND DOCS and key specs.

@@ -176,44 +176,20 @@ impl<'a> Key<'a> {
             REDISMODULE_HASH_NONE,
         );
         let end = ptr::null::<RedisModuleString>();
+        // One call per count of fields, written once: RM_HashGet is variadic.
+        macro_rules! get_fields {
+            ($($field:ident $out:ident),+) => {
+                get(key, none as c_int, $($field.ptr(), $out as *mut _,)+ end)
+            };
+        }
         // SAFETY (each arm): an open key; field names, each followed by an
         // out-pointer, and a NULL terminator. Missing fields come back NULL.
         unsafe {
             match (fields.as_slice(), values.as_mut_slice()) {
-                ([a], [x]) => get(key, none as c_int, a.ptr(), x as *mut _, end),
-                ([a, b], [x, y]) => get(
-                    key,
-                    none as c_int,
-                    a.ptr(),
-                    x as *mut _,
-                    b.ptr(),
-                    y as *mut _,
-                    end,
-                ),
-                ([a, b, c], [x, y, z]) => get(
-                    key,
-                    none as c_int,
-                    a.ptr(),
-                    x as *mut _,
-                    b.ptr(),
-                    y as *mut _,
-                    c.ptr(),
-                    z as *mut _,
-                    end,
-                ),
-                ([a, b, c, d], [x, y, z, w]) => get(
-                    key,
-                    none as c_int,
-                    a.ptr(),
-                    x as *mut _,
-                    b.ptr(),
-                    y as *mut _,
-                    c.ptr(),
-                    z as *mut _,
-                    d.ptr(),
-                    w as *mut _,
-                    end,
-                ),
+                ([a], [x]) => get_fields!(a x),
+                ([a, b], [x, y]) => get_fields!(a x, b y),
+                ([a, b, c], [x, y, z]) => get_fields!(a x, b y, c z),
+                ([a, b, c, d], [x, y, z, w]) => get_fields!(a x, b y, c z, d w),
                 _ => 0,
             };
         }
@@ -236,7 +212,12 @@ impl<'a> Key<'a> {
             REDISMODULE_HASH_NONE,
         );
         let end = ptr::null::<RedisModuleString>();
-        let f = |(name, value): &(&ServerStr, HashValue)| (name.ptr(), value.ptr());
+        // One call per count of fields, written once: RM_HashSet is variadic.
+        macro_rules! set_fields {
+            ($($field:ident),+) => {
+                set(key, none as c_int, $($field.0.ptr(), $field.1.ptr(),)+ end)
+            };
+        }
         // RM_HashSet returns how many fields it updated, so 0 is also the
         // answer for a new hash; only errno tells a refusal (EINVAL, ENOTSUP,
         // EBADF) from that (ENOENT).
@@ -245,48 +226,12 @@ impl<'a> Key<'a> {
         unsafe {
             *libc::__errno_location() = 0;
             let updated = match fields.as_slice() {
-                [a] => {
-                    let (a, av) = f(a);
-                    set(key, none as c_int, a, av, end)
-                }
-                [a, b] => {
-                    let ((a, av), (b, bv)) = (f(a), f(b));
-                    set(key, none as c_int, a, av, b, bv, end)
-                }
-                [a, b, c] => {
-                    let ((a, av), (b, bv), (c, cv)) = (f(a), f(b), f(c));
-                    set(key, none as c_int, a, av, b, bv, c, cv, end)
-                }
-                [a, b, c, d] => {
-                    let ((a, av), (b, bv), (c, cv), (d, dv)) = (f(a), f(b), f(c), f(d));
-                    set(key, none as c_int, a, av, b, bv, c, cv, d, dv, end)
-                }
-                [a, b, c, d, e] => {
-                    let ((a, av), (b, bv), (c, cv), (d, dv), (e, ev)) =
-                        (f(a), f(b), f(c), f(d), f(e));
-                    set(key, none as c_int, a, av, b, bv, c, cv, d, dv, e, ev, end)
-                }
-                [a, b, c, d, e, g] => {
-                    let ((a, av), (b, bv), (c, cv), (d, dv), (e, ev), (g, gv)) =
-                        (f(a), f(b), f(c), f(d), f(e), f(g));
-                    set(
-                        key,
-                        none as c_int,
-                        a,
-                        av,
-                        b,
-                        bv,
-                        c,
-                        cv,
-                        d,
-                        dv,
-                        e,
-                        ev,
-                        g,
-                        gv,
-                        end,
-                    )
-                }
+                [a] => set_fields!(a),
+                [a, b] => set_fields!(a, b),
+                [a, b, c] => set_fields!(a, b, c),
+                [a, b, c, d] => set_fields!(a, b, c, d),
+                [a, b, c, d, e] => set_fields!(a, b, c, d, e),
+                [a, b, c, d, e, g] => set_fields!(a, b, c, d, e, g),
                 _ => 0,
             };
             let errno = *libc::__errno_location();

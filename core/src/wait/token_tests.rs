@@ -751,25 +751,16 @@ proptest! {
 #[test]
 fn a_waiter_is_never_served_at_its_deadline() {
     for order in [Order::Sync, Order::Deferred] {
-        let ops = [
-            Op::Arrive {
-                db: 0,
-                key: 0,
-                n: 1,
-                capacity: 1,
-                rate: 2,
-                timeout: 0,
-            },
-            Op::Arrive {
-                db: 0,
-                key: 0,
-                n: 1,
-                capacity: 1,
-                rate: 2,
-                timeout: 1,
-            },
-            Op::Advance(1),
-        ];
+        // Two waiters alike but for their timeout (an index into TIMEOUTS).
+        let arrive = |timeout| Op::Arrive {
+            db: 0,
+            key: 0,
+            n: 1,
+            capacity: 1,
+            rate: 2,
+            timeout,
+        };
+        let ops = [arrive(0), arrive(1), Op::Advance(1)];
         run(order, &ops).unwrap();
     }
 }

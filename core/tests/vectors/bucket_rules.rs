@@ -5,7 +5,7 @@
 
 use redis_tb_core::bucket::{self, Charge, Limit, Outcome, State, TakeOptions};
 use redis_tb_core::denial_cache::primed_denial_ms;
-use redis_tb_core::lockout::{Block, Lock};
+use redis_tb_core::lockout::Lock;
 use redis_tb_core::number::MAX_EXACT_INTEGER;
 use serde_json::{json, Value};
 
@@ -375,16 +375,6 @@ fn charge_file() -> VectorFile {
     }
 }
 
-fn take_options(max_wait_ms: i64, block: Option<(i64, i64)>) -> TakeOptions {
-    TakeOptions {
-        max_wait_ms,
-        block: block.map(|(block_ms, max_block_ms)| Block {
-            block_ms,
-            max_block_ms,
-        }),
-    }
-}
-
 fn options_json(options: &TakeOptions) -> Value {
     let mut pairs = Vec::new();
     if options.max_wait_ms > 0 {
@@ -423,7 +413,7 @@ fn reserve_file() -> VectorFile {
     ];
     let vectors = calls
         .iter()
-        .map(|(c, max_wait_ms)| take_with_vector(c, take_options(*max_wait_ms, None)))
+        .map(|(c, max_wait_ms)| take_with_vector(c, TakeOptions::new(*max_wait_ms, None)))
         .collect();
     VectorFile {
         rule: "reserve",
@@ -462,7 +452,7 @@ fn lockout_file() -> VectorFile {
     ];
     let vectors = calls
         .iter()
-        .map(|(c, max_wait_ms, block)| take_with_vector(c, take_options(*max_wait_ms, *block)))
+        .map(|(c, max_wait_ms, block)| take_with_vector(c, TakeOptions::new(*max_wait_ms, *block)))
         .collect();
     VectorFile {
         rule: "lockout",
@@ -492,7 +482,7 @@ fn takeall_file() -> VectorFile {
     let vectors = cases
         .iter()
         .map(|(name, buckets, max_wait_ms)| {
-            let options = take_options(*max_wait_ms, None);
+            let options = TakeOptions::new(*max_wait_ms, None);
             let charges: Vec<Charge> = buckets
                 .iter()
                 .map(|&(state, capacity, rate, n)| Charge {

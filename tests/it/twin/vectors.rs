@@ -251,6 +251,25 @@ fn expected_bucket(before: &[(String, String)], write: &Value) -> (Vec<(String, 
     (sorted(fields), i64_of(&write["expire_at_ms"]))
 }
 
+/// Checks the bucket hash and expiry the twin left at `key` against what the vector's write
+/// makes of the hash stored `before` it.
+fn check_bucket_write(
+    twin: &mut Twin,
+    report: &mut Report,
+    vector: &Value,
+    key: &str,
+    before: &[(String, String)],
+) {
+    let (fields, expiry) = expected_bucket(before, &vector["expect"]["write"]);
+    let got = (sorted(twin.hash(key)), twin.expiry(key));
+    report.check(
+        vector,
+        "hash and expiry",
+        json!(got),
+        &json!((fields, expiry)),
+    );
+}
+
 fn sorted(mut fields: Vec<(String, String)>) -> Vec<(String, String)> {
     fields.sort();
     fields
@@ -308,14 +327,7 @@ fn replay_bucket_rule(rule: &str, command: &str) {
         let reply = twin.call(i64_of(&vector["now_ms"]), command, &[key], &args);
         let expect = &vector["expect"];
         report.check(&vector, "reply", figures(&reply), &expect["reply"]);
-        let (fields, expiry) = expected_bucket(&before, &expect["write"]);
-        let got = (sorted(twin.hash(key)), twin.expiry(key));
-        report.check(
-            &vector,
-            "hash and expiry",
-            json!(got),
-            &json!((fields, expiry)),
-        );
+        check_bucket_write(&mut twin, &mut report, &vector, key, &before);
         report.replayed += 1;
     }
     report.finish(rule);
@@ -418,16 +430,7 @@ fn the_twin_throttles_as_the_core_does() {
                     .expect("GET");
                 report.check(&vector, "the cell string", json!(got), &json!(tat));
             }
-            _ => {
-                let (fields, expiry) = expected_bucket(&before, &expect["write"]);
-                let got = (sorted(twin.hash(key)), twin.expiry(key));
-                report.check(
-                    &vector,
-                    "hash and expiry",
-                    json!(got),
-                    &json!((fields, expiry)),
-                );
-            }
+            _ => check_bucket_write(&mut twin, &mut report, &vector, key, &before),
         }
         report.replayed += 1;
     }

@@ -71,6 +71,18 @@ macro_rules! on_limiter {
             })
         }
     };
+    // `sync(l, arg)` or `async(l, arg)` on a limiter with the call's policy
+    // (`default` where it names none).
+    ($env:expr, $driver:expr, $rt:expr, $call:expr => $sync:ident, $async:ident($arg:expr)) => {
+        on_limiter!(
+            $env,
+            $driver,
+            $rt,
+            $call["policy"].as_str().unwrap_or("default"),
+            |l| $sync(l, $arg),
+            $async(l, $arg).await
+        )
+    };
 }
 
 /// The cases of clients/conformance/`file`, whose version this runner knows.
@@ -85,24 +97,15 @@ fn cases_of(file: &str) -> Vec<Json> {
 /// each asserts that some case ran there.
 macro_rules! on_every_backend {
     ($run:ident: $module_standalone:ident, $lua_standalone:ident, $module_cluster:ident, $lua_cluster:ident) => {
+        on_every_backend!(@one $module_standalone: $run("module", "standalone"));
+        on_every_backend!(@one $lua_standalone: $run("lua", "standalone"));
+        on_every_backend!(@one $module_cluster: $run("module", "cluster"));
+        on_every_backend!(@one $lua_cluster: $run("lua", "cluster"));
+    };
+    (@one $test:ident: $run:ident($backend:literal, $topology:literal)) => {
         #[test]
-        fn $module_standalone() {
-            assert!($run("module", "standalone", &runtime()) > 0);
-        }
-
-        #[test]
-        fn $lua_standalone() {
-            assert!($run("lua", "standalone", &runtime()) > 0);
-        }
-
-        #[test]
-        fn $module_cluster() {
-            assert!($run("module", "cluster", &runtime()) > 0);
-        }
-
-        #[test]
-        fn $lua_cluster() {
-            assert!($run("lua", "cluster", &runtime()) > 0);
+        fn $test() {
+            assert!($run($backend, $topology, &runtime()) > 0);
         }
     };
 }
@@ -378,73 +381,101 @@ fn keys_take_all(call: &Json) -> Option<Call> {
     })
 }
 
-fn run_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) -> usize {
-    let env = Env::start(backend, topology);
+/// Runs `each` once per driver on every one of `cases` that lists this backend and topology,
+/// on servers prepared for it: how many runs there were.
+fn run_cases(
+    env: &Env,
+    backend: &str,
+    topology: &str,
+    cases: &[Json],
+    mut each: impl FnMut(&str, &Json),
+) -> usize {
     let mut ran = 0;
     for driver in ["sync", "async"] {
-        for case in cases() {
-            if !lists(&case, "backends", backend) || !lists(&case, "topologies", topology) {
-                continue;
+        for case in cases {
+            if lists(case, "backends", backend) && lists(case, "topologies", topology) {
+                env.prepare(case);
+                each(driver, case);
+                ran += 1;
             }
-            env.prepare(&case);
-            let name = case["name"].as_str().unwrap();
-            let sync = |policy: Option<&str>| -> SyncDriver<'_> {
-                let name = policy.unwrap_or("default").to_string();
-                match &env {
-                    Env::Standalone(s) => {
-                        let mut l =
-                            RateLimiter::from_client(s.client(), GENEROUS).with_policy_name(name);
-                        Box::new(move |c| sync_call(&mut l, c))
-                    }
-                    Env::Cluster(c) => {
-                        let mut l = RateLimiter::new(c.client().get_connection().unwrap())
-                            .with_policy_name(name);
-                        Box::new(move |c| sync_call(&mut l, c))
-                    }
-                }
-            };
-            let mut plain = sync(None);
-            for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
-                let at = format!("{backend}/{topology}/{driver}: {name:?} call {i}");
-                if check_pure(&env, call, &at) {
-                    if let (Env::Cluster(_), Some(all)) = (&env, keys_take_all(call)) {
-                        let d = plain(&all).unwrap_or_else(|e| panic!("{at}: take_all: {e}"));
-                        assert!(d.allowed, "{at}: {d:?}");
-                    }
-                    continue;
-                }
-                let limit = limit_call(call);
-                let policy = call["policy"].as_str();
-                let outcome = if driver == "sync" {
-                    match policy {
-                        Some(_) => sync(policy)(&limit),
-                        None => plain(&limit),
-                    }
-                } else {
-                    rt.block_on(async {
-                        let name = policy.unwrap_or("default");
-                        match &env {
-                            Env::Standalone(s) => {
-                                let l = AsyncRateLimiter::from_client(s.client(), GENEROUS)
-                                    .with_policy_name(name);
-                                async_call(&l, &limit).await
-                            }
-                            Env::Cluster(c) => {
-                                let con = c.client().get_async_connection().await.unwrap();
-                                let l = AsyncRateLimiter::new(con)
-                                    .with_timeouts(GENEROUS)
-                                    .with_policy_name(name);
-                                async_call(&l, &limit).await
-                            }
-                        }
-                    })
-                };
-                check(call, outcome, &at);
-            }
-            ran += 1;
         }
     }
     ran
+}
+
+/// The call's arguments, or None where one is a number Rust's types cannot pass: the type
+/// refuses it before anything is sent, so the case must expect that refusal.
+fn passable<T>(call: &Json, parsed: Result<T, String>, at: &str) -> Option<T> {
+    match parsed {
+        Ok(arguments) => Some(arguments),
+        Err(number) => {
+            assert_eq!(
+                call["error"], "invalid_argument",
+                "{at}: {number} cannot be passed in Rust, so the case must refuse it"
+            );
+            None
+        }
+    }
+}
+
+fn run_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) -> usize {
+    let env = Env::start(backend, topology);
+    run_cases(&env, backend, topology, &cases(), |driver, case| {
+        let name = case["name"].as_str().unwrap();
+        let sync = |policy: Option<&str>| -> SyncDriver<'_> {
+            let name = policy.unwrap_or("default").to_string();
+            match &env {
+                Env::Standalone(s) => {
+                    let mut l =
+                        RateLimiter::from_client(s.client(), GENEROUS).with_policy_name(name);
+                    Box::new(move |c| sync_call(&mut l, c))
+                }
+                Env::Cluster(c) => {
+                    let mut l = RateLimiter::new(c.client().get_connection().unwrap())
+                        .with_policy_name(name);
+                    Box::new(move |c| sync_call(&mut l, c))
+                }
+            }
+        };
+        let mut plain = sync(None);
+        for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
+            let at = format!("{backend}/{topology}/{driver}: {name:?} call {i}");
+            if check_pure(&env, call, &at) {
+                if let (Env::Cluster(_), Some(all)) = (&env, keys_take_all(call)) {
+                    let d = plain(&all).unwrap_or_else(|e| panic!("{at}: take_all: {e}"));
+                    assert!(d.allowed, "{at}: {d:?}");
+                }
+                continue;
+            }
+            let limit = limit_call(call);
+            let policy = call["policy"].as_str();
+            let outcome = if driver == "sync" {
+                match policy {
+                    Some(_) => sync(policy)(&limit),
+                    None => plain(&limit),
+                }
+            } else {
+                rt.block_on(async {
+                    let name = policy.unwrap_or("default");
+                    match &env {
+                        Env::Standalone(s) => {
+                            let l = AsyncRateLimiter::from_client(s.client(), GENEROUS)
+                                .with_policy_name(name);
+                            async_call(&l, &limit).await
+                        }
+                        Env::Cluster(c) => {
+                            let con = c.client().get_async_connection().await.unwrap();
+                            let l = AsyncRateLimiter::new(con)
+                                .with_timeouts(GENEROUS)
+                                .with_policy_name(name);
+                            async_call(&l, &limit).await
+                        }
+                    }
+                })
+            };
+            check(call, outcome, &at);
+        }
+    })
 }
 
 fn lease_cases() -> Vec<Json> {
@@ -605,43 +636,18 @@ fn check_lease(
 
 fn run_lease_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) -> usize {
     let env = Env::start(backend, topology);
-    let mut ran = 0;
-    for driver in ["sync", "async"] {
-        for case in lease_cases() {
-            if !lists(&case, "backends", backend) || !lists(&case, "topologies", topology) {
+    run_cases(&env, backend, topology, &lease_cases(), |driver, case| {
+        let name = case["name"].as_str().unwrap();
+        let mut saved = HashMap::new();
+        for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
+            let at = format!("{backend}/{topology}/{driver}: lease case {name:?} call {i}");
+            let Some(lease) = passable(call, lease_call(call, &saved), &at) else {
                 continue;
-            }
-            env.prepare(&case);
-            let name = case["name"].as_str().unwrap();
-            let mut saved = HashMap::new();
-            for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
-                let at = format!("{backend}/{topology}/{driver}: lease case {name:?} call {i}");
-                let lease = match lease_call(call, &saved) {
-                    Ok(lease) => lease,
-                    Err(number) => {
-                        // Not a u64: the type refuses it before anything is sent.
-                        assert_eq!(
-                            call["error"], "invalid_argument",
-                            "{at}: {number} cannot be passed in Rust, so the case must refuse it"
-                        );
-                        continue;
-                    }
-                };
-                let policy = call["policy"].as_str().unwrap_or("default");
-                let outcome = on_limiter!(
-                    &env,
-                    driver,
-                    rt,
-                    policy,
-                    |l| sync_lease(l, &lease),
-                    async_lease(l, &lease).await
-                );
-                check_lease(call, outcome, &mut saved, &at);
-            }
-            ran += 1;
+            };
+            let outcome = on_limiter!(&env, driver, rt, call => sync_lease, async_lease(&lease));
+            check_lease(call, outcome, &mut saved, &at);
         }
-    }
-    ran
+    })
 }
 
 on_every_backend!(
@@ -830,47 +836,23 @@ fn run_jobs_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) -> 
         return 1;
     }
     let env = Env::start(backend, topology);
-    let mut ran = 0;
-    for driver in ["sync", "async"] {
-        for case in job_cases() {
-            if !lists(&case, "backends", backend) || !lists(&case, "topologies", topology) {
+    run_cases(&env, backend, topology, &job_cases(), |driver, case| {
+        let name = case["name"].as_str().unwrap();
+        for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
+            let at = format!("{backend}/{topology}/{driver}: jobs case {name:?} call {i}");
+            if call["op"] == "sleep" {
+                std::thread::sleep(std::time::Duration::from_millis(
+                    call["ms"].as_u64().unwrap(),
+                ));
                 continue;
             }
-            env.prepare(&case);
-            let name = case["name"].as_str().unwrap();
-            for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
-                let at = format!("{backend}/{topology}/{driver}: jobs case {name:?} call {i}");
-                if call["op"] == "sleep" {
-                    std::thread::sleep(std::time::Duration::from_millis(
-                        call["ms"].as_u64().unwrap(),
-                    ));
-                    continue;
-                }
-                let job = match job_call(call) {
-                    Ok(job) => job,
-                    Err(number) => {
-                        assert_eq!(
-                            call["error"], "invalid_argument",
-                            "{at}: {number} cannot be passed in Rust, so the case must refuse it"
-                        );
-                        continue;
-                    }
-                };
-                let policy = call["policy"].as_str().unwrap_or("default");
-                let outcome = on_limiter!(
-                    &env,
-                    driver,
-                    rt,
-                    policy,
-                    |l| sync_job(l, &job),
-                    async_job(l, &job).await
-                );
-                check_job(call, outcome, &at);
-            }
-            ran += 1;
+            let Some(job) = passable(call, job_call(call), &at) else {
+                continue;
+            };
+            let outcome = on_limiter!(&env, driver, rt, call => sync_job, async_job(&job));
+            check_job(call, outcome, &at);
         }
-    }
-    ran
+    })
 }
 
 on_every_backend!(
@@ -913,10 +895,13 @@ fn kill_clients(env: &Env) {
 enum ResendCall {
     Bucket(Call),
     Lease(LeaseCall),
+    /// Not a limiter's call: close every client connection (`kill_clients`).
+    KillClients,
 }
 
 fn resend_call(call: &Json) -> ResendCall {
     match call["op"].as_str().unwrap() {
+        "kill_clients" => ResendCall::KillClients,
         "acquire" => ResendCall::Lease(
             lease_call(call, &HashMap::new()).unwrap_or_else(|n| panic!("{n} in {call}")),
         ),
@@ -928,14 +913,19 @@ fn check_resend(call: &Json, outcome: Result<LeaseAnswer, Error>, at: &str) {
     check_lease(call, outcome, &mut HashMap::new(), at)
 }
 
+/// A resend case's calls, each with where it stands (`at`).
+fn resend_calls<'a>(
+    case: &'a Json,
+    at: &'a str,
+) -> impl Iterator<Item = (&'a Json, ResendCall, String)> + 'a {
+    let calls = case["calls"].as_array().unwrap().iter().enumerate();
+    calls.map(move |(i, call)| (call, resend_call(call), format!("{at} call {i}")))
+}
+
 fn resend_sync<C: redis::ConnectionLike>(l: &mut RateLimiter<C>, env: &Env, case: &Json, at: &str) {
-    for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
-        let at = format!("{at} call {i}");
-        if call["op"] == "kill_clients" {
-            kill_clients(env);
-            continue;
-        }
-        match resend_call(call) {
+    for (call, resend, at) in resend_calls(case, at) {
+        match resend {
+            ResendCall::KillClients => kill_clients(env),
             ResendCall::Bucket(c) => check(call, sync_call(l, &c), &at),
             ResendCall::Lease(c) => check_resend(call, sync_lease(l, &c), &at),
         }
@@ -946,13 +936,9 @@ async fn resend_async<C>(l: &AsyncRateLimiter<C>, env: &Env, case: &Json, at: &s
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
-    for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
-        let at = format!("{at} call {i}");
-        if call["op"] == "kill_clients" {
-            kill_clients(env);
-            continue;
-        }
-        match resend_call(call) {
+    for (call, resend, at) in resend_calls(case, at) {
+        match resend {
+            ResendCall::KillClients => kill_clients(env),
             ResendCall::Bucket(c) => check(call, async_call(l, &c).await, &at),
             ResendCall::Lease(c) => check_resend(call, async_lease(l, &c).await, &at),
         }
@@ -970,37 +956,33 @@ fn has_a_refund(case: &Json) -> bool {
 
 fn run_resend_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) -> usize {
     let env = Env::start(backend, topology);
-    let mut ran = 0;
-    for driver in ["sync", "async"] {
-        for case in resend_cases() {
-            if !lists(&case, "backends", backend) || !lists(&case, "topologies", topology) {
-                continue;
-            }
-            if topology == "cluster" && has_a_refund(&case) {
-                // redis-rs's cluster connections resend any command on a
-                // dropped connection themselves (their `retries`), a refund
-                // too: the limiter never sees the error (README, "A dropped
-                // connection").
+    let mut cases = resend_cases();
+    if topology == "cluster" {
+        // redis-rs's cluster connections resend any command on a dropped
+        // connection themselves (their `retries`), a refund too: the limiter
+        // never sees the error (README, "A dropped connection").
+        cases.retain(|case| {
+            let skipped = has_a_refund(case);
+            if skipped {
                 eprintln!("resend.json: {:?} skipped in a cluster", case["name"]);
-                continue;
             }
-            env.prepare(&case);
-            let at = format!(
-                "{backend}/{topology}/{driver}: resend case {:?}",
-                case["name"].as_str().unwrap()
-            );
-            on_limiter!(
-                &env,
-                driver,
-                rt,
-                "default",
-                |l| resend_sync(l, &env, &case, &at),
-                resend_async(l, &env, &case, &at).await
-            );
-            ran += 1;
-        }
+            !skipped
+        });
     }
-    ran
+    run_cases(&env, backend, topology, &cases, |driver, case| {
+        let at = format!(
+            "{backend}/{topology}/{driver}: resend case {:?}",
+            case["name"].as_str().unwrap()
+        );
+        on_limiter!(
+            &env,
+            driver,
+            rt,
+            "default",
+            |l| resend_sync(l, &env, case, &at),
+            resend_async(l, &env, case, &at).await
+        );
+    })
 }
 
 on_every_backend!(
