@@ -1044,17 +1044,20 @@ fn a_key_overwritten_while_waiting_ends_the_wait_with_an_error() {
 fn nothing_is_granted_while_writes_are_paused_and_waiters_are_served_after() {
     let server = Server::start();
     let mut con = server.conn();
-    acquire(&mut con, "jobs", 1, 300);
+    // The holder's lease outlasts the waiter's arrival, however slow the server (valgrind);
+    // once it waits, a renewal makes the lease end 1 s later, inside a 4 s pause.
+    let holder = id_of(&acquire(&mut con, "jobs", 1, 60_000));
     let mut client = waiter(&server, "jobs", "1", "60000", "0");
     wait_for_waiting(&mut con, 1);
+    assert_eq!(renew(&mut con, "jobs", &holder, 1000), 1);
     let _: () = redis::cmd("CLIENT")
         .arg("PAUSE")
-        .arg(1000)
+        .arg(4000)
         .arg("WRITE")
         .query(&mut con)
         .unwrap();
-    // The lease ends at ~300 ms, inside the pause: nobody is served yet.
-    assert_eq!(client.reply_within(Duration::from_millis(700)), None);
+    // The lease ends inside the pause: nobody is served yet.
+    assert_eq!(client.reply_within(Duration::from_millis(2000)), None);
     let _: () = redis::cmd("CLIENT").arg("UNPAUSE").query(&mut con).unwrap();
     assert_eq!(waited(client.reply()).acquired, 1);
 }
