@@ -29,6 +29,7 @@ pub mod lease;
 pub mod lockout;
 pub mod number;
 pub mod throttle;
+pub mod top;
 pub mod wait;
 
 #[cfg(test)]
