@@ -51,6 +51,10 @@ pub enum TbError {
     LeaseSetGone,
     /// An option keyword the command does not take.
     UnknownOption,
+    /// TB.TOP's `COUNT` is missing or not a whole number in [1, 2^53].
+    TopCount,
+    /// TB.TOP's words are neither `[COUNT k]` nor `RESET`.
+    TopSyntax,
     /// An option given twice; the message names it.
     RepeatedOption(OptionName),
     /// An option keyword last, without its value; the message names it.
@@ -169,6 +173,10 @@ impl TbError {
             TbError::MaxBurst => {
                 c"ERR max_burst must be a whole number from 0 to 9007199254740991 (2^53 - 1)"
             }
+            TbError::TopCount => {
+                c"ERR COUNT must be a whole number of rows from 1 to 9007199254740992 (2^53)"
+            }
+            TbError::TopSyntax => c"ERR TB.TOP takes COUNT k or RESET, or nothing",
             TbError::ThrottleCount => {
                 c"ERR count must be a whole number from 1 to 9007199254740992 (2^53)"
             }

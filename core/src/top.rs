@@ -24,6 +24,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::args::whole_from;
+use crate::error::TbError;
+
 /// The longest key name a slot keeps; a longer name is cut to this many
 /// bytes and its row says `truncated` (keys that share those bytes share
 /// the slot).
@@ -32,6 +35,33 @@ pub const MAX_KEY_BYTES: usize = 256;
 /// The most slots a summary may have (`tb.top-slots`): [`bytes_bound`] of
 /// it is under 4 MiB.
 pub const MAX_SLOTS: usize = 4096;
+
+/// The rows TB.TOP replies when COUNT is not given.
+pub const DEFAULT_ROWS: usize = 10;
+
+/// What a TB.TOP call asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TopRequest {
+    /// `TB.TOP [COUNT k]`: at most `rows` rows.
+    List { rows: usize },
+    /// `TB.TOP RESET`: forget every denial.
+    Reset,
+}
+
+/// `[COUNT k]` or `RESET`, the words after TB.TOP: `k` a whole number from
+/// 1 to 2^53 (rows beyond those listed are simply not there).
+pub fn parse_top_args(args: &[&[u8]]) -> Result<TopRequest, TbError> {
+    match args {
+        [] => Ok(TopRequest::List { rows: DEFAULT_ROWS }),
+        [word] if word.eq_ignore_ascii_case(b"RESET") => Ok(TopRequest::Reset),
+        [word] if word.eq_ignore_ascii_case(b"COUNT") => Err(TbError::TopCount),
+        [word, rows] if word.eq_ignore_ascii_case(b"COUNT") => whole_from(rows, 1)
+            .and_then(|rows| usize::try_from(rows).ok())
+            .map(|rows| TopRequest::List { rows })
+            .ok_or(TbError::TopCount),
+        _ => Err(TbError::TopSyntax),
+    }
+}
 
 /// One row of TB.TOP's reply.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -401,6 +431,27 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn top_takes_count_or_reset() {
+        let parse = |words: &[&str]| {
+            parse_top_args(&words.iter().map(|word| word.as_bytes()).collect::<Vec<_>>())
+        };
+        assert_eq!(parse(&[]), Ok(TopRequest::List { rows: 10 }));
+        assert_eq!(parse(&["count", "3"]), Ok(TopRequest::List { rows: 3 }));
+        assert_eq!(parse(&["RESET"]), Ok(TopRequest::Reset));
+        assert_eq!(
+            parse(&["COUNT", "9007199254740992"]),
+            Ok(TopRequest::List { rows: 1 << 53 })
+        );
+        for bad in ["0", "-1", "1.5", "x", "9007199254740993", ""] {
+            assert_eq!(parse(&["COUNT", bad]), Err(TbError::TopCount), "{bad}");
+        }
+        assert_eq!(parse(&["COUNT"]), Err(TbError::TopCount));
+        for bad in [&["RESET", "x"][..], &["COUNT", "1", "COUNT", "2"], &["TOP"]] {
+            assert_eq!(parse(bad), Err(TbError::TopSyntax), "{bad:?}");
+        }
     }
 
     #[test]

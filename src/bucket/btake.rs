@@ -50,7 +50,7 @@ fn btake(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
     let would_wait = !outcome.allowed && outcome.retry_after_ms > 0 && !locked;
     if !would_wait || !blocking::may_block(ctx) || SHADOW_MODE.load(Relaxed) {
         write_all(&[(&single.bucket, &outcome)], single.now_ms)?;
-        count_decision(&outcome, request.n);
+        count_decision(&outcome, request.n, key.bytes(), single.now_ms);
         return Ok(Reply::Decision(shadow(outcome)));
     }
     let (db, name) = (ctx.selected_db(), key.bytes());
@@ -105,14 +105,20 @@ impl GlueKind for Tokens {
         BucketKey::open(ctx, key, Access::Read).is_ok_and(|bucket| bucket.exists())
     }
 
-    fn reply(ctx: Context, result: Result<Outcome, TbError>, request: &Request, waited_ms: i64) {
+    fn reply(
+        ctx: Context,
+        key: &[u8],
+        result: Result<Outcome, TbError>,
+        request: &Request,
+        waited_ms: i64,
+    ) {
         match result {
             Ok(outcome) if outcome.allowed => metrics::WAITS_SERVED.bump(),
             Ok(_) => metrics::WAITS_TIMED_OUT.bump(),
             Err(_) => {}
         }
         if let Ok(outcome) = result {
-            count_decision(&outcome, request.n);
+            count_decision(&outcome, request.n, key, ctx.wall_ms());
         }
         metrics::WAIT_MS.add(waited_ms as f64);
         send(ctx, &[], result.map(Reply::Decision));

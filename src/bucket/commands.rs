@@ -22,6 +22,7 @@ use crate::server::machines::with_machine;
 use crate::server::metrics;
 use crate::server::reply::{entry_point, Reply, KEY_ARG};
 use crate::server::strings::ServerStr;
+use crate::server::top;
 
 /// TB.TAKE key capacity rate n [MAXWAIT ms] [BLOCK ms [MAXBLOCK ms]]
 ///
@@ -36,7 +37,7 @@ fn take(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
     single.charge.options = options;
     let outcome = single.charge.judge(single.now_ms);
     write_all(&[(&single.bucket, &outcome)], single.now_ms)?;
-    count_decision(&outcome, single.charge.n);
+    count_decision(&outcome, single.charge.n, key.bytes(), single.now_ms);
     Ok(Reply::Decision(shadow(outcome)))
 }
 
@@ -281,7 +282,13 @@ fn take_all(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
         .get(result.decisive)
         .copied()
         .ok_or(TbError::Internal)?;
-    count_decision(&outcome, charges.iter().map(|charge| charge.n).sum());
+    let deciding_key = keys.get(result.decisive).map_or(&[][..], |key| key.bytes());
+    count_decision(
+        &outcome,
+        charges.iter().map(|charge| charge.n).sum(),
+        deciding_key,
+        now_ms,
+    );
     // Every denying bucket of the call starts its own lock; the deciding
     // one's was counted just now.
     let other_locks = result
@@ -306,7 +313,7 @@ pub fn read(bucket: &mut BucketKey, key_arg: usize) -> Result<Option<bucket::Sta
 
 /// Counts a TB.TAKE / TB.TAKEALL decision for `INFO tb`: allowed or
 /// denied, a reservation that waits, a lock it started.
-pub fn count_decision(outcome: &Outcome, n: f64) {
+pub fn count_decision(outcome: &Outcome, n: f64, key: &[u8], now_ms: i64) {
     if outcome.allowed {
         metrics::ALLOWED.bump();
         metrics::TOKENS_GRANTED.add(n);
@@ -315,6 +322,7 @@ pub fn count_decision(outcome: &Outcome, n: f64) {
         }
     } else {
         metrics::DENIED.bump();
+        top::denied(key, SHADOW_MODE.load(Relaxed), now_ms);
     }
     if outcome.lock.is_some() {
         metrics::LOCKS_STARTED.bump();

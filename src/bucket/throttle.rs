@@ -50,11 +50,11 @@ fn throttle_command(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> 
     };
     let outcome = single.charge.judge(single.now_ms);
     write_all(&[(&single.bucket, &outcome)], single.now_ms)?;
-    Ok(answer(outcome, &request))
+    Ok(answer(outcome, &request, key.bytes(), single.now_ms))
 }
 
-fn answer(outcome: Outcome, request: &Request) -> Reply {
-    count_decision(&outcome, request.n);
+fn answer(outcome: Outcome, request: &Request, key: &[u8], now_ms: i64) -> Reply {
+    count_decision(&outcome, request.n, key, now_ms);
     Reply::Integers(throttle::reply(&shadow(outcome), &request.limit))
 }
 
@@ -70,7 +70,7 @@ fn cell_key(ctx: Context, name: &ServerStr, request: Request) -> Result<Reply, T
         let single = Single::open_request(ctx, name, request, Access::Write)?;
         let outcome = single.charge.judge(single.now_ms);
         write_all(&[(&single.bucket, &outcome)], single.now_ms)?;
-        return Ok(answer(outcome, &request));
+        return Ok(answer(outcome, &request, name.bytes(), single.now_ms));
     };
     let now_ms = ctx.now_ms();
     let charge = Charge {
@@ -85,7 +85,7 @@ fn cell_key(ctx: Context, name: &ServerStr, request: Request) -> Result<Reply, T
     if let Some(state) = &outcome.write {
         cell.convert(state, &outcome, now_ms)?;
     }
-    Ok(answer(outcome, &request))
+    Ok(answer(outcome, &request, name.bytes(), now_ms))
 }
 
 /// A key redis-cell wrote, open for writing; closed when dropped.

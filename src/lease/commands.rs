@@ -23,6 +23,7 @@ use crate::server::machines::with_machine;
 use crate::server::metrics;
 use crate::server::reply::{entry_point, send, Reply, KEY_ARG};
 use crate::server::strings::ServerStr;
+use crate::server::top;
 
 /// TB.ACQUIRE key limit lease_ms [timeout_ms]
 fn acquire(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
@@ -66,6 +67,7 @@ fn acquire(ctx: Context, args: &[ServerStr]) -> Result<Reply, TbError> {
             retry_after_ms,
         } => {
             metrics::LEASES_DENIED.bump();
+            top::denied(name, false, now_ms);
             LeaseReply {
                 id: None,
                 available,
@@ -194,6 +196,7 @@ impl GlueKind for Leases {
 
     fn reply(
         ctx: Context,
+        key: &[u8],
         result: Result<LeaseReply, TbError>,
         _request: &LeaseLimit,
         waited_ms: i64,
@@ -206,6 +209,7 @@ impl GlueKind for Leases {
             Ok(_) => {
                 metrics::WAITS_TIMED_OUT.bump();
                 metrics::LEASES_DENIED.bump();
+                top::denied(key, false, ctx.wall_ms());
             }
             Err(_) => {}
         }

@@ -25,7 +25,7 @@ use redis_module::raw::{
     RedisModule_StringPtrLen, RedisModule_UnblockClient, RedisModule_WrongArity,
 };
 use redis_module::raw::{
-    RedisModule_CallReplyInteger, RedisModule_GetExpire, RedisModule_ReplyWithNull,
+    RedisModule_CallReplyInteger, RedisModule_GetExpire, RedisModule_ReplyWithNull, RedisModule_ReplyWithSimpleString,
     RedisModule_ReplyWithStringBuffer, RedisModule_ValueLength, RedisModule_ZsetAdd,
     RedisModule_ZsetFirstInScoreRange, RedisModule_ZsetLastInScoreRange,
     RedisModule_ZsetRangeCurrentElement, RedisModule_ZsetRangeEndReached,
@@ -135,6 +135,7 @@ pub struct Api {
     pub get_expire: unsafe extern "C" fn(*mut RedisModuleKey) -> mstime_t,
     pub call_reply_integer: unsafe extern "C" fn(*mut RedisModuleCallReply) -> c_longlong,
     pub reply_with_null: unsafe extern "C" fn(*mut RedisModuleCtx) -> c_int,
+    pub reply_with_simple_string: unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char) -> c_int,
     pub reply_with_string_buffer:
         unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char, usize) -> c_int,
     /// TB.TAKEALL names its keys itself (`getkeys-api`): its options
@@ -267,6 +268,7 @@ pub unsafe fn resolve() -> Result<&'static Api, &'static str> {
         get_expire: need!(RedisModule_GetExpire),
         call_reply_integer: need!(RedisModule_CallReplyInteger),
         reply_with_null: need!(RedisModule_ReplyWithNull),
+        reply_with_simple_string: need!(RedisModule_ReplyWithSimpleString),
         reply_with_string_buffer: need!(RedisModule_ReplyWithStringBuffer),
         is_keys_position_request: need!(RedisModule_IsKeysPositionRequest),
         key_at_pos: need!(RedisModule_KeyAtPos),

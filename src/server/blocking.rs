@@ -85,6 +85,7 @@ pub trait GlueKind: HasMachine {
     /// served, denied at its timeout, or an error.
     fn reply(
         ctx: Context,
+        key: &[u8],
         result: Result<Self::Reply, TbError>,
         request: &Self::Request,
         waited_ms: i64,
@@ -258,9 +259,10 @@ fn dispatch<K: GlueKind>(ctx: Context, event: Event<'_, K>) {
             },
             Action::Reply {
                 result,
+                key,
                 request,
                 waited_ms,
-            } => K::reply(ctx, result, &request, waited_ms),
+            } => K::reply(ctx, &key, result, &request, waited_ms),
             Action::Abandoned { waited_ms } => K::abandoned(waited_ms),
         }
     }

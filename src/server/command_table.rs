@@ -60,6 +60,8 @@ pub enum Shape {
     Release,
     /// `key lease lease_ms` (TB.RENEW).
     Renew,
+    /// `[COUNT k] | RESET`, no key (TB.TOP).
+    NoKey,
 }
 
 /// Creates the command and sets its info. Errors are log-ready text.
@@ -77,16 +79,17 @@ pub unsafe fn register(
     // argv[1] on (1,-1,4). Cluster routing and COMMAND GETKEYS rely on it
     // where the key spec below cannot be set (before 7.0); after it, the
     // server derives the same range from the key spec.
-    let (last_key, key_step) = match spec.shape {
-        Shape::Repeated => (-1, 4),
-        _ => (1, 1),
+    let (first_key, last_key, key_step) = match spec.shape {
+        Shape::Repeated => (1, -1, 4),
+        Shape::NoKey => (0, 0, 0),
+        _ => (1, 1, 1),
     };
     let created = create(
         ctx,
         spec.name.as_ptr(),
         spec.handler,
         spec.flags.as_ptr(),
-        1,
+        first_key,
         last_key,
         key_step,
     );
@@ -102,7 +105,9 @@ pub unsafe fn register(
     }
     if let Some(set_acl) = raw::RedisModule_SetCommandACLCategories {
         let categories = spec.acl_categories.to_string_lossy();
-        let categories = if module_category {
+        // `@tb` grants what a limiter's clients need; TB.TOP shows key
+        // names, which they may not be allowed to see, so it stays out.
+        let categories = if module_category && spec.shape != Shape::NoKey {
             format!("{categories} tb")
         } else {
             categories.into_owned()
@@ -246,11 +251,42 @@ pub unsafe fn register(
     }
     let mut leases = lease_args(spec.shape);
     let mut others = other_args(spec.shape);
+    let mut top_choices = [
+        token_arg(
+            c"count",
+            c"COUNT",
+            c"at most this many rows, 1 to 2^53; default 10",
+            CommandArgFlags::NONE,
+        ),
+        raw::RedisModuleCommandArg {
+            token: c"RESET".as_ptr(),
+            ..command_arg(
+                c"reset",
+                raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN,
+                c"forget every denial counted",
+                CommandArgFlags::NONE,
+            )
+        },
+        END_OF_ARGS,
+    ];
+    let mut top = [
+        raw::RedisModuleCommandArg {
+            subargs: top_choices.as_mut_ptr(),
+            ..command_arg(
+                c"what",
+                raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_ONEOF,
+                c"the rows to list, or RESET",
+                CommandArgFlags::OPTIONAL,
+            )
+        },
+        END_OF_ARGS,
+    ];
     let args = match spec.shape {
         Shape::Single { .. } | Shape::Blocking | Shape::Take | Shape::Charge => bucket.as_mut_ptr(),
         Shape::Repeated => repeated.as_mut_ptr(),
         Shape::Acquire | Shape::Release | Shape::Renew => leases.as_mut_ptr(),
         Shape::KeyOnly | Shape::Throttle => others.as_mut_ptr(),
+        Shape::NoKey => top.as_mut_ptr(),
     };
 
     // Version 1 of the struct plus our own sizes lets a 7.0 server read the
@@ -271,7 +307,10 @@ pub unsafe fn register(
         // The reply depends on the clock, not only on the arguments.
         tips: c"nondeterministic_output".as_ptr(),
         arity: spec.arity,
-        key_specs: key_specs.as_ptr() as *mut _,
+        key_specs: match spec.shape {
+            Shape::NoKey => ptr::null_mut(),
+            _ => key_specs.as_ptr() as *mut _,
+        },
         args,
     };
     // The server copies everything it keeps, so the arrays may go.
@@ -421,7 +460,7 @@ fn command_arg(
 }
 
 /// Every command the module registers, with its COMMAND DOCS and key specs.
-pub const COMMANDS: [CommandSpec; 11] = [
+pub const COMMANDS: [CommandSpec; 12] = [
     CommandSpec {
         name: c"tb.take",
         handler: Some(crate::bucket::commands::tb_take),
@@ -539,6 +578,19 @@ pub const COMMANDS: [CommandSpec; 11] = [
         arity: 4,
         key_flags: READ_WRITE_UPDATE,
         shape: Shape::Renew,
+    },
+    CommandSpec {
+        name: c"tb.top",
+        handler: Some(crate::server::top::tb_top),
+        // `readonly`: it changes no key (RESET empties the module's own
+        // memory), so scripts, EVAL_RO and replicas may call it.
+        flags: c"readonly",
+        acl_categories: c"slow dangerous",
+        summary: c"The keys denied most over at least the last tb.top-window-ms, the most first: [key, count, error, shadow, truncated] rows (count is at least the true number, at most error above it). RESET forgets them.",
+        complexity: c"O(S log S) where S is tb.top-slots",
+        arity: -1,
+        key_flags: KeySpecFlags::empty(),
+        shape: Shape::NoKey,
     },
 ];
 

@@ -10,41 +10,62 @@ use redis_tb_core::wait::leases::Leases;
 use redis_tb_core::wait::tokens::Tokens;
 use redis_tb_core::wait::{Kind, Machine};
 
-/// A kind's machine, in a static of its own.
-pub struct MainThread<K: Kind> {
-    machine: UnsafeCell<Option<Machine<K>>>,
+/// A value only the server's main thread reaches, in a static of its own:
+/// each kind's machine here, and TB.TOP's summary (top.rs).
+pub struct MainThread<T> {
+    value: UnsafeCell<Option<T>>,
     borrowed: AtomicBool,
 }
 
-// SAFETY: see `with_machine`: one thread, and never two borrows at once.
-unsafe impl<K: Kind> Sync for MainThread<K> {}
+// SAFETY: see `MainThread::with`: one thread, and never two borrows at once.
+unsafe impl<T> Sync for MainThread<T> {}
 
-impl<K: Kind> MainThread<K> {
-    const fn new() -> Self {
+impl<T> MainThread<T> {
+    pub const fn new() -> Self {
         MainThread {
-            machine: UnsafeCell::new(None),
+            value: UnsafeCell::new(None),
             borrowed: AtomicBool::new(false),
         }
+    }
+
+    /// Runs `f` on the value, made by `make` the first time. Should a call
+    /// ever nest regardless (a bug), the inner one gets `None` instead of a
+    /// second, aliasing borrow.
+    pub fn with<R>(&'static self, make: impl FnOnce() -> T, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+        if self.borrowed.swap(true, Relaxed) {
+            return None;
+        }
+        struct Release(&'static AtomicBool);
+        impl Drop for Release {
+            fn drop(&mut self) {
+                self.0.store(false, Relaxed);
+            }
+        }
+        let _release = Release(&self.borrowed);
+        // SAFETY: main thread only, and the flag above rules out a second
+        // borrow while this one lives.
+        let value = unsafe { &mut *self.value.get() };
+        Some(f(value.get_or_insert_with(make)))
     }
 }
 
 /// A kind that has its one machine here. A new kind of wait is one more
 /// static and impl below.
 pub trait HasMachine: Kind {
-    fn machine() -> &'static MainThread<Self>;
+    fn machine() -> &'static MainThread<Machine<Self>>;
 }
 
-static TOKEN_MACHINE: MainThread<Tokens> = MainThread::new();
-static LEASE_MACHINE: MainThread<Leases> = MainThread::new();
+static TOKEN_MACHINE: MainThread<Machine<Tokens>> = MainThread::new();
+static LEASE_MACHINE: MainThread<Machine<Leases>> = MainThread::new();
 
 impl HasMachine for Tokens {
-    fn machine() -> &'static MainThread<Tokens> {
+    fn machine() -> &'static MainThread<Machine<Tokens>> {
         &TOKEN_MACHINE
     }
 }
 
 impl HasMachine for Leases {
-    fn machine() -> &'static MainThread<Leases> {
+    fn machine() -> &'static MainThread<Machine<Leases>> {
         &LEASE_MACHINE
     }
 }
@@ -55,21 +76,7 @@ impl HasMachine for Leases {
 /// second, aliasing borrow. The machines of two kinds are separate: each
 /// may be borrowed while the other is.
 pub fn with_machine<K: HasMachine, R>(f: impl FnOnce(&mut Machine<K>) -> R) -> Option<R> {
-    let main = K::machine();
-    if main.borrowed.swap(true, Relaxed) {
-        return None;
-    }
-    struct Release(&'static AtomicBool);
-    impl Drop for Release {
-        fn drop(&mut self) {
-            self.0.store(false, Relaxed);
-        }
-    }
-    let _release = Release(&main.borrowed);
-    // SAFETY: main thread only, and the flag above rules out a second
-    // borrow while this one lives.
-    let machine = unsafe { &mut *main.machine.get() };
-    Some(f(machine.get_or_insert_with(Machine::default)))
+    K::machine().with(Machine::default, f)
 }
 
 #[cfg(test)]

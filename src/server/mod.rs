@@ -1,6 +1,7 @@
 //! The frame every command runs in: the server API table, loading, every
 //! setting, key access, the reply frame, the command table with COMMAND
-//! DOCS, INFO tb, and blocking clients for the waits of both data types.
+//! DOCS, INFO tb, TB.TOP's summary of the keys denied most (fed by both
+//! data types' denials), and blocking clients for the waits of both.
 //!
 //! Every `unsafe` of the module is here. A handler gets a [`context::Context`]
 //! and its arguments as [`strings::ServerStr`]s (read as bytes), and does
@@ -27,3 +28,4 @@ pub mod machines;
 pub mod metrics;
 pub mod reply;
 pub mod strings;
+pub mod top;

@@ -11,6 +11,7 @@ use redis_tb_core::bucket::Outcome;
 use redis_tb_core::error::{
     corrupt_bucket_message, corrupt_lease_set_message, corrupt_lock_message, TbError,
 };
+use redis_tb_core::top::Row;
 use redis_tb_core::wait::leases::LeaseReply;
 
 use super::api;
@@ -36,6 +37,10 @@ pub enum Reply {
     /// TB.THROTTLE: redis-cell's five integers.
     Integers([i64; 5]),
     Blocked,
+    /// TB.TOP: `[key, count, error, shadow, truncated]` rows.
+    Top(Vec<Row>),
+    /// TB.TOP RESET: `OK`.
+    Ok,
     /// Nothing to send: the server asked TB.TAKEALL for its keys only
     /// (`getkeys-api`), and was told through `RM_KeyAtPos`.
     KeysNamed,
@@ -96,6 +101,8 @@ pub(crate) use entry_point;
 pub fn send(context: Context, args: &[ServerStr], result: Result<Reply, TbError>) {
     match &result {
         Ok(Reply::Blocked | Reply::KeysNamed) => return,
+        // TB.TOP reads what the module counted; it decides nothing.
+        Ok(Reply::Top(_) | Reply::Ok) => {}
         Ok(_) => metrics::CALLS.bump(),
         Err(_) => metrics::ERRORS.bump(),
     }
@@ -111,6 +118,10 @@ pub fn send(context: Context, args: &[ServerStr], result: Result<Reply, TbError>
                 reply_outcome(api, ctx, &outcome, Some(index));
             }
             Ok(Reply::Lease(lease)) => reply_lease(api, ctx, &lease),
+            Ok(Reply::Top(rows)) => reply_top(api, ctx, &rows),
+            Ok(Reply::Ok) => {
+                (api.reply_with_simple_string)(ctx, c"OK".as_ptr());
+            }
             Ok(Reply::Flag(flag)) => {
                 (api.reply_with_long_long)(ctx, i64::from(flag));
             }
@@ -185,5 +196,23 @@ unsafe fn reply_lease(api: &api::Api, ctx: *mut RedisModuleCtx, lease: &LeaseRep
         None => {
             (api.reply_with_null)(ctx);
         }
+    }
+}
+
+/// TB.TOP's rows: `[key, count, error, shadow, truncated]`, the key a bulk
+/// string of its (cut) bytes.
+///
+/// # Safety
+/// `ctx` must be a context with a client.
+unsafe fn reply_top(api: &api::Api, ctx: *mut RedisModuleCtx, rows: &[Row]) {
+    let as_integer = |count: u64| i64::try_from(count).unwrap_or(i64::MAX);
+    (api.reply_with_array)(ctx, c_long::try_from(rows.len()).unwrap_or(0));
+    for row in rows {
+        (api.reply_with_array)(ctx, 5);
+        (api.reply_with_string_buffer)(ctx, row.key.as_ptr().cast(), row.key.len());
+        (api.reply_with_long_long)(ctx, as_integer(row.count));
+        (api.reply_with_long_long)(ctx, as_integer(row.error));
+        (api.reply_with_long_long)(ctx, as_integer(row.shadow));
+        (api.reply_with_long_long)(ctx, i64::from(row.truncated));
     }
 }

@@ -188,16 +188,17 @@ pub enum Event<'a, K: Kind> {
 }
 
 /// What the glue must do, in order, after `on` returns.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Action<K: Kind> {
     /// End this client's wait; the server then runs its callback, which
     /// becomes `Event::Unblocked`.
     Unblock(Client),
     /// The reply to send from the callback being handled: a grant, a denial
     /// at its timeout (or CLIENT UNBLOCK), or an error. `request` is what
-    /// the waiter asked for.
+    /// the waiter asked for, `key` the key it waited on.
     Reply {
         result: Result<K::Reply, TbError>,
+        key: Rc<[u8]>,
         request: K::Request,
         waited_ms: i64,
     },
@@ -575,6 +576,7 @@ impl<K: Kind> Machine<K> {
         };
         actions.push(Action::Reply {
             result,
+            key: Rc::clone(&waiter.key),
             request: waiter.request,
             waited_ms: waited(&waiter, now_ms),
         });

@@ -1047,11 +1047,13 @@ fn another_kind_waits_in_the_same_machine() {
         .collect();
     let reply = |result| super::Action::Reply {
         result,
+        key: Rc::from(&b"slots"[..]),
         request: Slot { fails: false },
         waited_ms: 0,
     };
     let failed = super::Action::Reply {
         result: Err(TbError::Internal),
+        key: Rc::from(&b"slots"[..]),
         request: Slot { fails: true },
         waited_ms: 0,
     };
