@@ -18,6 +18,11 @@
 #   rust-client  clients/rust/run-tests.sh
 #   fuzz         scripts/fuzz.sh, FUZZ_SECONDS (default 10) per target
 #
+# The integration tests spend their time waiting on servers (a run of the whole program uses
+# about 16 s of CPU in 190 s), so they run TB_TEST_THREADS (default 8) at a time, not one per
+# core: every wait in them is on a condition with a generous deadline, so a busier machine
+# makes them slower, not red.
+#
 # A failing step does not stop the ones after it (but nothing runs after a failed `deps` or
 # `build`, which every later step needs): one run shows every failure. Each step's output
 # goes to the terminal and to .cache/test/<step>.log; the run ends with one line per step
@@ -37,6 +42,7 @@ if ! command -v cargo >/dev/null 2>&1 && [[ -f "${CARGO_HOME:-$HOME/.cargo}/env"
 fi
 export TB_MODULE=${TB_MODULE:-$ROOT/target/release/libredis_tb.so}
 export TB_SERVER=${TB_SERVER:-redis-server}
+export TB_TEST_THREADS=${TB_TEST_THREADS:-8}
 
 step_paths() {
     python3 scripts/check-paths.py --self-test
@@ -69,17 +75,20 @@ step_build() {
 }
 
 step_rust() {
-    cargo test --workspace
+    cargo test --workspace -- --test-threads "$TB_TEST_THREADS"
 }
 
 # The same .so, unchanged, in each Valkey (fetched by `deps`): the unit and property tests do
 # not depend on the server, so only the integration program runs again, but for the release
 # checks (tests/it/release.rs: the packages installed as a user would, minutes of pip, npm
-# and cargo), which the `rust` step runs once.
+# and cargo), which the `rust` step runs once. `--workspace` keeps the features of the
+# `rust` step's build (the core's dev-dependencies unify some), so the program is not built
+# again.
 valkey() {
     local server=$ROOT/.cache/servers/valkey-$1/valkey-server
     echo "integration tests on $("$server" --version)"
-    TB_SERVER=$server cargo test --test it -- --skip release::
+    TB_SERVER=$server cargo test --workspace --test it -- --skip release:: \
+        --test-threads "$TB_TEST_THREADS"
 }
 step_valkey-8.1() { valkey 8.1; }
 step_valkey-9.1() { valkey 9.1; }

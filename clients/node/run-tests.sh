@@ -53,7 +53,7 @@ tap=$(mktemp)
 tap_lowest=$(mktemp)
 trap 'rm -f "$tap" "$tap_lowest"' EXIT
 status=0
-node --test --test-reporter=spec --test-reporter-destination=stdout \
+node --test --test-concurrency="${TB_TEST_FILES:-4}" --test-reporter=spec --test-reporter-destination=stdout \
     --test-reporter=tap --test-reporter-destination="$tap" \
     "$@" test/*.test.js || status=$?
 echo "--- the conformance suite again with the lowest declared ioredis"

@@ -47,7 +47,9 @@ make_venv .venv-lowest requirements-lowest.txt
 export PYTHONDONTWRITEBYTECODE=1 TB_PY_INSTALLED=1
 # Run from tests/ so `import redis_tb` is the installed copy, not src/.
 cd tests
-PYTEST=(-m pytest -p no:cacheprovider -c ../pyproject.toml --rootdir ..)
+# Four worker processes (pytest-xdist): the tests mostly wait on their own servers, each on
+# a free port of its own, so they share nothing.
+PYTEST=(-m pytest -p no:cacheprovider -c ../pyproject.toml --rootdir .. -n "${TB_TEST_FILES:-4}")
 echo "== redis-py $(../.venv/bin/python -c 'import redis; print(redis.__version__)') (the newest pinned)"
 ../.venv/bin/python "${PYTEST[@]}" "$@"
 # The lowest redis-py pyproject.toml allows: the same suite but for the

@@ -100,7 +100,7 @@ kill "$(cat "$tmp/quickstart.pid")"
 echo "--- cargo test (TB_MODULE=$TB_MODULE, TB_SERVER=$TB_SERVER)"
 log="$tmp/test.log"
 set +e
-cargo test --locked --all-features --no-fail-fast 2>&1 | tee "$log"
+cargo test --locked --all-features --no-fail-fast -- --test-threads "${TB_TEST_THREADS:-8}" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 
 # The lowest redis version Cargo.toml allows ("1" -> 1.0.0), next to the
@@ -111,7 +111,7 @@ echo "--- cargo test with the lowest declared redis ($lowest)"
 cp Cargo.lock "$tmp/Cargo.lock.newest"
 trap 'cp "$tmp/Cargo.lock.newest" "$here/Cargo.lock"; kill "$(cat "$tmp/quickstart.pid" 2>/dev/null)" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 cargo update --quiet -p redis --precise "$lowest"
-CARGO_TARGET_DIR="$here/target/lowest" cargo test --locked --all-features --no-fail-fast 2>&1 | tee -a "$log"
+CARGO_TARGET_DIR="$here/target/lowest" cargo test --locked --all-features --no-fail-fast -- --test-threads "${TB_TEST_THREADS:-8}" 2>&1 | tee -a "$log"
 lowest_status=${PIPESTATUS[0]}
 cp "$tmp/Cargo.lock.newest" Cargo.lock
 ((status == 0)) && status=$lowest_status

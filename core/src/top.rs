@@ -393,12 +393,27 @@ fn row(name: &[u8], count: u64, error: u64, shadow: u64) -> Row {
 pub fn bytes_bound(slot_limit: usize) -> usize {
     let slot_limit = slot_limit.min(MAX_SLOTS);
     let word = std::mem::size_of::<usize>();
-    // An Arc<[u8]>'s allocation: two counts, then the bytes, rounded up to a word.
-    let name_bytes = (2 * word + MAX_KEY_BYTES + 1).div_ceil(word) * word;
-    let per_slot = std::mem::size_of::<Slot>() + word + name_bytes;
-    let buckets = (slot_limit * 2 * 8 / 7 + 1).next_power_of_two();
-    let index = buckets * (std::mem::size_of::<(Name, usize)>() + 1) + 64;
-    2 * (slot_limit * per_slot + index)
+    // An Arc<[u8]>'s allocation: two counts, then the bytes, rounded up to a
+    // word. Every figure is small (MAX_SLOTS bounds them), so saturating
+    // arithmetic never saturates.
+    let name_bytes = (MAX_KEY_BYTES
+        .saturating_add(1)
+        .saturating_add(word.saturating_mul(2)))
+    .div_ceil(word)
+    .saturating_mul(word);
+    let per_slot = std::mem::size_of::<Slot>()
+        .saturating_add(word)
+        .saturating_add(name_bytes);
+    let buckets = (slot_limit.saturating_mul(16) / 7)
+        .saturating_add(1)
+        .next_power_of_two();
+    let index = buckets
+        .saturating_mul(std::mem::size_of::<(Name, usize)>().saturating_add(1))
+        .saturating_add(64);
+    slot_limit
+        .saturating_mul(per_slot)
+        .saturating_add(index)
+        .saturating_mul(2)
 }
 
 #[cfg(test)]

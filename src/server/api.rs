@@ -25,9 +25,9 @@ use redis_module::raw::{
     RedisModule_StringPtrLen, RedisModule_UnblockClient, RedisModule_WrongArity,
 };
 use redis_module::raw::{
-    RedisModule_CallReplyInteger, RedisModule_GetExpire, RedisModule_ReplyWithNull, RedisModule_ReplyWithSimpleString,
-    RedisModule_ReplyWithStringBuffer, RedisModule_ValueLength, RedisModule_ZsetAdd,
-    RedisModule_ZsetFirstInScoreRange, RedisModule_ZsetLastInScoreRange,
+    RedisModule_CallReplyInteger, RedisModule_GetExpire, RedisModule_ReplyWithNull,
+    RedisModule_ReplyWithSimpleString, RedisModule_ReplyWithStringBuffer, RedisModule_ValueLength,
+    RedisModule_ZsetAdd, RedisModule_ZsetFirstInScoreRange, RedisModule_ZsetLastInScoreRange,
     RedisModule_ZsetRangeCurrentElement, RedisModule_ZsetRangeEndReached,
     RedisModule_ZsetRangeNext, RedisModule_ZsetRangeStop, RedisModule_ZsetRem,
     RedisModule_ZsetScore,

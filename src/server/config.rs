@@ -263,14 +263,15 @@ pub fn check_load_args<'a>(mut args: impl Iterator<Item = &'a [u8]>) -> Result<L
                 };
             }
             b"max-waiters" => {
-                load_args.max_waiters = number_in(args.next(), 1, MAX_WAITERS_LIMIT).ok_or(
-                    format!("max-waiters must be followed by a count from 1 to {MAX_WAITERS_LIMIT}"),
-                )?;
+                load_args.max_waiters =
+                    number_in(args.next(), 1, MAX_WAITERS_LIMIT).ok_or(format!(
+                        "max-waiters must be followed by a count from 1 to {MAX_WAITERS_LIMIT}"
+                    ))?;
             }
             b"top-slots" => {
-                load_args.top_slots = number_in(args.next(), 0, TOP_SLOTS_LIMIT).ok_or(
-                    format!("top-slots must be followed by a count from 0 to {TOP_SLOTS_LIMIT}"),
-                )?;
+                load_args.top_slots = number_in(args.next(), 0, TOP_SLOTS_LIMIT).ok_or(format!(
+                    "top-slots must be followed by a count from 0 to {TOP_SLOTS_LIMIT}"
+                ))?;
             }
             b"top-window-ms" => {
                 let (least, most) = TOP_WINDOW_MS_RANGE;

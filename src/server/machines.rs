@@ -31,7 +31,11 @@ impl<T> MainThread<T> {
     /// Runs `f` on the value, made by `make` the first time. Should a call
     /// ever nest regardless (a bug), the inner one gets `None` instead of a
     /// second, aliasing borrow.
-    pub fn with<R>(&'static self, make: impl FnOnce() -> T, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+    pub fn with<R>(
+        &'static self,
+        make: impl FnOnce() -> T,
+        f: impl FnOnce(&mut T) -> R,
+    ) -> Option<R> {
         if self.borrowed.swap(true, Relaxed) {
             return None;
         }
