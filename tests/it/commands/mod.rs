@@ -17,4 +17,5 @@ mod reservations;
 mod take;
 mod takeall;
 mod throttle;
+mod top;
 mod unblock;
