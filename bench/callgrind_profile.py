@@ -251,6 +251,16 @@ def profile(args, out_dir: Path) -> dict:
              ["EVALSHA", sha, "1", "key:__rand_int__", *allow, bench.CLIENT_NOW], "tb"),
             ("TB.TAKE allowed", ["TB.TAKE", "key:__rand_int__", *allow], "tb"),
             ("TB.TAKE denied", ["TB.TAKE", "key:__rand_int__", *deny], "drain"),
+            # TB.TOP's summary off (tb.top-slots 0): what counting a denial
+            # costs, in the same run. The denials spread over the 10,000 keys,
+            # ten times the default 1,024 slots, so most of them take a slot
+            # from another key: the summary's dearest case.
+            (TOP_OFF_ALLOWED, ["TB.TAKE", "key:__rand_int__", *allow], "tb"),
+            (TOP_OFF_DENIED, ["TB.TAKE", "key:__rand_int__", *deny], "drain"),
+            # The usual denial: a few keys denied again and again (100 keys,
+            # all in the summary's slots), with the summary on and off.
+            (HOT_DENIED, ["TB.TAKE", "key:__rand_int__", *deny], "drain"),
+            (HOT_DENIED_OFF, ["TB.TAKE", "key:__rand_int__", *deny], "drain"),
         ]  # fmt: skip
         workloads += [
             ("TB.THROTTLE allowed", ["TB.THROTTLE", "key:__rand_int__", *bench.CL_ALLOW], "throttle"),
@@ -275,6 +285,11 @@ def profile(args, out_dir: Path) -> dict:
             # keyspace first, outside the measurement.
             with harness.Conn(port, timeout=600) as c:
                 c.call("FLUSHALL")
+                top_slots = "0" if label in (TOP_OFF_ALLOWED, TOP_OFF_DENIED, HOT_DENIED_OFF) else "1024"
+                try:
+                    c.call("CONFIG", "SET", "tb.top-slots", top_slots)
+                except harness.ReplyError:
+                    pass  # a module from before TB.TOP
                 keys = ["key:%012d" % i for i in range(KEYS)]
                 if prep == "hset":
                     c.pipeline([["HSET", k, "tokens", "1.5", "last_refill", "1700000000000"] for k in keys])
@@ -293,7 +308,8 @@ def profile(args, out_dir: Path) -> dict:
             before = set(out_dir.glob(f"callgrind.out.{proc.pid}*"))
             callgrind_control("--zero", str(proc.pid))
             bargv = ["redis-benchmark", "-p", str(port), "-c", "1", "-P", str(bench.PIPELINE),
-                     "-n", str(args.n), "-r", str(KEYS), "-q", *cmd]  # fmt: skip
+                     "-n", str(args.n), "-r", str(HOT_KEYS if label in (HOT_DENIED, HOT_DENIED_OFF) else KEYS),
+                     "-q", *cmd]  # fmt: skip
             subprocess.run(bargv, check=True, capture_output=True, timeout=3600)
             callgrind_control("--dump=" + re.sub(r"\W+", "_", label), str(proc.pid))
             dump = newest_dump(out_dir, proc.pid, before)
@@ -315,6 +331,11 @@ def profile(args, out_dir: Path) -> dict:
 
 
 PEER_SO = "libredis_cell.so"
+TOP_OFF_ALLOWED = "TB.TAKE allowed (TB.TOP off)"
+TOP_OFF_DENIED = "TB.TAKE denied (TB.TOP off)"
+HOT_KEYS = 100
+HOT_DENIED = "TB.TAKE denied on 100 keys"
+HOT_DENIED_OFF = "TB.TAKE denied on 100 keys (TB.TOP off)"
 
 # Server functions worth comparing between server builds, by what they do
 # (Redis 7.0's names; ALIASES gives Valkey's; a function a build lacks, or
@@ -407,6 +428,50 @@ def server_functions(results: dict, n: int, report: dict) -> list[str]:
     return out
 
 
+def top_ratios(report: dict) -> list[str]:
+    """TB.TAKE with TB.TOP's summary on (the default) over off, in
+    instructions per call in the whole server; the target is a denied call
+    at most 1.03x, an allowed one 1.00x."""
+    out = []
+    for on, off in (("TB.TAKE allowed", TOP_OFF_ALLOWED), ("TB.TAKE denied", TOP_OFF_DENIED),
+                    (HOT_DENIED, HOT_DENIED_OFF)):
+        if on in report["workloads"] and off in report["workloads"]:
+            ratio = report["workloads"][on]["instructions_total"] / report["workloads"][off]["instructions_total"]
+            report.setdefault("top_on_over_off", {})[on] = ratio
+            out.append(f"{on + ': TB.TOP on / off':<50} {ratio:6.3f}x instructions")
+    if out:
+        out = ["", "== TB.TOP's summary (tb.top-slots 1024 against 0, the same run; target: denied <= 1.03x)"] + out
+    return out
+
+
+def top_markdown(report: dict, n: int) -> str:
+    """bench/results/top-results.md: TB.TOP's cost in one table."""
+    rows = [
+        "# TB.TOP's summary: TB.TAKE with it on (tb.top-slots 1024) and off (0)",
+        "",
+        f"callgrind, {n} pipelined calls per workload, instructions per call in the whole server",
+        "(event loop, parsing and reply included), measured in the same run by",
+        "`make bench` (scripts/profile.sh's workloads; bench/callgrind_profile.py).",
+        "",
+        "| workload | on | off | on / off |",
+        "|---|---|---|---|",
+    ]
+    for on, off in (("TB.TAKE allowed", TOP_OFF_ALLOWED), ("TB.TAKE denied", TOP_OFF_DENIED),
+                    (HOT_DENIED, HOT_DENIED_OFF)):
+        w = report["workloads"]
+        if on in w and off in w:
+            a, b = w[on]["instructions_total"], w[off]["instructions_total"]
+            rows.append(f"| {on} | {a:.0f} | {b:.0f} | {a / b:.3f}x |")
+    rows += [
+        "",
+        f"`TB.TAKE denied` spreads its denials over {KEYS} keys, ten times the slots, so",
+        "nearly every one takes a slot from another key (the dearest case); the 100-key",
+        "row is a few keys denied again and again. Target: a denial at most 1.03x.",
+        "",
+    ]
+    return "\n".join(rows)
+
+
 def analyze(results: dict, n: int, module_name: str, out_dir: Path) -> int:
     report = {"calls_per_workload": n, "keyspace": KEYS, "module": module_name, "workloads": {}}
     lines = [f"callgrind, {n} pipelined calls per workload (-P {bench.PIPELINE}), {KEYS} existing keys; per call:", ""]
@@ -471,7 +536,10 @@ def analyze(results: dict, n: int, module_name: str, out_dir: Path) -> int:
         report["workloads"][label].update({"module_instructions": module_total, "module_callees": api, "rules": rules})
 
     lines += server_functions(results, n, report)
+    lines += top_ratios(report)
 
+    if "top_on_over_off" in report:
+        (out_dir / "top.md").write_text(top_markdown(report, n))
     text = "\n".join(lines)
     print("\n" + text)
     (out_dir / "report.txt").write_text(text + "\n")

@@ -24,7 +24,8 @@
 # reported as skipped). Then the libraries' in-process answers
 # (bench/local_bench.py): a take on the local limiter and a denial from the
 # denial cache against one GET round trip, in Python, Node and Rust
-# (bench/results/local-results.md and .json).
+# (bench/results/local-results.md and .json). Last, TB.TAKE with TB.TOP's summary on
+# and off, in instructions under callgrind (bench/results/top-results.md).
 #
 # Knobs (environment or flags passed through to bench/bench.py):
 #   BENCH_REPS=3     repetitions (medians and min-max spreads over these)
@@ -54,6 +55,7 @@
 #                    (missing ones skipped)
 #   BENCH_MIDDLEWARE=0  skip the middleware part; BENCH_MIDDLEWARE_ARGS=...
 #                    passes options to it (e.g. "--quick", "--only axum,Express")
+#   BENCH_TOP=0      skip TB.TOP's on/off instruction counts (BENCH_TOP_CALLS=5000 calls each)
 #   BENCH_LOCAL=0    skip the libraries' local limiter and denial cache against
 #                    one GET (bench/local_bench.py); BENCH_LOCAL_ARGS=... passes
 #                    options to it (e.g. "--reps 1")
@@ -133,6 +135,18 @@ fi
 if [[ "${BENCH_MIDDLEWARE:-1}" != 0 ]]; then
     # shellcheck disable=SC2086
     python3 bench/middleware_bench.py ${BENCH_MIDDLEWARE_ARGS:-} || status=1
+fi
+# TB.TOP's summary on against off, in instructions under callgrind, in one run
+# (bench/results/top-results.md).
+if [[ "${BENCH_TOP:-1}" != 0 ]]; then
+    if command -v valgrind >/dev/null && command -v callgrind_control >/dev/null; then
+        python3 bench/callgrind_profile.py -n "${BENCH_TOP_CALLS:-5000}" --out .cache/profile-top \
+            --only "TB.TAKE allowed,TB.TAKE denied,TB.TAKE allowed (TB.TOP off),TB.TAKE denied (TB.TOP off),TB.TAKE denied on 100 keys,TB.TAKE denied on 100 keys (TB.TOP off)" \
+            >/dev/null && cp .cache/profile-top/top.md bench/results/top-results.md \
+            && cat bench/results/top-results.md || status=1
+    else
+        echo "bench: no valgrind (apt-get install valgrind): TB.TOP's on/off rows skipped" >&2
+    fi
 fi
 if [[ "${BENCH_LOCAL:-1}" != 0 ]]; then
     # shellcheck disable=SC2086
