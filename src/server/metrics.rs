@@ -7,6 +7,12 @@
 use std::os::raw::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
+use redis_tb_core::wait::leases::Leases;
+use redis_tb_core::wait::tokens::Tokens;
+use redis_tb_core::wait::Machine;
+
+use super::config::MAX_WAITERS;
+use super::machines::with_machine;
 use redis_module::raw::{
     RedisModuleInfoCtx, RedisModule_InfoAddFieldCString, RedisModule_InfoAddFieldDouble,
     RedisModule_InfoAddFieldULongLong, RedisModule_InfoAddSection,
@@ -160,6 +166,21 @@ pub extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
             add_u64(ctx, name.as_ptr(), counter.get());
         }
         add_f64(ctx, c"wait_ms".as_ptr(), WAIT_MS.get());
+        // The longest queue of either kind against the limit each kind has:
+        // a queue near it turns the next waiters away.
+        let longest = with_machine(|tokens: &mut Machine<Tokens>| tokens.longest_queue())
+            .unwrap_or(0)
+            .max(with_machine(|leases: &mut Machine<Leases>| leases.longest_queue()).unwrap_or(0));
+        add_u64(
+            ctx,
+            c"longest_queue".as_ptr(),
+            u64::try_from(longest).unwrap_or(u64::MAX),
+        );
+        add_u64(
+            ctx,
+            c"max_waiters".as_ptr(),
+            u64::try_from(MAX_WAITERS.load(Relaxed)).unwrap_or(0),
+        );
         for (name, counter) in [
             (c"leases_acquired", &LEASES_ACQUIRED),
             (c"leases_denied", &LEASES_DENIED),

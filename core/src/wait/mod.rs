@@ -295,6 +295,18 @@ impl<K: Kind> Machine<K> {
         self.waiters.len()
     }
 
+    /// The most clients waiting on one key now (INFO tb's
+    /// `tb_longest_queue`, read against `tb.max-waiters`): a walk over the
+    /// keys that have waiters, for INFO only.
+    pub fn longest_queue(&self) -> usize {
+        self.queues
+            .values()
+            .flat_map(HashMap::values)
+            .map(|queue| queue.len)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// How many wait on `key` now.
     pub fn waiting_on(&self, db: Db, key: &[u8]) -> usize {
         self.queue(db, key).map_or(0, |queue| queue.len)

@@ -8,7 +8,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use crate::harness::*;
 
 /// Every field of `INFO tb`, in order.
-const FIELDS: [&str; 24] = [
+const FIELDS: [&str; 26] = [
     "tb_calls",
     "tb_allowed",
     "tb_denied",
@@ -27,6 +27,8 @@ const FIELDS: [&str; 24] = [
     "tb_waits_timed_out",
     "tb_waits_abandoned",
     "tb_wait_ms",
+    "tb_longest_queue",
+    "tb_max_waiters",
     "tb_leases_acquired",
     "tb_leases_denied",
     "tb_leases_released",
@@ -615,4 +617,30 @@ fn acl_categories_are_those_the_server_supports() {
         assert_noperm(&mut limiter, &["FLUSHALL"]);
         assert!(!exists(&mut admin, "other:1"));
     }
+}
+
+#[test]
+fn info_tb_shows_the_longest_queue_against_tb_max_waiters() {
+    let server = Server::start_with(&["--tb.max-waiters", "50"]);
+    let mut con = server.conn();
+    assert_eq!(tb_field(&mut con, "tb_longest_queue"), "0");
+    assert_eq!(tb_field(&mut con, "tb_max_waiters"), "50");
+    drain(&mut con, "busy", "1", "0.001");
+    drain(&mut con, "quiet", "1", "0.001");
+    let mut waiters: Vec<RawClient> = Vec::new();
+    for key in ["busy", "busy", "busy", "quiet"] {
+        let mut waiter = RawClient::connect(&server);
+        waiter.send(&["TB.BTAKE", key, "1", "0.001", "1", "0"]);
+        waiters.push(waiter);
+    }
+    wait_for_waiting(&mut con, 4);
+    assert_eq!(tb_field(&mut con, "tb_longest_queue"), "3");
+    redis::cmd("CONFIG")
+        .arg(&["SET", "tb.max-waiters", "3"])
+        .exec(&mut con)
+        .unwrap();
+    assert_eq!(tb_field(&mut con, "tb_max_waiters"), "3");
+    drop(waiters);
+    wait_for_waiting(&mut con, 0);
+    assert_eq!(tb_field(&mut con, "tb_longest_queue"), "0");
 }
