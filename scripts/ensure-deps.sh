@@ -10,6 +10,8 @@
 #   - redis-server, redis-cli, redis-benchmark (integration tests and `make run`)
 #   - libfaketime (the `faketime` package): the lease tests step the server's
 #     clock back (tests/it/harness/clock.rs)
+#   - prometheus-redis-exporter, prometheus and promtool: monitoring/ is tested against
+#     them (tests/it/server/monitoring.rs)
 #   - objdump and strip (binutils), dpkg-deb: `make dist` strips the module, measures
 #     the glibc it needs and builds the .deb (scripts/dist.sh)
 #
@@ -88,6 +90,9 @@ have_libfaketime() {
     return 1
 }
 have_libfaketime || add_pkg faketime
+command -v prometheus-redis-exporter >/dev/null 2>&1 || add_pkg prometheus-redis-exporter
+command -v prometheus >/dev/null 2>&1 || add_pkg prometheus
+command -v promtool >/dev/null 2>&1 || add_pkg prometheus
 command -v objdump >/dev/null 2>&1 || add_pkg binutils
 command -v strip >/dev/null 2>&1 || add_pkg binutils
 command -v dpkg-deb >/dev/null 2>&1 || add_pkg dpkg
@@ -134,7 +139,8 @@ still=()
 command -v make >/dev/null 2>&1 || still+=(make)
 have_libclang || still+=(libclang)
 have_libfaketime || still+=(libfaketime)
-for tool in redis-server redis-cli redis-benchmark python3 node npm objdump strip dpkg-deb; do
+for tool in redis-server redis-cli redis-benchmark python3 node npm objdump strip dpkg-deb \
+    prometheus-redis-exporter prometheus promtool; do
     command -v "$tool" >/dev/null 2>&1 || still+=("$tool")
 done
 if ((${#still[@]})); then

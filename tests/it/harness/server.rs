@@ -446,13 +446,13 @@ fn wait_exit(child: &mut Child, timeout: Duration) -> bool {
     }
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     listener.local_addr().expect("local addr").port()
 }
 
 /// `<CARGO_TARGET_TMPDIR or <crate>/target>/tb-it/<pid>-<n>-<nanos>`, created empty.
-fn fresh_dir() -> PathBuf {
+pub fn fresh_dir() -> PathBuf {
     let base = match option_env!("CARGO_TARGET_TMPDIR") {
         Some(tmp) => PathBuf::from(tmp),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("target"),

@@ -2,6 +2,7 @@
 //! writes it refuses, WATCH/MULTI/EVAL, INFO, configs and ACL.
 
 mod lifecycle;
+mod monitoring;
 mod notifications;
 mod oom;
 mod operations;
