@@ -22,9 +22,10 @@
 //! slot is O(1), and a denial costs one keyed hash (SipHash, so no stream of
 //! hostile names can make the probes long) and no allocation.
 //!
-//! Memory is fixed by the slot count: names are cut at [`MAX_KEY_BYTES`]
-//! and kept in the slots, which are allocated once, at the first denial, so
-//! no stream of keys makes the summary grow (see [`bytes_bound`]).
+//! Memory is bounded by the slot count: names are cut at [`MAX_KEY_BYTES`]
+//! and kept in the slots, which grow with the keys denied up to the slot
+//! count and never past it, whatever the stream of keys (see
+//! [`bytes_bound`]).
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -235,12 +236,11 @@ impl Generation {
     /// One denial of `name` (its hash `hash`), cut to MAX_KEY_BYTES.
     fn observe(&mut self, hash: u64, name: &[u8], truncated: bool, shadow: bool) {
         if self.table.is_empty() {
-            // Everything at once, at the first denial: nothing grows later.
+            // The table (4 bytes a position) at once; the slots and groups
+            // grow with the keys denied, so a server near its maxmemory does
+            // not meet the whole summary at its first denial.
             let size = self.slot_limit.saturating_mul(2).next_power_of_two();
             self.table = vec![NONE; size];
-            self.slots.reserve_exact(self.slot_limit);
-            self.groups.reserve_exact(self.slot_limit);
-            self.free_groups.reserve_exact(self.slot_limit);
         }
         let shadow = u64::from(shadow);
         let (pos, found) = self.find(hash, name);
@@ -274,6 +274,7 @@ impl Generation {
             let Ok(slot) = u32::try_from(self.slots.len()) else {
                 return;
             };
+            grow(&mut self.slots, self.slot_limit);
             self.slots.push(Slot {
                 hash,
                 count: 1,
@@ -334,6 +335,7 @@ impl Generation {
                 index
             }
             None => {
+                grow(&mut self.groups, self.slot_limit);
                 self.groups.push(group);
                 u32::try_from(self.groups.len().saturating_sub(1)).unwrap_or(NONE)
             }
@@ -399,6 +401,7 @@ impl Generation {
         if let Some(after) = self.groups.get_mut(group_next as usize) {
             after.prev = group_prev;
         }
+        grow(&mut self.free_groups, self.slot_limit);
         self.free_groups.push(group);
     }
 
@@ -433,6 +436,20 @@ impl Generation {
         self.detach(slot);
         self.attach(slot, target);
     }
+}
+
+/// Room for one more in `vector`, doubling it (from 16) but never past
+/// `limit` entries, which bounds the summary's memory.
+fn grow<T>(vector: &mut Vec<T>, limit: usize) {
+    if vector.len() < vector.capacity() {
+        return;
+    }
+    let wanted = vector
+        .capacity()
+        .saturating_mul(2)
+        .max(16)
+        .min(limit.max(1));
+    vector.reserve_exact(wanted.saturating_sub(vector.len()).max(1));
 }
 
 /// The summary TB.TOP reads: two generations of `slot_limit` slots each.
