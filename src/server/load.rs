@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
 use super::command_table::{self, COMMANDS};
-use super::{api, blocking, config, metrics};
+use super::{api, blocking, config, metrics, top};
 
 /// The server's entry point on `loadmodule` / `MODULE LOAD`.
 ///
@@ -75,6 +75,7 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
 pub unsafe extern "C" fn RedisModule_OnUnload(ctx: *mut RedisModuleCtx) -> c_int {
     // SAFETY: the unload's context. A panic is caught there.
     unsafe { blocking::on_unload(ctx) };
+    top::forget();
     raw::REDISMODULE_OK as c_int
 }
 
@@ -143,6 +144,7 @@ fn load(ctx: *mut RedisModuleCtx) -> Result<(), String> {
     metrics::CACHED_CLOCK.store(api.cached_microseconds.is_some(), Relaxed);
     // SAFETY: the load's context.
     unsafe { blocking::reset_at_load(api, ctx) };
+    top::forget();
     // SAFETY: OnLoad context. This replaces the crate's default INFO callback.
     if let Some(register_info) = unsafe { raw::RedisModule_RegisterInfoFunc } {
         unsafe { register_info(ctx, Some(metrics::info)) };

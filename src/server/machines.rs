@@ -53,6 +53,22 @@ impl<T> MainThread<T> {
     }
 }
 
+impl<T> MainThread<T> {
+    /// Drops the value (at unload, so nothing of it outlives the module; at
+    /// load, should the loader have kept the library mapped). `false`,
+    /// keeping it, if it is borrowed (never at load or unload).
+    pub fn forget(&'static self) -> bool {
+        if self.borrowed.swap(true, Relaxed) {
+            return false;
+        }
+        // SAFETY: main thread only, and the flag rules out a borrow.
+        let value = unsafe { (*self.value.get()).take() };
+        self.borrowed.store(false, Relaxed);
+        drop(value);
+        true
+    }
+}
+
 /// A kind that has its one machine here. A new kind of wait is one more
 /// static and impl below.
 pub trait HasMachine: Kind {

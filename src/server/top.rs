@@ -39,6 +39,12 @@ fn with_top<R>(now_ms: i64, f: impl FnOnce(&mut Top) -> R) -> Option<R> {
     .flatten()
 }
 
+/// Drops the summary: at unload, so its memory goes with the module, and at
+/// load, so a reload starts empty.
+pub fn forget() {
+    TOP.forget();
+}
+
 /// Counts one denial of `key` at `now_ms` (`shadow`: shadow mode reported
 /// it as allowed).
 #[inline]

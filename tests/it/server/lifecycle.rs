@@ -301,6 +301,38 @@ fn unload_and_load_cycles_do_not_leak_server_memory() {
 }
 
 #[test]
+fn a_reload_starts_tb_top_empty_and_unloading_frees_its_summary() {
+    const CYCLES: i64 = 20;
+    let server = Server::start_with(MODULE_ARGS);
+    let mut con = server.conn();
+    let deny_many = |con: &mut redis::Connection| {
+        for key in 0..300 {
+            take(con, &format!("denied:{key}"), "1", "0.001", "2");
+        }
+    };
+    deny_many(&mut con);
+    let top: Vec<redis::Value> = redis::cmd("TB.TOP").query(&mut con).unwrap();
+    assert_eq!(top.len(), 10);
+    assert_eq!(unload(&mut con), Ok("OK".into()));
+    assert_eq!(load(&mut con, &[]), Ok("OK".into()));
+    let top: Vec<redis::Value> = redis::cmd("TB.TOP").query(&mut con).unwrap();
+    assert!(top.is_empty(), "TB.TOP after a reload: {top:?}");
+    // A summary of 300 keys (about 100 KB) each cycle: none of it may stay.
+    let before = used_memory(&mut con);
+    for _ in 0..CYCLES {
+        deny_many(&mut con);
+        assert_eq!(unload(&mut con), Ok("OK".into()));
+        assert_eq!(load(&mut con, &[]), Ok("OK".into()));
+    }
+    let per_cycle = (used_memory(&mut con) - before) / CYCLES;
+    println!("used_memory grew {per_cycle} bytes per cycle with a summary");
+    assert!(
+        per_cycle < LEAK_PER_CYCLE_LIMIT,
+        "each cycle with a summary leaks {per_cycle} bytes"
+    );
+}
+
+#[test]
 fn refused_loads_do_not_leak_server_memory() {
     const ATTEMPTS: i64 = 50;
     let server = Server::start_without_module(&[]);
