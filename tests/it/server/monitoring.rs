@@ -287,6 +287,60 @@ fn prometheus_scrapes_the_exporter_and_every_dashboard_panel_returns_data() {
             );
         }
     }
+    // The picture of it all (monitoring/draw.py). With TB_MONITORING_PICTURE=path, a longer
+    // run of varied traffic first, and the picture kept there (docs/monitoring.svg is one).
+    let keep = std::env::var_os("TB_MONITORING_PICTURE");
+    let minutes = if keep.is_some() {
+        for second in 0..90u32 {
+            for _ in 0..(20 + second % 30) {
+                take(&mut con, "api:allowed", "1000000", "100000", "1");
+            }
+            for call in 0..(second % 20) {
+                take(
+                    &mut con,
+                    &format!("api:user:{}", call % 4),
+                    "1",
+                    "0.001",
+                    "1",
+                );
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        "2"
+    } else {
+        "1"
+    };
+    let picture = dir.join("picture.svg");
+    let drawn = Command::new("python3")
+        .arg(monitoring("draw.py"))
+        .args([
+            "--prometheus",
+            &format!("http://127.0.0.1:{}", prometheus.port),
+        ])
+        .args(["--minutes", minutes])
+        .arg("--out")
+        .arg(&picture)
+        .output()
+        .expect("python3 monitoring/draw.py");
+    assert!(
+        drawn.status.success(),
+        "draw.py: {}",
+        String::from_utf8_lossy(&drawn.stderr)
+    );
+    let svg = std::fs::read_to_string(&picture).expect("the picture");
+    for panel in panels {
+        assert!(
+            svg.contains(panel["title"].as_str().unwrap_or("?")),
+            "{svg}"
+        );
+    }
+    assert!(
+        !svg.contains("no data"),
+        "a panel drawn without data:\n{svg}"
+    );
+    if let Some(keep) = keep {
+        std::fs::copy(&picture, keep).expect("keep the picture");
+    }
 }
 
 #[test]
