@@ -5,7 +5,7 @@
 #
 # Phases:
 #   suite   Integration tests (SANITIZE_TESTS: module paths of tests/it, default: the
-#           commands take, errors, takeall, refund, peek, and waiting::btake,
+#           commands take, errors, takeall, refund, peek, top, and waiting::btake,
 #           waiting::btake_events, leases::commands) against redis-server under valgrind memcheck. Every memcheck
 #           error (invalid read/write/free, uninitialised value, overlap) is
 #           reported; one whose stack goes through libredis_tb.so fails the run.
@@ -38,7 +38,7 @@ ROOT=$PWD
 OUT=$ROOT/.cache/sanitize
 MODULE=$ROOT/target/release/libredis_tb.so
 SERVER_BIN=${TB_SERVER_BIN:-redis-server}
-TESTS=${SANITIZE_TESTS:-commands::take:: commands::errors:: commands::takeall:: commands::refund:: commands::peek:: waiting::btake:: waiting::btake_events:: leases::commands::}
+TESTS=${SANITIZE_TESTS:-commands::take:: commands::errors:: commands::takeall:: commands::refund:: commands::peek:: commands::top:: waiting::btake:: waiting::btake_events:: leases::commands::}
 THREADS=${SANITIZE_THREADS:-2}
 LEAK_ROUNDS=${LEAK_ROUNDS:-100}
 GROWTH_CALLS=${GROWTH_CALLS:-100000}
