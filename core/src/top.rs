@@ -84,6 +84,10 @@ pub struct Row {
     pub shadow: u64,
 }
 
+/// Table positions per slot: 4 bytes each, so 16 a slot against the ~300
+/// of the slot itself.
+const TABLE_PER_SLOT: usize = 4;
+
 /// "No slot", "no group": the end of a list, an empty table entry.
 const NONE: u32 = u32::MAX;
 
@@ -120,7 +124,8 @@ struct Group {
 
 /// One Space-Saving summary: its slots, their groups by count (`lowest`
 /// holds the slots a new key may take), and an open-addressing table from
-/// name to slot, twice the slots in size, probed linearly.
+/// name to slot, probed linearly: TABLE_PER_SLOT positions a slot, so
+/// probes are short (a quarter full at most).
 struct Generation {
     slots: Vec<Slot>,
     groups: Vec<Group>,
@@ -239,7 +244,10 @@ impl Generation {
             // The table (4 bytes a position) at once; the slots and groups
             // grow with the keys denied, so a server near its maxmemory does
             // not meet the whole summary at its first denial.
-            let size = self.slot_limit.saturating_mul(2).next_power_of_two();
+            let size = self
+                .slot_limit
+                .saturating_mul(TABLE_PER_SLOT)
+                .next_power_of_two();
             self.table = vec![NONE; size];
         }
         let shadow = u64::from(shadow);
@@ -585,15 +593,15 @@ fn merge_into(
 
 /// The most memory a summary of `slot_limit` slots holds, whatever keys it
 /// has seen: in each of its two generations, the slots (names included),
-/// as many groups and free-group entries, and the table of twice the slots
-/// (rounded up to a power of two).
+/// as many groups and free-group entries, and the table of TABLE_PER_SLOT
+/// positions a slot (rounded up to a power of two).
 pub fn bytes_bound(slot_limit: usize) -> usize {
     let slot_limit = slot_limit.min(MAX_SLOTS);
     let per_slot = std::mem::size_of::<Slot>()
         .saturating_add(std::mem::size_of::<Group>())
         .saturating_add(std::mem::size_of::<u32>());
     let table = slot_limit
-        .saturating_mul(2)
+        .saturating_mul(TABLE_PER_SLOT)
         .next_power_of_two()
         .saturating_mul(std::mem::size_of::<u32>());
     slot_limit
