@@ -41,6 +41,35 @@ export interface RateLimiterOptions {
   cacheDenials?: boolean;
   /** Where backend changes, outages and errors go. Default: stderr (debug with NODE_DEBUG=redis-tb); false: nowhere. */
   logger?: Logger;
+  /** Where the metrics go (docs/clients.md#metrics): an OpenTelemetry MeterProvider. Default: @opentelemetry/api's global one, when the API is installed; without it nothing is recorded. */
+  meterProvider?: MeterProviderLike;
+}
+
+/** An OpenTelemetry MeterProvider (@opentelemetry/api's or an SDK's), typed by the one method called, so that these types need no @opentelemetry/api (an optional peer dependency). */
+export interface MeterProviderLike {
+  getMeter(name: string, version?: string, options?: object): unknown;
+}
+
+export interface TopOptions {
+  /** How many rows, the most denied first: 1 to 2^53. Default 10. */
+  count?: number;
+}
+
+/** One row of top() (docs/clients.md#the-most-denied-keys). */
+export declare class TopKey {
+  constructor(keyBytes: Buffer, count: number, error: number, shadow: number, truncated: boolean);
+  /** The key's name as text: bytes that are not UTF-8 are replaced by U+FFFD. */
+  readonly key: string;
+  /** The key's name exactly (its first 256 bytes when truncated). */
+  readonly keyBytes: Buffer;
+  /** Denials counted: never below the true number over the window, at most `error` above it. */
+  readonly count: number;
+  /** The bound on the overcount. */
+  readonly error: number;
+  /** How many of them were shadow-mode denials. */
+  readonly shadow: number;
+  /** The name was longer than 256 bytes and cut to its first 256. */
+  readonly truncated: boolean;
 }
 
 export interface CallOptions {
@@ -266,6 +295,8 @@ export declare class RateLimiter {
   lease(key: Key, limit: number, leaseMs: number, options?: LeaseOptions): Promise<LeaseGuard>;
   /** Runs fn holding a lease and releases it when fn settles, also when it throws. */
   withLease<T>(key: Key, limit: number, leaseMs: number, fn: (guard: LeaseGuard) => T | Promise<T>, options?: LeaseOptions): Promise<T>;
+  /** The most-denied keys (TB.TOP COUNT count; in a cluster on every master, merged): the most denied first, ties by key bytes. Needs the module: otherwise LimiterReplyError; an unreachable master: LimiterUnavailable. */
+  top(options?: TopOptions): Promise<TopKey[]>;
   /** Closes every connection the limiter opened (waitTake's, idle or waiting); the client passed in stays open. */
   close(): void;
 }

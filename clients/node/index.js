@@ -4,7 +4,7 @@
 // server has them, the Lua fallback (lua/tb.lua) otherwise; same replies either way.
 const { RateLimiter, createClient, createClusterClient, lua } = require('./lib/limiter');
 const { LeaseGuard } = require('./lib/lease');
-const { Decision, Lease, Limit, bucketKey, escapeId, classify } = require('./lib/core');
+const { Decision, Lease, Limit, TopKey, bucketKey, escapeId, classify } = require('./lib/core');
 const { LimiterError, InvalidArgument, LimiterReplyError, LimiterUnavailable, LeaseDenied, LeaseLost } = require('./lib/errors');
 const { rateLimitHeaders } = require('./lib/headers');
 const { expressRateLimit } = require('./lib/express');
@@ -18,6 +18,7 @@ module.exports = {
   LeaseDenied,
   LeaseLost,
   Limit,
+  TopKey,
   LimiterError,
   InvalidArgument,
   LimiterReplyError,

@@ -26,13 +26,18 @@ fi
 
 echo "--- cargo fmt --check"
 cargo fmt --check
-echo "--- cargo clippy -D warnings (all features, and the library without them)"
+echo "--- cargo clippy -D warnings (all features, the library without them, and with metrics alone)"
 cargo clippy --locked --all-targets --all-features -- -D warnings
 cargo clippy --locked --lib --no-default-features -- -D warnings
+cargo clippy --locked --lib --no-default-features --features metrics -- -D warnings
 cargo build --locked --all-features
-echo "--- the sync-only library (no features) pulls in no tokio and no futures"
-if cargo tree --locked -e normal --no-default-features --prefix none | grep -E '^(tokio|futures)'; then
+echo "--- the sync-only library (no features, or metrics alone) pulls in no tokio and no futures"
+if cargo tree --locked -e normal --no-default-features --prefix none | grep -E '^(tokio|futures|opentelemetry)'; then
   echo "the default features depend on the crates above" >&2
+  exit 1
+fi
+if cargo tree --locked -e normal --no-default-features --features metrics --prefix none | grep -E '^(tokio|futures)'; then
+  echo "the feature metrics depends on the crates above" >&2
   exit 1
 fi
 

@@ -457,6 +457,45 @@ function leaseFrom(reply, asked) {
   return new Lease(reply[0] === 1, reply[1], reply[2], id, asked);
 }
 
+// One row of top() (docs/clients.md, "The most-denied keys"): the key as text (bytes that are
+// not UTF-8 replaced by U+FFFD) and as its exact bytes, its denials (at most `error` above the
+// true number), how many were shadow-mode denials, and whether the name was cut at 256 bytes.
+class TopKey {
+  constructor(keyBytes, count, error, shadow, truncated) {
+    this.key = keyBytes.toString('utf8');
+    this.keyBytes = keyBytes;
+    this.count = count;
+    this.error = error;
+    this.shadow = shadow;
+    this.truncated = truncated;
+  }
+}
+
+// TB.TOP's reply, read with Buffers for bulk strings: rows of [key, count, error, shadow,
+// truncated]; another shape is a bug.
+function topFrom(reply) {
+  if (!Array.isArray(reply)) {
+    throw new LimiterError('bug', `unexpected TB.TOP reply: ${util.inspect(reply)}`);
+  }
+  return reply.map((row) => {
+    const valid = Array.isArray(row) && row.length === 5 && (Buffer.isBuffer(row[0]) || typeof row[0] === 'string')
+      && row.slice(1, 4).every((x) => Number.isSafeInteger(x) && x >= 0) && (row[4] === 0 || row[4] === 1);
+    if (!valid) {
+      throw new LimiterError('bug', `unexpected TB.TOP row: ${util.inspect(row)}`);
+    }
+    return new TopKey(Buffer.from(row[0]), row[1], row[2], row[3], row[4] === 1);
+  });
+}
+
+// The masters' rows as one answer: the most denied first, ties by the key's bytes, the first
+// `count` kept. Each master counts only the keys it owns, so no key is in two lists.
+function mergeTop(lists, count) {
+  // The server's own order (core/src/top.rs), so the cut keeps what each server kept.
+  return lists.flat()
+    .sort((a, b) => b.count - a.count || a.error - b.error || Buffer.compare(a.keyBytes, b.keyBytes))
+    .slice(0, count);
+}
+
 function boolFrom(reply) {
   if (reply !== 0 && reply !== 1) {
     throw new LimiterError('bug', `unexpected reply: ${util.inspect(reply)}`);
@@ -492,6 +531,9 @@ module.exports = {
   decisionFrom,
   Lease,
   leaseFrom,
+  TopKey,
+  topFrom,
+  mergeTop,
   boolFrom,
   concurrencyItem,
 };

@@ -403,9 +403,10 @@ function* pollForLease(acquire, timeoutMs, pollMs, started, clock) {
 // and how it may be answered: `local` ('take' | 'peek' | false), what the local limiter
 // answers during an outage; `cache`, whether the denial cache answers it and learns its
 // denial; `primable`, a plain take (no MAXWAIT, no BLOCK), whose allowed answer that left
-// fewer than n tokens is remembered as the next one's denial.
+// fewer than n tokens is remembered as the next one's denial; `metered`, whether its answer is
+// a decision of the metrics (docs/clients.md, "Metrics": takes, not peeks, refunds, charges).
 class Call {
-  constructor(op, keys, { costs = [], limits = null, local = false, cache = false, primable = false } = {}) {
+  constructor(op, keys, { costs = [], limits = null, local = false, cache = false, primable = false, metered = false } = {}) {
     this.op = op;
     this.keys = keys;
     this.costs = costs;
@@ -413,6 +414,7 @@ class Call {
     this.local = local;
     this.cache = cache;
     this.primable = primable;
+    this.metered = metered;
   }
 
   // The Decision's index of the bucket at `i` (null but for takeall).

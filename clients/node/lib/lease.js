@@ -101,8 +101,12 @@ class LeaseGuard {
     }
   }
 
+  // tb.leases counts the loss: the server said so ('server': a renewal answered 0, or an error
+  // reply), or Redis stayed unreachable past the lease's deadline.
   _lose() {
     this._lost = true;
+    const source = this.error instanceof LimiterUnavailable ? 'unavailable_denied' : 'server';
+    this.limiter._metrics.lease(this.decision.policy, 'lost', source);
     this._controller.abort(new LeaseLost(`the lease ${this.lease} on ${String(this.key)} is no longer held`,
       this.error ? { cause: this.error } : undefined));
   }

@@ -11,6 +11,7 @@ const { LimiterError, InvalidArgument, LimiterUnavailable, LeaseDenied, isReplyE
 const core = require('./core');
 const engine = require('./engine');
 const { LeaseGuard } = require('./lease');
+const { Metrics, isMeterProvider } = require('./metrics');
 
 const { Limit, Decision, decisionFrom, classify, limiterError } = core;
 
@@ -306,6 +307,9 @@ class RateLimiter {
   //                    time it names (docs/clients.md, "The denial cache")
   //   logger           (level, message) => void, or an object with debug/info/warn/error;
   //                    default stderr; false: nothing
+  //   meterProvider    the OpenTelemetry MeterProvider the limiter's metrics go to
+  //                    (docs/clients.md, "Metrics"); default the global one of
+  //                    @opentelemetry/api, when it is installed
   constructor(client, options = {}) {
     if (!client || typeof client.sendCommand !== 'function') {
       throw new InvalidArgument('RateLimiter needs an ioredis Redis or Cluster client');
@@ -337,6 +341,10 @@ class RateLimiter {
     // The denial cache, the local limiter and its outage (lib/engine.js).
     this._shield = new engine.Shield(this.instances, this.localMaxKeys, this.localProbeMs, cacheDenials);
     this.log = toLog(options.logger);
+    if (options.meterProvider !== undefined && !isMeterProvider(options.meterProvider)) {
+      throw new InvalidArgument(`meterProvider must be an OpenTelemetry MeterProvider (with getMeter), got ${util.inspect(options.meterProvider)}`);
+    }
+    this._metrics = new Metrics(options.meterProvider);
     watchReconnections(client);
     // Calls that failed, by class of the failure rule (LimiterUnavailable, any other error).
     this.stats = { unavailable: 0, errors: 0 };
@@ -416,7 +424,7 @@ class RateLimiter {
       }
       case 'acquire': {
         const { key, limit, leaseMs, options } = step.acquire;
-        return this.acquire(key, limit, leaseMs, options);
+        return this._acquireOnce(key, limit, leaseMs, options);
       }
       case 'sleep':
         return sleep(step.ms);
@@ -483,6 +491,7 @@ class RateLimiter {
   // the answer (default: a Decision over call.limits). retryDrop: false for a call that may
   // not be sent twice (refund, settle).
   async _call(call, numbers, parse = (reply) => decisionFrom(reply, call.limits, call.op === 'takeall'), retryDrop = true) {
+    const started = call.metered ? performance.now() : 0;
     let early;
     try {
       early = this._shield.before(call, Date.now());
@@ -494,6 +503,7 @@ class RateLimiter {
       if (early.source === 'local') {
         this.stats.unavailable += 1;
       }
+      this._decided(call, early, started);
       return early;
     }
     let answer;
@@ -507,6 +517,7 @@ class RateLimiter {
         this.log(...line);
       }
       if (decision !== null) {
+        this._decided(call, decision, started);
         return decision;
       }
       throw error;
@@ -515,7 +526,15 @@ class RateLimiter {
     if (line) {
       this.log(...line);
     }
+    this._decided(call, answer, started);
     return answer;
+  }
+
+  // A metered call's decision, under the deciding limit's name and where it came from.
+  _decided(call, decision, started) {
+    if (call.metered) {
+      this._metrics.decision(decision.policy, decision.allowed, decision.source, started);
+    }
   }
 
   // Waits for a client whose connection dropped to be ready again: its first reconnection,
@@ -561,15 +580,17 @@ class RateLimiter {
     // Only a plain take primes a denial (no MAXWAIT, no BLOCK: no `words`).
     const call = new engine.Call(op, [k], {
       costs: [n], limits, local: how.local ?? false, cache: Boolean(how.cache), primable: op === 'take' && words.length === 0,
+      metered: Boolean(how.metered),
     });
     return this._call(call, numbers, undefined, how.retryDrop);
   }
 
   // How a take is served: locally when Redis is down if the limiter (or the middleware:
-  // `local`) says so; from the denial cache unless it is a reservation.
+  // `local`) says so; from the denial cache unless it is a reservation. Each is a decision
+  // of the metrics (waitTake's inner takes are not: the wait is one).
   _takeHow(options, local) {
     const plain = !(options?.maxWaitMs > 0);
-    return { local: local || this.onUnavailable === 'local' ? 'take' : false, cache: plain };
+    return { local: local || this.onUnavailable === 'local' ? 'take' : false, cache: plain, metered: true };
   }
 
   // The denial cache forgets a key this limiter changed (refund, charge, settle, unblock).
@@ -697,7 +718,7 @@ class RateLimiter {
     numbers.push(...core.takeOptions(options?.maxWaitMs, limits[0].blockMs, limits[0].maxBlockMs));
     const how = this._takeHow(options, local);
     const call = new engine.Call('takeall', keys, {
-      costs: limits.map((limit) => limit.n ?? 1), limits: judged, local: how.local, cache: how.cache,
+      costs: limits.map((limit) => limit.n ?? 1), limits: judged, local: how.local, cache: how.cache, metered: how.metered,
     });
     return this._call(call, numbers);
   }
@@ -726,12 +747,14 @@ class RateLimiter {
     } catch (err) {
       throw this._failed(err);
     }
-    if (served !== undefined) {
-      return served;
+    if (served === undefined) {
+      // Without the module: one reservation and one sleep (engine.reserveAndWait).
+      const take = { key, capacity, rate, n, name: limits[0].name };
+      served = await this._drive(engine.reserveAndWait(take, timeoutMs, started, () => performance.now()));
     }
-    // Without the module: one reservation and one sleep (engine.reserveAndWait).
-    const take = { key, capacity, rate, n, name: limits[0].name };
-    return this._drive(engine.reserveAndWait(take, timeoutMs, started, () => performance.now()));
+    this._metrics.decision(served.policy, served.allowed, served.source, started);
+    this._metrics.wait(served.policy, served.allowed);
+    return served;
   }
 
   // ---------------------------------------------------------------------------------------
@@ -756,6 +779,17 @@ class RateLimiter {
   // Takes a lease on `key` if fewer than `limit` are live; it ends by itself after leaseMs
   // unless released or renewed. options: { name, failOpen }.
   async acquire(key, limit, leaseMs, options = {}) {
+    return this._leased(await this._acquireOnce(key, limit, leaseMs, options));
+  }
+
+  // A lease call's answer, counted once (tb.leases).
+  _leased(lease) {
+    this._metrics.lease(lease.policy, lease.acquired ? 'acquired' : 'denied', lease.failedOpen ? 'unavailable_allowed' : 'server');
+    return lease;
+  }
+
+  // acquire without the count: also waitAcquire's polls (engine.pollForLease), counted once at the end.
+  async _acquireOnce(key, limit, leaseMs, options) {
     const asked = this._asked(key, limit, leaseMs, options);
     try {
       return await this._call(new engine.Call('acquire', [prefixed(this.client, asked.key)]), asked.texts,
@@ -809,14 +843,18 @@ class RateLimiter {
       served = await this._waitOnModule('TB.ACQUIRE', prefixedKey, [...asked.texts, timeoutText], timeoutMs,
         (reply) => core.leaseFrom(reply, asked));
     } catch (err) {
-      return this._failOpen(this._failed(err), asked, options);
+      return this._leased(this._failOpen(this._failed(err), asked, options));
     }
-    if (served !== undefined) {
-      return served;
+    if (served === undefined) {
+      // Without the module: polling (engine.pollForLease).
+      const acquire = { key, limit, leaseMs, options: { name: asked.name, failOpen: options.failOpen } };
+      served = await this._drive(engine.pollForLease(acquire, timeoutMs, pollMs, started, () => performance.now()));
     }
-    // Without the module: polling (engine.pollForLease).
-    const acquire = { key, limit, leaseMs, options: { name: asked.name, failOpen: options.failOpen } };
-    return this._drive(engine.pollForLease(acquire, timeoutMs, pollMs, started, () => performance.now()));
+    // A failed-open lease did not wait: it is a lease, not a wait.
+    if (!served.failedOpen) {
+      this._metrics.wait(served.policy, served.acquired);
+    }
+    return this._leased(served);
   }
 
   // A LeaseGuard: acquires (waitAcquire with options.timeoutMs), throws LeaseDenied when
@@ -850,6 +888,24 @@ class RateLimiter {
     } finally {
       await guard._dispose(failed);
     }
+  }
+
+  // The most-denied keys of the whole deployment (docs/clients.md, "The most-denied keys"):
+  // TB.TOP COUNT count on the server, or on every master of a cluster, merged, the first
+  // `count` kept. TB.TOP is the module's alone: it is sent as it is, without detecting the
+  // backend. An error reply (no module, an ACL without TB.TOP) throws LimiterReplyError, an
+  // unreachable master LimiterUnavailable: never a partial answer.
+  async top({ count = 10 } = {}) {
+    const text = core.wholeText(count, 'count');
+    let lists;
+    try {
+      const nodes = await this._nodes();
+      // Bulk replies come back as Buffers (send() sets no reply encoding): keys exactly.
+      lists = await Promise.all(nodes.map(async (node) => core.topFrom(await this._sendTo(node, 'TB.TOP', ['COUNT', text], null))));
+    } catch (err) {
+      throw this._failed(err);
+    }
+    return core.mergeTop(lists, count);
   }
 
   // The node that owns `key`'s slot, by the server's slot rule and the client's slot map;

@@ -208,9 +208,14 @@ function limiterCore(options) {
       if (err instanceof LeaseDenied) {
         return { denied: err.decision };
       }
-      if (err instanceof LimiterUnavailable && mode !== 'closed') {
-        outageFailed(limiter, err, true);
-        return { guard: null };
+      if (err instanceof LimiterUnavailable) {
+        // The limiter raised, so it counted nothing: what the middleware does is counted here.
+        const open = mode !== 'closed';
+        limiter._metrics.lease(concurrency.name, open ? 'acquired' : 'denied', open ? 'unavailable_allowed' : 'unavailable_denied');
+        if (open) {
+          outageFailed(limiter, err, true);
+          return { guard: null };
+        }
       }
       throw err;
     }
@@ -227,6 +232,8 @@ function limiterCore(options) {
     const keyOf = (name) => bucketKey(prefix, who, name);
     let decision = null;
     let guard = null;
+    // When the rate decision was asked for (null: not yet): a raised one is counted here.
+    let rateStarted = null;
     try {
       if (concurrency) {
         const held = await inFlight(keyOf);
@@ -235,6 +242,7 @@ function limiterCore(options) {
         }
         guard = held.guard;
       }
+      rateStarted = performance.now();
       decision = await rateDecision(keyOf, n);
     } catch (err) {
       if (guard) {
@@ -245,6 +253,11 @@ function limiterCore(options) {
         return { status: 500, headers: {}, body: BUG_BODY };
       }
       outageFailed(limiter, err, mode !== 'closed');
+      if (rateStarted !== null && limits.length > 0) {
+        // Several limits failed together: no limit decided, so the first one names the decision.
+        limiter._metrics.decision(limits[0].name, mode !== 'closed',
+          mode !== 'closed' ? 'unavailable_allowed' : 'unavailable_denied', rateStarted);
+      }
       if (mode !== 'closed') {
         return { status: 0, headers: {}, body: null };
       }

@@ -171,12 +171,12 @@ function readmeBlocks() {
 }
 
 // One project for every block: the README's install (the tarball of a clean checkout), and
-// the frameworks its blocks use, at package-lock.json's versions.
+// the frameworks and the OpenTelemetry SDK its blocks use, at package-lock.json's versions.
 let blockProject = null;
 function projectForBlocks() {
   if (blockProject === null) {
     const dir = tempProject();
-    readmeInstall(cleanCheckout(), dir, ['express@5.3.0', 'fastify@5.12.8']);
+    readmeInstall(cleanCheckout(), dir, ['express@5.3.0', 'fastify@5.12.8', '@opentelemetry/api@1.9.1', '@opentelemetry/sdk-metrics@2.12.1']);
     blockProject = dir;
   }
   return blockProject;
@@ -188,6 +188,9 @@ const BLOCK_OUTPUT = [
   { has: "limiter.take('user:42', 20, 5)", output: [/^true 19 "default";r=19;t=1$/m] },
   { has: 'limiter.unblock(login)', output: [/^false$/m] },
   { has: 'limiter.withLease(', output: [/^true 1 0 [0-9]+-[0-9]+-[0-9]+$/m, /^worked with lease [0-9]+-[0-9]+-[0-9]+$/m] },
+  { has: 'reader.collect()', output: [/^tb\.decisions \{"tb\.limit":"api","tb\.outcome":"allowed","tb\.source":"redis"\} 1$/m,
+    /^tb\.decision\.duration \{"tb\.limit":"api","tb\.outcome":"allowed","tb\.source":"redis"\} 1$/m] },
+  { has: 'limiter.top(', output: [/^(?:login:bob 3 0 0 false|no TB\.TOP here: ERR unknown command.*)$/m] },
 ];
 
 // Runs a block as a CommonJS file of `dir`. A block that serves HTTP prints `listening on <port>` once
@@ -277,13 +280,16 @@ test('after the README\'s install, tsc --strict type-checks a file using the typ
   // typescript and @types/node at package-lock.json's versions: from npm's cache.
   readmeInstall(pkg, dir, ['typescript@7.0.2', '@types/node@20.19.43']);
   fs.writeFileSync(path.join(dir, 'app.ts'), `
-import { RateLimiter, createClient, expressRateLimit, Decision } from 'redis-tb';
+import { RateLimiter, createClient, expressRateLimit, Decision, TopKey } from 'redis-tb';
 const limiter = new RateLimiter(createClient('redis://127.0.0.1:6379', { lazyConnect: true }),
   { onUnavailable: 'local', instances: 2, cacheDenials: true });
 async function main(): Promise<void> {
   const d: Decision = await limiter.take('k', 5, 1);
   const source: 'server' | 'local' | 'cache' = d.source;
   console.log(source, d.remaining);
+  // The metrics' and top()'s types need no @opentelemetry/api (an optional peer dependency).
+  const rows: TopKey[] = await new RateLimiter(limiter.client, { meterProvider: { getMeter: () => ({}) } }).top({ count: 3 });
+  console.log(rows.map((row) => [row.key, row.keyBytes.length, row.count, row.truncated]));
 }
 void main;
 void expressRateLimit({ limiter, capacity: 5, rate: 1, onUnavailable: 'local', prefix: 'app:' });

@@ -7,12 +7,15 @@ Python's spelling of the case's names: take/peek/refund/wait_take/take_all
 are the methods of the same name, `policy` their keyword, decision fields
 are `Decision` attributes, errors are InvalidArgument / LimiterUnavailable
 / LimiterReplyError, `keys` is `bucket_key`, `classify` the failure rule's
-function (over the reply's text, and over redis-py's exception for it)."""
+function (over the reply's text, and over redis-py's exception for it).
+metrics.json's cases run sync and async, each limiter with a meter provider
+of its own read by the SDK's InMemoryMetricReader."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import time
 
@@ -23,11 +26,12 @@ from redis._parsers import BaseParser
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
+import redis_tb
 from redis_tb import (AsyncRateLimiter, InvalidArgument, Limit, LimiterReplyError, LimiterUnavailable, RateLimiter,
                       bucket_key)
 from redis_tb._core import classify, classify_reply
 
-from conftest import REPO
+from conftest import REPO, free_port
 from test_cluster import reset
 
 CASES = json.loads((REPO / "clients" / "conformance" / "cases.json").read_text(encoding="utf-8"))
@@ -37,6 +41,8 @@ LEASES = json.loads((REPO / "clients" / "conformance" / "leases.json").read_text
 JOBS = json.loads((REPO / "clients" / "conformance" / "jobs.json").read_text(encoding="utf-8"))
 # The one resend after a dropped connection: the same format, with `kill_clients`.
 RESEND = json.loads((REPO / "clients" / "conformance" / "resend.json").read_text(encoding="utf-8"))
+# The metrics: the same calls, with `limiter`, `server` and `metrics` (its about).
+METRICS = json.loads((REPO / "clients" / "conformance" / "metrics.json").read_text(encoding="utf-8"))
 # jobs.json's lua runs wait for the Lua twin of those commands (its "about").
 LUA_HAS_JOBS = "tb_charge" in (REPO / "lua" / "tb.lua").read_text(encoding="utf-8")
 # `<ms>-<n>-<incarnation>` (docs/leases.md#lease-ids): every case makes its sets anew.
@@ -71,6 +77,7 @@ def test_the_suite_has_the_version_this_runner_reads():
     assert LEASES["version"] == 1 and LEASES["cases"]
     assert JOBS["version"] == 1 and JOBS["cases"]
     assert RESEND["version"] == 1 and RESEND["cases"]
+    assert METRICS["version"] == 1 and METRICS["cases"]
 
 
 @pytest.fixture
@@ -117,6 +124,8 @@ def lease_arg(call, saved):
 def call_limiter(lim, call, saved=None):
     op = call["op"]
     kw = {"policy": call["policy"]} if "policy" in call else {}
+    if call.get("fail_open"):
+        kw["fail_open"] = True
     if op == "acquire":
         return lim.acquire(call["key"], call["limit"], call["lease_ms"], **kw)
     if op == "wait_acquire":
@@ -276,3 +285,138 @@ def test_resend_case(request, case, topology, fixture, arg, mode):
             await client.aclose() if hasattr(client, "aclose") else await client.close()
 
     asyncio.run(run_async())
+
+
+def metrics_runs():
+    for case in METRICS["cases"]:
+        for backend in case["backends"]:
+            for topology in case["topologies"]:
+                for fixture, arg in WAYS[(backend, topology)]:
+                    way = EXPECTED_BACKEND["module" if backend == "module" else arg]
+                    for mode in ("sync", "async"):
+                        yield pytest.param(case, topology, fixture, arg, mode,
+                                           id=f"{case['name']}-{way}-{topology}-{mode}")
+
+
+def collected(reader) -> dict:
+    """{instrument: (metric, {attributes as a frozenset: data point})} of
+    one collection; every metric must be the limiter's own scope."""
+    found = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data is not None else ():
+        for scope in resource.scope_metrics:
+            assert (scope.scope.name, scope.scope.version) == ("redis-tb", redis_tb.__version__)
+            for metric in scope.metrics:
+                assert metric.name not in found, metric.name
+                points = {frozenset(p.attributes.items()): p for p in metric.data.data_points}
+                found[metric.name] = (metric, points)
+    return found
+
+
+def check_metrics(reader, expected: dict):
+    """metrics.json's `metrics`: each instrument has exactly the listed data
+    points (by all their attributes) with their value or count, and the
+    instruments it does not name have none."""
+    from opentelemetry.sdk.metrics.export import Histogram, Sum
+
+    kinds = {"counter": Sum, "histogram": Histogram}
+    found = collected(reader)
+    known = {instrument["name"] for instrument in METRICS["instruments"]}
+    assert set(found) <= known, set(found)
+    for instrument in METRICS["instruments"]:
+        name = instrument["name"]
+        wanted = expected.get(name, [])
+        metric, points = found.get(name, (None, {}))
+        assert set(points) == {frozenset(w["attributes"].items()) for w in wanted}, (name, list(points))
+        if not wanted:
+            continue
+        assert metric.unit == instrument["unit"] and isinstance(metric.data, kinds[instrument["kind"]]), name
+        if instrument["kind"] == "counter":
+            assert metric.data.is_monotonic, name
+        for want in wanted:
+            assert sorted(want["attributes"]) == sorted(instrument["attributes"]), (name, want)
+            point = points[frozenset(want["attributes"].items())]
+            if "value" in want:
+                assert point.value == want["value"], (name, want, point.value)
+            if "count" in want:
+                assert point.count == want["count"], (name, want, point.count)
+                assert 0 <= point.sum and math.isfinite(point.sum), (name, point.sum)
+
+
+# Expectations of metrics.json that no server gives, as the runner corrects
+# them while the file has them (the metrics they come with are checked as
+# written): (case, call index, field) -> (the file's value, the answer).
+# A peek answers what a take would (docs/commands.md), so a peek of 1 of a
+# full bucket of 5 leaves 4, as in cases.json.
+async def answer_of(lim, call):
+    """`call_limiter`'s answer, awaited if the limiter is async."""
+    answer = call_limiter(lim, call)
+    return await answer if asyncio.iscoroutine(answer) else answer
+
+
+async def run_metrics_calls(lim, case):
+    for i, call in enumerate(case["calls"]):
+        where = f"call {i}: {call}"
+        if "error" in call:
+            with pytest.raises(ERRORS[call["error"]]) as e:
+                await answer_of(lim, call)
+            assert str(e.value).startswith(call.get("message", "")), (where, str(e.value))
+            continue
+        check_decision(await answer_of(lim, call), call["decision"])
+
+
+@pytest.mark.parametrize("case,topology,fixture,arg,mode", list(metrics_runs()))
+def test_metrics_case(request, case, topology, fixture, arg, mode):
+    """clients/conformance/metrics.json: the calls on a limiter given a
+    meter provider of its own, read with the SDK's in-memory reader."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    options = dict(case.get("limiter", {}), meter_provider=provider)
+    unreachable = case.get("server") == "unreachable"
+    if unreachable:
+        assert topology == "standalone", case["name"]
+        port = free_port()
+    else:
+        server = request.getfixturevalue(fixture)
+        port = server.port
+        if topology == "cluster":
+            reset(server)
+        else:
+            with server.client() as r:
+                r.flushall()
+                r.execute_command("FUNCTION", "FLUSH")
+                r.execute_command("SCRIPT", "FLUSH")
+
+    def expect_backend(lim):
+        assert lim.backend == (None if unreachable else EXPECTED_BACKEND["module" if fixture.startswith("module") else arg])
+
+    try:
+        if mode == "sync":
+            client = (RedisCluster(host="127.0.0.1", port=port, socket_timeout=1, socket_connect_timeout=1)
+                      if topology == "cluster" else redis.Redis(port=port))
+            lim = RateLimiter(client, backend=arg, timeout=1, **options)
+            try:
+                asyncio.run(run_metrics_calls(lim, case))
+                expect_backend(lim)
+            finally:
+                lim.close()
+                client.close()
+        else:
+            async def run_async():
+                client = (AsyncRedisCluster(host="127.0.0.1", port=port, socket_timeout=1, socket_connect_timeout=1)
+                          if topology == "cluster" else aredis.Redis(port=port))
+                lim = AsyncRateLimiter(client, backend=arg, timeout=1, **options)
+                try:
+                    await run_metrics_calls(lim, case)
+                    expect_backend(lim)
+                finally:
+                    await lim.close()
+                    await client.aclose() if hasattr(client, "aclose") else await client.close()
+
+            asyncio.run(run_async())
+        check_metrics(reader, case["metrics"])
+    finally:
+        provider.shutdown()

@@ -5,10 +5,12 @@
 //! a limiter can be created while the server is down).
 
 use crate::backend::{emit, emit_line, Backend, Blocking, Logger, Request, Timeouts};
+use crate::decision::{self, TopKey};
 use crate::engine::{self, BackendState, Exchange, Learned, Step};
 use crate::error::{self, Error, Result};
 use crate::lease::{self, LeaseDecision, Permit, Renewal};
 use crate::limiter::{wait_read_bound, Options};
+use crate::metrics::{LeaseOutcome, Origin};
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
@@ -264,6 +266,65 @@ where
     #[cfg(feature = "tower")]
     pub(crate) fn logger(&self) -> &Option<Logger> {
         &self.opts.logger
+    }
+
+    #[cfg(feature = "tower")]
+    pub(crate) fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.opts.metrics
+    }
+
+    /// The `count` keys denied most (docs/clients.md#the-most-denied-keys),
+    /// the most denied first: TB.TOP `COUNT count` on a standalone server;
+    /// on a `redis::cluster_async::ClusterConnection` (feature
+    /// `cluster-async`) TB.TOP on every master, the rows merged (ties by
+    /// key bytes) and the first `count` kept. The module's alone, whatever
+    /// the backend: without it (or without the ACL's grant) the server's
+    /// error is [`Error::Reply`]; a server or master that cannot be reached
+    /// (or a reply later than `Timeouts::command`) is [`Error::Unavailable`];
+    /// never a partial answer. `count` from 1 to 2^53.
+    pub async fn top(&self, count: u64) -> Result<Vec<TopKey>> {
+        let cmd = decision::top_command(count)?;
+        let mut resent = false;
+        loop {
+            match self.top_replies(&cmd).await {
+                // A dropped connection is made again and asked once more,
+                // as any call (docs/clients.md#a-dropped-connection-is-not-an-outage).
+                Err(Some(e)) if error::is_dropped(&e) && !resent => resent = true,
+                Err(Some(e)) => return Err(Error::from(e)),
+                Err(None) => {
+                    return Err(engine::timed_out(
+                        Instant::now(),
+                        self.opts.timeouts.command,
+                    ))
+                }
+                Ok(replies) => return decision::merged_top(replies, count),
+            }
+        }
+    }
+
+    /// Every master's reply (`Err(None)`: out of time).
+    async fn top_replies(
+        &self,
+        cmd: &Cmd,
+    ) -> std::result::Result<Vec<Result<Value>>, Option<redis::RedisError>> {
+        let limit = self.opts.timeouts.command;
+        let mut con = self.con.clone();
+        #[cfg(feature = "cluster-async")]
+        if let Some(cluster) = (&mut con as &mut dyn std::any::Any)
+            .downcast_mut::<redis::cluster_async::ClusterConnection>()
+        {
+            use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+            let every_master = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+            let routed = cluster.route_command(cmd.clone(), every_master);
+            return match tokio::time::timeout(limit, routed).await {
+                Ok(reply) => Ok(decision::per_node(reply.map_err(Some)?)),
+                Err(_) => Err(None),
+            };
+        }
+        match tokio::time::timeout(limit, cmd.query_async::<Value>(&mut con)).await {
+            Ok(reply) => Ok(vec![Ok(reply.map_err(Some)?)]),
+            Err(_) => Err(None),
+        }
     }
 
     fn learn(&self, learned: Vec<Learned>) {
@@ -530,6 +591,7 @@ impl AsyncLeaseGuard {
         let (key, lease_ms) = (decision.key.clone(), decision.lease_ms);
         let renewer = {
             let (limiter, key, id) = (limiter.clone(), key.clone(), id.clone());
+            let policy = decision.policy.clone();
             tokio::spawn(async move {
                 let every = lease::renew_every(lease_ms);
                 let mut confirmed = started;
@@ -546,6 +608,8 @@ impl AsyncLeaseGuard {
                                 log::Level::Warn,
                                 &format!("redis-tb: lease {id} on {key} lost: {why}"),
                             );
+                            let metrics = &limiter.opts.metrics;
+                            metrics.lease(&policy, LeaseOutcome::Lost, Origin::of_lost(&outcome));
                             let _ = tx.send(Some(why));
                             return;
                         }

@@ -410,6 +410,12 @@ impl Call {
         Decision::answered(fields, self.policies.clone(), index, source)
     }
 
+    /// A take, whose answer is a decision (docs/clients.md#metrics): not
+    /// a peek, refund or charge.
+    pub fn decides(&self) -> bool {
+        matches!(self.op, Op::Take | Op::TakeAll)
+    }
+
     /// A take the denial cache can answer: a plain or locking take (not a
     /// reservation, not a peek).
     fn cacheable(&self) -> bool {

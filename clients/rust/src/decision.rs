@@ -636,9 +636,157 @@ pub fn check_policy(policy: &Policy) -> Result<()> {
     check_rate(policy.rate)
 }
 
+/// One row of [`top`](crate::RateLimiter::top) (TB.TOP,
+/// docs/clients.md#the-most-denied-keys): a key among the most denied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopKey {
+    /// The key's name as text, bytes that are not UTF-8 replaced by U+FFFD.
+    pub key: String,
+    /// The key's name, exactly (its first 256 bytes when `truncated`).
+    pub key_bytes: Vec<u8>,
+    /// Denials counted: never below the true number over the window, at
+    /// most `error` above it.
+    pub count: u64,
+    /// The bound on the overcount.
+    pub error: u64,
+    /// How many of them were shadow-mode denials.
+    pub shadow: u64,
+    /// The name was longer than 256 bytes and cut to its first 256 (keys
+    /// that share those bytes share the row).
+    pub truncated: bool,
+}
+
+/// `TB.TOP COUNT count`, `count` from 1 to 2^53.
+pub(crate) fn top_command(count: u64) -> Result<redis::Cmd> {
+    if !(1..=MAX_EXACT as u64).contains(&count) {
+        return Err(Error::InvalidArgument(format!(
+            "count must be an integer from 1 to 2^53, got {count}"
+        )));
+    }
+    let mut cmd = redis::cmd("TB.TOP");
+    cmd.arg("COUNT").arg(count);
+    Ok(cmd)
+}
+
+/// One server's TB.TOP reply: `[key, count, error, shadow, truncated]` rows.
+fn top_rows(value: &Value) -> Result<Vec<TopKey>> {
+    let bad = || Error::Other(format!("unexpected TB.TOP reply: {value:?}"));
+    let Value::Array(rows) = value else {
+        return Err(bad());
+    };
+    let count = |v: &Value| match v {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        _ => None,
+    };
+    rows.iter()
+        .map(|row| {
+            let Value::Array(fields) = row else {
+                return Err(bad());
+            };
+            let [key, n, error, shadow, truncated] = fields.as_slice() else {
+                return Err(bad());
+            };
+            let key_bytes = match key {
+                Value::BulkString(b) => b.clone(),
+                Value::SimpleString(s) => s.as_bytes().to_vec(),
+                _ => return Err(bad()),
+            };
+            let (Some(n), Some(error), Some(shadow), Some(truncated)) =
+                (count(n), count(error), count(shadow), count(truncated))
+            else {
+                return Err(bad());
+            };
+            Ok(TopKey {
+                key: String::from_utf8_lossy(&key_bytes).into_owned(),
+                key_bytes,
+                count: n,
+                error,
+                shadow,
+                truncated: truncated != 0,
+            })
+        })
+        .collect()
+}
+
+/// The answer of `top(count)` from the TB.TOP replies of every master (one
+/// on a standalone server): all their rows, the most denied first, ties by
+/// key bytes, the first `count`. Any server's error is the call's: never a
+/// partial answer.
+pub(crate) fn merged_top(
+    replies: impl IntoIterator<Item = Result<Value>>,
+    count: u64,
+) -> Result<Vec<TopKey>> {
+    let mut rows = Vec::new();
+    for reply in replies {
+        rows.extend(top_rows(&reply?)?);
+    }
+    // The server's own order (core/src/top.rs): each node cut its answer at
+    // `count` in it, so the merge keeps the deployment's first `count`.
+    rows.sort_by(|a, b| {
+        b.count
+            .cmp(&a.count)
+            .then_with(|| a.error.cmp(&b.error))
+            .then_with(|| a.key_bytes.cmp(&b.key_bytes))
+    });
+    rows.truncate(usize::try_from(count).unwrap_or(usize::MAX));
+    Ok(rows)
+}
+
+/// The replies of a command routed to every master by a cluster client: a
+/// map of node address to that node's reply (an error reply as a value, by
+/// the async client).
+#[cfg(feature = "cluster")]
+pub(crate) fn per_node(value: Value) -> Vec<Result<Value>> {
+    match value {
+        Value::Map(nodes) => nodes
+            .into_iter()
+            .map(|(_, reply)| match reply {
+                Value::ServerError(e) => Err(Error::from(redis::RedisError::from(e))),
+                reply => Ok(reply),
+            })
+            .collect(),
+        other => vec![Ok(other)],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn row(key: &[u8], count: i64) -> Value {
+        Value::Array(vec![
+            Value::BulkString(key.to_vec()),
+            Value::Int(count),
+            Value::Int(1),
+            Value::Int(0),
+            Value::Int(0),
+        ])
+    }
+
+    #[test]
+    fn top_rows_merge_most_denied_first_ties_by_key_bytes() {
+        let a = Value::Array(vec![row(b"b", 5), row(b"\xff", 2)]);
+        let b = Value::Array(vec![row(b"a", 5), row(b"c", 7)]);
+        let top = merged_top([Ok(a.clone()), Ok(b.clone())], 10).unwrap();
+        let keys: Vec<&[u8]> = top.iter().map(|r| r.key_bytes.as_slice()).collect();
+        assert_eq!(keys, [&b"c"[..], b"a", b"b", b"\xff"]);
+        assert_eq!(top[3].key, "\u{fffd}");
+        assert_eq!(
+            (top[0].count, top[0].error, top[0].truncated),
+            (7, 1, false)
+        );
+        assert_eq!(
+            merged_top([Ok(a.clone()), Ok(b.clone())], 2).unwrap().len(),
+            2
+        );
+        let refused = Err(Error::Reply("NOPERM no".into()));
+        assert!(merged_top([Ok(a), refused, Ok(b)], 10).is_err());
+        let odd = Value::Array(vec![Value::Array(vec![Value::Int(1)])]);
+        assert!(matches!(merged_top([Ok(odd)], 1), Err(Error::Other(_))));
+        assert!(top_command(0).is_err());
+        assert!(top_command(1 << 53).is_ok());
+        assert!(top_command((1 << 53) + 1).is_err());
+    }
 
     #[test]
     fn ids_are_escaped_as_the_spec_says() {

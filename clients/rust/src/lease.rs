@@ -298,6 +298,11 @@ impl AcquireCall {
         })
     }
 
+    /// The name its decision carries (the limiter's policy name).
+    pub fn policy(&self) -> &str {
+        &self.policy
+    }
+
     /// Polls at least every `poll` (at least 1 ms).
     pub fn poll(mut self, poll: Duration) -> AcquireCall {
         self.poll = poll.max(Duration::from_millis(1));

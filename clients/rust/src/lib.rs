@@ -5,7 +5,10 @@
 //! `tower`) a tower/axum middleware; errors follow the one failure rule of
 //! docs/clients.md. Concurrency limits (docs/leases.md): `acquire`,
 //! `release`, `renew`, `wait_acquire`, drop guards ([`LeaseGuard`], and
-//! `AsyncLeaseGuard` with renewal), and `ConcurrencyLimitLayer`. See README.md.
+//! `AsyncLeaseGuard` with renewal), and `ConcurrencyLimitLayer`. The keys
+//! denied most: `top` (TB.TOP, merged over a cluster's masters). Metrics
+//! through OpenTelemetry's API (feature `metrics`, docs/clients.md#metrics).
+//! See README.md.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), redis_tb_client::Error> {
@@ -45,6 +48,7 @@ mod error;
 mod lease;
 mod limiter;
 mod local;
+mod metrics;
 #[cfg(feature = "tower")]
 mod middleware;
 mod sync;
@@ -56,7 +60,7 @@ pub use aio::{AsyncLeaseGuard, AsyncRateLimiter, LazyConnectionManager};
 pub use backend::{lua_script, Backend, Logger, Timeouts, LUA_LIBRARY};
 pub use decision::{
     bucket_key, check_policy, escape_id, key_slot, BucketKey, Decision, Limit, Policy, Source,
-    TakeOptions,
+    TakeOptions, TopKey,
 };
 pub use error::{classify_reply, Error, FailureClass, Result};
 pub use lease::{LeaseDecision, LeaseId, Permit, LEASE_POLL_DEFAULT};
@@ -72,6 +76,11 @@ pub use sync::{LeaseGuard, ManagedConnection, RateLimiter};
 
 /// The `redis` crate this one is built on, for connections of the matching version.
 pub use redis;
+
+/// The `opentelemetry` crate this one records through (feature `metrics`),
+/// for a meter provider of the matching version.
+#[cfg(feature = "metrics")]
+pub use opentelemetry;
 
 /// This crate's version (the module's: both are 0.1.0).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

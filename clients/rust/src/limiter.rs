@@ -9,6 +9,7 @@ use crate::engine::{Shield, MODULE_RECHECK};
 use crate::error::Result;
 use crate::lease::{self, AcquireCall, LeaseDecision};
 use crate::local::LocalSettings;
+use crate::metrics::Metrics;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +34,8 @@ pub(crate) struct Options {
     /// The local limiter, the denial cache and the outage (shared by
     /// clones of the limiter, and by a middleware made from it).
     pub shield: Arc<Shield>,
+    /// Where decisions, waits and leases are recorded (docs/clients.md#metrics).
+    pub metrics: Metrics,
 }
 
 impl Default for Options {
@@ -47,6 +50,7 @@ impl Default for Options {
             blocking: None,
             local: LocalSettings::default(),
             shield: Arc::default(),
+            metrics: Metrics::default(),
         }
     }
 }
@@ -246,6 +250,20 @@ macro_rules! limiter_methods {
             self
         }
 
+        /// Records this limiter's decisions, waits and leases
+        /// (docs/clients.md#metrics) through `provider`'s meter `redis-tb`
+        /// instead of the global meter provider's (feature `metrics`). The
+        /// global one is read at the first record of a limiter without
+        /// one: install it before the limiter's first call.
+        #[cfg(feature = "metrics")]
+        pub fn with_meter_provider(
+            mut self,
+            provider: &impl opentelemetry::metrics::MeterProvider,
+        ) -> Self {
+            self.opts_mut().metrics = $crate::metrics::Metrics::with_provider(provider);
+            self
+        }
+
         /// Chooses the backend now (loading the Lua library or script if
         /// needed) instead of at the first call: a peek of a key that is never
         /// written.
@@ -272,7 +290,20 @@ macro_rules! limiter_methods {
             $($recv)+ self,
             limits: &[$crate::decision::Limit],
         ) -> $crate::error::Result<$crate::decision::Decision> {
-            self.run(&$crate::backend::Call::all(limits)?) $($aw)*
+            self.decide(&$crate::backend::Call::all(limits)?) $($aw)*
+        }
+
+        /// One call; a take's answer is a decision, recorded as one.
+        $($asy)? fn decide(
+            $($recv)+ self,
+            call: &$crate::backend::Call,
+        ) -> $crate::error::Result<$crate::decision::Decision> {
+            let started = std::time::Instant::now();
+            let outcome = self.run(call) $($aw)*;
+            if call.decides() {
+                self.opts.metrics.decided(&outcome, started);
+            }
+            outcome
         }
 
         /// [`take`](Self::take) with options: `max_wait_ms`, a reservation
@@ -290,7 +321,7 @@ macro_rules! limiter_methods {
         ) -> $crate::error::Result<$crate::decision::Decision> {
             let call = self.opts.single($crate::backend::Op::Take, key, capacity, rate, n)?;
             let call = $crate::backend::Call::take_with(call, &options)?;
-            self.run(&call) $($aw)*
+            self.decide(&call) $($aw)*
         }
 
         /// A take of one [`Limit`](crate::Limit): its key, numbers, name and
@@ -300,7 +331,7 @@ macro_rules! limiter_methods {
             limit: &$crate::decision::Limit,
             max_wait_ms: u64,
         ) -> $crate::error::Result<$crate::decision::Decision> {
-            self.run(&$crate::backend::Call::limit_take(limit, max_wait_ms)?) $($aw)*
+            self.decide(&$crate::backend::Call::limit_take(limit, max_wait_ms)?) $($aw)*
         }
 
         /// [`take_all`](Self::take_all) with a reservation of `max_wait_ms`
@@ -311,7 +342,7 @@ macro_rules! limiter_methods {
             limits: &[$crate::decision::Limit],
             max_wait_ms: u64,
         ) -> $crate::error::Result<$crate::decision::Decision> {
-            self.run(&$crate::backend::Call::all_with(limits, max_wait_ms)?) $($aw)*
+            self.decide(&$crate::backend::Call::all_with(limits, max_wait_ms)?) $($aw)*
         }
 
         /// TB.CHARGE: a cost learned after the work, always taken, into debt
@@ -324,7 +355,7 @@ macro_rules! limiter_methods {
             n: impl Into<f64>,
             max_debt: Option<f64>,
         ) -> $crate::error::Result<$crate::decision::Decision> {
-            self.run(&$crate::backend::Call::charge(limit, n.into(), max_debt)?) $($aw)*
+            self.decide(&$crate::backend::Call::charge(limit, n.into(), max_debt)?) $($aw)*
         }
 
         /// After a take of `reserved` for work that cost `actual`: refunds the
@@ -337,7 +368,7 @@ macro_rules! limiter_methods {
             actual: impl Into<f64>,
         ) -> $crate::error::Result<Option<$crate::decision::Decision>> {
             match $crate::backend::Call::settle(limit, reserved.into(), actual.into())? {
-                Some(call) => Ok(Some(self.run(&call) $($aw)* ?)),
+                Some(call) => Ok(Some(self.decide(&call) $($aw)* ?)),
                 None => Ok(None),
             }
         }
@@ -376,9 +407,12 @@ macro_rules! limiter_methods {
             n: impl Into<f64>,
             timeout_ms: u64,
         ) -> $crate::error::Result<$crate::decision::Decision> {
+            let started = std::time::Instant::now();
             let call = self.opts.single($crate::backend::Op::Take, key, capacity, rate, n)?.waiting();
             let probe = $crate::backend::Call::probe(key)?;
-            self.wait(&call, &probe, timeout_ms) $($aw)*
+            let outcome = self.wait(&call, &probe, timeout_ms) $($aw)*;
+            self.opts.metrics.waited(&outcome, started);
+            outcome
         }
 
         /// A wait for `call`: its blocking form on a dedicated connection with
@@ -495,7 +529,7 @@ macro_rules! limiter_methods {
             n: impl Into<f64>,
         ) -> $crate::error::Result<$crate::decision::Decision> {
             let call = self.opts.single($crate::backend::Op::$op, key, capacity, rate, n)?;
-            self.run(&call) $($aw)*
+            self.decide(&call) $($aw)*
         }
     };
 }
@@ -530,7 +564,9 @@ macro_rules! lease_methods {
         ) -> $crate::error::Result<$crate::lease::LeaseDecision> {
             let call = self.opts.acquire_call(key, limit, lease_ms)?;
             let outcome = self.run(&call) $($aw)*;
-            self.opts.lease_fail_open(&call, outcome)
+            let outcome = self.opts.lease_fail_open(&call, outcome);
+            self.opts.metrics.leased(call.policy(), &outcome, false, false);
+            outcome
         }
 
         /// Releases `lease` (an id, a [`LeaseDecision`](crate::LeaseDecision),
@@ -585,7 +621,9 @@ macro_rules! lease_methods {
         ) -> $crate::error::Result<$crate::lease::LeaseDecision> {
             let call = self.opts.acquire_call(key, limit, lease_ms)?;
             let outcome = self.wait_acquire_call(&call, timeout_ms) $($aw)*;
-            self.opts.lease_fail_open(&call, outcome)
+            let outcome = self.opts.lease_fail_open(&call, outcome);
+            self.opts.metrics.leased(call.policy(), &outcome, false, true);
+            outcome
         }
 
         $($asy)? fn wait_acquire_call(
@@ -611,6 +649,8 @@ macro_rules! lease_methods {
             let started = std::time::Instant::now();
             let call = self.opts.acquire_call(key, limit, lease_ms)?;
             let outcome = self.run(&call) $($aw)*;
+            let fail_open = self.opts.lease_fail_open;
+            self.opts.metrics.leased(call.policy(), &outcome, fail_open, false);
             self.guard(outcome, started)
         }
 
@@ -625,6 +665,8 @@ macro_rules! lease_methods {
         ) -> $crate::error::Result<$crate::lease::Permit<$guard>> {
             let call = self.opts.acquire_call(key, limit, lease_ms)?;
             let outcome = self.wait_acquire_call(&call, timeout_ms) $($aw)*;
+            let fail_open = self.opts.lease_fail_open;
+            self.opts.metrics.leased(call.policy(), &outcome, fail_open, true);
             // Granted during the wait, at most a round trip before its reply.
             self.guard(outcome, std::time::Instant::now())
         }

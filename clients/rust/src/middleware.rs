@@ -7,6 +7,7 @@ use crate::decision::{bucket_key, check_policy, sf_string, Decision, Limit, Poli
 use crate::error::{Error, Result};
 use crate::lease::{LeaseDecision, Permit};
 use crate::local::OnUnavailable;
+use crate::metrics::{LeaseOutcome, Origin};
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
@@ -125,6 +126,15 @@ impl OutageLog {
                 &format!("redis-tb: rate limiter unavailable, {action}: {e}"),
             );
         }
+    }
+}
+
+/// `tb.source` of a request the limiter could not judge: let through, or 503.
+fn unavailable_origin(passes: bool) -> Origin {
+    if passes {
+        Origin::UnavailableAllowed
+    } else {
+        Origin::UnavailableDenied
     }
 }
 
@@ -555,6 +565,7 @@ where
         let Some(id) = (self.middleware.key_fn)(parts) else {
             return Verdict::Pass(None);
         };
+        let started = std::time::Instant::now();
         let cost = (self.cost_fn)(parts);
         let limits: Vec<Limit> = self
             .policies
@@ -566,17 +577,25 @@ where
                     .name(p.name.clone())
             })
             .collect();
+        // The limiter records the decisions it answers (under the
+        // policy's name: `take_limit` takes the Limit's); an outage is the
+        // layer's to record, as what it did with the request.
         let result = match limits.as_slice() {
-            [one] => self
-                .limiter
-                .take(&one.key, one.capacity, one.rate, one.n)
-                .await
-                .map(|d| d.with_policy_name(one.name.clone().unwrap_or_default())),
+            [one] => self.limiter.take_limit(one, 0).await,
             _ => self.limiter.take_all(&limits).await,
         };
         match self.middleware.settle(result) {
             Ok(decision) if decision.allowed => Verdict::Pass(Some((decision, limits))),
             Ok(decision) => Verdict::Deny(decision),
+            Err(Verdict::Unavailable) => {
+                // No limit decided: the layer's first policy names it.
+                let name = self.policies.first().map_or("default", |p| p.name.as_str());
+                let passes = self.middleware.passes();
+                let origin = unavailable_origin(passes);
+                let metrics = self.limiter.metrics();
+                metrics.decision(name, passes, origin, started);
+                Verdict::Unavailable
+            }
             Err(verdict) => verdict,
         }
     }
@@ -864,6 +883,8 @@ where
                 d.policy = self.name.clone();
                 d
             });
+        let metrics = self.limiter.metrics();
+        metrics.leased(&self.name, &outcome, false, false);
         let permit = self.limiter.guard_with(outcome, started, false);
         match self.middleware.settle(permit) {
             Ok(Permit::Held(guard)) => {
@@ -872,6 +893,16 @@ where
             }
             Ok(Permit::Denied(decision)) => Verdict::Deny(decision),
             Ok(Permit::FailedOpen(e)) => Verdict::Bug(e),
+            Err(Verdict::Unavailable) => {
+                let passes = self.middleware.passes();
+                let outcome = if passes {
+                    LeaseOutcome::Acquired
+                } else {
+                    LeaseOutcome::Denied
+                };
+                metrics.lease(&self.name, outcome, unavailable_origin(passes));
+                Verdict::Unavailable
+            }
             Err(verdict) => verdict,
         }
     }

@@ -3,10 +3,12 @@
 //! [`ManagedConnection`] this crate makes with short timeouts).
 
 use crate::backend::{emit, emit_line, Backend, Blocking, Request, Timeouts};
+use crate::decision::{self, TopKey};
 use crate::engine::{BackendState, Exchange, Learned, Step};
-use crate::error::{is_connection_problem, is_dropped, Error, Result};
+use crate::error::{is_connection_problem, is_dropped, limiter_error, Error, Result};
 use crate::lease::{self, LeaseDecision, Permit, Renewal};
 use crate::limiter::{wait_read_bound, Options};
+use crate::metrics::{LeaseOutcome, Origin};
 use redis::{ConnectionLike, IntoConnectionInfo, RedisResult, Value};
 use std::io;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -333,6 +335,46 @@ impl<C: ConnectionLike> RateLimiter<C> {
     }
 }
 
+/// The most-denied keys.
+impl<C: ConnectionLike + 'static> RateLimiter<C> {
+    /// The `count` keys denied most (docs/clients.md#the-most-denied-keys),
+    /// the most denied first: TB.TOP `COUNT count` on a standalone server;
+    /// on a `redis::cluster::ClusterConnection` (feature `cluster`) TB.TOP
+    /// on every master, the rows merged (ties by key bytes) and the first
+    /// `count` kept. The module's alone, whatever the backend: without it
+    /// (or without the ACL's grant) the server's error is
+    /// [`Error::Reply`]; a server or master that cannot be reached is
+    /// [`Error::Unavailable`]; never a partial answer. `count` from 1 to 2^53.
+    pub fn top(&mut self, count: u64) -> Result<Vec<TopKey>> {
+        let cmd = decision::top_command(count)?;
+        let mut resent = false;
+        loop {
+            let replies = self.top_replies(&cmd);
+            match replies {
+                // A dropped connection is made again and asked once more,
+                // as any call (docs/clients.md#a-dropped-connection-is-not-an-outage).
+                Err(e) if is_dropped(&e) && !resent => resent = true,
+                Err(e) => return Err(limiter_error(&e)),
+                Ok(replies) => return decision::merged_top(replies, count),
+            }
+        }
+    }
+
+    fn top_replies(&mut self, cmd: &redis::Cmd) -> RedisResult<Vec<Result<Value>>> {
+        #[cfg(feature = "cluster")]
+        if let Some(cluster) = (&mut self.con as &mut dyn std::any::Any)
+            .downcast_mut::<redis::cluster::ClusterConnection>()
+        {
+            use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+            let every_master = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+            return Ok(decision::per_node(
+                cluster.route_command(cmd, every_master)?,
+            ));
+        }
+        Ok(vec![Ok(cmd.query::<Value>(&mut self.con)?)])
+    }
+}
+
 /// Concurrency leases (docs/leases.md).
 impl<C: ConnectionLike> RateLimiter<C> {
     crate::limiter::lease_methods! {
@@ -426,6 +468,12 @@ impl<C: ConnectionLike> LeaseGuard<'_, C> {
             Renewal::Retry => {}
             Renewal::Lost(why) => {
                 self.lost = Some(why);
+                let metrics = &self.limiter.opts.metrics;
+                metrics.lease(
+                    &self.decision.policy,
+                    LeaseOutcome::Lost,
+                    Origin::of_lost(&outcome),
+                );
                 return match outcome {
                     Ok(_) => Ok(false),
                     Err(e) if e.is_unavailable() => Ok(false),

@@ -3,8 +3,10 @@ import Redis, { Cluster } from 'ioredis';
 import {
   Decision, Limit, RateLimiter, LimiterError, LimiterUnavailable, createClient, createClusterClient,
   expressRateLimit, fastifyRateLimit, rateLimitHeaders, luaSource, version, bucketKey, escapeId, classify,
-  Lease, LeaseGuard, LeaseDenied, LeaseLost,
+  Lease, LeaseGuard, LeaseDenied, LeaseLost, TopKey,
 } from 'redis-tb';
+import { MeterProvider } from '@opentelemetry/sdk-metrics';
+import { metrics } from '@opentelemetry/api';
 
 async function main(): Promise<void> {
   const redis: Redis = createClient('redis://127.0.0.1:6379', { keyPrefix: 'app:' });
@@ -56,6 +58,15 @@ async function main(): Promise<void> {
   const several = expressRateLimit({ limiter, limits: [{ name: 'sec', capacity: 10, rate: 2 }, { capacity: 5000, rate: 0.05787 }], failOpen: false });
   void fastifyRateLimit;
   void [backend, allowed, retry, index, policy, retryAfter, all, mw, several, luaSource().sha, version];
+  const metered = new RateLimiter(redis, { meterProvider: new MeterProvider() });
+  void new RateLimiter(redis, { meterProvider: metrics.getMeterProvider() });
+  const top: TopKey[] = await metered.top({ count: 5 });
+  const row = (await onCluster.top())[0];
+  const text: string = row.key;
+  const bytes: Buffer = row.keyBytes;
+  const counts: number = row.count + row.error + row.shadow;
+  const cut: boolean = row.truncated;
+  void [top, text, bytes, counts, cut];
   limiter.close();
 }
 

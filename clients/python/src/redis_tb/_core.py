@@ -16,7 +16,7 @@ import numbers
 import sys
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import redis.exceptions as rex
 
@@ -879,6 +879,67 @@ def decision(call: Call, reply) -> Decision:
         policy=policy,
         limits=call.limits if call.op == "takeall" else (),
     )
+
+
+# --- the most-denied keys (TB.TOP) -------------------------------------------
+
+
+@dataclass(frozen=True)
+class TopKey:
+    """One row of `top()` (docs/clients.md#the-most-denied-keys).
+
+    key:       the key's name as text (bytes that are not UTF-8 as U+FFFD)
+    key_bytes: its bytes, exactly
+    count:     denials counted, at most `error` above the true number
+    error:     the bound on the overcount
+    shadow:    how many of them were shadow-mode denials
+    truncated: the name was cut at 256 bytes (keys sharing those share the row)
+    """
+
+    key: str
+    key_bytes: bytes
+    count: int
+    error: int
+    shadow: int
+    truncated: bool
+
+
+def top_command(count) -> Tuple[str, ...]:
+    """TB.TOP COUNT count; count is a whole number from 1 to 2^53, as the server takes it."""
+    return ("TB.TOP", "COUNT", whole_text(count, "count"))
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def top_key(row) -> TopKey:
+    """A TopKey of a ``[key, count, error, shadow, truncated]`` row."""
+    ok = isinstance(row, (list, tuple)) and len(row) == 5
+    if ok:
+        name, count, error, shadow, truncated = row
+        ok = isinstance(name, (bytes, str)) and all(_is_int(x) for x in (count, error, shadow)) \
+            and truncated in (0, 1) and not isinstance(truncated, bool)
+    if not ok:
+        raise LimiterError(f"unexpected TB.TOP row {row!r}")
+    raw = name if isinstance(name, bytes) else name.encode("utf-8", "surrogateescape")
+    return TopKey(raw.decode("utf-8", "replace"), raw, count, error, shadow, truncated == 1)
+
+
+def top_rows(replies, count: int) -> List[TopKey]:
+    """The rows of every node's TB.TOP reply, merged: the most denied
+    first, ties by key bytes, the first `count`. A tie of counts is
+    ordered by `error` first, as each server orders its own rows
+    (core/src/top.rs): a node cuts its answer at `count` in that order, so
+    the merge must follow it to be the deployment's first `count`. The
+    nodes own disjoint keys, so no row is merged twice."""
+    rows = []
+    for reply in replies:
+        if not isinstance(reply, (list, tuple)):
+            raise LimiterError(f"unexpected TB.TOP reply {reply!r}")
+        rows.extend(top_key(row) for row in reply)
+    rows.sort(key=lambda r: (-r.count, r.error, r.key_bytes))
+    return rows[:count]
 
 
 def module_present(reply) -> bool:

@@ -38,6 +38,7 @@ MAX_REDIRECTIONS = 5
 BY_KEY = "key"  # the client routes it (in a cluster: by its keys)
 PRIMARIES = "primaries"  # every primary (loading Lua code)
 RAW = "raw"  # any one node, reply unparsed (redis-py fails on COMMAND INFO's nil)
+EVERY_PRIMARY = "every_primary"  # the server, or each primary once: the list of replies, unparsed
 
 
 #: How many times the limiter's timeout a step that loads Lua code or looks
@@ -56,7 +57,7 @@ class Send:
 
     @property
     def detecting(self) -> bool:
-        return self.route != BY_KEY
+        return self.route in (PRIMARIES, RAW)
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,20 @@ def _run(state: BackendState, call: Call):
         backend = yield from detect(state)
         reply = yield Send(tuple(_core.command(backend, call, state.sha)), retry=call.retry)
     return _core.result(call, reply)
+
+
+def top(count):
+    """TB.TOP COUNT count made once for the whole deployment: the server,
+    or every primary of a cluster (each counts the keys it owns), merged.
+    The module's alone, so no backend is detected and no Lua runs; its
+    errors are raised as their class (no module: a reply error)."""
+    args = _core.top_command(count)
+    return (yield from _translated(_top(args, int(args[2]))))
+
+
+def _top(args, count: int):
+    replies = yield Send(args, EVERY_PRIMARY)
+    return _core.top_rows(replies, count)
 
 
 #: wait_acquire without the module polls at least this often: a release

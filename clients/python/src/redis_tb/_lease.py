@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Optional
 
-from . import _core, _engine
+from . import _core, _engine, _metrics
 from ._core import Lease, LeaseDenied, LeaseLost, LimiterError, LimiterUnavailable
 
 log = logging.getLogger("redis_tb")
@@ -107,6 +107,13 @@ class _GuardBase:
             return True
         self.error = error
         self._lost = True
+        metrics = _metrics.of(self.limiter)
+        if metrics.enabled:
+            # Lost because Redis could not be reached for lease_ms, or
+            # because the server said the lease is gone (docs/clients.md#metrics).
+            unreachable = isinstance(error, LimiterUnavailable)
+            metrics.lease(self.policy, _metrics.LOST,
+                          _metrics.UNAVAILABLE_DENIED if unreachable else _metrics.REDIS)
         if error is None:
             log.warning("redis-tb: lease %s on %r is no longer held (renewal answered 0)", self.lease, self.key)
         elif isinstance(error, LimiterUnavailable):

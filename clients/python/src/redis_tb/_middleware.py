@@ -8,6 +8,7 @@ import logging
 import threading
 from typing import Callable, Generic, List, Optional, Sequence, Tuple, TypeVar, Union
 
+from . import _metrics
 from ._core import (Concurrency, Decision, InvalidArgument, Lease, Limit, LimiterError, LimiterUnavailable, Number,
                     Policy, bucket_key, concurrency_item, number_text, policy_item)
 
@@ -265,3 +266,21 @@ class Middleware(Generic[L]):
         # "local": the limiter answers takes itself while Redis is down; what
         # still fails (a lease) goes through, as with "open".
         self.outcomes = OutageLog(self.on_unavailable != "closed")
+        self.metrics = _metrics.of(limiter)
+
+    def unavailable(self, outcome: str, leasing: bool, started: float):
+        """Count a request the limiter could not decide, let through
+        (FAIL_OPEN) or refused (FAIL_CLOSED): as the in-flight lease it did
+        not get (`leasing`: the lease was what failed), and as one decision
+        of its rate limits, under the first policy's name (with several
+        there is no deciding one; the first is the one the headers name
+        first). Its limiter counted nothing: the call raised."""
+        metrics = self.metrics
+        if not metrics.enabled:
+            return
+        allowed = outcome == FAIL_OPEN
+        source = _metrics.UNAVAILABLE_ALLOWED if allowed else _metrics.UNAVAILABLE_DENIED
+        if leasing:
+            metrics.lease(self.concurrency.name, _metrics.ACQUIRED if allowed else _metrics.DENIED, source)
+        if self.policies:
+            metrics.decision(self.policies[0].name, allowed, source, started)

@@ -9,15 +9,16 @@ import asyncio
 import contextlib
 import math
 import weakref
-from typing import Optional, Sequence
+from time import perf_counter
+from typing import List, Optional, Sequence
 
 import redis.asyncio as aredis
 import redis.exceptions as rex
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
 
-from . import _core, _engine
-from ._core import Decision, Lease, Limit, LimiterUnavailable, Number
+from . import _core, _engine, _metrics
+from ._core import Decision, Lease, Limit, LimiterUnavailable, Number, TopKey
 from ._lease import AsyncLeaseGuard
 from .limiter import DEFAULT_TIMEOUT, fast_failing_kwargs, get_connection_args
 
@@ -58,7 +59,8 @@ class AsyncRateLimiter:
     limiter uses a pool of its own with the same settings, which fails fast.
 
     The other options (on_unavailable, instances, local_max_keys,
-    local_probe_ms, cache_denials, module_recheck_ms) are `RateLimiter`'s.
+    local_probe_ms, cache_denials, module_recheck_ms, meter_provider) are
+    `RateLimiter`'s.
 
     `await close()` (or leaving an ``async with`` block) closes every
     connection the limiter opened; the client you passed stays yours.
@@ -67,9 +69,10 @@ class AsyncRateLimiter:
     def __init__(self, client, backend: str = "auto", timeout: Optional[float] = DEFAULT_TIMEOUT, *,
                  on_unavailable: str = "raise", instances: int = 1, local_max_keys: int = 10_000,
                  local_probe_ms: int = 1_000, cache_denials: bool = False,
-                 module_recheck_ms: int = _engine.MODULE_RECHECK_MS):
+                 module_recheck_ms: int = _engine.MODULE_RECHECK_MS, meter_provider=None):
         self._state = _engine.BackendState(backend, module_recheck_ms)
         self._shield = _engine.Shield(on_unavailable, instances, local_max_keys, local_probe_ms, cache_denials)
+        self._metrics = _metrics.Metrics(meter_provider)
         self.timeout = timeout
         self._cluster = isinstance(client, AsyncRedisCluster)
         self._own_client = timeout is not None and not self._cluster
@@ -100,6 +103,8 @@ class AsyncRateLimiter:
             factor = _engine.DETECTION_TIMEOUT_FACTOR if step.detecting else 1
             if step.route == _engine.RAW:
                 return await self._bounded(self._raw(*step.args), factor)
+            if step.route == _engine.EVERY_PRIMARY:
+                return await self._every_primary(*step.args)
             if step.route == _engine.PRIMARIES and self._cluster:
                 await self._bounded(self.client.initialize(), factor)
                 # explicit nodes: redis.asyncio routes FUNCTION LOAD by policy, not by the flag
@@ -129,10 +134,7 @@ class AsyncRateLimiter:
                 raise rex.ConnectionError(f"redirected to unknown node {node[0]}:{node[1]}")
         else:
             target = self.client.get_node_from_key(key) if key else self.client.get_random_node()
-        conn = target.acquire_connection()
-        if hasattr(target, "release"):
-            return conn, lambda: target.release(conn)
-        return conn, lambda: target._free.append(conn)  # redis-py < 5.1 has no release()
+        return _node_connection(target)
 
     async def _raw(self, *args):
         """A command without redis-py's reply parsing (its COMMAND parser
@@ -141,6 +143,26 @@ class AsyncRateLimiter:
         async with _borrowed(conn, release):
             await conn.send_command(*args)
             return await conn.read_response()
+
+    async def _every_primary(self, *args) -> list:
+        """The command on the server, or on each primary of a cluster, each
+        reply as the server sent it (bytes stay bytes whatever the client
+        decodes), each node's exchange bounded by the timeout."""
+        if self._cluster:
+            await self._bounded(self.client.initialize())
+            targets = self.client.get_primaries()
+        else:
+            targets = [None]
+        replies = []
+        for target in targets:
+            replies.append(await self._bounded(self._unparsed(target, args)))
+        return replies
+
+    async def _unparsed(self, target, args):
+        conn, release = await self._connection() if target is None else _node_connection(target)
+        async with _borrowed(conn, release):
+            await conn.send_command(*args)
+            return await conn.read_response(disable_decoding=True)
 
     async def _block(self, step: _engine.Block):
         """A blocking command on a pooled connection of its own: one per
@@ -169,7 +191,17 @@ class AsyncRateLimiter:
         return self._shield.on_unavailable
 
     async def _run(self, call: _core.Call, operation=_engine.run, *args):
-        """See `RateLimiter._run`: the shield (denial cache, local limiter) first."""
+        """`_answer`, counted in the limiter's metrics."""
+        metrics = self._metrics
+        if not metrics.enabled:
+            return await self._answer(call, operation, *args)
+        started = perf_counter()
+        result = await self._answer(call, operation, *args)
+        metrics.answered(call, result, started, operation is not _engine.run)
+        return result
+
+    async def _answer(self, call: _core.Call, operation=_engine.run, *args):
+        """See `RateLimiter._answer`: the shield (denial cache, local limiter) first."""
         shield, plain = self._shield, operation is _engine.run
         answer = shield.before(call, plain)
         if answer is not None:
@@ -188,7 +220,10 @@ class AsyncRateLimiter:
         except LimiterUnavailable:
             if not fail_open:
                 raise
-            return _core.failed_open_lease(call)
+            lease = _core.failed_open_lease(call)
+            if self._metrics.enabled:
+                self._metrics.answered(call, lease, 0.0, False)
+            return lease
 
     async def take(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, policy: str = "default",
                    max_wait_ms: Optional[int] = None, block_ms: Optional[int] = None,
@@ -268,6 +303,10 @@ class AsyncRateLimiter:
         return AsyncLeaseGuard(self, key, limit, lease_ms, timeout_ms=timeout_ms, policy=policy,
                                fail_open=fail_open, renew_every_ms=renew_every_ms)
 
+    async def top(self, count: int = 10) -> List[TopKey]:
+        """See `RateLimiter.top`: TB.TOP on the server or on every primary, merged."""
+        return await _engine.adrive(_engine.top(count), self._execute)
+
     async def close(self):
         """Close every connection the limiter opened: its own pool (a
         standalone client), and the connections it used for waits on a
@@ -283,6 +322,14 @@ class AsyncRateLimiter:
 
     async def __aexit__(self, *exc):
         await self.close()
+
+
+def _node_connection(target):
+    """(connection, release) from a cluster node's own pool."""
+    conn = target.acquire_connection()
+    if hasattr(target, "release"):
+        return conn, lambda: target.release(conn)
+    return conn, lambda: target._free.append(conn)  # redis-py < 5.1 has no release()
 
 
 async def _maybe_await(value):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+from time import perf_counter
+
 from . import _middleware as mw
 from ._core import LeaseDenied, LimiterError, bucket_key
 from .aio import AsyncRateLimiter
@@ -69,17 +71,20 @@ class RateLimitMiddleware(mw.Middleware[AsyncRateLimiter]):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         guard = d = None
+        started, leasing = perf_counter(), False
         try:
             identity = str(await _maybe_await(self.key(scope)))
             if self.concurrency is not None:  # in flight first: a refused request spends no token
                 c = self.concurrency
                 guard = self.limiter.lease(bucket_key(self.prefix, identity, c.name), c.limit, c.lease_ms, policy=c.name)
+                leasing = True
                 try:
                     await guard.__aenter__()
                 except LeaseDenied as e:
                     self.outcomes.succeeded()
                     headers = mw.lease_denied_headers(self.policies, c, e.decision)
                     return await _respond(send, c.status, headers, mw.lease_denied_body(e.decision, c.status))
+            leasing = False
             try:
                 d = await self._decide(scope, identity)
             except BaseException:
@@ -92,6 +97,8 @@ class RateLimitMiddleware(mw.Middleware[AsyncRateLimiter]):
                 return await _respond(send, 429, headers, mw.denied_body(d))
         except LimiterError as e:
             outcome = self.outcomes.failed(e)
+            if outcome != mw.ERROR:
+                self.unavailable(outcome, leasing, started)
             if outcome == mw.FAIL_OPEN:
                 return await self.app(scope, receive, send)
             if outcome == mw.FAIL_CLOSED:

@@ -12,7 +12,8 @@ import logging
 import threading
 import time
 import weakref
-from typing import Optional, Sequence
+from time import perf_counter
+from typing import List, Optional, Sequence
 
 import redis
 import redis.exceptions as rex
@@ -20,8 +21,8 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from . import _core, _engine
-from ._core import Decision, Lease, Limit, LimiterError, LimiterUnavailable, Number
+from . import _core, _engine, _metrics
+from ._core import Decision, Lease, Limit, LimiterError, LimiterUnavailable, Number, TopKey
 from ._lease import LeaseGuard
 
 log = logging.getLogger("redis_tb")
@@ -121,6 +122,9 @@ class RateLimiter:
     takes on that key in process meanwhile (docs/clients.md#the-denial-cache).
     module_recheck_ms: on Lua after the module went away, how often to
     look for it again.
+    meter_provider: the OpenTelemetry MeterProvider its metrics go to
+    (docs/clients.md#metrics; default: the global one; without
+    opentelemetry-api installed, none are recorded).
     A call whose connection dropped (a restart) is sent once more (not a
     refund or a settle); `decision.source` says where an answer came from.
 
@@ -131,9 +135,10 @@ class RateLimiter:
     def __init__(self, client, backend: str = "auto", timeout: Optional[float] = DEFAULT_TIMEOUT, *,
                  on_unavailable: str = "raise", instances: int = 1, local_max_keys: int = 10_000,
                  local_probe_ms: int = 1_000, cache_denials: bool = False,
-                 module_recheck_ms: int = _engine.MODULE_RECHECK_MS):
+                 module_recheck_ms: int = _engine.MODULE_RECHECK_MS, meter_provider=None):
         self._state = _engine.BackendState(backend, module_recheck_ms)
         self._shield = _engine.Shield(on_unavailable, instances, local_max_keys, local_probe_ms, cache_denials)
+        self._metrics = _metrics.Metrics(meter_provider)
         self.timeout = timeout
         self._own_client = timeout is not None and not _is_cluster(client)
         self.client = limiter_client(client, timeout)
@@ -163,6 +168,8 @@ class RateLimiter:
         if isinstance(step, _engine.Send):
             if step.route == _engine.RAW:
                 return self._raw(*step.args)
+            if step.route == _engine.EVERY_PRIMARY:
+                return self._every_primary(*step.args)
             if step.route == _engine.PRIMARIES and self._cluster:
                 return self.client.execute_command(*step.args, target_nodes=RedisCluster.PRIMARIES)
             return self.client.execute_command(*step.args)
@@ -194,6 +201,21 @@ class RateLimiter:
             conn.send_command(*args)
             return conn.read_response()
 
+    def _every_primary(self, *args) -> list:
+        """The command on the server, or on each primary of a cluster, each
+        reply as the server sent it: bytes stay bytes whatever the client
+        decodes (a key need not be UTF-8)."""
+        if self._cluster:
+            pools = [node.redis_connection.connection_pool for node in self.client.get_primaries()]
+        else:
+            pools = [self.client.connection_pool]
+        replies = []
+        for pool in pools:
+            with borrowed(pool, pool_connection(pool)) as conn:
+                conn.send_command(*args)
+                replies.append(conn.read_response(disable_decoding=True))
+        return replies
+
     def _block(self, step: _engine.Block):
         """A blocking command on a pooled connection of its own: one per
         wait in progress (a blocked connection can carry nothing else)."""
@@ -223,6 +245,16 @@ class RateLimiter:
         return self._shield.on_unavailable
 
     def _run(self, call: _core.Call, operation=_engine.run, *args):
+        """`_answer`, counted in the limiter's metrics."""
+        metrics = self._metrics
+        if not metrics.enabled:
+            return self._answer(call, operation, *args)
+        started = perf_counter()
+        result = self._answer(call, operation, *args)
+        metrics.answered(call, result, started, operation is not _engine.run)
+        return result
+
+    def _answer(self, call: _core.Call, operation=_engine.run, *args):
         """`operation(state, call, *args)` (an `_engine` generator), unless
         the denial cache or the local limiter answers it without Redis
         (only a plain call, `_engine.run`: a wait is never answered so)."""
@@ -245,7 +277,10 @@ class RateLimiter:
         except LimiterUnavailable:
             if not fail_open:
                 raise
-            return _core.failed_open_lease(call)
+            lease = _core.failed_open_lease(call)
+            if self._metrics.enabled:
+                self._metrics.answered(call, lease, 0.0, False)
+            return lease
 
     def take(self, key: str, capacity: Number, rate: Number, n: Number = 1, *, policy: str = "default",
              max_wait_ms: Optional[int] = None, block_ms: Optional[int] = None,
@@ -365,6 +400,17 @@ class RateLimiter:
         `guard.lost` / `guard.check()`: a renewal found the lease gone."""
         return LeaseGuard(self, key, limit, lease_ms, timeout_ms=timeout_ms, policy=policy,
                           fail_open=fail_open, renew_every_ms=renew_every_ms)
+
+    # --- the most-denied keys (docs/clients.md#the-most-denied-keys) --------
+
+    def top(self, count: int = 10) -> List[TopKey]:
+        """The `count` keys denied most over at least the last minute, the
+        most denied first (ties by key bytes): TB.TOP COUNT count on the
+        server, or on every primary of a cluster, merged. It needs the
+        module: without it (or without the ACL's grant) the server's error
+        is raised as LimiterReplyError; a primary that cannot be reached
+        makes it LimiterUnavailable, never a partial answer."""
+        return _engine.drive(_engine.top(count), self._execute)
 
     def close(self):
         """Close every connection the limiter opened: its own pool (a

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from time import perf_counter
+
 from . import _middleware as mw
 from ._core import LeaseDenied, LimiterError, bucket_key
 from .limiter import RateLimiter
@@ -45,17 +47,20 @@ class RateLimitMiddleware(mw.Middleware[RateLimiter]):
 
     def __call__(self, environ, start_response):
         guard = d = None
+        started, leasing = perf_counter(), False
         try:
             identity = str(self.key(environ))
             if self.concurrency is not None:  # in flight first: a refused request spends no token
                 c = self.concurrency
                 guard = self.limiter.lease(bucket_key(self.prefix, identity, c.name), c.limit, c.lease_ms, policy=c.name)
+                leasing = True
                 try:
                     guard.__enter__()
                 except LeaseDenied as e:
                     self.outcomes.succeeded()
                     headers = mw.lease_denied_headers(self.policies, c, e.decision)
                     return _respond(start_response, c.status, headers, mw.lease_denied_body(e.decision, c.status))
+            leasing = False
             try:
                 d = self._decide(environ, identity)
             except BaseException:
@@ -68,6 +73,8 @@ class RateLimitMiddleware(mw.Middleware[RateLimiter]):
                 return _respond(start_response, 429, headers, mw.denied_body(d))
         except LimiterError as e:
             outcome = self.outcomes.failed(e)
+            if outcome != mw.ERROR:
+                self.unavailable(outcome, leasing, started)
             if outcome == mw.FAIL_OPEN:
                 return self.app(environ, start_response)
             if outcome == mw.FAIL_CLOSED:

@@ -992,3 +992,224 @@ on_every_backend!(
     resend_cases_on_the_module_in_a_cluster,
     resend_cases_on_lua_in_a_cluster
 );
+
+// --- clients/conformance/metrics.json: what a limiter records ----------------------
+//
+// Each case runs with a fresh meter provider (the SDK's in-memory exporter),
+// given to the case's limiters alone, sync and async. Translations for Rust:
+// the calls are those of jobs.json and leases.json, run by the same code; a
+// case's `limiter` options are the builder methods of the same name
+// (`cache_denials`, `on_unavailable`); a call's `policy` is the limiter's
+// `with_policy_name` and its `fail_open` the limiter's `with_lease_fail_open`,
+// so a case has one limiter per (policy, fail_open), each kept for all of
+// its calls (a denial cache and an outage live in one limiter). `server:
+// unreachable` is a limiter on a loopback port nothing listens on.
+
+/// A call of metrics.json: one of jobs.json's or one of leases.json's.
+enum MetricCall {
+    Job(JobCall),
+    Lease(LeaseCall),
+}
+
+fn metric_call(call: &Json, saved: &HashMap<String, String>) -> Result<MetricCall, String> {
+    match call["op"].as_str().unwrap() {
+        "acquire" | "wait_acquire" | "release" | "renew" => {
+            lease_call(call, saved).map(MetricCall::Lease)
+        }
+        _ => job_call(call).map(MetricCall::Job),
+    }
+}
+
+/// The limiter of one (policy, fail_open), with the case's options and meter provider.
+macro_rules! metered {
+    ($limiter:expr, $case:expr, $reader:expr, $policy:expr, $fail_open:expr) => {{
+        let mut l = $limiter
+            .with_meter_provider(&$reader.provider)
+            .with_policy_name($policy)
+            .with_lease_fail_open($fail_open);
+        for (option, value) in $case["limiter"].as_object().into_iter().flatten() {
+            l = match option.as_str() {
+                "cache_denials" => l.cache_denials(value.as_bool().unwrap()),
+                "on_unavailable" => l.on_unavailable(match value.as_str().unwrap() {
+                    "local" => redis_tb_client::OnUnavailable::Local,
+                    "raise" => redis_tb_client::OnUnavailable::Raise,
+                    other => panic!("on_unavailable {other}"),
+                }),
+                other => panic!("the runner does not know the limiter option {other}"),
+            };
+        }
+        l
+    }};
+}
+
+/// Which limiter of the case makes `call`.
+fn limiter_of(call: &Json) -> (String, bool) {
+    let policy = call["policy"].as_str().unwrap_or("default").to_string();
+    (policy, call["fail_open"] == true)
+}
+
+fn metrics_sync<C: redis::ConnectionLike>(
+    case: &Json,
+    at: &str,
+    mut make: impl FnMut(&str, bool) -> RateLimiter<C>,
+) {
+    let mut limiters: HashMap<(String, bool), RateLimiter<C>> = HashMap::new();
+    let mut saved = HashMap::new();
+    for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
+        let at = format!("{at} call {i}");
+        let Some(c) = passable(call, metric_call(call, &saved), &at) else {
+            continue;
+        };
+        let (policy, fail_open) = limiter_of(call);
+        let l = limiters
+            .entry((policy.clone(), fail_open))
+            .or_insert_with(|| make(&policy, fail_open));
+        match c {
+            MetricCall::Job(job) => check_job(call, sync_job(l, &job), &at),
+            MetricCall::Lease(lease) => check_lease(call, sync_lease(l, &lease), &mut saved, &at),
+        }
+    }
+}
+
+async fn metrics_async<C>(case: &Json, at: &str, make: impl Fn(&str, bool) -> AsyncRateLimiter<C>)
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let mut limiters: HashMap<(String, bool), AsyncRateLimiter<C>> = HashMap::new();
+    let mut saved = HashMap::new();
+    for (i, call) in case["calls"].as_array().unwrap().iter().enumerate() {
+        let at = format!("{at} call {i}");
+        let Some(c) = passable(call, metric_call(call, &saved), &at) else {
+            continue;
+        };
+        let (policy, fail_open) = limiter_of(call);
+        let l = limiters
+            .entry((policy.clone(), fail_open))
+            .or_insert_with(|| make(&policy, fail_open));
+        match c {
+            MetricCall::Job(job) => check_job(call, async_job(l, &job).await, &at),
+            MetricCall::Lease(lease) => {
+                check_lease(call, async_lease(l, &lease).await, &mut saved, &at)
+            }
+        }
+    }
+}
+
+/// What the case's limiters recorded: for each instrument of the file,
+/// exactly the data points the case lists (an instrument it does not name:
+/// none), of the file's kind and unit.
+fn check_metrics(instruments: &[Json], case: &Json, points: &[crate::metrics::Point], at: &str) {
+    let expected = &case["metrics"];
+    for instrument in instruments {
+        let name = text(instrument, "name");
+        let actual: Vec<_> = points.iter().filter(|p| p.instrument == name).collect();
+        let wanted = expected[&name].as_array().cloned().unwrap_or_default();
+        assert_eq!(
+            actual.len(),
+            wanted.len(),
+            "{at}: {name}: {actual:?}, want {wanted:?}"
+        );
+        for want in &wanted {
+            let attributes: std::collections::BTreeMap<String, String> = want["attributes"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+                .collect();
+            let point = actual
+                .iter()
+                .find(|p| p.attributes == attributes)
+                .unwrap_or_else(|| panic!("{at}: {name}: no {attributes:?} in {actual:?}"));
+            assert_eq!(point.kind, instrument["kind"], "{at}: {name}");
+            assert_eq!(point.unit, instrument["unit"], "{at}: {name}");
+            let field = if point.kind == "histogram" {
+                "count"
+            } else {
+                "value"
+            };
+            assert_eq!(
+                Some(point.value),
+                want[field].as_u64(),
+                "{at}: {name} {attributes:?}"
+            );
+            if let Some(sum) = point.sum {
+                assert!(sum.is_finite() && sum >= 0.0, "{at}: {name} sum {sum}");
+            }
+        }
+    }
+}
+
+fn run_metrics_env(backend: &str, topology: &str, rt: &tokio::runtime::Runtime) -> usize {
+    let path = repo_root().join("clients/conformance/metrics.json");
+    let doc: Json = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let instruments = doc["instruments"].as_array().unwrap().clone();
+    let env = Env::start(backend, topology);
+    run_cases(
+        &env,
+        backend,
+        topology,
+        &cases_of("metrics.json"),
+        |driver, case| {
+            let at = format!(
+                "{backend}/{topology}/{driver}: metrics case {:?}",
+                case["name"].as_str().unwrap()
+            );
+            let reader = crate::metrics::Reader::new();
+            let unreachable = case["server"] == "unreachable";
+            let nowhere = || {
+                assert!(
+                    matches!(env, Env::Standalone(_)),
+                    "{at}: unreachable is standalone only"
+                );
+                redis::Client::open(format!("redis://127.0.0.1:{}/", free_port())).unwrap()
+            };
+            if driver == "sync" {
+                match &env {
+                    Env::Standalone(s) => metrics_sync(case, &at, |policy, fail_open| {
+                        let client = if unreachable { nowhere() } else { s.client() };
+                        let l = RateLimiter::from_client(client, GENEROUS);
+                        metered!(l, case, reader, policy, fail_open)
+                    }),
+                    Env::Cluster(c) => metrics_sync(case, &at, |policy, fail_open| {
+                        let l = RateLimiter::new(c.client().get_connection().unwrap())
+                            .with_blocking_client(c.nodes[0].client())
+                            .with_timeouts(GENEROUS);
+                        metered!(l, case, reader, policy, fail_open)
+                    }),
+                }
+            } else {
+                rt.block_on(async {
+                    match &env {
+                        Env::Standalone(s) => {
+                            metrics_async(case, &at, |policy, fail_open| {
+                                let client = if unreachable { nowhere() } else { s.client() };
+                                let l = AsyncRateLimiter::from_client(client, GENEROUS);
+                                metered!(l, case, reader, policy, fail_open)
+                            })
+                            .await
+                        }
+                        Env::Cluster(c) => {
+                            let con = c.client().get_async_connection().await.unwrap();
+                            metrics_async(case, &at, |policy, fail_open| {
+                                let l = AsyncRateLimiter::new(con.clone())
+                                    .with_blocking_client(c.nodes[0].client())
+                                    .with_timeouts(GENEROUS);
+                                metered!(l, case, reader, policy, fail_open)
+                            })
+                            .await
+                        }
+                    }
+                })
+            }
+            check_metrics(&instruments, case, &reader.collect(), &at);
+        },
+    )
+}
+
+on_every_backend!(
+    run_metrics_env:
+    metrics_cases_on_the_module_standalone,
+    metrics_cases_on_lua_standalone,
+    metrics_cases_on_the_module_in_a_cluster,
+    metrics_cases_on_lua_in_a_cluster
+);
