@@ -19,8 +19,8 @@
 //!
 //! The counts are kept as a "stream summary": groups of slots with equal
 //! counts in a list by count, so raising a count or giving away the lowest
-//! slot is O(1), and a denial costs one keyed hash (SipHash, so no stream of
-//! hostile names can make the probes long) and no allocation.
+//! slot is O(1), and a denial costs one keyed hash of its name and no
+//! allocation.
 //!
 //! Memory is bounded by the slot count: names are cut at [`MAX_KEY_BYTES`]
 //! and kept in the slots, which grow with the keys denied up to the slot
@@ -204,6 +204,35 @@ impl Generation {
         (pos, None)
     }
 
+    /// The table position that holds `slot` (found by its index on its
+    /// hash's probe path: no name is compared).
+    fn position_of(&self, slot: u32) -> Option<usize> {
+        let mask = self.table_mask();
+        let mut pos = self.slot(slot)?.hash as usize & mask;
+        for _ in 0..self.table.len() {
+            match self.table.get(pos) {
+                Some(&entry) if entry == slot => return Some(pos),
+                Some(&NONE) | None => return None,
+                Some(_) => pos = pos.wrapping_add(1) & mask,
+            }
+        }
+        None
+    }
+
+    /// The first empty position on `hash`'s probe path, where a name that
+    /// is not in the table goes.
+    fn first_empty(&self, hash: u64) -> usize {
+        let mask = self.table_mask();
+        let mut pos = hash as usize & mask;
+        for _ in 0..self.table.len() {
+            if self.table.get(pos).is_none_or(|&entry| entry == NONE) {
+                break;
+            }
+            pos = pos.wrapping_add(1) & mask;
+        }
+        pos
+    }
+
     fn get(&self, hash: u64, name: &[u8]) -> Option<&Slot> {
         self.find(hash, name).1.and_then(|slot| self.slot(slot))
     }
@@ -268,8 +297,7 @@ impl Generation {
             let Some(slot) = self.group(self.lowest).map(|group| group.first) else {
                 return;
             };
-            let old = self.slot(slot).map(|old| self.find(old.hash, old.name()));
-            if let Some((old_pos, Some(_))) = old {
+            if let Some(old_pos) = self.position_of(slot) {
                 self.remove_at(old_pos);
             }
             if let Some(s) = self.slots.get_mut(slot as usize) {
@@ -312,9 +340,9 @@ impl Generation {
             }
         }
         // A removal above may have opened a hole earlier on the name's probe
-        // path: look for its place again then.
+        // path: its place is then the first empty position from its home.
         let pos = if evicting {
-            self.find(hash, name).0
+            self.first_empty(hash)
         } else {
             pos
         };
@@ -415,18 +443,11 @@ impl Generation {
 
     /// Adds one to `slot`'s count, moving it to the group of its new count.
     fn raise(&mut self, slot: u32) {
-        let Some((group, count, alone)) = self.slot(slot).map(|s| {
-            (
-                s.group,
-                s.count.saturating_add(1),
-                s.prev == NONE && s.next == NONE,
-            )
-        }) else {
+        let Some(s) = self.slots.get_mut(slot as usize) else {
             return;
         };
-        if let Some(s) = self.slots.get_mut(slot as usize) {
-            s.count = count;
-        }
+        s.count = s.count.saturating_add(1);
+        let (group, count, alone) = (s.group, s.count, s.prev == NONE && s.next == NONE);
         let next = self.group(group).map_or(NONE, |g| g.next);
         let next_has_count = self.group(next).is_some_and(|g| g.count == count);
         if alone && !next_has_count {
@@ -460,6 +481,71 @@ fn grow<T>(vector: &mut Vec<T>, limit: usize) {
     vector.reserve_exact(wanted.saturating_sub(vector.len()).max(1));
 }
 
+/// The hash of a key name, keyed per summary with random words from the
+/// standard library's `RandomState` (seeded by the operating system).
+///
+/// Not SipHash, which cost a denial about 140 instructions of its ~500:
+/// folded 64x64->128-bit multiplies over 16 bytes at a time, as the fast
+/// table hashes do. What SipHash would add, collisions that stay hard even
+/// for someone who sees hash values, is not needed here: TB.TOP never
+/// shows a hash or the table's order, so a client cannot learn the keys
+/// to aim names at one position, and a probe never walks past the table
+/// (a few thousand positions) however names collide.
+#[derive(Clone, Copy)]
+struct NameHasher {
+    keys: [u64; 4],
+}
+
+impl NameHasher {
+    fn new() -> NameHasher {
+        let state = RandomState::new();
+        let key = |index: u64| {
+            let mut hasher = state.build_hasher();
+            hasher.write_u64(index);
+            hasher.finish()
+        };
+        NameHasher {
+            keys: [key(0), key(1), key(2), key(3)],
+        }
+    }
+
+    fn hash(&self, name: &[u8]) -> u64 {
+        let [k0, k1, k2, k3] = self.keys;
+        let len = name.len() as u64;
+        let mut acc = k0 ^ len;
+        let mut blocks = name.chunks_exact(16);
+        for block in &mut blocks {
+            let (low, high) = block.split_at(8);
+            acc = folded_multiply(word(low) ^ k1, word(high) ^ acc);
+        }
+        let rest = blocks.remainder();
+        if !rest.is_empty() {
+            // Zero padding; the length, mixed in first and last, tells
+            // "ab" from "ab\0".
+            let mut block = [0u8; 16];
+            if let Some(to) = block.get_mut(..rest.len()) {
+                to.copy_from_slice(rest);
+            }
+            let (low, high) = block.split_at(8);
+            acc = folded_multiply(word(low) ^ k2, word(high) ^ acc);
+        }
+        folded_multiply(acc ^ k3, len ^ k1)
+    }
+}
+
+/// Eight bytes as a little-endian word (a shorter slice as zero).
+fn word(bytes: &[u8]) -> u64 {
+    u64::from_le_bytes(bytes.try_into().unwrap_or_default())
+}
+
+/// The 128-bit product's halves, xored: every input bit reaches the low
+/// bits the table uses.
+fn folded_multiply(a: u64, b: u64) -> u64 {
+    // Two u64 factors never overflow a u128: wrapping is exact here.
+    let product = u128::from(a).wrapping_mul(u128::from(b));
+    (product as u64) ^ ((product >> 64) as u64)
+}
+
 /// The summary TB.TOP reads: two generations of `slot_limit` slots each.
 pub struct Top {
     current: Generation,
@@ -468,7 +554,7 @@ pub struct Top {
     started_ms: i64,
     window_ms: i64,
     /// Keyed per summary, so names cannot be chosen to collide.
-    hasher: RandomState,
+    hasher: NameHasher,
 }
 
 impl Top {
@@ -482,7 +568,7 @@ impl Top {
             previous: Generation::new(slot_limit),
             started_ms: now_ms,
             window_ms: window_ms.max(1),
-            hasher: RandomState::new(),
+            hasher: NameHasher::new(),
         }
     }
 
@@ -514,10 +600,7 @@ impl Top {
         }
         self.rotate(now_ms);
         let name = key.get(..MAX_KEY_BYTES).unwrap_or(key);
-        // One write of the bytes: `hash_one` would hash a length prefix too.
-        let mut hasher = self.hasher.build_hasher();
-        hasher.write(name);
-        let hash = hasher.finish();
+        let hash = self.hasher.hash(name);
         self.current
             .observe(hash, name, key.len() > MAX_KEY_BYTES, shadow);
     }
@@ -616,6 +699,40 @@ mod tests {
 
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn names_that_differ_only_in_padding_or_length_hash_apart() {
+        let hasher = NameHasher::new();
+        let names: [&[u8]; 6] = [
+            b"",
+            b"\0",
+            b"ab",
+            b"ab\0",
+            b"0123456789abcdef",
+            b"0123456789abcdef\0",
+        ];
+        for (i, a) in names.iter().enumerate() {
+            for b in names.iter().skip(i + 1) {
+                assert_ne!(hasher.hash(a), hasher.hash(b), "{a:?} and {b:?}");
+            }
+        }
+        assert_eq!(hasher.hash(b"key:1"), hasher.hash(b"key:1"));
+    }
+
+    #[test]
+    fn sequential_key_names_spread_over_the_table() {
+        // The bench's names (`key:` and 12 digits): a table of 4096
+        // positions a quarter full keeps every probe short.
+        let hasher = NameHasher::new();
+        let positions = 4096usize;
+        let mut homes = vec![0u32; positions];
+        for i in 0..1024u64 {
+            let name = format!("key:{:012}", i * 7);
+            homes[hasher.hash(name.as_bytes()) as usize & (positions - 1)] += 1;
+        }
+        let crowded = homes.iter().max().copied().unwrap_or(0);
+        assert!(crowded <= 8, "{crowded} names share one home");
+    }
 
     const WINDOW_MS: i64 = 60_000;
     const T0: i64 = 1_700_000_000_000;
