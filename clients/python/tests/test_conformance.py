@@ -88,14 +88,14 @@ def limiter_for(request):
         server = request.getfixturevalue(fixture)
         if topology == "cluster":
             reset(server)
-            client = RedisCluster(host="127.0.0.1", port=server.port, socket_timeout=1, socket_connect_timeout=1)
+            client = RedisCluster(host="127.0.0.1", port=server.port, socket_timeout=5, socket_connect_timeout=5)
         else:
             with server.client() as r:
                 r.flushall()
                 r.execute_command("FUNCTION", "FLUSH")
                 r.execute_command("SCRIPT", "FLUSH")
             client = redis.Redis(port=server.port)
-        lim = RateLimiter(client, backend=arg, timeout=1)
+        lim = RateLimiter(client, backend=arg, timeout=5)
         made.append((lim, client))
         return lim, client
 
@@ -263,10 +263,13 @@ def test_resend_case(request, case, topology, fixture, arg, mode):
             r.flushall()
             r.execute_command("FUNCTION", "FLUSH")
             r.execute_command("SCRIPT", "FLUSH")
+    # Timeouts of 10 s: what a case checks is how often a call ran, never how
+    # fast; a cluster client rebuilding every connection after CLIENT KILL
+    # needed more than 1 s on a busy 2-core machine.
     if mode == "sync":
-        client = (RedisCluster(host="127.0.0.1", port=server.port, socket_timeout=1, socket_connect_timeout=1)
+        client = (RedisCluster(host="127.0.0.1", port=server.port, socket_timeout=10, socket_connect_timeout=10)
                   if topology == "cluster" else redis.Redis(port=server.port))
-        lim = RateLimiter(client, backend=arg, timeout=1)
+        lim = RateLimiter(client, backend=arg, timeout=10)
         try:
             asyncio.run(run_resend_case(lim, server, topology, case))
         finally:
@@ -275,9 +278,9 @@ def test_resend_case(request, case, topology, fixture, arg, mode):
         return
 
     async def run_async():
-        client = (AsyncRedisCluster(host="127.0.0.1", port=server.port, socket_timeout=1, socket_connect_timeout=1)
+        client = (AsyncRedisCluster(host="127.0.0.1", port=server.port, socket_timeout=10, socket_connect_timeout=10)
                   if topology == "cluster" else aredis.Redis(port=server.port))
-        lim = AsyncRateLimiter(client, backend=arg, timeout=1)
+        lim = AsyncRateLimiter(client, backend=arg, timeout=10)
         try:
             await run_resend_case(lim, server, topology, case)
         finally:
@@ -395,9 +398,9 @@ def test_metrics_case(request, case, topology, fixture, arg, mode):
 
     try:
         if mode == "sync":
-            client = (RedisCluster(host="127.0.0.1", port=port, socket_timeout=1, socket_connect_timeout=1)
+            client = (RedisCluster(host="127.0.0.1", port=port, socket_timeout=5, socket_connect_timeout=5)
                       if topology == "cluster" else redis.Redis(port=port))
-            lim = RateLimiter(client, backend=arg, timeout=1, **options)
+            lim = RateLimiter(client, backend=arg, timeout=5, **options)
             try:
                 asyncio.run(run_metrics_calls(lim, case))
                 expect_backend(lim)
@@ -406,9 +409,9 @@ def test_metrics_case(request, case, topology, fixture, arg, mode):
                 client.close()
         else:
             async def run_async():
-                client = (AsyncRedisCluster(host="127.0.0.1", port=port, socket_timeout=1, socket_connect_timeout=1)
+                client = (AsyncRedisCluster(host="127.0.0.1", port=port, socket_timeout=5, socket_connect_timeout=5)
                           if topology == "cluster" else aredis.Redis(port=port))
-                lim = AsyncRateLimiter(client, backend=arg, timeout=1, **options)
+                lim = AsyncRateLimiter(client, backend=arg, timeout=5, **options)
                 try:
                     await run_metrics_calls(lim, case)
                     expect_backend(lim)

@@ -342,8 +342,8 @@ def test_cluster_wait_acquire_on_every_master(request, fixture):
 
     cluster = request.getfixturevalue(fixture)
     reset(cluster)
-    client = RedisCluster(host="127.0.0.1", port=cluster.port, socket_timeout=1, socket_connect_timeout=1)
-    lim = RateLimiter(client, timeout=1)
+    client = RedisCluster(host="127.0.0.1", port=cluster.port, socket_timeout=5, socket_connect_timeout=5)
+    lim = RateLimiter(client, timeout=5)
     for t in users():
         key = bucket_key("rl:", t, "inflight")
         holder = lim.acquire(key, 1, 60_000)

@@ -291,10 +291,12 @@ async fn close_releases_every_connection_the_limiter_opened() {
     for w in waits {
         assert!(w.await.unwrap().unwrap().allowed);
     }
-    assert_eq!(
-        connected_clients(&mut watcher),
-        before + 4,
-        "one shared, three waits"
+    // One shared connection and one per wait; a wait that began after another ended
+    // reuses its idle connection (on a busy machine the 50 ms waits need not overlap).
+    let during = connected_clients(&mut watcher);
+    assert!(
+        (before + 2..=before + 4).contains(&during),
+        "one shared, up to three waits: {during} clients, {before} before"
     );
 
     l.close();
