@@ -5,13 +5,12 @@ const fs = require('node:fs');
 const path = require('node:path');
 const util = require('node:util');
 const { setTimeout: sleep } = require('node:timers/promises');
-const { createRequire } = require('node:module');
 
 const { LimiterError, InvalidArgument, LimiterUnavailable, LeaseDenied, isReplyError } = require('./errors');
 const core = require('./core');
 const engine = require('./engine');
 const { LeaseGuard } = require('./lease');
-const { Metrics, isMeterProvider } = require('./metrics');
+const { Metrics, isMeterProvider, requireFromApplication } = require('./metrics');
 
 const { Limit, Decision, decisionFrom, classify, limiterError } = core;
 
@@ -69,22 +68,13 @@ function ioredisOf(client) {
   return found;
 }
 
-// ioredis as the application resolves it: from its main module, from the working
-// directory, then from this package.
+// ioredis as the application resolves it (its copy first).
 function requireIoredis() {
-  const bases = [];
-  if (require.main && require.main.filename) {
-    bases.push(require.main.filename);
+  const found = requireFromApplication('ioredis');
+  if (found === undefined) {
+    throw new LimiterError('bug', 'redis-tb needs ioredis: npm install ioredis');
   }
-  bases.push(path.join(process.cwd(), 'package.json'), __filename);
-  for (const base of bases) {
-    try {
-      return createRequire(base)('ioredis');
-    } catch {
-      // not from there
-    }
-  }
-  throw new LimiterError('bug', 'redis-tb needs ioredis: npm install ioredis');
+  return found;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -29,16 +29,10 @@ const DURATION_BUCKETS = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0
 // attributes are made per call instead of growing the cache.
 const MAX_CACHED_LIMITS = 1000;
 
-// The application's @opentelemetry/api, resolved as it resolves it (its main module, its working
-// directory, then this package, as limiter.js does for ioredis): a checkout linked into a
-// project must not record into its own dev copy. null when it is not installed, or too old to
-// have the metrics API (before 1.3).
-let api;
-function openTelemetryApi() {
-  if (api !== undefined) {
-    return api;
-  }
-  api = null;
+// A package as the application resolves it: from its main module, from the working
+// directory, then from this package (the application's own copy first, so one instance of
+// a library with global state is used); the first that `accept`s, or undefined.
+function requireFromApplication(name, accept = () => true) {
   const bases = [];
   if (require.main && require.main.filename) {
     bases.push(require.main.filename);
@@ -46,14 +40,26 @@ function openTelemetryApi() {
   bases.push(path.join(process.cwd(), 'package.json'), __filename);
   for (const base of bases) {
     try {
-      const found = createRequire(base)('@opentelemetry/api');
-      if (found && found.metrics && typeof found.metrics.getMeterProvider === 'function') {
-        api = found;
-        break;
+      const found = createRequire(base)(name);
+      if (accept(found)) {
+        return found;
       }
     } catch {
       // not from there
     }
+  }
+  return undefined;
+}
+
+// The application's @opentelemetry/api, resolved as it resolves it (its main module, its working
+// directory, then this package): a checkout linked into a
+// project must not record into its own dev copy. null when it is not installed, or too old to
+// have the metrics API (before 1.3).
+let api;
+function openTelemetryApi() {
+  if (api === undefined) {
+    api = requireFromApplication('@opentelemetry/api',
+      (found) => Boolean(found && found.metrics && typeof found.metrics.getMeterProvider === 'function')) ?? null;
   }
   return api;
 }
@@ -167,4 +173,4 @@ function made(limit, outcome, source) {
   return Object.freeze(attributes);
 }
 
-module.exports = { Metrics, isMeterProvider, openTelemetryApi, METER };
+module.exports = { Metrics, isMeterProvider, openTelemetryApi, requireFromApplication, METER };
