@@ -213,7 +213,9 @@ describe('args.json: the limiter refuses what the core refuses and sends what it
   let limiter;
   before(async () => {
     server = await startServer({ module: true });
-    client = createClient(server.url);
+    // The test's own FLUSHALLs go through this client: not createClient()'s 200 ms command
+    // timeout, which a busy machine can miss.
+    client = createClient(server.url, { commandTimeout: 10_000 });
     await new Promise((resolve) => client.once('ready', resolve));
     limiter = new RateLimiter(client, { timeoutMs: 5000 });
   });
