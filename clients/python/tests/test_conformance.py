@@ -202,8 +202,9 @@ def test_case(limiter_for, case, topology, fixture, arg):
         assert lim.backend == EXPECTED_BACKEND["module" if fixture.startswith("module") else arg]
 
 
-def resend_runs():
-    for case in RESEND["cases"]:
+def sync_and_async_runs(cases):
+    """Every case on every backend and topology it names, sync and async."""
+    for case in cases["cases"]:
         for backend in case["backends"]:
             for topology in case["topologies"]:
                 for fixture, arg in WAYS[(backend, topology)]:
@@ -211,6 +212,10 @@ def resend_runs():
                     for mode in ("sync", "async"):
                         yield pytest.param(case, topology, fixture, arg, mode,
                                            id=f"{case['name']}-{way}-{topology}-{mode}")
+
+
+def resend_runs():
+    return sync_and_async_runs(RESEND)
 
 
 def kill_clients(server, topology):
@@ -291,14 +296,7 @@ def test_resend_case(request, case, topology, fixture, arg, mode):
 
 
 def metrics_runs():
-    for case in METRICS["cases"]:
-        for backend in case["backends"]:
-            for topology in case["topologies"]:
-                for fixture, arg in WAYS[(backend, topology)]:
-                    way = EXPECTED_BACKEND["module" if backend == "module" else arg]
-                    for mode in ("sync", "async"):
-                        yield pytest.param(case, topology, fixture, arg, mode,
-                                           id=f"{case['name']}-{way}-{topology}-{mode}")
+    return sync_and_async_runs(METRICS)
 
 
 def collected(reader) -> dict:

@@ -19,10 +19,10 @@ use tower::ServiceExt;
 
 /// Holds `/slow` requests until the test opens it (`notify_one`, once per request):
 /// a request in flight for as long as the test needs, however slow the machine.
-type Gate = Arc<tokio::sync::Notify>;
+pub(crate) type Gate = Arc<tokio::sync::Notify>;
 
 /// The app the tests limit: `/` answers at once, `/slow` once its gate opens.
-fn routes() -> (Router, Gate) {
+pub(crate) fn routes() -> (Router, Gate) {
     let gate = Gate::default();
     let held = gate.clone();
     let app = Router::new()

@@ -7,7 +7,6 @@
 use crate::api::GENEROUS;
 use crate::common::*;
 use crate::web::{get, get_with, serve, serve_app, x_user};
-use axum::routing::get as route_get;
 use axum::Router;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
@@ -209,23 +208,12 @@ async fn the_rate_layer_records_its_policy_names_from_redis() {
     );
 }
 
-/// `/slow` waits for its gate: a request in flight for as long as the test needs.
+/// `/` answers at once, `/slow` waits for its gate (inflight.rs's app), behind `layer`.
 fn held_app(
     layer: ConcurrencyLimitLayer<redis_tb_client::LazyConnectionManager>,
 ) -> (Router, std::sync::Arc<tokio::sync::Notify>) {
-    let gate = std::sync::Arc::new(tokio::sync::Notify::new());
-    let held = gate.clone();
-    let app = Router::new()
-        .route("/", route_get(|| async { "hello" }))
-        .route(
-            "/slow",
-            route_get(|| async move {
-                held.notified().await;
-                "slow"
-            }),
-        )
-        .layer(layer);
-    (app, gate)
+    let (routes, gate) = crate::inflight::routes();
+    (routes.layer(layer), gate)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
